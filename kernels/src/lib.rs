@@ -1,0 +1,29 @@
+//! tboost-kernels: the operator provider (the role ops-transformer plays in CANN).
+//!
+//! Each module owns the math inside one operator and states what it supports through a
+//! `supports(&case) -> Result<(), String>` check; the orchestrator (`tboost`) decides which
+//! operator runs where. Kernels never know about requests, layers or block allocation: a
+//! block table reaches a kernel only as a plain index array describing a memory layout.
+//!
+//! Every kernel has a plain scalar reference (`reference` submodules) used by its tests.
+//! Parallel kernels run on whatever rayon pool is current: the engine calls them inside
+//! its own pool's `install`, never the host's global pool.
+//!
+//! Numerical contract shared by all kernels: the value computed for one output row depends
+//! only on that row's inputs, never on how many other rows are in the call or how the work
+//! was split across threads. This makes a request's output independent of its batch.
+
+pub mod activation;
+pub mod attention;
+pub mod dtype;
+pub mod embed;
+pub mod isa;
+pub mod matmul;
+pub mod moe;
+pub mod norm;
+pub mod quant;
+pub mod rope;
+pub mod weight;
+
+pub use dtype::DType;
+pub use weight::{WeightMat, WeightVec};

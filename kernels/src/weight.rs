@@ -1,0 +1,95 @@
+//! Borrowed views of weight tensors as kernels see them.
+
+use crate::DType;
+
+/// A row-major matrix `[rows = out_features, cols = in_features]` stored in `dtype`.
+/// `data` holds exactly `rows * row_bytes` bytes (checked by `new`).
+#[derive(Clone, Copy, Debug)]
+pub struct WeightMat<'a> {
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+    pub data: &'a [u8],
+}
+
+impl<'a> WeightMat<'a> {
+    /// Checks that `data` has exactly the size the shape and dtype need.
+    pub fn new(dtype: DType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, String> {
+        let row_bytes = dtype.bytes_for(cols).ok_or_else(|| {
+            format!(
+                "{cols} columns is not a whole number of {dtype} blocks ({} values each)",
+                dtype.block_elems()
+            )
+        })?;
+        let need = row_bytes
+            .checked_mul(rows)
+            .ok_or_else(|| format!("{rows}x{cols} {dtype} overflows"))?;
+        if data.len() != need {
+            return Err(format!(
+                "{rows}x{cols} {dtype} needs {need} bytes, got {}",
+                data.len()
+            ));
+        }
+        Ok(WeightMat { dtype, rows, cols, data })
+    }
+
+    /// Bytes of one row.
+    pub fn row_bytes(&self) -> usize {
+        self.data.len() / self.rows.max(1)
+    }
+
+    /// The bytes of row `r`.
+    pub fn row(&self, r: usize) -> &'a [u8] {
+        let rb = self.row_bytes();
+        &self.data[r * rb..(r + 1) * rb]
+    }
+
+    /// Rows `start..end` as a smaller matrix (used to split work across threads).
+    pub fn rows_range(&self, start: usize, end: usize) -> WeightMat<'a> {
+        let rb = self.row_bytes();
+        WeightMat { dtype: self.dtype, rows: end - start, cols: self.cols, data: &self.data[start * rb..end * rb] }
+    }
+}
+
+/// A vector (norm gain, bias) stored in a dense dtype (f32, f16 or bf16).
+#[derive(Clone, Copy, Debug)]
+pub struct WeightVec<'a> {
+    pub dtype: DType,
+    pub len: usize,
+    pub data: &'a [u8],
+}
+
+impl<'a> WeightVec<'a> {
+    pub fn new(dtype: DType, len: usize, data: &'a [u8]) -> Result<Self, String> {
+        if dtype.is_quantized() {
+            return Err(format!("a vector must be f32, f16 or bf16, not {dtype}"));
+        }
+        let need = dtype.bytes_for(len).ok_or_else(|| format!("{len} x {dtype} overflows"))?;
+        if data.len() != need {
+            return Err(format!("{len} x {dtype} needs {need} bytes, got {}", data.len()));
+        }
+        Ok(WeightVec { dtype, len, data })
+    }
+
+    pub fn from_f32(v: &'a [f32]) -> Self {
+        // SAFETY: any f32 slice is a valid byte slice of 4x the length.
+        let data = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, v.len() * 4) };
+        WeightVec { dtype: DType::F32, len: v.len(), data }
+    }
+
+    /// Value `i` converted to f32.
+    #[inline]
+    pub fn get(&self, i: usize) -> f32 {
+        match self.dtype {
+            DType::F32 => f32::from_le_bytes(self.data[4 * i..4 * i + 4].try_into().unwrap()),
+            DType::F16 => half::f16::from_le_bytes([self.data[2 * i], self.data[2 * i + 1]]).to_f32(),
+            DType::BF16 => half::bf16::from_le_bytes([self.data[2 * i], self.data[2 * i + 1]]).to_f32(),
+            _ => unreachable!("WeightVec::new rejects quantized dtypes"),
+        }
+    }
+
+    /// The whole vector as f32 (small vectors only: norm gains, biases).
+    pub fn to_f32(&self) -> Vec<f32> {
+        (0..self.len).map(|i| self.get(i)).collect()
+    }
+}

@@ -1,0 +1,55 @@
+//! The crate's error type: every message names the file, tensor, shape or parameter at fault.
+
+use std::path::PathBuf;
+
+#[derive(Debug, thiserror::Error)]
+pub enum Error {
+    #[error("{path}: {source}")]
+    Io { path: PathBuf, source: std::io::Error },
+
+    /// The file exists but its contents are not a valid model of the claimed format.
+    #[error("{path}: {msg}")]
+    Format { path: PathBuf, msg: String },
+
+    /// A required tensor is absent.
+    #[error("{path}: missing tensor `{tensor}`")]
+    MissingTensor { path: PathBuf, tensor: String },
+
+    /// A tensor exists but has the wrong shape or dtype for the model's config.
+    #[error("{path}: tensor `{tensor}`: {msg}")]
+    BadTensor { path: PathBuf, tensor: String, msg: String },
+
+    /// A configuration value is missing, out of range or inconsistent.
+    #[error("{source_name}: config `{param}`: {msg}")]
+    Config { source_name: String, param: String, msg: String },
+
+    #[error("unsupported: {0}")]
+    Unsupported(String),
+
+    /// A caller passed a bad argument (token id out of range, empty prompt, ...).
+    #[error("invalid argument `{param}`: {msg}")]
+    InvalidArgument { param: String, msg: String },
+
+    #[error("backend {backend}: {msg}")]
+    Backend { backend: String, msg: String },
+}
+
+pub type Result<T, E = Error> = std::result::Result<T, E>;
+
+impl Error {
+    pub fn io(path: impl Into<PathBuf>, source: std::io::Error) -> Self {
+        Error::Io { path: path.into(), source }
+    }
+    pub fn format(path: impl Into<PathBuf>, msg: impl Into<String>) -> Self {
+        Error::Format { path: path.into(), msg: msg.into() }
+    }
+    pub fn bad_tensor(path: impl Into<PathBuf>, tensor: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::BadTensor { path: path.into(), tensor: tensor.into(), msg: msg.into() }
+    }
+    pub fn config(source_name: impl Into<String>, param: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::Config { source_name: source_name.into(), param: param.into(), msg: msg.into() }
+    }
+    pub fn invalid(param: impl Into<String>, msg: impl Into<String>) -> Self {
+        Error::InvalidArgument { param: param.into(), msg: msg.into() }
+    }
+}

@@ -1,0 +1,56 @@
+//! Model files → a resolved config and typed, memory-mapped weights.
+//!
+//! - `config`: the resolved hyper-parameters (`ModelConfig`) and their validation.
+//! - `hf`: Hugging Face directories (config.json + single or sharded safetensors).
+//! - `gguf`: GGUF v2/v3 reader (metadata + tensor directory) and its mapping to the config.
+//! - `tensor`: a named weight view over a memory map (no copy) or an owned buffer.
+//! - `weights`: the per-layer weight set an architecture needs, checked against the config.
+//! - `arch`: architecture rules (llama, mistral, qwen2, mixtral).
+//! - `synthetic`: random-weight models of named shapes, for benchmarks and tests.
+
+pub mod arch;
+pub mod config;
+pub mod gguf;
+pub mod hf;
+pub mod synthetic;
+pub mod tensor;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+
+pub use arch::Arch;
+pub use config::ModelConfig;
+pub use tensor::Tensor;
+pub use weights::{LayerWeights, Mlp, ModelWeights};
+
+use crate::{Error, Result};
+
+/// Where a model came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelFormat {
+    HuggingFace,
+    Gguf,
+    Synthetic,
+}
+
+/// A loaded model: config, weights and (for GGUF) the raw metadata that tokenizers read.
+pub struct Model {
+    pub path: PathBuf,
+    pub format: ModelFormat,
+    pub config: ModelConfig,
+    pub weights: ModelWeights,
+    pub gguf_metadata: Option<gguf::Metadata>,
+}
+
+impl Model {
+    /// Loads a Hugging Face directory (or its `config.json`) or a `.gguf` file.
+    pub fn load(path: &Path) -> Result<Model> {
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        if meta.is_dir() || path.file_name().is_some_and(|n| n == "config.json") {
+            let dir = if meta.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
+            hf::load(dir)
+        } else {
+            gguf::load(path)
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! Random-weight models of named shapes, built in memory, for benchmarks and tests.

@@ -1,0 +1,98 @@
+//! A named weight tensor: a checked view into a memory map or an owned buffer.
+
+use std::sync::Arc;
+
+use memmap2::Mmap;
+use tboost_kernels::{DType, WeightMat, WeightVec};
+
+/// Bytes that back one or more tensors.
+#[derive(Clone)]
+pub enum Storage {
+    Mmap(Arc<Mmap>),
+    Owned(Arc<Vec<u8>>),
+}
+
+impl Storage {
+    pub fn bytes(&self) -> &[u8] {
+        match self {
+            Storage::Mmap(m) => m,
+            Storage::Owned(v) => v,
+        }
+    }
+}
+
+/// One tensor. `shape` is outermost first, HF-style: a matrix is `[rows = out, cols = in]`.
+/// Constructed only through `Tensor::new`, which checks that `offset..offset+len` lies inside
+/// the storage and that `len` matches shape and dtype.
+#[derive(Clone)]
+pub struct Tensor {
+    pub name: String,
+    pub dtype: DType,
+    pub shape: Vec<usize>,
+    storage: Storage,
+    offset: usize,
+    len: usize,
+}
+
+impl Tensor {
+    pub fn new(name: impl Into<String>, dtype: DType, shape: Vec<usize>, storage: Storage, offset: usize, len: usize) -> Result<Tensor, String> {
+        let name = name.into();
+        let elems = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| format!("shape {shape:?} overflows"))?;
+        let inner = shape.last().copied().unwrap_or(1);
+        if dtype.is_quantized() && inner % dtype.block_elems() != 0 {
+            return Err(format!("shape {shape:?}: row length {inner} is not a multiple of the {dtype} block size {}", dtype.block_elems()));
+        }
+        let need = dtype.bytes_for(elems).ok_or_else(|| format!("shape {shape:?} of {dtype} has no whole number of blocks"))?;
+        if need != len {
+            return Err(format!("shape {shape:?} of {dtype} needs {need} bytes but the file gives {len}"));
+        }
+        let end = offset.checked_add(len).ok_or_else(|| "offset + size overflows".to_string())?;
+        if end > storage.bytes().len() {
+            return Err(format!("data range {offset}..{end} lies beyond the end of the data ({} bytes)", storage.bytes().len()));
+        }
+        Ok(Tensor { name, dtype, shape, storage, offset, len })
+    }
+
+    /// An owned tensor (synthetic models, tests).
+    pub fn owned(name: impl Into<String>, dtype: DType, shape: Vec<usize>, bytes: Vec<u8>) -> Result<Tensor, String> {
+        let len = bytes.len();
+        Tensor::new(name, dtype, shape, Storage::Owned(Arc::new(bytes)), 0, len)
+    }
+
+    pub fn bytes(&self) -> &[u8] {
+        &self.storage.bytes()[self.offset..self.offset + self.len]
+    }
+
+    pub fn numel(&self) -> usize {
+        self.shape.iter().product()
+    }
+
+    /// Rows and columns when viewed as a matrix (a vector is one row).
+    pub fn rows_cols(&self) -> (usize, usize) {
+        match self.shape.as_slice() {
+            [] => (1, 1),
+            [n] => (1, *n),
+            [.., c] => (self.numel() / c.max(&1), *c),
+        }
+    }
+
+    pub fn as_mat(&self) -> WeightMat<'_> {
+        let (r, c) = self.rows_cols();
+        WeightMat { dtype: self.dtype, rows: r, cols: c, data: self.bytes() }
+    }
+
+    pub fn as_vec(&self) -> WeightVec<'_> {
+        WeightVec { dtype: self.dtype, len: self.numel(), data: self.bytes() }
+    }
+
+    /// True when the bytes are mapped from a file, not copied.
+    pub fn is_mapped(&self) -> bool {
+        matches!(self.storage, Storage::Mmap(_))
+    }
+}
+
+impl std::fmt::Debug for Tensor {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "Tensor({} {} {:?})", self.name, self.dtype, self.shape)
+    }
+}

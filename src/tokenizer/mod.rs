@@ -1,0 +1,2 @@
+//! Tokenizers (GGUF SentencePiece / byte-level BPE, HF tokenizer.json) and chat templates
+//! (being written).
