@@ -23,7 +23,15 @@ pub fn route_topk(logits: &[f32], n_experts: usize, k: usize, renormalize: bool)
 }
 
 /// `out[t] = Σ_r weights[t, r] * expert[ids[t, r]](x[t])`, `x`/`out` are `[tokens, hidden]`.
-pub fn moe_ffn(x: &[f32], tokens: usize, experts: &[Expert<'_>], ids: &[u32], weights: &[f32], k: usize, out: &mut [f32]) {
+pub fn moe_ffn(
+    x: &[f32],
+    tokens: usize,
+    experts: &[Expert<'_>],
+    ids: &[u32],
+    weights: &[f32],
+    k: usize,
+    out: &mut [f32],
+) {
     let _ = (x, tokens, experts, ids, weights, k, out);
     unimplemented!()
 }

@@ -16,19 +16,11 @@ impl<'a> WeightMat<'a> {
     /// Checks that `data` has exactly the size the shape and dtype need.
     pub fn new(dtype: DType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, String> {
         let row_bytes = dtype.bytes_for(cols).ok_or_else(|| {
-            format!(
-                "{cols} columns is not a whole number of {dtype} blocks ({} values each)",
-                dtype.block_elems()
-            )
+            format!("{cols} columns is not a whole number of {dtype} blocks ({} values each)", dtype.block_elems())
         })?;
-        let need = row_bytes
-            .checked_mul(rows)
-            .ok_or_else(|| format!("{rows}x{cols} {dtype} overflows"))?;
+        let need = row_bytes.checked_mul(rows).ok_or_else(|| format!("{rows}x{cols} {dtype} overflows"))?;
         if data.len() != need {
-            return Err(format!(
-                "{rows}x{cols} {dtype} needs {need} bytes, got {}",
-                data.len()
-            ));
+            return Err(format!("{rows}x{cols} {dtype} needs {need} bytes, got {}", data.len()));
         }
         Ok(WeightMat { dtype, rows, cols, data })
     }

@@ -55,7 +55,10 @@ impl ModelConfig {
         if self.num_heads % self.num_kv_heads != 0 {
             return err(
                 "num_key_value_heads",
-                format!("num_attention_heads {} is not divisible by num_key_value_heads {}", self.num_heads, self.num_kv_heads),
+                format!(
+                    "num_attention_heads {} is not divisible by num_key_value_heads {}",
+                    self.num_heads, self.num_kv_heads
+                ),
             );
         }
         if self.rope_dim == 0 || self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
@@ -68,7 +71,11 @@ impl ModelConfig {
             return err("rms_norm_eps", format!("must be a non-negative number, got {}", self.rms_eps));
         }
         if let Some(s) = &self.rope_scaling {
-            if !(s.factor > 0.0 && s.low_freq_factor > 0.0 && s.high_freq_factor > s.low_freq_factor && s.original_max_position_embeddings > 0.0) {
+            if !(s.factor > 0.0
+                && s.low_freq_factor > 0.0
+                && s.high_freq_factor > s.low_freq_factor
+                && s.original_max_position_embeddings > 0.0)
+            {
                 return err("rope_scaling", format!("llama3 parameters out of range: {s:?}"));
             }
         }
@@ -76,7 +83,10 @@ impl ModelConfig {
             if self.num_experts == 0 || self.experts_per_token == 0 || self.experts_per_token > self.num_experts {
                 return err(
                     "num_experts_per_tok",
-                    format!("{} experts per token of {} experts is out of range", self.experts_per_token, self.num_experts),
+                    format!(
+                        "{} experts per token of {} experts is out of range",
+                        self.experts_per_token, self.num_experts
+                    ),
                 );
             }
         } else if self.num_experts != 0 {

@@ -35,20 +35,38 @@ pub struct Tensor {
 }
 
 impl Tensor {
-    pub fn new(name: impl Into<String>, dtype: DType, shape: Vec<usize>, storage: Storage, offset: usize, len: usize) -> Result<Tensor, String> {
+    pub fn new(
+        name: impl Into<String>,
+        dtype: DType,
+        shape: Vec<usize>,
+        storage: Storage,
+        offset: usize,
+        len: usize,
+    ) -> Result<Tensor, String> {
         let name = name.into();
-        let elems = shape.iter().try_fold(1usize, |a, &d| a.checked_mul(d)).ok_or_else(|| format!("shape {shape:?} overflows"))?;
+        let elems = shape
+            .iter()
+            .try_fold(1usize, |a, &d| a.checked_mul(d))
+            .ok_or_else(|| format!("shape {shape:?} overflows"))?;
         let inner = shape.last().copied().unwrap_or(1);
         if dtype.is_quantized() && inner % dtype.block_elems() != 0 {
-            return Err(format!("shape {shape:?}: row length {inner} is not a multiple of the {dtype} block size {}", dtype.block_elems()));
+            return Err(format!(
+                "shape {shape:?}: row length {inner} is not a multiple of the {dtype} block size {}",
+                dtype.block_elems()
+            ));
         }
-        let need = dtype.bytes_for(elems).ok_or_else(|| format!("shape {shape:?} of {dtype} has no whole number of blocks"))?;
+        let need = dtype
+            .bytes_for(elems)
+            .ok_or_else(|| format!("shape {shape:?} of {dtype} has no whole number of blocks"))?;
         if need != len {
             return Err(format!("shape {shape:?} of {dtype} needs {need} bytes but the file gives {len}"));
         }
         let end = offset.checked_add(len).ok_or_else(|| "offset + size overflows".to_string())?;
         if end > storage.bytes().len() {
-            return Err(format!("data range {offset}..{end} lies beyond the end of the data ({} bytes)", storage.bytes().len()));
+            return Err(format!(
+                "data range {offset}..{end} lies beyond the end of the data ({} bytes)",
+                storage.bytes().len()
+            ));
         }
         Ok(Tensor { name, dtype, shape, storage, offset, len })
     }

@@ -51,11 +51,19 @@ impl ModelWeights {
         }
         for l in &self.layers {
             n += [&l.attn_norm, &l.q, &l.k, &l.v, &l.o, &l.ffn_norm].iter().map(|t| t.bytes().len()).sum::<usize>();
-            n += [&l.q_bias, &l.k_bias, &l.v_bias].iter().filter_map(|t| t.as_ref()).map(|t| t.bytes().len()).sum::<usize>();
+            n += [&l.q_bias, &l.k_bias, &l.v_bias]
+                .iter()
+                .filter_map(|t| t.as_ref())
+                .map(|t| t.bytes().len())
+                .sum::<usize>();
             n += match &l.mlp {
                 Mlp::Dense { gate, up, down } => gate.bytes().len() + up.bytes().len() + down.bytes().len(),
                 Mlp::Moe { router, experts } => {
-                    router.bytes().len() + experts.iter().map(|e| e.gate.bytes().len() + e.up.bytes().len() + e.down.bytes().len()).sum::<usize>()
+                    router.bytes().len()
+                        + experts
+                            .iter()
+                            .map(|e| e.gate.bytes().len() + e.up.bytes().len() + e.down.bytes().len())
+                            .sum::<usize>()
                 }
             };
         }
