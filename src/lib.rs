@@ -5,8 +5,14 @@
 //! KV cache (`kv`), schedules requests (`sched`), samples (`sample`) and exposes a C ABI
 //! (`ffi`). See README.md for the architecture picture.
 
+pub mod backend;
+pub mod cli;
 pub mod error;
+pub mod kv;
 pub mod model;
+pub mod plan;
+pub mod runner;
+pub mod session;
 
 pub use error::{Error, Result};
 pub mod sample;

@@ -19,6 +19,7 @@ pub mod dtype;
 pub mod embed;
 pub mod isa;
 pub mod matmul;
+pub mod membw;
 pub mod moe;
 pub mod norm;
 pub mod quant;

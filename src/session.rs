@@ -1,0 +1,86 @@
+//! A single sequence run directly on a `ModelRunner`, with its blocks laid out in order:
+//! what `tboost logits` uses to get teacher-forced logits at every position, and the
+//! reference the engine's batched results are compared with.
+
+use tboost_kernels::attention::SeqSpan;
+
+use crate::runner::{ModelRunner, StepBatch};
+use crate::{Error, Result};
+
+pub struct Session<'r> {
+    runner: &'r mut ModelRunner,
+    block_table: Vec<u32>,
+    capacity: usize,
+    len: usize,
+}
+
+impl<'r> Session<'r> {
+    /// A session that can hold `capacity` positions; uses the runner's KV pools from block 0.
+    pub fn new(runner: &'r mut ModelRunner, capacity: usize) -> Result<Session<'r>> {
+        let kv = runner.kv().ok_or_else(|| Error::invalid("kv cache", "no KV cache allocated"))?;
+        let blocks = capacity.div_ceil(kv.block_size);
+        if blocks > kv.num_blocks {
+            return Err(Error::invalid(
+                "capacity",
+                format!("{capacity} positions need {blocks} blocks but the cache has {}", kv.num_blocks),
+            ));
+        }
+        Ok(Session { runner, block_table: (0..blocks as u32).collect(), capacity, len: 0 })
+    }
+
+    /// Positions filled so far.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.len == 0
+    }
+
+    /// Appends `tokens`; returns logits for every new position (`all`) or the last only.
+    pub fn feed(&mut self, tokens: &[u32], all: bool) -> Result<Vec<f32>> {
+        if tokens.is_empty() {
+            return Err(Error::invalid("tokens", "nothing to feed"));
+        }
+        let end = self.len + tokens.len();
+        if end > self.capacity {
+            return Err(Error::invalid("tokens", format!("{end} positions exceed the session capacity {}", self.capacity)));
+        }
+        let bs = self.runner.kv().map(|k| k.block_size).unwrap_or(1);
+        let positions: Vec<u32> = (self.len as u32..end as u32).collect();
+        let slots: Vec<u32> = positions.iter().map(|&p| self.block_table[p as usize / bs] * bs as u32 + p % bs as u32).collect();
+        let rows: Vec<u32> = if all { (0..tokens.len() as u32).collect() } else { vec![tokens.len() as u32 - 1] };
+        let seqs = [SeqSpan { q_start: 0, q_len: tokens.len(), ctx_len: end, block_table: &self.block_table }];
+        let mut logits = Vec::new();
+        self.runner.forward(&StepBatch { tokens, positions: &positions, slots: &slots, seqs: &seqs, logit_rows: &rows }, &mut logits)?;
+        self.len = end;
+        Ok(logits)
+    }
+
+    /// Greedy decoding: feeds `prompt`, then `n` argmax tokens (ties → lowest id).
+    pub fn greedy(&mut self, prompt: &[u32], n: usize) -> Result<Vec<u32>> {
+        let mut out = Vec::with_capacity(n);
+        let mut logits = self.feed(prompt, false)?;
+        for i in 0..n {
+            let next = argmax(&logits);
+            out.push(next);
+            if i + 1 < n {
+                logits = self.feed(&[next], false)?;
+            }
+        }
+        Ok(out)
+    }
+}
+
+/// Index of the largest value, lowest index on ties; NaN never wins.
+pub fn argmax(v: &[f32]) -> u32 {
+    let mut best = 0;
+    let mut best_v = f32::NEG_INFINITY;
+    for (i, &x) in v.iter().enumerate() {
+        if x > best_v {
+            best = i;
+            best_v = x;
+        }
+    }
+    best as u32
+}
