@@ -30,6 +30,30 @@ pub enum Error {
     #[error("invalid argument `{param}`: {msg}")]
     InvalidArgument { param: String, msg: String },
 
+    /// No model is loaded in the engine yet.
+    #[error("no model is loaded")]
+    NoModel,
+
+    /// A request id (or other handle) the engine does not know, or no longer tracks.
+    #[error("not found: {0}")]
+    NotFound(String),
+
+    /// The request can never fit the KV cache.
+    #[error("KV cache capacity: {0}")]
+    KvCapacity(String),
+
+    /// The waiting queue is at its limit.
+    #[error("the request queue is full ({0} waiting requests); retry after some finish")]
+    QueueFull(usize),
+
+    /// Another thread is inside `step` on this engine.
+    #[error("another thread is stepping this engine")]
+    Busy,
+
+    /// An earlier panic inside the engine left it unusable.
+    #[error("the engine is poisoned by an earlier internal panic; create a new one")]
+    Poisoned,
+
     #[error("backend {backend}: {msg}")]
     Backend { backend: String, msg: String },
 }

@@ -7,6 +7,7 @@
 
 pub mod backend;
 pub mod cli;
+pub mod engine;
 pub mod error;
 pub mod kv;
 pub mod model;
@@ -16,4 +17,5 @@ pub mod session;
 
 pub use error::{Error, Result};
 pub mod sample;
+pub mod sched;
 pub mod tokenizer;

@@ -1,0 +1,244 @@
+//! Requests and the continuous-batching scheduler.
+//!
+//! THE INVARIANT: a sequence's tokens are its prompt followed by what it generated;
+//! `computed` counts the leading tokens whose K/V are in the cache. Every step moves
+//! `computed` toward `tokens.len()`, and a sequence samples its next token exactly when a
+//! step makes them equal. Everything else follows from this one rule:
+//! - a decode is a sequence one token behind (the token it sampled last step);
+//! - chunked prefill is a sequence many tokens behind, catching up a budget at a time;
+//! - a prefix-cache hit starts `computed` at the cached length;
+//! - preemption frees the blocks and resets `computed` to 0 — the generated tokens stay in
+//!   `tokens`, so recomputation is just a longer prefill and the output continues unchanged.
+//!
+//! Policy per step (`Scheduler::schedule`): first every running decode (one token each),
+//! then running prefills, then waiting requests, highest priority first and first-come
+//! first-served within a priority, until the token budget or `max_seqs` is reached. Blocks
+//! are allocated on demand, so a sequence holds at most one partially filled block. When a
+//! running sequence needs a block and none is left, the lowest-priority, most recently
+//! admitted running sequence not yet scheduled this step is preempted (possibly the one
+//! asking). The oldest highest-priority sequence therefore always progresses, and any
+//! request that fits the cache on its own completes.
+
+mod request;
+
+pub use request::{Request, RequestId};
+
+use crate::kv::{BlockHash, BlockManager};
+use crate::sample::{Sampler, StopCriteria};
+
+/// Scheduler limits.
+#[derive(Clone, Copy, Debug)]
+pub struct SchedLimits {
+    pub max_seqs: usize,
+    pub max_batched_tokens: usize,
+}
+
+/// A request as the scheduler tracks it.
+pub struct Seq {
+    pub id: RequestId,
+    pub priority: i32,
+    /// Enqueue order (FCFS tie-break; kept across preemption).
+    pub arrival: u64,
+    /// Order of the latest admission (preemption picks the most recent).
+    pub admitted: u64,
+    pub tokens: Vec<u32>,
+    pub prompt_len: usize,
+    pub computed: usize,
+    pub block_table: Vec<u32>,
+    /// Full blocks registered in the prefix cache, and the hash of the last of them.
+    pub hashed_blocks: usize,
+    pub last_hash: Option<BlockHash>,
+    pub sampler: Sampler,
+    pub stop: StopCriteria,
+    pub preemptions: u32,
+    /// Prefix-cache hits are counted at the first admission only.
+    pub ever_admitted: bool,
+}
+
+impl Seq {
+    pub fn generated(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
+    }
+
+    fn blocks_for(&self, positions: usize, bs: usize) -> usize {
+        positions.div_ceil(bs).saturating_sub(self.block_table.len())
+    }
+}
+
+/// One sequence's share of a step.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct Scheduled {
+    /// Index into `Scheduler::running`.
+    pub index: usize,
+    /// Tokens computed this step, starting at the sequence's `computed`.
+    pub n: usize,
+}
+
+/// Counters the scheduler keeps for stats.
+#[derive(Clone, Copy, Debug, Default)]
+pub struct SchedCounters {
+    pub preemptions: u64,
+    pub prefix_hit_tokens: u64,
+}
+
+#[derive(Default)]
+pub struct Scheduler {
+    /// Sorted by (priority desc, admitted asc).
+    pub running: Vec<Seq>,
+    /// Sorted by (priority desc, arrival asc).
+    pub waiting: Vec<Seq>,
+    pub counters: SchedCounters,
+    clock: u64,
+}
+
+impl Scheduler {
+    pub fn new() -> Scheduler {
+        Scheduler::default()
+    }
+
+    /// Adds a new request to the waiting queue.
+    pub fn add(&mut self, seq: Seq) {
+        self.insert_waiting(seq);
+    }
+
+    fn insert_waiting(&mut self, seq: Seq) {
+        let key = (-(seq.priority as i64), seq.arrival);
+        let at = self.waiting.partition_point(|s| (-(s.priority as i64), s.arrival) <= key);
+        self.waiting.insert(at, seq);
+    }
+
+    /// Frees a sequence's blocks and sends it back to wait, keeping its tokens.
+    fn preempt(&mut self, index: usize, blocks: &mut BlockManager) {
+        let mut s = self.running.remove(index);
+        blocks.release(&s.block_table);
+        s.block_table.clear();
+        s.computed = 0;
+        s.hashed_blocks = 0;
+        s.last_hash = None;
+        s.preemptions += 1;
+        self.counters.preemptions += 1;
+        log::debug!("preempted request {} ({} tokens to recompute)", s.id, s.tokens.len());
+        self.insert_waiting(s);
+    }
+
+    /// Removes a sequence wherever it is, releasing its blocks.
+    pub fn remove(&mut self, id: RequestId, blocks: &mut BlockManager) -> Option<Seq> {
+        if let Some(i) = self.running.iter().position(|s| s.id == id) {
+            let s = self.running.remove(i);
+            blocks.release(&s.block_table);
+            return Some(s);
+        }
+        let i = self.waiting.iter().position(|s| s.id == id)?;
+        Some(self.waiting.remove(i))
+    }
+
+    /// Grows `running[i]`'s block table to hold `positions` positions, preempting from the
+    /// tail of the running set (lowest priority, most recently admitted) as needed; a
+    /// preempted sequence that was already scheduled this step gives back its share. Returns
+    /// false if `running[i]` itself was the tail and had to go.
+    fn reserve(&mut self, i: usize, positions: usize, out: &mut Vec<Scheduled>, budget: &mut usize, blocks: &mut BlockManager) -> bool {
+        let bs = blocks.block_size();
+        loop {
+            let need = self.running[i].blocks_for(positions, bs);
+            if need <= blocks.available() {
+                for _ in 0..need {
+                    // Cannot fail: `available` counted it.
+                    if let Some(b) = blocks.allocate() {
+                        self.running[i].block_table.push(b);
+                    }
+                }
+                return true;
+            }
+            let victim = self.running.len() - 1;
+            if let Some(k) = out.iter().position(|s| s.index == victim) {
+                *budget += out.swap_remove(k).n;
+            }
+            self.preempt(victim, blocks);
+            if victim == i {
+                return false;
+            }
+        }
+    }
+
+    /// Chooses this step's work. Sequences in the result are in `running`, by index.
+    pub fn schedule(&mut self, limits: SchedLimits, blocks: &mut BlockManager) -> Vec<Scheduled> {
+        let bs = blocks.block_size();
+        let mut budget = limits.max_batched_tokens;
+        let mut out: Vec<Scheduled> = Vec::new();
+        // Passes 1 and 2 over the running set: decodes, then unfinished prefills.
+        for decodes in [true, false] {
+            let mut i = 0;
+            while i < self.running.len() && budget > 0 {
+                let behind = self.running[i].tokens.len() - self.running[i].computed;
+                if (behind == 1) != decodes || out.iter().any(|s| s.index == i) {
+                    i += 1;
+                    continue;
+                }
+                let n = behind.min(budget);
+                let positions = self.running[i].computed + n;
+                if self.reserve(i, positions, &mut out, &mut budget, blocks) {
+                    out.push(Scheduled { index: i, n });
+                    budget -= n;
+                }
+                i += 1;
+            }
+        }
+        // Pass 3: admit waiting sequences while blocks, budget and max_seqs allow, without
+        // preempting anyone.
+        while budget > 0 && self.running.len() < limits.max_seqs && !self.waiting.is_empty() {
+            let s = &mut self.waiting[0];
+            // Prefix cache: reuse full blocks of the longest cached prefix, but always leave
+            // the last token to compute (its logits are needed).
+            let max_blocks = (s.tokens.len() - 1) / bs;
+            let (hit, last) = blocks.lookup_prefix(&s.tokens, max_blocks);
+            let n = (s.tokens.len() - hit.len() * bs).min(budget);
+            let need = (hit.len() * bs + n).div_ceil(bs) - hit.len();
+            if need > blocks.available() {
+                blocks.release(&hit); // try again next step
+                break;
+            }
+            let mut s = self.waiting.remove(0);
+            if !s.ever_admitted {
+                self.counters.prefix_hit_tokens += (hit.len() * bs) as u64;
+            }
+            s.computed = hit.len() * bs;
+            s.hashed_blocks = hit.len();
+            s.last_hash = last;
+            s.block_table = hit;
+            for _ in 0..need {
+                if let Some(b) = blocks.allocate() {
+                    s.block_table.push(b);
+                }
+            }
+            s.ever_admitted = true;
+            self.clock += 1;
+            s.admitted = self.clock;
+            // Running order is (priority desc, admission asc): a new admission goes after
+            // every running sequence of its priority or higher.
+            let at = self.running.partition_point(|r| r.priority >= s.priority);
+            for sc in out.iter_mut().filter(|sc| sc.index >= at) {
+                sc.index += 1;
+            }
+            self.running.insert(at, s);
+            out.push(Scheduled { index: at, n });
+            budget -= n;
+        }
+        out
+    }
+
+    /// After the forward pass: advances `computed` and registers newly full blocks in the
+    /// prefix cache.
+    pub fn commit(&mut self, work: &[Scheduled], blocks: &mut BlockManager) {
+        let bs = blocks.block_size();
+        for w in work {
+            let s = &mut self.running[w.index];
+            s.computed += w.n;
+            while s.hashed_blocks < s.computed / bs {
+                let b = s.hashed_blocks;
+                let h = blocks.register_full(s.block_table[b], s.last_hash, &s.tokens[b * bs..(b + 1) * bs]);
+                s.last_hash = Some(h);
+                s.hashed_blocks += 1;
+            }
+        }
+    }
+}

@@ -1,0 +1,40 @@
+//! What a host submits.
+
+use crate::sample::SamplingParams;
+
+/// Engine-unique, increasing request id (never reused within an engine).
+pub type RequestId = u64;
+
+/// A generation request.
+#[derive(Clone, Debug)]
+pub struct Request {
+    pub prompt: Vec<u32>,
+    pub sampling: SamplingParams,
+    /// Maximum tokens to generate (≥ 1).
+    pub max_tokens: usize,
+    /// End-of-sequence ids; `None` uses the model's.
+    pub eos_ids: Option<Vec<u32>>,
+    pub ignore_eos: bool,
+    /// Token sequences that end generation.
+    pub stop_sequences: Vec<Vec<u32>>,
+    /// Higher is served first.
+    pub priority: i32,
+    /// Opaque value returned with every event (hosts map it to their own request object).
+    pub tag: u64,
+}
+
+impl Request {
+    /// A greedy request for `max_tokens` tokens.
+    pub fn new(prompt: Vec<u32>, max_tokens: usize) -> Request {
+        Request {
+            prompt,
+            sampling: SamplingParams::greedy(),
+            max_tokens,
+            eos_ids: None,
+            ignore_eos: false,
+            stop_sequences: Vec::new(),
+            priority: 0,
+            tag: 0,
+        }
+    }
+}
