@@ -17,6 +17,9 @@ pub mod tensor;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
 
 pub use arch::Arch;
 pub use config::ModelConfig;
@@ -53,4 +56,17 @@ impl Model {
             gguf::load(path)
         }
     }
+}
+
+/// Maps a whole file read-only. Weights are never copied out of the map.
+pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
+    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(Error::format(path, "not a regular file"));
+    }
+    // SAFETY: the map is read-only. Like every mmap-based loader we rely on the file not
+    // being truncated or rewritten while it is mapped.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    Ok(Arc::new(map))
 }
