@@ -45,6 +45,19 @@ pub struct Model {
     pub gguf_metadata: Option<gguf::Metadata>,
 }
 
+/// Short form: the GGUF metadata (a whole vocabulary) is summarised by its key count.
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("path", &self.path)
+            .field("format", &self.format)
+            .field("config", &self.config)
+            .field("layers", &self.weights.layers.len())
+            .field("gguf_metadata_keys", &self.gguf_metadata.as_ref().map(|m| m.len()))
+            .finish()
+    }
+}
+
 impl Model {
     /// Loads a Hugging Face directory (or its `config.json`) or a `.gguf` file.
     pub fn load(path: &Path) -> Result<Model> {
