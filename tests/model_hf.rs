@@ -285,8 +285,9 @@ fn tiny_model_loads() {
     assert_eq!(m.config.eos_token_ids, [2]);
     assert_eq!(m.weights.layers[1].k.shape, [4, 8]);
     assert_eq!(m.weights.layers[1].k.bytes(), &t["model.layers.1.self_attn.k_proj.weight"].2[..]);
-    // Loading through config.json works too.
+    // Loading through config.json or the weights file works too.
     assert!(Model::load(&tmp.path().join("config.json")).is_ok());
+    assert!(Model::load(&tmp.path().join("model.safetensors")).is_ok());
 }
 
 #[test]

@@ -115,6 +115,27 @@ impl Value {
     }
 }
 
+/// Scalars as themselves, strings quoted, arrays by length (a vocabulary is long).
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Value::U8(v) => write!(f, "{v}"),
+            Value::I8(v) => write!(f, "{v}"),
+            Value::U16(v) => write!(f, "{v}"),
+            Value::I16(v) => write!(f, "{v}"),
+            Value::U32(v) => write!(f, "{v}"),
+            Value::I32(v) => write!(f, "{v}"),
+            Value::U64(v) => write!(f, "{v}"),
+            Value::I64(v) => write!(f, "{v}"),
+            Value::F32(v) => write!(f, "{v}"),
+            Value::F64(v) => write!(f, "{v}"),
+            Value::Bool(v) => write!(f, "{v}"),
+            Value::String(v) => write!(f, "{v:?}"),
+            Value::Array(a) => write!(f, "array of {} values", a.len()),
+        }
+    }
+}
+
 /// All metadata key/value pairs of a GGUF file.
 pub type Metadata = BTreeMap<String, Value>;
 
@@ -244,7 +265,7 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufFile> {
         None => DEFAULT_ALIGNMENT,
         Some(v) => match v.as_u64() {
             Some(a) if a.is_power_of_two() && a <= 1 << 30 => a,
-            _ => return Err(r.err(format!("metadata `general.alignment` must be a power of two, got {v:?}"))),
+            _ => return Err(r.err(format!("metadata `general.alignment` must be a power of two, got {v}"))),
         },
     };
 
@@ -297,26 +318,29 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufFile> {
             )));
         }
         let Some(dtype) = dtype_from_ggml(t.ggml_type) else { continue };
-        let elems = t.dims.iter().try_fold(1u64, |a, &d| a.checked_mul(d));
-        let size = elems
+        if t.dims[0] % dtype.block_elems() as u64 != 0 {
+            return Err(bad(format!(
+                "rows of {} values (dims {:?}) are not whole blocks of {} values of type {}",
+                t.dims[0],
+                t.dims,
+                dtype.block_elems(),
+                ggml_type_name(t.ggml_type)
+            )));
+        }
+        let size = t
+            .dims
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
             .and_then(|n| usize::try_from(n).ok())
-            .filter(|_| t.dims[0] as usize % dtype.block_elems() == 0)
             .and_then(|n| dtype.bytes_for(n))
             .map(|b| b as u64)
-            .ok_or_else(|| {
-                bad(format!(
-                    "dims {:?} of type {} are not a whole number of blocks of {} values, or overflow",
-                    t.dims,
-                    ggml_type_name(t.ggml_type),
-                    dtype.block_elems()
-                ))
-            })?;
+            .ok_or_else(|| bad(format!("dims {:?} overflow: the tensor would be larger than memory", t.dims)))?;
         match t.offset.checked_add(size) {
             Some(end) if end <= data_len => {}
             _ => {
                 return Err(bad(format!(
-                    "data range {}..{}+{size} lies beyond the end of the data section ({data_len} bytes); the file is truncated or the header is wrong",
-                    t.offset, t.offset
+                    "{size} bytes at data offset {} run beyond the end of the data section ({data_len} bytes); the file is truncated or the header is wrong",
+                    t.offset
                 )))
             }
         }
@@ -391,7 +415,7 @@ impl Keys<'_> {
                 self.src
             ))),
             Some(v) => v.as_u64().map(Some).ok_or_else(|| {
-                Error::config(&self.src, key, format!("must be a non-negative integer, got {} {v:?}", v.type_name()))
+                Error::config(&self.src, key, format!("must be a non-negative integer, got {} {v}", v.type_name()))
             }),
         }
     }
@@ -415,7 +439,7 @@ impl Keys<'_> {
             Some(v) => v
                 .as_f64()
                 .map(Some)
-                .ok_or_else(|| Error::config(&self.src, key, format!("must be a number, got {} {v:?}", v.type_name()))),
+                .ok_or_else(|| Error::config(&self.src, key, format!("must be a number, got {} {v}", v.type_name()))),
         }
     }
 
@@ -561,7 +585,31 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
         bos_token_id: k.token_id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
     };
-    cfg.validate(&src)?;
+    cfg.validate(&src).map_err(|e| match e {
+        Error::Config { source_name, param, msg } => {
+            // Name the key the user can find in the file.
+            let gguf_key = match param.as_str() {
+                "vocab_size" => "tokenizer.ggml.tokens".to_string(),
+                "hidden_size" => key("embedding_length"),
+                "intermediate_size" => key("feed_forward_length"),
+                "num_hidden_layers" => key("block_count"),
+                "num_attention_heads" => key("attention.head_count"),
+                "num_key_value_heads" => key("attention.head_count_kv"),
+                "head_dim" => key("attention.key_length"),
+                "rope_dim" => key("rope.dimension_count"),
+                "rope_theta" => key("rope.freq_base"),
+                "rms_norm_eps" => key("attention.layer_norm_rms_epsilon"),
+                "rope_scaling" => key("rope.scaling.*"),
+                "num_experts_per_tok" => key("expert_used_count"),
+                "num_local_experts" => key("expert_count"),
+                "bos_token_id" => "tokenizer.ggml.bos_token_id".to_string(),
+                "eos_token_id" => "tokenizer.ggml.eos_token_id".to_string(),
+                _ => param.clone(),
+            };
+            Error::Config { source_name, param: gguf_key, msg: format!("{msg} (as {param})") }
+        }
+        e => e,
+    })?;
     Ok(cfg)
 }
 

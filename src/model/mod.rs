@@ -59,11 +59,16 @@ impl std::fmt::Debug for Model {
 }
 
 impl Model {
-    /// Loads a Hugging Face directory (or its `config.json`) or a `.gguf` file.
+    /// Loads a Hugging Face directory (or a `.json` / `.safetensors` file in it) or a GGUF
+    /// file (any other file).
     pub fn load(path: &Path) -> Result<Model> {
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-        if meta.is_dir() || path.file_name().is_some_and(|n| n == "config.json") {
-            let dir = if meta.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
+        let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+        if meta.is_dir() {
+            hf::load(path)
+        } else if name.ends_with(".json") || name.ends_with(".safetensors") {
+            // `parent()` of a bare file name is "", which means the current directory.
+            let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
             hf::load(dir)
         } else {
             gguf::load(path)
