@@ -394,13 +394,9 @@ fn moe_expert_stacks_become_zero_copy_views() {
 #[test]
 fn qwen2_gguf_is_half_split_with_biases_and_tied_output() {
     let mut g = tiny_gguf();
-    let kv: Vec<(String, Value)> =
-        g.kv.iter()
-            .map(|(k, v)| {
-                (k.replace("llama.", "qwen2.").replace("general.architecture", "general.architecture"), v.clone())
-            })
-            .collect();
-    g.kv = kv;
+    for (k, _) in &mut g.kv {
+        *k = k.replace("llama.", "qwen2.");
+    }
     g.set("general.architecture", Value::String("qwen2".into()));
     g.tensors.retain(|t| t.name != "output.weight");
     for i in 0..2 {

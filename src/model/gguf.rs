@@ -5,7 +5,7 @@
 //! before it is used, so a truncated or lying header yields an error naming the file and
 //! the field, never a panic, an out-of-bounds read or a huge allocation.
 
-use std::collections::{BTreeMap, HashMap};
+use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
 use tboost_kernels::rope::{Llama3Scaling, RopeStyle};
@@ -272,7 +272,7 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufFile> {
     // Each tensor info takes at least 8 (name len) + 4 (n_dims) + 8 (one dim) + 4 + 8 bytes.
     let n_tensors = r.count(n_tensors, 32, || "the tensor count".to_string())?;
     let mut tensors = Vec::with_capacity(n_tensors);
-    let mut seen = HashMap::with_capacity(n_tensors);
+    let mut seen = HashSet::with_capacity(n_tensors);
     for i in 0..n_tensors {
         let name = r.string(&|| format!("the name of tensor #{i}"))?;
         let ctx = |field: &str| format!("tensor `{name}` (#{i}): {field}");
@@ -290,7 +290,7 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufFile> {
         }
         let ggml_type = r.u32(&|| ctx("type"))?;
         let offset = r.u64(&|| ctx("data offset"))?;
-        if seen.insert(name.clone(), i).is_some() {
+        if !seen.insert(name.clone()) {
             return Err(r.err(format!("tensor `{name}` appears twice in the tensor directory")));
         }
         tensors.push(TensorInfo { name, dims, ggml_type, offset, size: None });
@@ -860,8 +860,8 @@ fn min_value_bytes(ty: u32) -> Option<usize> {
     Some(match ty {
         0 | 1 | 7 => 1,
         2 | 3 => 2,
-        4 | 5 | 6 => 4,
-        8 | 10 | 11 | 12 => 8,
+        4..=6 => 4,
+        8 | 10..=12 => 8,
         9 => 12,
         _ => return None,
     })
