@@ -348,6 +348,14 @@ fn tiny_gguf_loads_with_converted_shapes() {
     assert_eq!(l.k.bytes(), &g.tensors.iter().find(|t| t.name == "blk.1.attn_k.weight").unwrap().data[..]);
     assert_eq!(m.weights.embed.shape, [16, 32]);
     assert!(all_tensors(&m.weights).iter().all(|t| t.is_mapped()));
+
+    // Without a vocabulary the size comes from `{arch}.vocab_size`, else the embedding rows.
+    let mut g = tiny_gguf();
+    g.remove("tokenizer.ggml.tokens");
+    let m = Model::load(&g.write(tmp.path())).unwrap();
+    assert_eq!(m.config.vocab_size, 16);
+    g.set("llama.vocab_size", Value::U32(20));
+    assert_has(&load_err(&g).0, &["token_embd.weight", "[20, 32]", "[16, 32]"]);
 }
 
 #[test]

@@ -541,8 +541,10 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
                 format!("must be an array, got {}", v.type_name()),
             ))
         }
-        None => match file.tensor("token_embd.weight") {
-            Some(t) if t.dims.len() == 2 => t.dims[1] as usize,
+        // Files without a vocabulary may state the size, else the embedding has one row per id.
+        None => match (k.usize(&key("vocab_size"))?, file.tensor("token_embd.weight")) {
+            (Some(n), _) => n,
+            (None, Some(t)) if t.dims.len() == 2 => t.dims[1] as usize,
             _ => {
                 return Err(Error::config(
                     &src,
