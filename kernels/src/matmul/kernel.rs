@@ -39,7 +39,11 @@ impl Cols for PlainCols<'_> {
 
     #[inline(always)]
     unsafe fn rows<const NR: usize>(&self, j: usize) -> [*const u8; NR] {
-        std::array::from_fn(|c| self.w.add((j + c).min(self.n - 1) * self.row_bytes))
+        let mut r = [self.w; NR];
+        for (c, p) in r.iter_mut().enumerate() {
+            *p = self.w.add((j + c).min(self.n - 1) * self.row_bytes);
+        }
+        r
     }
 
     #[inline(always)]
@@ -78,10 +82,12 @@ impl Cols for SwigluCols {
     #[inline(always)]
     unsafe fn rows<const NR: usize>(&self, j: usize) -> [*const u8; NR] {
         let h = NR / 2;
-        std::array::from_fn(|c| {
+        let mut r = [self.gate; NR];
+        for (c, p) in r.iter_mut().enumerate() {
             let (base, col) = if c < h { (self.gate, c) } else { (self.up, c - h) };
-            base.add((j + col).min(self.n - 1) * self.row_bytes)
-        })
+            *p = base.add((j + col).min(self.n - 1) * self.row_bytes);
+        }
+        r
     }
 
     #[inline(always)]
@@ -109,7 +115,10 @@ unsafe fn tile<V: Lanes, W: WKind, const MR: usize, const NR: usize>(
     let full = k / 16 * 16;
     let mut c = 0;
     while c < full {
-        let xv: [V; MR] = std::array::from_fn(|i| V::load_f32(x.add(i * k + c)));
+        let mut xv = [V::zero(); MR];
+        for (i, v) in xv.iter_mut().enumerate() {
+            *v = V::load_f32(x.add(i * k + c));
+        }
         for j in 0..NR {
             let wv = W::load::<V>(ws[j].add(c * W::BYTES));
             for i in 0..MR {
@@ -125,7 +134,10 @@ unsafe fn tile<V: Lanes, W: WKind, const MR: usize, const NR: usize>(
         for (i, t) in xt.iter_mut().enumerate() {
             std::ptr::copy_nonoverlapping(x.add(i * k + full), t.as_mut_ptr(), rem);
         }
-        let xv: [V; MR] = std::array::from_fn(|i| V::load_f32(xt[i].as_ptr()));
+        let mut xv = [V::zero(); MR];
+        for (v, t) in xv.iter_mut().zip(&xt) {
+            *v = V::load_f32(t.as_ptr());
+        }
         for j in 0..NR {
             let mut wt = [0f32; 16];
             for (l, t) in wt.iter_mut().enumerate().take(rem) {
@@ -137,7 +149,15 @@ unsafe fn tile<V: Lanes, W: WKind, const MR: usize, const NR: usize>(
             }
         }
     }
-    std::array::from_fn(|i| std::array::from_fn(|j| acc[i][j].reduce()))
+    // Plain loops, not `array::from_fn`: its closures are not always inlined, and an
+    // outlined copy would lose the caller's target features.
+    let mut sums = [[0f32; NR]; MR];
+    for (s, a) in sums.iter_mut().zip(&acc) {
+        for (s, a) in s.iter_mut().zip(a) {
+            *s = a.reduce();
+        }
+    }
+    sums
 }
 
 /// Rows of `x` processed together so that they stay in L2 (~1 MiB) while a weight
@@ -162,7 +182,7 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
     (j0, j1): (usize, usize),
     cols: &C,
 ) {
-    debug_assert!(NRW == 2 * NRB && NRB % C::ROWS_PER_COL == 0);
+    debug_assert!(NRW == 2 * NRB && NRB.is_multiple_of(C::ROWS_PER_COL));
     let cb = NRB / C::ROWS_PER_COL;
     let cw = NRW / C::ROWS_PER_COL;
     let mc = x_block_rows(k, MRB);
