@@ -25,6 +25,13 @@ impl<'a> WeightMat<'a> {
         Ok(WeightMat { dtype, rows, cols, data })
     }
 
+    /// An f32 matrix viewing `v` (`rows * cols` values), for tests and computed weights.
+    pub fn from_f32(v: &'a [f32], rows: usize, cols: usize) -> Result<Self, String> {
+        // SAFETY: any f32 slice is a valid byte slice of 4x the length.
+        let data = unsafe { std::slice::from_raw_parts(v.as_ptr() as *const u8, std::mem::size_of_val(v)) };
+        Self::new(DType::F32, rows, cols, data)
+    }
+
     /// Bytes of one row.
     pub fn row_bytes(&self) -> usize {
         self.data.len() / self.rows.max(1)
