@@ -1,8 +1,15 @@
 //! Rotary position embedding, both pairings, with llama3 frequency scaling.
 //!
-//! - `HalfSplit` (HF `rotate_half`, GGML "NeoX"): dim `i` pairs with `i + head_dim/2`.
+//! - `HalfSplit` (HF `rotate_half`, GGML "NeoX"): dim `i` pairs with `i + rot_dim/2`.
 //! - `Adjacent` (GGML "normal", llama2.c, GGUF llama q/k): dim `2i` pairs with `2i+1`.
-//! Both rotate pair `i` by angle `pos * inv_freq[i]`.
+//!
+//! Both rotate pair `i` by angle `pos * inv_freq[i]`; only the first `rot_dim` dims of each
+//! head rotate (partial rotary), the rest pass through. Frequencies and angles are computed
+//! in f64 and the tables stored in f32 (transformers computes the angles in f32, so at long
+//! positions its tables are the less accurate ones). The rotation itself is
+//! `(x0 cos - x1 sin, x0 sin + x1 cos)` in f32, unfused, so every ISA gives the same bits.
+
+use rayon::prelude::*;
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 pub enum RopeStyle {
@@ -21,20 +28,120 @@ pub struct Llama3Scaling {
 
 /// Inverse frequencies `theta^(-2i/rot_dim)` for `i in 0..rot_dim/2`, adjusted by the
 /// scaling if given. Computed in f64.
+///
+/// llama3: with `wavelen = 2π / inv`, `low = orig_max / low_freq_factor` and
+/// `high = orig_max / high_freq_factor`: wavelengths below `high` keep their frequency,
+/// above `low` are divided by `factor`, and in between blend with
+/// `smooth = (orig_max / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)`
+/// as `(1 - smooth) * inv / factor + smooth * inv`.
 pub fn inv_freq(rot_dim: usize, theta: f64, scaling: Option<&Llama3Scaling>) -> Vec<f64> {
-    let _ = (rot_dim, theta, scaling);
-    unimplemented!()
+    (0..rot_dim / 2)
+        .map(|i| {
+            let inv = 1.0 / theta.powf((2 * i) as f64 / rot_dim as f64);
+            match scaling {
+                None => inv,
+                Some(s) => llama3(inv, s),
+            }
+        })
+        .collect()
+}
+
+fn llama3(inv: f64, s: &Llama3Scaling) -> f64 {
+    let orig = s.original_max_position_embeddings;
+    let low_freq_wavelen = orig / s.low_freq_factor;
+    let high_freq_wavelen = orig / s.high_freq_factor;
+    let wavelen = 2.0 * std::f64::consts::PI / inv;
+    if wavelen < high_freq_wavelen {
+        inv
+    } else if wavelen > low_freq_wavelen {
+        inv / s.factor
+    } else {
+        let smooth = (orig / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
+        (1.0 - smooth) * inv / s.factor + smooth * inv
+    }
 }
 
 /// cos/sin tables `[positions.len(), inv_freq.len()]` (angles computed in f64, stored f32).
 pub fn cos_sin(positions: &[u32], inv_freq: &[f64]) -> (Vec<f32>, Vec<f32>) {
-    let _ = (positions, inv_freq);
-    unimplemented!()
+    let n = positions.len() * inv_freq.len();
+    let (mut cos, mut sin) = (Vec::with_capacity(n), Vec::with_capacity(n));
+    for &p in positions {
+        for &f in inv_freq {
+            let (s, c) = (p as f64 * f).sin_cos();
+            cos.push(c as f32);
+            sin.push(s as f32);
+        }
+    }
+    (cos, sin)
 }
 
 /// Rotates `x` (`[rows, heads, head_dim]`, row `r` at the position whose tables are row `r`
 /// of `cos`/`sin`) in place. Only the first `2 * cos-row-len` dims of each head rotate.
 pub fn apply(x: &mut [f32], heads: usize, head_dim: usize, cos: &[f32], sin: &[f32], style: RopeStyle) {
-    let _ = (x, heads, head_dim, cos, sin, style);
-    unimplemented!()
+    let row = heads * head_dim;
+    assert!(row > 0, "rope: heads ({heads}) and head_dim ({head_dim}) must be > 0");
+    assert!(x.len() % row == 0, "rope: {} values are not whole rows of {heads} heads x {head_dim}", x.len());
+    let rows = x.len() / row;
+    assert_eq!(cos.len(), sin.len(), "rope: cos table has {} values, sin {}", cos.len(), sin.len());
+    if rows == 0 {
+        return;
+    }
+    assert!(cos.len() % rows == 0, "rope: {} table values are not whole rows for {rows} rows", cos.len());
+    let half = cos.len() / rows;
+    assert!(2 * half <= head_dim, "rope: tables rotate {} dims, more than head_dim {head_dim}", 2 * half);
+    if half == 0 {
+        return;
+    }
+    let min_rows = ((1 << 14) / row).max(1);
+    x.par_chunks_mut(row).zip(cos.par_chunks(half)).zip(sin.par_chunks(half)).with_min_len(min_rows).for_each(
+        |((xr, c), s)| {
+            for h in xr.chunks_exact_mut(head_dim) {
+                rotate(h, &c[..half], &s[..half], style);
+            }
+        },
+    );
+}
+
+#[inline]
+fn rotate(h: &mut [f32], cos: &[f32], sin: &[f32], style: RopeStyle) {
+    let half = cos.len();
+    match style {
+        RopeStyle::HalfSplit => {
+            let (a, b) = h[..2 * half].split_at_mut(half);
+            for i in 0..half {
+                let (x0, x1) = (a[i], b[i]);
+                a[i] = x0 * cos[i] - x1 * sin[i];
+                b[i] = x0 * sin[i] + x1 * cos[i];
+            }
+        }
+        RopeStyle::Adjacent => {
+            for (i, pair) in h[..2 * half].chunks_exact_mut(2).enumerate() {
+                let (x0, x1) = (pair[0], pair[1]);
+                pair[0] = x0 * cos[i] - x1 * sin[i];
+                pair[1] = x0 * sin[i] + x1 * cos[i];
+            }
+        }
+    }
+}
+
+/// Plain f64 references for the tests.
+pub mod reference {
+    use super::RopeStyle;
+
+    /// Rotates one head of `head_dim` values at `pos` with `inv_freq` (f64 throughout).
+    pub fn rotate(x: &[f32], pos: u32, inv_freq: &[f64], style: RopeStyle) -> Vec<f64> {
+        let mut y: Vec<f64> = x.iter().map(|&v| v as f64).collect();
+        let half = inv_freq.len();
+        for (i, &f) in inv_freq.iter().enumerate() {
+            let (s, c) = (pos as f64 * f).sin_cos();
+            let (i0, i1) = match style {
+                RopeStyle::HalfSplit => (i, i + half),
+                RopeStyle::Adjacent => (2 * i, 2 * i + 1),
+            };
+            let (x0, x1) = (y[i0], y[i1]);
+            y[i0] = x0 * c - x1 * s;
+            y[i1] = x0 * s + x1 * c;
+        }
+        y
+    }
 }

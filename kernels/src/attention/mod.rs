@@ -1,0 +1,313 @@
+//! Attention over a paged KV cache: FlashAttention (tiled, online softmax) and standard
+//! attention (materialized scores, any head_dim), plus the KV write ("reshape and cache").
+//!
+//! CONTRACT:
+//! - Layout of one layer's cache pool (K and V each): `[num_blocks, block_size, kv_heads,
+//!   head_dim]` in `KvPool::dtype` (f32, f16 or bf16). A sequence's position `p` lives in
+//!   block `block_table[p / block_size]`, row `p % block_size`. The block table is just an
+//!   index array here: kernels know nothing of allocation.
+//! - `q` is `[tokens, n_heads, head_dim]` f32 (rope already applied); `out` likewise.
+//!   Query row `i` of sequence `s` (global row `s.q_start + i`) is at absolute position
+//!   `s.ctx_len - s.q_len + i` and attends causally to positions `0..=that` of its sequence.
+//!   Its K/V (including the new tokens') are read from the pool: `write_kv` runs first.
+//! - GQA: query head `h` uses kv head `h / (n_heads / kv_heads)`. Scale is given.
+//! - Batch invariance: the result for one query row depends only on that row, its
+//!   sequence's cache contents and its position: not on `q_len`, on other sequences or on
+//!   thread count. FlashAttention tiles KV positions at fixed absolute boundaries so that a
+//!   prompt prefilled in one go, in chunks, or decoded token by token gives identical bits.
+//! - FlashAttention never materializes a `[q_len, ctx_len]` score matrix: scratch is bounded
+//!   by the tile sizes (`flash_scratch_bytes`). Standard attention materializes scores.
+//! - Decode (q_len = 1) must be fast: read each K/V row once per kv head for all the query
+//!   heads of its group.
+//!
+//! Shapes are built by the orchestrator, so a mismatch is a bug there: the kernels check
+//! every shape, slot and block id up front and panic naming it (before touching memory).
+//!
+//! FlashAttention tiling: KV positions in tiles of [`FLASH_TILE`] at absolute multiples of
+//! it; work items are (sequence, kv head, block of [`FLASH_ROW_BLOCK`] query rows), each
+//! running all the query heads of the GQA group over one staged K/V tile at a time. A row's
+//! arithmetic is the same whatever item it lands in: tile `t` covers positions
+//! `t*FLASH_TILE ..` up to the row's own position, scores are dot products with one fixed
+//! reduction order, the online-softmax update and the P·V sum go in position order.
+
+mod flash;
+pub mod reference;
+pub(crate) mod simd;
+mod standard;
+
+use crate::isa::{self, Isa};
+use crate::DType;
+
+pub use flash::{FLASH_ROW_BLOCK, FLASH_TILE};
+
+/// One layer's K and V pools, read-only.
+#[derive(Clone, Copy)]
+pub struct KvPool<'a> {
+    pub dtype: DType,
+    pub block_size: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub k: &'a [u8],
+    pub v: &'a [u8],
+}
+
+/// One layer's K and V pools, for writing.
+pub struct KvPoolMut<'a> {
+    pub dtype: DType,
+    pub block_size: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub k: &'a mut [u8],
+    pub v: &'a mut [u8],
+}
+
+/// One sequence's slice of the batch.
+#[derive(Clone, Copy, Debug)]
+pub struct SeqSpan<'a> {
+    /// First row of this sequence in `q` / `out`.
+    pub q_start: usize,
+    /// Number of new query rows.
+    pub q_len: usize,
+    /// Positions in the cache after this step's write (cached + new).
+    pub ctx_len: usize,
+    pub block_table: &'a [u32],
+}
+
+#[derive(Clone, Copy, Debug)]
+pub struct AttentionCase {
+    pub head_dim: usize,
+    pub n_heads: usize,
+    pub kv_heads: usize,
+    pub kv_dtype: DType,
+}
+
+/// Shape parameters shared by both kernels.
+#[derive(Clone, Copy, Debug)]
+pub struct AttnParams {
+    pub n_heads: usize,
+    pub kv_heads: usize,
+    pub head_dim: usize,
+    pub scale: f32,
+}
+
+/// FlashAttention supports head_dim a multiple of 16 (the ops-transformer rule; it is also
+/// one AVX-512 register of f32).
+pub fn flash_supports(case: &AttentionCase) -> Result<(), String> {
+    common_supports(case)?;
+    if case.head_dim % 16 != 0 {
+        return Err(format!("head_dim={} is not a multiple of 16", case.head_dim));
+    }
+    Ok(())
+}
+
+/// Standard attention supports any head_dim.
+pub fn standard_supports(case: &AttentionCase) -> Result<(), String> {
+    common_supports(case)
+}
+
+fn common_supports(case: &AttentionCase) -> Result<(), String> {
+    if case.head_dim == 0 {
+        return Err("head_dim=0".into());
+    }
+    if case.n_heads == 0 || case.kv_heads == 0 || case.n_heads % case.kv_heads != 0 {
+        return Err(format!("n_heads={} is not a multiple of kv_heads={}", case.n_heads, case.kv_heads));
+    }
+    match case.kv_dtype {
+        DType::F32 | DType::F16 | DType::BF16 => Ok(()),
+        other => Err(format!("kv cache dtype {other} is not supported (f32, f16, bf16)")),
+    }
+}
+
+/// Bytes of one element of a cache pool.
+fn elem_bytes(dtype: DType) -> usize {
+    match dtype {
+        DType::F32 => 4,
+        DType::F16 | DType::BF16 => 2,
+        other => panic!("attention: kv cache dtype {other} is not supported (f32, f16, bf16)"),
+    }
+}
+
+/// Number of blocks in a pool of `bytes`, checking that the size is whole.
+fn pool_blocks(what: &str, dtype: DType, block_size: usize, kv_heads: usize, head_dim: usize, bytes: usize) -> usize {
+    assert!(block_size > 0 && kv_heads > 0 && head_dim > 0, "{what}: block_size, kv_heads and head_dim must be > 0");
+    let block_bytes = block_size * kv_heads * head_dim * elem_bytes(dtype);
+    assert!(
+        bytes % block_bytes == 0,
+        "{what}: pool of {bytes} bytes is not a whole number of {block_bytes}-byte blocks \
+         ({block_size} x {kv_heads} kv heads x {head_dim} x {dtype})"
+    );
+    bytes / block_bytes
+}
+
+/// Writes K/V rows (`[tokens, kv_heads, head_dim]` f32) into the pool at `slots`
+/// (slot = block * block_size + row), converting to the pool dtype with round-to-nearest-even.
+pub fn write_kv(k: &[f32], v: &[f32], slots: &[u32], pool: &mut KvPoolMut<'_>) {
+    let row = pool.kv_heads * pool.head_dim;
+    assert_eq!(pool.k.len(), pool.v.len(), "write_kv: K pool has {} bytes, V pool {}", pool.k.len(), pool.v.len());
+    let blocks = pool_blocks("write_kv", pool.dtype, pool.block_size, pool.kv_heads, pool.head_dim, pool.k.len());
+    let n_slots = blocks * pool.block_size;
+    assert!(
+        k.len() == slots.len() * row && v.len() == k.len(),
+        "write_kv: {} slots of {} kv heads x {} need {} values, got k {} v {}",
+        slots.len(),
+        pool.kv_heads,
+        pool.head_dim,
+        slots.len() * row,
+        k.len(),
+        v.len()
+    );
+    let esz = elem_bytes(pool.dtype);
+    for (t, &slot) in slots.iter().enumerate() {
+        let slot = slot as usize;
+        assert!(slot < n_slots, "write_kv: slot {slot} is outside the pool ({n_slots} slots)");
+        let dst = slot * row * esz..(slot + 1) * row * esz;
+        let src = t * row..(t + 1) * row;
+        store_row(pool.dtype, &k[src.clone()], &mut pool.k[dst.clone()]);
+        store_row(pool.dtype, &v[src], &mut pool.v[dst]);
+    }
+}
+
+fn store_row(dtype: DType, src: &[f32], dst: &mut [u8]) {
+    match dtype {
+        DType::F32 => {
+            for (d, x) in dst.chunks_exact_mut(4).zip(src) {
+                d.copy_from_slice(&x.to_le_bytes());
+            }
+        }
+        // `half` rounds to nearest, ties to even, for both.
+        DType::F16 => {
+            for (d, x) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&half::f16::from_f32(*x).to_le_bytes());
+            }
+        }
+        DType::BF16 => {
+            for (d, x) in dst.chunks_exact_mut(2).zip(src) {
+                d.copy_from_slice(&half::bf16::from_f32(*x).to_le_bytes());
+            }
+        }
+        other => unreachable!("elem_bytes rejected {other}"),
+    }
+}
+
+/// FlashAttention with the active ISA (see the module docs for the contract).
+pub fn flash_attention(q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], p: &AttnParams, out: &mut [f32]) {
+    flash_attention_with(isa::active(), q, pool, seqs, p, out)
+}
+
+/// FlashAttention with an explicit ISA (tests of every path). Panics if the CPU lacks `isa`.
+pub fn flash_attention_with(
+    isa: Isa,
+    q: &[f32],
+    pool: &KvPool<'_>,
+    seqs: &[SeqSpan<'_>],
+    p: &AttnParams,
+    out: &mut [f32],
+) {
+    let case = AttentionCase { head_dim: p.head_dim, n_heads: p.n_heads, kv_heads: p.kv_heads, kv_dtype: pool.dtype };
+    if let Err(e) = flash_supports(&case) {
+        panic!("flash_attention: {e}");
+    }
+    check_isa(isa);
+    check_call("flash_attention", q, pool, seqs, p, out);
+    flash::run(isa, q, pool, seqs, p, out);
+}
+
+/// Standard attention (materialized scores; any head_dim).
+pub fn standard_attention(q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], p: &AttnParams, out: &mut [f32]) {
+    let case = AttentionCase { head_dim: p.head_dim, n_heads: p.n_heads, kv_heads: p.kv_heads, kv_dtype: pool.dtype };
+    if let Err(e) = standard_supports(&case) {
+        panic!("standard_attention: {e}");
+    }
+    check_call("standard_attention", q, pool, seqs, p, out);
+    standard::run(q, pool, seqs, p, out);
+}
+
+/// Upper bound of the scratch bytes `flash_attention` allocates for a call, whatever the
+/// sequence lengths (depends on tile sizes, head_dim, heads and thread count only).
+pub fn flash_scratch_bytes(p: &AttnParams, threads: usize) -> usize {
+    flash::scratch_floats(p) * 4 * threads.max(1)
+}
+
+fn check_isa(isa: Isa) {
+    assert!(
+        isa <= isa::detected(),
+        "attention: ISA {} requested but this CPU supports {}",
+        isa.name(),
+        isa::detected().name()
+    );
+}
+
+/// Checks every shape, block id and row range the kernels rely on. Query rows of different sequences must not overlap (they are written in
+/// parallel).
+fn check_call(what: &str, q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], p: &AttnParams, out: &mut [f32]) {
+    assert!(
+        pool.kv_heads == p.kv_heads && pool.head_dim == p.head_dim,
+        "{what}: pool has {} kv heads x {}, params say {} x {}",
+        pool.kv_heads,
+        pool.head_dim,
+        p.kv_heads,
+        p.head_dim
+    );
+    assert_eq!(pool.k.len(), pool.v.len(), "{what}: K pool has {} bytes, V pool {}", pool.k.len(), pool.v.len());
+    let blocks = pool_blocks(what, pool.dtype, pool.block_size, pool.kv_heads, pool.head_dim, pool.k.len());
+    let row = p.n_heads * p.head_dim;
+    assert!(
+        q.len() % row == 0 && out.len() == q.len(),
+        "{what}: q has {} values and out {}, expected equal multiples of {} heads x {}",
+        q.len(),
+        out.len(),
+        p.n_heads,
+        p.head_dim
+    );
+    let tokens = q.len() / row;
+    let mut sorted = true;
+    let mut prev_end = 0;
+    for (i, s) in seqs.iter().enumerate() {
+        assert!(
+            s.q_len <= s.ctx_len && s.q_start + s.q_len <= tokens,
+            "{what}: sequence {i} (rows {}..{} of {tokens}, q_len {}, ctx_len {}) must fit in q and have q_len <= ctx_len",
+            s.q_start,
+            s.q_start + s.q_len,
+            s.q_len,
+            s.ctx_len
+        );
+        let need = s.ctx_len.div_ceil(pool.block_size);
+        assert!(
+            s.block_table.len() >= need,
+            "{what}: sequence {i} has {} positions but its block table lists {} blocks of {}",
+            s.ctx_len,
+            s.block_table.len(),
+            pool.block_size
+        );
+        if let Some(&b) = s.block_table[..need].iter().find(|&&b| b as usize >= blocks) {
+            panic!("{what}: sequence {i} uses block {b} of a pool of {blocks}");
+        }
+        if s.q_len > 0 {
+            sorted &= s.q_start >= prev_end;
+            prev_end = s.q_start + s.q_len;
+        }
+    }
+    if !sorted {
+        let mut spans: Vec<(usize, usize)> =
+            seqs.iter().filter(|s| s.q_len > 0).map(|s| (s.q_start, s.q_start + s.q_len)).collect();
+        spans.sort_unstable();
+        for w in spans.windows(2) {
+            assert!(w[0].1 <= w[1].0, "{what}: query rows {:?} and {:?} of two sequences overlap", w[0], w[1]);
+        }
+    }
+}
+
+/// `*mut f32` that parallel work items share; each writes disjoint rows.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: items write disjoint ranges (checked by `check_call`).
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+/// Where a sequence's position `pos` of kv head `g` starts in a pool, in bytes.
+#[inline(always)]
+fn row_offset(pool: &KvPool<'_>, table: &[u32], pos: usize, g: usize, esz: usize) -> usize {
+    let bs = pool.block_size;
+    let slot = table[pos / bs] as usize * bs + pos % bs;
+    (slot * pool.kv_heads + g) * pool.head_dim * esz
+}

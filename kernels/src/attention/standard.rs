@@ -1,0 +1,107 @@
+//! Standard attention: materialized `[q_len, ctx_len]` scores per (sequence, head), any
+//! head_dim. The fallback when FlashAttention does not support the case.
+
+use rayon::prelude::*;
+
+use super::{elem_bytes, row_offset, AttnParams, KvPool, OutPtr, SeqSpan};
+use crate::DType;
+
+pub(super) fn run(q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], p: &AttnParams, out: &mut [f32]) {
+    let out = OutPtr(out.as_mut_ptr());
+    let n_heads = p.n_heads;
+    (0..seqs.len() * n_heads).into_par_iter().for_each(|i| {
+        let (s, h) = (i / n_heads, i % n_heads);
+        if seqs[s].q_len > 0 {
+            // SAFETY: (sequence, head) items write disjoint rows/heads of `out`.
+            unsafe { head(q, pool, &seqs[s], p, h, out) }
+        }
+    });
+}
+
+/// Dot product with 8 independent partial sums and a fixed final tree: one order for
+/// every call, whatever the batch.
+#[inline]
+fn dot(a: &[f32], b: &[f32]) -> f32 {
+    let mut acc = [0.0f32; 8];
+    let (ac, at) = a.split_at(a.len() / 8 * 8);
+    let (bc, bt) = b.split_at(ac.len());
+    for (x, y) in ac.chunks_exact(8).zip(bc.chunks_exact(8)) {
+        for i in 0..8 {
+            acc[i] += x[i] * y[i];
+        }
+    }
+    let mut tail = 0.0f32;
+    for (x, y) in at.iter().zip(bt) {
+        tail += x * y;
+    }
+    ((acc[0] + acc[4]) + (acc[1] + acc[5])) + ((acc[2] + acc[6]) + (acc[3] + acc[7])) + tail
+}
+
+fn load_row(dtype: DType, bytes: &[u8], dst: &mut [f32]) {
+    match dtype {
+        DType::F32 => {
+            for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(4)) {
+                *d = f32::from_le_bytes([b[0], b[1], b[2], b[3]]);
+            }
+        }
+        DType::F16 => {
+            for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(2)) {
+                *d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
+            }
+        }
+        _ => {
+            for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(2)) {
+                *d = half::bf16::from_le_bytes([b[0], b[1]]).to_f32();
+            }
+        }
+    }
+}
+
+/// All query rows of one sequence for query head `h`.
+unsafe fn head(q: &[f32], pool: &KvPool<'_>, seq: &SeqSpan<'_>, p: &AttnParams, h: usize, out: OutPtr) {
+    let hd = p.head_dim;
+    let g = h / (p.n_heads / p.kv_heads);
+    let esz = elem_bytes(pool.dtype);
+    let (q_len, ctx) = (seq.q_len, seq.ctx_len);
+    let first = ctx - q_len;
+    let qrow = |r: usize| &q[((seq.q_start + r) * p.n_heads + h) * hd..][..hd];
+    let mut scores = vec![0.0f32; q_len * ctx];
+    let mut kv = vec![0.0f32; hd];
+    // Row r (position first + r) sees positions 0..=first + r. Loop over positions outside
+    // so each K/V row is converted once; each row still sums in position order.
+    for j in 0..ctx {
+        let off = row_offset(pool, seq.block_table, j, g, esz);
+        load_row(pool.dtype, &pool.k[off..off + hd * esz], &mut kv);
+        for r in j.saturating_sub(first)..q_len {
+            scores[r * ctx + j] = dot(qrow(r), &kv) * p.scale;
+        }
+    }
+    for r in 0..q_len {
+        let row = &mut scores[r * ctx..r * ctx + first + r + 1];
+        let mx = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+        let mut sum = 0.0f32;
+        for x in row.iter_mut() {
+            *x = (*x - mx).exp();
+            sum += *x;
+        }
+        let inv = 1.0 / sum;
+        for x in row.iter_mut() {
+            *x *= inv;
+        }
+    }
+    let mut acc = vec![0.0f32; q_len * hd];
+    for j in 0..ctx {
+        let off = row_offset(pool, seq.block_table, j, g, esz);
+        load_row(pool.dtype, &pool.v[off..off + hd * esz], &mut kv);
+        for r in j.saturating_sub(first)..q_len {
+            let pj = scores[r * ctx + j];
+            for (a, v) in acc[r * hd..(r + 1) * hd].iter_mut().zip(&kv) {
+                *a += pj * v;
+            }
+        }
+    }
+    for r in 0..q_len {
+        let dst = out.0.add(((seq.q_start + r) * p.n_heads + h) * hd);
+        std::ptr::copy_nonoverlapping(acc.as_ptr().add(r * hd), dst, hd);
+    }
+}
