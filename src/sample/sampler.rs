@@ -1,0 +1,354 @@
+//! The per-request sampler: one logits row in, one token out.
+
+use std::cmp::Ordering;
+
+use super::params::SamplingParams;
+use super::rng::RequestRng;
+use crate::{Error, Result};
+
+/// The token chosen for one step, with optional logprobs.
+///
+/// Logprobs describe the model's **raw** distribution: the log-softmax of the logits exactly as
+/// the model produced them, before penalties, temperature and truncation (vLLM's default). So
+/// a token outside the kept set still gets its true model logprob, and the numbers do not move
+/// when a user changes temperature.
+#[derive(Clone, Debug, PartialEq)]
+pub struct Sampled {
+    pub token: u32,
+    /// Raw logprob of `token`; `Some` iff `SamplingParams::logprobs` is `Some`.
+    pub logprob: Option<f32>,
+    /// The `n` most likely tokens under the raw distribution with their logprobs, most likely
+    /// first, ties by lower id. Fewer than `n` when fewer logits are finite; empty when logprobs
+    /// are off. It may or may not contain `token`.
+    pub top: Vec<(u32, f32)>,
+}
+
+/// Turns logits into tokens for one request. The engine owns one per request and calls
+/// [`Sampler::sample`] once per generated token; nothing in it depends on other requests.
+///
+/// Pipeline: penalties → greedy argmax if temperature is 0 → temperature → top-k → top-p →
+/// min-p → renormalize → one uniform draw. Candidates are ordered by adjusted logit (= by
+/// probability) descending, ties by lower id, and the draw walks them in that order, so the
+/// result depends only on the seed and the logits.
+///
+/// Non-finite logits (NaN, ±inf) are never candidates: NaN and +inf are treated as -inf (a
+/// warning is logged once per sampler), and a row without any finite logit is an error.
+///
+/// Scratch buffers (a vocabulary-sized id list, plus a logits copy and a counter array when
+/// penalties are on) are kept between calls, so steady-state sampling does not allocate except
+/// for the returned `top` list.
+pub struct Sampler {
+    params: SamplingParams,
+    rng: RequestRng,
+    /// Candidate ids (and scratch for the logprob top-n).
+    ids: Vec<u32>,
+    /// Logits after sanitizing and penalties (only used when a penalty is on).
+    work: Vec<f32>,
+    /// Per-token counters for penalties; all zero between calls.
+    marks: Vec<u32>,
+    /// Ids whose `marks` entry is non-zero, to reset them cheaply.
+    touched: Vec<u32>,
+    warned_non_finite: bool,
+}
+
+impl std::fmt::Debug for Sampler {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Sampler").field("params", &self.params).finish_non_exhaustive()
+    }
+}
+
+/// Candidates are taken in chunks of this size (then ×4) when walking them in sorted order, so
+/// a peaked distribution never pays for sorting the whole vocabulary.
+const FIRST_CHUNK: usize = 64;
+
+impl Sampler {
+    /// Validates `params` and seeds the request's random stream.
+    pub fn new(params: SamplingParams) -> Result<Sampler> {
+        params.validate()?;
+        let rng = RequestRng::new(params.seed);
+        Ok(Sampler {
+            params,
+            rng,
+            ids: Vec::new(),
+            work: Vec::new(),
+            marks: Vec::new(),
+            touched: Vec::new(),
+            warned_non_finite: false,
+        })
+    }
+
+    pub fn params(&self) -> &SamplingParams {
+        &self.params
+    }
+
+    /// Picks the next token from one logits row (`logits.len()` = vocabulary size).
+    ///
+    /// `prompt` and `generated` are the request's token ids so far; they are only read when a
+    /// penalty is on (then an id outside the vocabulary is an error naming its position).
+    /// The random stream advances by exactly one draw per successful non-greedy call, however
+    /// many candidates survive; greedy calls and failed calls do not touch it.
+    pub fn sample(&mut self, logits: &[f32], prompt: &[u32], generated: &[u32]) -> Result<Sampled> {
+        check_row(logits)?;
+        let mut saw_bad = if self.params.has_penalties() { self.penalize(logits, prompt, generated)? } else { false };
+        let adjusted: &[f32] = if self.params.has_penalties() { &self.work } else { logits };
+
+        let token = if self.params.temperature == 0.0 {
+            let (best, bad) = argmax_finite(adjusted);
+            saw_bad |= bad;
+            best
+        } else {
+            let (token, bad) = draw(&self.params, adjusted, &mut self.ids, &mut self.rng);
+            saw_bad |= bad;
+            token
+        };
+        if saw_bad && !self.warned_non_finite {
+            self.warned_non_finite = true;
+            log::warn!("sampler (seed {}): logits contain NaN or +inf; treating them as -inf", self.params.seed);
+        }
+        let token = token.ok_or_else(|| {
+            Error::invalid("logits", format!("no finite logit left in a row of {} (NaN, ±inf or masked)", logits.len()))
+        })?;
+
+        let (logprob, top) = match self.params.logprobs {
+            None => (None, Vec::new()),
+            Some(n) => raw_logprobs(logits, token, n, &mut self.ids),
+        };
+        Ok(Sampled { token, logprob, top })
+    }
+
+    /// The logits the truncation stages see: non-finite values replaced by -inf, then the
+    /// repetition, presence and frequency penalties applied. For inspection and debugging;
+    /// [`Sampler::sample`] does the same internally.
+    pub fn penalized_logits(&mut self, logits: &[f32], prompt: &[u32], generated: &[u32]) -> Result<&[f32]> {
+        check_row(logits)?;
+        self.penalize(logits, prompt, generated)?;
+        Ok(&self.work)
+    }
+
+    /// Fills `self.work` with sanitized, penalized logits. Returns whether NaN/+inf was seen.
+    fn penalize(&mut self, logits: &[f32], prompt: &[u32], generated: &[u32]) -> Result<bool> {
+        let p = &self.params;
+        let vocab = logits.len();
+        let repetition = p.repetition_penalty != 1.0;
+        let additive = p.presence_penalty != 0.0 || p.frequency_penalty != 0.0;
+        // Validate before touching `marks`, so an error cannot leave counters dirty.
+        if repetition {
+            check_ids("prompt", prompt, vocab)?;
+        }
+        if repetition || additive {
+            check_ids("generated", generated, vocab)?;
+        }
+
+        let mut saw_bad = false;
+        self.work.clear();
+        self.work.extend(logits.iter().map(|&x| {
+            if x.is_finite() {
+                x
+            } else {
+                saw_bad |= x != f32::NEG_INFINITY;
+                f32::NEG_INFINITY
+            }
+        }));
+        self.marks.resize(vocab, 0);
+
+        if repetition {
+            let rp = p.repetition_penalty;
+            for &t in prompt.iter().chain(generated) {
+                if self.marks[t as usize] == 0 {
+                    self.marks[t as usize] = 1;
+                    self.touched.push(t);
+                }
+            }
+            for &t in &self.touched {
+                let l = &mut self.work[t as usize];
+                *l = if *l > 0.0 { *l / rp } else { *l * rp };
+                self.marks[t as usize] = 0;
+            }
+            self.touched.clear();
+        }
+        if additive {
+            for &t in generated {
+                if self.marks[t as usize] == 0 {
+                    self.touched.push(t);
+                }
+                self.marks[t as usize] += 1;
+            }
+            for &t in &self.touched {
+                let count = self.marks[t as usize] as f32;
+                self.work[t as usize] -= p.presence_penalty + p.frequency_penalty * count;
+                self.marks[t as usize] = 0;
+            }
+            self.touched.clear();
+        }
+        // A penalty can overflow an extreme logit; keep the rule "only finite logits compete".
+        for l in &mut self.work {
+            if !l.is_finite() {
+                *l = f32::NEG_INFINITY;
+            }
+        }
+        Ok(saw_bad)
+    }
+}
+
+fn check_row(logits: &[f32]) -> Result<()> {
+    if logits.is_empty() {
+        return Err(Error::invalid("logits", "empty logits row"));
+    }
+    if logits.len() > u32::MAX as usize {
+        return Err(Error::invalid("logits", format!("{} entries exceed the u32 token id range", logits.len())));
+    }
+    Ok(())
+}
+
+fn check_ids(name: &str, ids: &[u32], vocab: usize) -> Result<()> {
+    match ids.iter().position(|&t| t as usize >= vocab) {
+        Some(i) => Err(Error::invalid(
+            format!("{name}[{i}]"),
+            format!("token id {} is outside the vocabulary of {vocab} logits", ids[i]),
+        )),
+        None => Ok(()),
+    }
+}
+
+/// Whether a logit is NaN or +inf (a model fault, unlike -inf which is a deliberate mask).
+fn is_bad(x: f32) -> bool {
+    x.is_nan() || x == f32::INFINITY
+}
+
+/// Argmax over finite logits, ties → lowest id. Also reports whether NaN/+inf was seen.
+fn argmax_finite(logits: &[f32]) -> (Option<u32>, bool) {
+    let mut best: Option<(u32, f32)> = None;
+    let mut saw_bad = false;
+    for (i, &x) in logits.iter().enumerate() {
+        if !x.is_finite() {
+            saw_bad |= is_bad(x);
+            continue;
+        }
+        // Strict `>` keeps the first (lowest id) of equal maxima.
+        if best.is_none_or(|(_, b)| x > b) {
+            best = Some((i as u32, x));
+        }
+    }
+    (best.map(|(i, _)| i), saw_bad)
+}
+
+/// Total order of candidates: higher logit first, then lower id.
+fn by_logit_desc(logits: &[f32]) -> impl Fn(&u32, &u32) -> Ordering + '_ {
+    move |&a, &b| logits[b as usize].total_cmp(&logits[a as usize]).then(a.cmp(&b))
+}
+
+/// Makes `ids[..n]` sorted for a larger `n` than `sorted`, given that `ids[..sorted]` is
+/// sorted and holds the `sorted` best ids. Returns the new sorted length.
+fn extend_sorted(ids: &mut [u32], sorted: usize, cmp: &impl Fn(&u32, &u32) -> Ordering) -> usize {
+    let want = (sorted * 4).max(FIRST_CHUNK).min(ids.len());
+    let rest = &mut ids[sorted..];
+    let k = want - sorted;
+    if k < rest.len() {
+        rest.select_nth_unstable_by(k - 1, cmp);
+    }
+    rest[..k].sort_unstable_by(cmp);
+    want
+}
+
+/// Temperature → top-k → top-p → min-p → draw. Returns the token (None if no logit is
+/// finite) and whether NaN/+inf was seen.
+fn draw(p: &SamplingParams, logits: &[f32], ids: &mut Vec<u32>, rng: &mut RequestRng) -> (Option<u32>, bool) {
+    ids.clear();
+    let mut saw_bad = false;
+    let mut max = f32::NEG_INFINITY;
+    for (i, &x) in logits.iter().enumerate() {
+        if x.is_finite() {
+            ids.push(i as u32);
+            max = max.max(x);
+        } else {
+            saw_bad |= is_bad(x);
+        }
+    }
+    if ids.is_empty() {
+        return (None, saw_bad);
+    }
+    // Unnormalized probability after temperature; the top token weighs exactly 1, so min-p's
+    // "fraction of the top probability" is a plain threshold on the weight.
+    let t = p.temperature as f64;
+    let max = max as f64;
+    let weight = |id: u32| ((logits[id as usize] as f64 - max) / t).exp();
+    let cmp = by_logit_desc(logits);
+
+    if p.top_k > 0 && p.top_k < ids.len() {
+        ids.select_nth_unstable_by(p.top_k - 1, &cmp);
+        ids.truncate(p.top_k);
+    }
+    // Top-p is measured against the mass that survives top-k, before min-p.
+    let top_p_target =
+        if p.top_p < 1.0 { Some(p.top_p as f64 * ids.iter().map(|&i| weight(i)).sum::<f64>()) } else { None };
+    // Min-p keeps a prefix of the sorted order and top-p keeps a prefix too, so applying the
+    // cheap min-p filter first and then searching for the top-p cut inside what remains gives
+    // the same set as top-p followed by min-p, without sorting the tokens min-p removes.
+    if p.min_p > 0.0 {
+        let threshold = p.min_p as f64;
+        ids.retain(|&i| weight(i) >= threshold);
+    }
+
+    let mut sorted = 0;
+    let kept_mass = match top_p_target {
+        Some(target) => {
+            let mut cum = 0.0;
+            let mut kept = ids.len();
+            for i in 0..ids.len() {
+                if i == sorted {
+                    sorted = extend_sorted(ids, sorted, &cmp);
+                }
+                cum += weight(ids[i]);
+                if cum >= target {
+                    kept = i + 1;
+                    break;
+                }
+            }
+            ids.truncate(kept);
+            sorted = sorted.min(kept);
+            cum
+        }
+        None => ids.iter().map(|&i| weight(i)).sum::<f64>(),
+    };
+
+    let target = rng.next_f64() * kept_mass;
+    let mut cum = 0.0;
+    let mut last_positive = ids[0];
+    for i in 0..ids.len() {
+        if i == sorted {
+            sorted = extend_sorted(ids, sorted, &cmp);
+        }
+        let w = weight(ids[i]);
+        if w > 0.0 {
+            last_positive = ids[i];
+        }
+        cum += w;
+        if target < cum {
+            return (Some(ids[i]), saw_bad);
+        }
+    }
+    // Only reachable through rounding (kept_mass summed in another order).
+    (Some(last_positive), saw_bad)
+}
+
+/// Log-softmax of the raw row for `token` plus its `n` best entries.
+fn raw_logprobs(logits: &[f32], token: u32, n: usize, ids: &mut Vec<u32>) -> (Option<f32>, Vec<(u32, f32)>) {
+    let max = logits.iter().copied().filter(|x| x.is_finite()).fold(f32::NEG_INFINITY, f32::max) as f64;
+    let sum: f64 = logits.iter().filter(|x| x.is_finite()).map(|&x| (x as f64 - max).exp()).sum();
+    let lse = max + sum.ln();
+    let logprob = |id: u32| (logits[id as usize] as f64 - lse) as f32;
+
+    let mut top = Vec::new();
+    if n > 0 {
+        ids.clear();
+        ids.extend((0..logits.len() as u32).filter(|&i| logits[i as usize].is_finite()));
+        let n = n.min(ids.len());
+        let cmp = by_logit_desc(logits);
+        if n < ids.len() {
+            ids.select_nth_unstable_by(n - 1, &cmp);
+        }
+        ids[..n].sort_unstable_by(&cmp);
+        top.extend(ids[..n].iter().map(|&i| (i, logprob(i))));
+    }
+    (Some(logprob(token)), top)
+}
