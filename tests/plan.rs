@@ -77,7 +77,7 @@ fn forbidding_flash_attention_gives_the_same_logits() {
 
 #[test]
 fn forbidding_fusions_changes_no_bits() {
-    let tokens: Vec<u32> = (0..23).map(|i| 3 + (i * 53) % 600).collect();
+    let tokens: Vec<u32> = (0..23).map(|i| 3 + (i * 53) % 500).collect();
     for case in ["llama_gqa", "qwen2", "mixtral"] {
         let fused = last_logits(case, &PlanOptions::default(), &tokens);
         let unfused = last_logits(case, &opts(&["fuse_qkv", "fuse_gate_up", "fuse_add_norm"]), &tokens);
