@@ -77,7 +77,10 @@ impl EngineConfig {
         if self.max_batched_tokens < self.max_seqs {
             return bad(
                 "max_batched_tokens",
-                format!("{} is below max_seqs {}: every running decode must fit in a step", self.max_batched_tokens, self.max_seqs),
+                format!(
+                    "{} is below max_seqs {}: every running decode must fit in a step",
+                    self.max_batched_tokens, self.max_seqs
+                ),
             );
         }
         if self.queue_limit == 0 {
@@ -236,11 +239,15 @@ impl Engine {
         let mut core = self.core.lock().map_err(poisoned)?;
         if let Some(c) = core.as_ref() {
             if !c.sched.running.is_empty() || !c.sched.waiting.is_empty() {
-                return Err(Error::invalid("load", "requests are in flight; cancel them or wait before loading another model"));
+                return Err(Error::invalid(
+                    "load",
+                    "requests are in flight; cancel them or wait before loading another model",
+                ));
             }
         }
         let cfg = &model.config;
-        let opts = PlanOptions { disabled: self.config.disabled_ops.clone(), kv_dtype: self.config.kv_dtype }.with_env()?;
+        let opts =
+            PlanOptions { disabled: self.config.disabled_ops.clone(), kv_dtype: self.config.kv_dtype }.with_env()?;
         let backend = Box::new(CpuBackend::new(self.config.threads)?);
         let mut runner = ModelRunner::new(model, backend, &opts)?;
         let bs = self.config.block_size;
@@ -251,7 +258,11 @@ impl Engine {
         if blocks == 0 {
             return Err(Error::invalid(
                 "kv_cache",
-                format!("{:?} holds no block of {bs} tokens ({} bytes per token)", self.config.kv_size, KvPools::bytes_per_token(cfg, self.config.kv_dtype)),
+                format!(
+                    "{:?} holds no block of {bs} tokens ({} bytes per token)",
+                    self.config.kv_size,
+                    KvPools::bytes_per_token(cfg, self.config.kv_dtype)
+                ),
             ));
         }
         runner.alloc_kv(blocks, bs, self.config.kv_dtype)?;
@@ -300,6 +311,23 @@ impl Engine {
         core.as_ref().map(|c| c.runner.plan.clone()).ok_or(Error::NoModel)
     }
 
+    /// Text → token ids with the model's tokenizer (`add_special`: add BOS when the model
+    /// asks for it).
+    pub fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        let _ = (text, add_special);
+        let core = self.core.lock().map_err(poisoned)?;
+        let c = core.as_ref().ok_or(Error::NoModel)?;
+        Err(Error::NoTokenizer(c.runner.cfg.arch.to_string()))
+    }
+
+    /// Token ids → text with the model's tokenizer.
+    pub fn detokenize(&self, ids: &[u32]) -> Result<String> {
+        let _ = ids;
+        let core = self.core.lock().map_err(poisoned)?;
+        let c = core.as_ref().ok_or(Error::NoModel)?;
+        Err(Error::NoTokenizer(c.runner.cfg.arch.to_string()))
+    }
+
     /// Validates and queues a request; returns its id.
     pub fn enqueue(&self, req: Request) -> Result<RequestId> {
         let mut sh = self.shared()?;
@@ -308,14 +336,22 @@ impl Engine {
             return Err(Error::invalid("prompt", "is empty"));
         }
         if let Some((i, &t)) = req.prompt.iter().enumerate().find(|(_, &t)| t as usize >= f.vocab) {
-            return Err(Error::invalid("prompt", format!("token {t} at index {i} is not below the vocabulary size {}", f.vocab)));
+            return Err(Error::invalid(
+                "prompt",
+                format!("token {t} at index {i} is not below the vocabulary size {}", f.vocab),
+            ));
         }
         if req.max_tokens == 0 {
             return Err(Error::invalid("max_tokens", "must be at least 1"));
         }
         req.sampling.validate()?;
         let eos_ids = req.eos_ids.clone().unwrap_or_else(|| f.eos_ids.clone());
-        let stop = StopCriteria { max_tokens: req.max_tokens, eos_ids, ignore_eos: req.ignore_eos, stop_sequences: req.stop_sequences.clone() };
+        let stop = StopCriteria {
+            max_tokens: req.max_tokens,
+            eos_ids,
+            ignore_eos: req.ignore_eos,
+            stop_sequences: req.stop_sequences.clone(),
+        };
         stop.validate()?;
         let total = req.prompt.len().saturating_add(req.max_tokens);
         let need = total.div_ceil(f.block_size);
@@ -368,7 +404,10 @@ impl Engine {
             match sh.outputs.get(&id) {
                 None => return Err(Error::NotFound(format!("request {id} is unknown"))),
                 Some(o) if o.finish.is_some() => {
-                    return Err(Error::NotFound(format!("request {id} already finished ({})", o.finish.map_or("", |f| f.as_str()))))
+                    return Err(Error::NotFound(format!(
+                        "request {id} already finished ({})",
+                        o.finish.map_or("", |f| f.as_str())
+                    )))
                 }
                 Some(_) => {
                     if !sh.cancels.contains(&id) {
@@ -400,6 +439,14 @@ impl Engine {
 
     pub fn stats(&self) -> Result<Stats> {
         Ok(self.shared()?.stats.clone())
+    }
+
+    /// For each running request: (id, positions in the cache, blocks held). Lets tests and
+    /// operators check that a sequence never holds more than one partially filled block.
+    pub fn kv_usage(&self) -> Result<Vec<(RequestId, usize, usize)>> {
+        let core = self.core.lock().map_err(poisoned)?;
+        let c = core.as_ref().ok_or(Error::NoModel)?;
+        Ok(c.sched.running.iter().map(|s| (s.id, s.computed, s.block_table.len())).collect())
     }
 
     /// True while any request is waiting or running.
@@ -532,13 +579,17 @@ impl Engine {
             .iter()
             .map(|w| {
                 let s = &c.sched.running[w.index];
-                let span = SeqSpan { q_start: start, q_len: w.n, ctx_len: s.computed + w.n, block_table: &s.block_table };
+                let span =
+                    SeqSpan { q_start: start, q_len: w.n, ctx_len: s.computed + w.n, block_table: &s.block_table };
                 start += w.n;
                 span
             })
             .collect();
         let mut logits = std::mem::take(&mut c.logits);
-        let fwd = c.runner.forward(&StepBatch { tokens: &tokens, positions: &positions, slots: &slots, seqs: &seqs, logit_rows: &rows }, &mut logits);
+        let fwd = c.runner.forward(
+            &StepBatch { tokens: &tokens, positions: &positions, slots: &slots, seqs: &seqs, logit_rows: &rows },
+            &mut logits,
+        );
         drop(seqs);
         if let Err(e) = fwd {
             // The batch failed as a whole (a backend error): fail its requests, keep the engine.
@@ -578,7 +629,15 @@ impl Engine {
                     s.tokens.push(x.token);
                     c.generated_tokens += 1;
                     let finish = s.stop.check(s.generated());
-                    Event { id: s.id, tag, token: Some(x.token), logprob: x.logprob, top_logprobs: x.top, finish, error: None }
+                    Event {
+                        id: s.id,
+                        tag,
+                        token: Some(x.token),
+                        logprob: x.logprob,
+                        top_logprobs: x.top,
+                        finish,
+                        error: None,
+                    }
                 }
                 Err(e) => Event {
                     id: s.id,

@@ -34,6 +34,10 @@ pub enum Error {
     #[error("no model is loaded")]
     NoModel,
 
+    /// The model carries no tokenizer (the golden test models, for instance): pass token ids.
+    #[error("model {0} has no tokenizer; pass token ids instead of text")]
+    NoTokenizer(String),
+
     /// A request id (or other handle) the engine does not know, or no longer tracks.
     #[error("not found: {0}")]
     NotFound(String),

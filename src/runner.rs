@@ -95,7 +95,8 @@ impl ModelRunner {
         let be = backend.as_mut();
         let mut layers = Vec::with_capacity(w.layers.len());
         for l in &w.layers {
-            let opt = |be: &mut dyn Backend, t: &Option<crate::model::Tensor>| t.as_ref().map(|t| upload(be, t)).transpose();
+            let opt =
+                |be: &mut dyn Backend, t: &Option<crate::model::Tensor>| t.as_ref().map(|t| upload(be, t)).transpose();
             layers.push(LayerIds {
                 attn_norm: upload(be, &l.attn_norm)?,
                 q: upload(be, &l.q)?,
@@ -114,13 +115,24 @@ impl ModelRunner {
                         router: upload(be, router)?,
                         experts: experts
                             .iter()
-                            .map(|e| Ok(ExpertIds { gate: upload(be, &e.gate)?, up: upload(be, &e.up)?, down: upload(be, &e.down)? }))
+                            .map(|e| {
+                                Ok(ExpertIds {
+                                    gate: upload(be, &e.gate)?,
+                                    up: upload(be, &e.up)?,
+                                    down: upload(be, &e.down)?,
+                                })
+                            })
                             .collect::<Result<Vec<_>>>()?,
                     },
                 },
             });
         }
-        let ids = WeightIds { embed: upload(be, &w.embed)?, layers, norm: upload(be, &w.norm)?, lm_head: upload(be, &w.lm_head)? };
+        let ids = WeightIds {
+            embed: upload(be, &w.embed)?,
+            layers,
+            norm: upload(be, &w.norm)?,
+            lm_head: upload(be, &w.lm_head)?,
+        };
         let inv_freq = rope::inv_freq(cfg.rope_dim, cfg.rope_theta, cfg.rope_scaling.as_ref());
         Ok(ModelRunner { weight_bytes: w.total_bytes(), cfg, plan, backend, ids, inv_freq, acts: None, kv: None })
     }
@@ -198,10 +210,16 @@ impl ModelRunner {
             return Err(Error::invalid("tokens", "the batch is empty"));
         }
         if b.positions.len() != n || b.slots.len() != n {
-            return Err(Error::invalid("batch", format!("{n} tokens but {} positions and {} slots", b.positions.len(), b.slots.len())));
+            return Err(Error::invalid(
+                "batch",
+                format!("{n} tokens but {} positions and {} slots", b.positions.len(), b.slots.len()),
+            ));
         }
         if let Some(&bad) = b.tokens.iter().find(|&&t| t as usize >= self.cfg.vocab_size) {
-            return Err(Error::invalid("token id", format!("{bad} is not below the vocabulary size {}", self.cfg.vocab_size)));
+            return Err(Error::invalid(
+                "token id",
+                format!("{bad} is not below the vocabulary size {}", self.cfg.vocab_size),
+            ));
         }
         if let Some(&bad) = b.logit_rows.iter().find(|&&r| r as usize >= n) {
             return Err(Error::invalid("logit_rows", format!("row {bad} is beyond the batch of {n} tokens")));
@@ -240,7 +258,12 @@ impl ModelRunner {
         let half = c.rope_dim / 2;
         let (cos, sin) = (v(a.cos, t * half), v(a.sin, t * half));
         let eps = c.rms_eps as f32;
-        let params = AttnParams { n_heads: c.num_heads, kv_heads: c.num_kv_heads, head_dim: hd, scale: 1.0 / (hd as f32).sqrt() };
+        let params = AttnParams {
+            n_heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
 
         be.launch(&Op::Embed { ids: b.tokens, table: self.ids.embed, out: h })?;
         be.launch(&Op::RopeTables { positions: b.positions, inv_freq: &self.inv_freq, cos, sin })?;
@@ -258,8 +281,8 @@ impl ModelRunner {
         for ((lw, lp), cache) in self.ids.layers.iter().zip(&self.plan.layers).zip(&kv_layers) {
             // Attention block.
             norm(be, lp, pending_residual, lw.attn_norm)?;
-            let segs =
-                [(lw.q, lw.q_bias, q), (lw.k, lw.k_bias, k), (lw.v, lw.v_bias, vv)].map(|(w, bias, out)| MatSegOp { w, bias, out });
+            let segs = [(lw.q, lw.q_bias, q), (lw.k, lw.k_bias, k), (lw.v, lw.v_bias, vv)]
+                .map(|(w, bias, out)| MatSegOp { w, bias, out });
             if lp.fuse_qkv {
                 be.launch(&Op::MatMul { x: xn, m: t, segs: &segs })?;
             } else {

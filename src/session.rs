@@ -44,15 +44,22 @@ impl<'r> Session<'r> {
         }
         let end = self.len + tokens.len();
         if end > self.capacity {
-            return Err(Error::invalid("tokens", format!("{end} positions exceed the session capacity {}", self.capacity)));
+            return Err(Error::invalid(
+                "tokens",
+                format!("{end} positions exceed the session capacity {}", self.capacity),
+            ));
         }
         let bs = self.runner.kv().map(|k| k.block_size).unwrap_or(1);
         let positions: Vec<u32> = (self.len as u32..end as u32).collect();
-        let slots: Vec<u32> = positions.iter().map(|&p| self.block_table[p as usize / bs] * bs as u32 + p % bs as u32).collect();
+        let slots: Vec<u32> =
+            positions.iter().map(|&p| self.block_table[p as usize / bs] * bs as u32 + p % bs as u32).collect();
         let rows: Vec<u32> = if all { (0..tokens.len() as u32).collect() } else { vec![tokens.len() as u32 - 1] };
         let seqs = [SeqSpan { q_start: 0, q_len: tokens.len(), ctx_len: end, block_table: &self.block_table }];
         let mut logits = Vec::new();
-        self.runner.forward(&StepBatch { tokens, positions: &positions, slots: &slots, seqs: &seqs, logit_rows: &rows }, &mut logits)?;
+        self.runner.forward(
+            &StepBatch { tokens, positions: &positions, slots: &slots, seqs: &seqs, logit_rows: &rows },
+            &mut logits,
+        )?;
         self.len = end;
         Ok(logits)
     }

@@ -83,8 +83,11 @@ fn check_case(case: &str) {
             rows.push(start as u32 - 1);
         }
         let mut logits = Vec::new();
-        r.forward(&StepBatch { tokens: &tokens, positions: &positions, slots: &slots, seqs: &seqs, logit_rows: &rows }, &mut logits)
-            .unwrap();
+        r.forward(
+            &StepBatch { tokens: &tokens, positions: &positions, slots: &slots, seqs: &seqs, logit_rows: &rows },
+            &mut logits,
+        )
+        .unwrap();
         for (i, want) in b["last_logits"].as_array().unwrap().iter().enumerate() {
             let d = max_abs_diff(&logits[i * vocab..(i + 1) * vocab], &floats(want));
             assert!(d <= TOL, "{case}/batch[{i}]: last_logits max abs diff {d}");

@@ -100,7 +100,12 @@ fn forbidding_every_attention_op_is_a_clear_error() {
     let be = Box::new(tboost::backend::cpu::CpuBackend::new(1).unwrap());
     let err = tboost::runner::ModelRunner::new(&model, be, &opts(&["standard_attention"])).err().expect("must fail");
     let msg = err.to_string();
-    assert!(msg.contains("no attention operator") && msg.contains("head_dim=24") && msg.contains("standard_attention disabled"), "{msg}");
+    assert!(
+        msg.contains("no attention operator")
+            && msg.contains("head_dim=24")
+            && msg.contains("standard_attention disabled"),
+        "{msg}"
+    );
 }
 
 #[test]

@@ -55,12 +55,16 @@ pub struct CpuBackend {
 impl CpuBackend {
     /// A backend with its own pool of `threads` compute threads (0 = one per core).
     pub fn new(threads: usize) -> Result<CpuBackend> {
-        let threads = if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
+        let threads =
+            if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
         let pool = rayon::ThreadPoolBuilder::new()
             .num_threads(threads)
             .thread_name(|i| format!("tboost-cpu-{i}"))
             .build()
-            .map_err(|e| Error::Backend { backend: "cpu".into(), msg: format!("cannot start {threads} threads: {e}") })?;
+            .map_err(|e| Error::Backend {
+                backend: "cpu".into(),
+                msg: format!("cannot start {threads} threads: {e}"),
+            })?;
         Ok(CpuBackend { pool, threads, bufs: Vec::new(), free_ids: Vec::new(), allocated: 0, weights: Vec::new() })
     }
 
@@ -69,7 +73,10 @@ impl CpuBackend {
     }
 
     fn buf(&self, id: BufId) -> Result<&HostBuf> {
-        self.bufs.get(id.0 as usize).and_then(|b| b.as_ref()).ok_or_else(|| Self::err(format!("unknown buffer {}", id.0)))
+        self.bufs
+            .get(id.0 as usize)
+            .and_then(|b| b.as_ref())
+            .ok_or_else(|| Self::err(format!("unknown buffer {}", id.0)))
     }
 
     fn weight(&self, id: WeightId) -> Result<&Tensor> {
@@ -100,7 +107,10 @@ impl<'b> Views<'b> {
     fn claim(&mut self, buf: BufId, start_byte: usize, end_byte: usize, write: bool) -> Result<()> {
         for &(b, s, e, w) in &self.spans {
             if b == buf && start_byte < e && s < end_byte && (write || w) {
-                return Err(CpuBackend::err(format!("op views overlap in buffer {} (a bug in the graph builder)", buf.0)));
+                return Err(CpuBackend::err(format!(
+                    "op views overlap in buffer {} (a bug in the graph builder)",
+                    buf.0
+                )));
             }
         }
         self.spans.push((buf, start_byte, end_byte, write));
@@ -113,7 +123,10 @@ impl<'b> Views<'b> {
             return Err(CpuBackend::err(format!("buffer {} holds {} where {} was expected", v.buf.0, hb.dtype, dtype)));
         }
         let end = v.offset.checked_add(v.len).filter(|&e| e <= hb.len).ok_or_else(|| {
-            CpuBackend::err(format!("view {}..{}+{} out of buffer {} of {}", v.offset, v.offset, v.len, v.buf.0, hb.len))
+            CpuBackend::err(format!(
+                "view {}..{}+{} out of buffer {} of {}",
+                v.offset, v.offset, v.len, v.buf.0, hb.len
+            ))
         })?;
         let es = dtype.block_bytes();
         self.claim(v.buf, v.offset * es, end * es, write)?;
@@ -160,7 +173,9 @@ impl<'b> Views<'b> {
 
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     if got != want {
-        return Err(CpuBackend::err(format!("{what}: {got} elements where {want} were expected (a bug in the graph builder)")));
+        return Err(CpuBackend::err(format!(
+            "{what}: {got} elements where {want} were expected (a bug in the graph builder)"
+        )));
     }
     Ok(())
 }
@@ -246,7 +261,10 @@ impl Backend for CpuBackend {
                 let t = self.mat(*table)?;
                 check_len("embed out", out.len, ids.len() * t.cols)?;
                 if let Some(&bad) = ids.iter().find(|&&id| id as usize >= t.rows) {
-                    return Err(Error::invalid("token id", format!("{bad} is not below the vocabulary size {}", t.rows)));
+                    return Err(Error::invalid(
+                        "token id",
+                        format!("{bad} is not below the vocabulary size {}", t.rows),
+                    ));
                 }
                 let out = vs.f32_mut(*out)?;
                 self.pool.install(|| embed::embed(ids, t, out));
@@ -321,10 +339,15 @@ impl Backend for CpuBackend {
             }
             Op::Attention { kind, q, cache, seqs, params, out } => {
                 let (q, pool, out) = (vs.f32(*q)?, vs.pool(cache)?, vs.f32_mut(*out)?);
-                let blocks = pool.k.len() / (cache.block_size * cache.kv_heads * cache.head_dim * cache.dtype.block_bytes());
+                let blocks =
+                    pool.k.len() / (cache.block_size * cache.kv_heads * cache.head_dim * cache.dtype.block_bytes());
                 for s in seqs.iter() {
                     if s.ctx_len > s.block_table.len() * cache.block_size || s.q_len > s.ctx_len {
-                        return Err(Self::err(format!("sequence of {} positions has a block table of {}", s.ctx_len, s.block_table.len())));
+                        return Err(Self::err(format!(
+                            "sequence of {} positions has a block table of {}",
+                            s.ctx_len,
+                            s.block_table.len()
+                        )));
                     }
                     if s.block_table.iter().any(|&b| b as usize >= blocks) {
                         return Err(Self::err(format!("block table names a block beyond the pool's {blocks}")));
@@ -353,7 +376,9 @@ impl Backend for CpuBackend {
                 check_len("gather out", out.len, rows.len() * cols)?;
                 let (xs, o) = (vs.f32(*x)?, vs.f32_mut(*out)?);
                 for (i, &r) in rows.iter().enumerate() {
-                    let src = xs.get(r as usize * cols..(r as usize + 1) * cols).ok_or_else(|| Self::err("gather row out of range"))?;
+                    let src = xs
+                        .get(r as usize * cols..(r as usize + 1) * cols)
+                        .ok_or_else(|| Self::err("gather row out of range"))?;
                     o[i * cols..(i + 1) * cols].copy_from_slice(src);
                 }
             }

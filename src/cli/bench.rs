@@ -47,11 +47,18 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// Resets the peak-RSS mark (Linux `clear_refs` 5) so a later reading covers what follows.
+pub(crate) fn reset_peak_rss() {
+    let _ = std::fs::write("/proc/self/clear_refs", "5");
+}
+
 /// Peak resident set size of this process, in bytes (Linux), or 0 if unknown.
 pub(crate) fn peak_rss_bytes() -> u64 {
     std::fs::read_to_string("/proc/self/status")
         .ok()
-        .and_then(|s| s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok()))
+        .and_then(|s| {
+            s.lines().find(|l| l.starts_with("VmHWM:")).and_then(|l| l.split_whitespace().nth(1)?.parse::<u64>().ok())
+        })
         .map(|kb| kb * 1024)
         .unwrap_or(0)
 }
@@ -62,7 +69,8 @@ pub(crate) fn measure_bandwidth(threads: usize) -> Result<f64> {
         .num_threads(threads)
         .build()
         .map_err(|e| Error::invalid("threads", e.to_string()))?;
-    let buf = vec![1u8; 1 << 30];
+    // 256 MiB: far beyond any L3, small enough not to dominate peak memory.
+    let buf = vec![1u8; 256 << 20];
     let mut runs = Vec::new();
     let mut sink = 0u64;
     for _ in 0..5 {
@@ -103,9 +111,11 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     runner.alloc_kv(cap.div_ceil(bs), bs, kv_dtype)?;
     let weight_bytes = runner.weight_bytes() as f64;
     let bandwidth = measure_bandwidth(threads)?;
+    reset_peak_rss();
 
     // Deterministic prompt ids in [3, vocab).
-    let prompt: Vec<u32> = (0..a.prefill).map(|i| 3 + ((i as u64 * 2654435761) % (cfg.vocab_size as u64 - 3)) as u32).collect();
+    let prompt: Vec<u32> =
+        (0..a.prefill).map(|i| 3 + ((i as u64 * 2654435761) % (cfg.vocab_size as u64 - 3)) as u32).collect();
     let (mut pre, mut dec) = (Vec::new(), Vec::new());
     for _ in 0..a.repeat {
         let mut s = Session::new(&mut runner, cap)?;

@@ -1,5 +1,6 @@
 //! The `tboost` command-line tool. Its output formats are part of the contract (README).
 
+mod batch;
 mod bench;
 
 use std::collections::BTreeSet;
@@ -45,6 +46,8 @@ enum Cmd {
     },
     /// Generate tokens.
     Run(RunArgs),
+    /// Run many requests through one engine (continuous batching) and print the results.
+    Batch(batch::BatchArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
 }
@@ -156,7 +159,9 @@ fn run(cmd: Cmd) -> Result<()> {
                 Some(t) if !t.is_empty() => t.clone(),
                 _ => match model.config.bos_token_id {
                     Some(bos) => vec![bos],
-                    None => return Err(Error::invalid("tokens", "give --tokens (this model has no BOS id to start from)")),
+                    None => {
+                        return Err(Error::invalid("tokens", "give --tokens (this model has no BOS id to start from)"))
+                    }
                 },
             };
             if a.temp != 0.0 {
@@ -193,6 +198,7 @@ fn run(cmd: Cmd) -> Result<()> {
                 println!("{}", ids.join(" "));
             }
         }
+        Cmd::Batch(b) => batch::run(b)?,
         Cmd::Bench(b) => bench::run(b)?,
     }
     Ok(())

@@ -56,10 +56,20 @@ pub struct BlockManager {
 
 impl BlockManager {
     pub fn new(num_blocks: usize, block_size: usize, prefix_caching: bool) -> BlockManager {
-        let blocks = (0..num_blocks).map(|_| BlockInfo { refs: 0, hash: None, parent: None, tokens: Vec::new(), lru: 0 }).collect();
+        let blocks = (0..num_blocks)
+            .map(|_| BlockInfo { refs: 0, hash: None, parent: None, tokens: Vec::new(), lru: 0 })
+            .collect();
         // Pop from the end: hand out low block numbers first (easier to read in traces).
         let free = (0..num_blocks as u32).rev().collect();
-        BlockManager { block_size, blocks, free, evictable: BTreeMap::new(), cache: HashMap::new(), clock: 0, prefix_caching }
+        BlockManager {
+            block_size,
+            blocks,
+            free,
+            evictable: BTreeMap::new(),
+            cache: HashMap::new(),
+            clock: 0,
+            prefix_caching,
+        }
     }
 
     pub fn block_size(&self) -> usize {

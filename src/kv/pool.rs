@@ -20,7 +20,13 @@ impl KvPools {
         2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype.block_bytes()
     }
 
-    pub fn new(be: &mut dyn Backend, cfg: &ModelConfig, num_blocks: usize, block_size: usize, dtype: DType) -> Result<KvPools> {
+    pub fn new(
+        be: &mut dyn Backend,
+        cfg: &ModelConfig,
+        num_blocks: usize,
+        block_size: usize,
+        dtype: DType,
+    ) -> Result<KvPools> {
         if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
             return Err(Error::invalid("kv_dtype", format!("{dtype} is not a KV cache type (use f32, f16 or bf16)")));
         }
@@ -30,7 +36,9 @@ impl KvPools {
         let per_layer = num_blocks
             .checked_mul(block_size)
             .and_then(|n| n.checked_mul(cfg.num_kv_heads * cfg.head_dim))
-            .ok_or_else(|| Error::invalid("kv cache", format!("{num_blocks} blocks of {block_size} tokens overflow")))?;
+            .ok_or_else(|| {
+                Error::invalid("kv cache", format!("{num_blocks} blocks of {block_size} tokens overflow"))
+            })?;
         let mut pools = KvPools { layers: Vec::with_capacity(cfg.num_layers), num_blocks, block_size, dtype };
         for _ in 0..cfg.num_layers {
             let k = be.alloc(dtype, per_layer);
@@ -51,7 +59,10 @@ impl KvPools {
                     pools.free(be);
                     return Err(Error::invalid(
                         "kv cache",
-                        format!("cannot allocate {num_blocks} blocks of {block_size} tokens ({} bytes)", num_blocks * block_size * Self::bytes_per_token(cfg, dtype)),
+                        format!(
+                            "cannot allocate {num_blocks} blocks of {block_size} tokens ({} bytes)",
+                            num_blocks * block_size * Self::bytes_per_token(cfg, dtype)
+                        ),
                     ));
                 }
             }

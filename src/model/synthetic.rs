@@ -45,7 +45,12 @@ pub fn config(name: &str) -> Result<ModelConfig> {
     match name {
         "tinyllama-1.1b" => Ok(base(2048, 22, 32, 4, 5632, 32000)),
         "small" => Ok(base(512, 4, 8, 2, 1408, 4096)),
-        "tiny-moe" => Ok(ModelConfig { arch: Arch::Mixtral, num_experts: 4, experts_per_token: 2, ..base(256, 2, 8, 2, 512, 1024) }),
+        "tiny-moe" => Ok(ModelConfig {
+            arch: Arch::Mixtral,
+            num_experts: 4,
+            experts_per_token: 2,
+            ..base(256, 2, 8, 2, 512, 1024)
+        }),
         other => {
             let names: Vec<&str> = SHAPES.iter().map(|s| s.0).collect();
             Err(Error::invalid("synthetic", format!("unknown shape `{other}`; known: {}", names.join(", "))))
@@ -75,7 +80,9 @@ fn tensor(name: String, shape: Vec<usize>, dtype: DType, rng: &mut Rng, center: 
             DType::F32 => bytes.extend_from_slice(&x.to_le_bytes()),
             DType::F16 => bytes.extend_from_slice(&half::f16::from_f32(x).to_le_bytes()),
             DType::BF16 => bytes.extend_from_slice(&half::bf16::from_f32(x).to_le_bytes()),
-            other => return Err(Error::invalid("dtype", format!("synthetic models are f32, f16 or bf16, not {other}"))),
+            other => {
+                return Err(Error::invalid("dtype", format!("synthetic models are f32, f16 or bf16, not {other}")))
+            }
         }
     }
     Tensor::owned(name.clone(), dtype, shape, bytes).map_err(|m| Error::bad_tensor("<synthetic>", name, m))
@@ -88,7 +95,8 @@ pub fn build(name: &str, dtype: DType, seed: u64) -> Result<Model> {
     // Uniform in [-a, a] has std a/√3: a = 0.035 gives std ≈ 0.02.
     let w = 0.035;
     let (h, hd) = (cfg.hidden_size, cfg.head_dim);
-    let mat = |name: String, rows: usize, cols: usize, rng: &mut Rng| tensor(name, vec![rows, cols], dtype, rng, 0.0, w);
+    let mat =
+        |name: String, rows: usize, cols: usize, rng: &mut Rng| tensor(name, vec![rows, cols], dtype, rng, 0.0, w);
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for i in 0..cfg.num_layers {
         let p = format!("model.layers.{i}");
@@ -103,7 +111,10 @@ pub fn build(name: &str, dtype: DType, seed: u64) -> Result<Model> {
                     })
                 })
                 .collect::<Result<Vec<_>>>()?;
-            Mlp::Moe { router: mat(format!("{p}.block_sparse_moe.gate.weight"), cfg.num_experts, h, &mut rng)?, experts }
+            Mlp::Moe {
+                router: mat(format!("{p}.block_sparse_moe.gate.weight"), cfg.num_experts, h, &mut rng)?,
+                experts,
+            }
         } else {
             Mlp::Dense {
                 gate: mat(format!("{p}.mlp.gate_proj.weight"), cfg.intermediate_size, h, &mut rng)?,
@@ -130,5 +141,11 @@ pub fn build(name: &str, dtype: DType, seed: u64) -> Result<Model> {
         norm: tensor("model.norm.weight".into(), vec![h], DType::F32, &mut rng, 1.0, 0.1)?,
         lm_head: mat("lm_head.weight".into(), cfg.vocab_size, h, &mut rng)?,
     };
-    Ok(Model { path: PathBuf::from(format!("<synthetic:{name}>")), format: ModelFormat::Synthetic, config: cfg, weights, gguf_metadata: None })
+    Ok(Model {
+        path: PathBuf::from(format!("<synthetic:{name}>")),
+        format: ModelFormat::Synthetic,
+        config: cfg,
+        weights,
+        gguf_metadata: None,
+    })
 }

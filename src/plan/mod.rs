@@ -23,7 +23,8 @@ use crate::model::{Mlp, ModelConfig, ModelWeights, Tensor};
 use crate::{Error, Result};
 
 /// Every name `PlanOptions::disabled` accepts.
-pub const KNOWN_NAMES: &[&str] = &["flash_attention", "standard_attention", "fuse_qkv", "fuse_gate_up", "fuse_add_norm"];
+pub const KNOWN_NAMES: &[&str] =
+    &["flash_attention", "standard_attention", "fuse_qkv", "fuse_gate_up", "fuse_add_norm"];
 
 /// What the user forbids, and the engine settings the choice depends on.
 #[derive(Clone, Debug, PartialEq, Eq)]
@@ -45,7 +46,10 @@ impl PlanOptions {
         let mut out = BTreeSet::new();
         for name in list.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             if !KNOWN_NAMES.contains(&name) {
-                return Err(Error::invalid("disable", format!("unknown op or fusion `{name}`; known: {}", KNOWN_NAMES.join(", "))));
+                return Err(Error::invalid(
+                    "disable",
+                    format!("unknown op or fusion `{name}`; known: {}", KNOWN_NAMES.join(", ")),
+                ));
             }
             out.insert(name.to_string());
         }
@@ -55,7 +59,8 @@ impl PlanOptions {
     /// Adds the names listed in `TBOOST_DISABLE` to `self.disabled`.
     pub fn with_env(mut self) -> Result<PlanOptions> {
         if let Ok(v) = std::env::var("TBOOST_DISABLE") {
-            self.disabled.extend(Self::parse_disabled(&v).map_err(|e| Error::invalid("TBOOST_DISABLE", e.to_string()))?);
+            self.disabled
+                .extend(Self::parse_disabled(&v).map_err(|e| Error::invalid("TBOOST_DISABLE", e.to_string()))?);
         }
         Ok(self)
     }
@@ -144,14 +149,28 @@ pub fn build(cfg: &ModelConfig, w: &ModelWeights, be: &dyn Backend, opts: &PlanO
     Ok(plan)
 }
 
-fn plan_layer(i: usize, cfg: &ModelConfig, lw: &crate::model::LayerWeights, be: &dyn Backend, opts: &PlanOptions) -> Result<LayerPlan> {
+fn plan_layer(
+    i: usize,
+    cfg: &ModelConfig,
+    lw: &crate::model::LayerWeights,
+    be: &dyn Backend,
+    opts: &PlanOptions,
+) -> Result<LayerPlan> {
     let mut choices = Vec::new();
 
     // Attention: FlashAttention first, standard attention as the fallback.
-    let case = AttentionCase { head_dim: cfg.head_dim, n_heads: cfg.num_heads, kv_heads: cfg.num_kv_heads, kv_dtype: opts.kv_dtype };
+    let case = AttentionCase {
+        head_dim: cfg.head_dim,
+        n_heads: cfg.num_heads,
+        kv_heads: cfg.num_kv_heads,
+        kv_dtype: opts.kv_dtype,
+    };
     let mut rejected: Vec<String> = Vec::new();
     let mut attention = None;
-    let candidates = [(AttnKind::Flash, "flash_attention", "flash attention"), (AttnKind::Standard, "standard_attention", "standard attention")];
+    let candidates = [
+        (AttnKind::Flash, "flash_attention", "flash attention"),
+        (AttnKind::Standard, "standard_attention", "standard attention"),
+    ];
     for (kind, name, words) in candidates {
         if !opts.allows(name) {
             rejected.push(format!("{name} disabled by the user"));
@@ -182,7 +201,12 @@ fn plan_layer(i: usize, cfg: &ModelConfig, lw: &crate::model::LayerWeights, be: 
             choices.push(Choice { slot, op: fused_op.into(), reason: what.into(), fallback: false });
             true
         } else {
-            choices.push(Choice { slot, op: separate_op.into(), reason: format!("{name} disabled by the user"), fallback: true });
+            choices.push(Choice {
+                slot,
+                op: separate_op.into(),
+                reason: format!("{name} disabled by the user"),
+                fallback: true,
+            });
             false
         }
     };

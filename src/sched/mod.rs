@@ -136,7 +136,14 @@ impl Scheduler {
     /// tail of the running set (lowest priority, most recently admitted) as needed; a
     /// preempted sequence that was already scheduled this step gives back its share. Returns
     /// false if `running[i]` itself was the tail and had to go.
-    fn reserve(&mut self, i: usize, positions: usize, out: &mut Vec<Scheduled>, budget: &mut usize, blocks: &mut BlockManager) -> bool {
+    fn reserve(
+        &mut self,
+        i: usize,
+        positions: usize,
+        out: &mut Vec<Scheduled>,
+        budget: &mut usize,
+        blocks: &mut BlockManager,
+    ) -> bool {
         let bs = blocks.block_size();
         loop {
             let need = self.running[i].blocks_for(positions, bs);

@@ -1,0 +1,141 @@
+//! `tboost batch`: every line of a JSONL file becomes a request on one engine; the engine
+//! steps until all finish; one JSON line per request (input order) and a stats line.
+
+use std::io::{BufRead, Write};
+use std::path::PathBuf;
+
+use clap::Args;
+use serde::Deserialize;
+use serde_json::{json, Value};
+
+use super::{parse_kv_dtype, EngineArgs};
+use crate::engine::{Engine, EngineConfig, KvSize};
+use crate::sample::{FinishReason, SamplingParams};
+use crate::sched::Request;
+use crate::{Error, Result};
+
+#[derive(Args)]
+pub(crate) struct BatchArgs {
+    /// Hugging Face directory or .gguf file.
+    #[arg(long)]
+    model: PathBuf,
+    /// JSONL file: one request per line (`{"tokens": [...], "max_tokens": 16, ...}`).
+    #[arg(long)]
+    requests: PathBuf,
+    /// KV cache size in blocks (default: 512 MiB worth).
+    #[arg(long)]
+    kv_blocks: Option<usize>,
+    #[arg(long, default_value_t = 16)]
+    block_size: usize,
+    #[arg(long, default_value_t = 64)]
+    max_seqs: usize,
+    #[arg(long, default_value_t = 512)]
+    max_batched_tokens: usize,
+    #[arg(long)]
+    no_prefix_cache: bool,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+/// Keys a request line may have besides the sampling parameters.
+const LINE_KEYS: &[&str] = &["tokens", "max_tokens", "stop", "priority", "ignore_eos", "eos_ids"];
+const SAMPLING_KEYS: &[&str] = &[
+    "temperature",
+    "top_k",
+    "top_p",
+    "min_p",
+    "repetition_penalty",
+    "presence_penalty",
+    "frequency_penalty",
+    "seed",
+    "logprobs",
+];
+
+#[derive(Deserialize)]
+struct Line {
+    tokens: Vec<u32>,
+    #[serde(default = "default_max_tokens")]
+    max_tokens: usize,
+    #[serde(default)]
+    stop: Vec<Vec<u32>>,
+    #[serde(default)]
+    priority: i32,
+    #[serde(default)]
+    ignore_eos: bool,
+    #[serde(default)]
+    eos_ids: Option<Vec<u32>>,
+    #[serde(flatten)]
+    sampling: SamplingParams,
+}
+
+fn default_max_tokens() -> usize {
+    16
+}
+
+fn parse_line(n: usize, text: &str, file: &std::path::Path) -> Result<Request> {
+    let at = |m: String| Error::format(file, format!("line {n}: {m}"));
+    let v: Value = serde_json::from_str(text).map_err(|e| at(e.to_string()))?;
+    let obj = v.as_object().ok_or_else(|| at("is not a JSON object".into()))?;
+    if let Some(k) = obj.keys().find(|k| !LINE_KEYS.contains(&k.as_str()) && !SAMPLING_KEYS.contains(&k.as_str())) {
+        return Err(at(format!("unknown field `{k}` (known: {}, {})", LINE_KEYS.join(", "), SAMPLING_KEYS.join(", "))));
+    }
+    let l: Line = serde_json::from_value(v).map_err(|e| at(e.to_string()))?;
+    Ok(Request {
+        prompt: l.tokens,
+        sampling: l.sampling,
+        max_tokens: l.max_tokens,
+        eos_ids: l.eos_ids,
+        ignore_eos: l.ignore_eos,
+        stop_sequences: l.stop,
+        priority: l.priority,
+        tag: n as u64,
+    })
+}
+
+pub(crate) fn run(a: BatchArgs) -> Result<()> {
+    let file = std::fs::File::open(&a.requests).map_err(|e| Error::io(&a.requests, e))?;
+    let mut requests = Vec::new();
+    for (i, line) in std::io::BufReader::new(file).lines().enumerate() {
+        let line = line.map_err(|e| Error::io(&a.requests, e))?;
+        if !line.trim().is_empty() {
+            requests.push(parse_line(i + 1, &line, &a.requests)?);
+        }
+    }
+    let config = EngineConfig {
+        threads: a.engine.threads,
+        kv_size: a.kv_blocks.map(KvSize::Blocks).unwrap_or(EngineConfig::default().kv_size),
+        block_size: a.block_size,
+        kv_dtype: parse_kv_dtype(&a.engine.kv_dtype)?,
+        max_seqs: a.max_seqs,
+        max_batched_tokens: a.max_batched_tokens,
+        prefix_caching: !a.no_prefix_cache,
+        queue_limit: requests.len().max(1),
+        disabled_ops: crate::plan::PlanOptions::parse_disabled(&a.engine.disable)?,
+    };
+    let engine = Engine::new(config)?;
+    engine.load(&a.model)?;
+    let mut ids = Vec::with_capacity(requests.len());
+    for (i, r) in requests.into_iter().enumerate() {
+        let line = r.tag;
+        ids.push(
+            engine.enqueue(r).map_err(|e| Error::invalid(format!("request on line {line} (#{i})"), e.to_string()))?,
+        );
+    }
+    engine.run_to_completion()?;
+    let mut out = std::io::stdout().lock();
+    let w = |out: &mut std::io::StdoutLock, v: Value| -> Result<()> {
+        writeln!(out, "{v}").map_err(|e| Error::io("stdout", e))
+    };
+    for (i, id) in ids.iter().enumerate() {
+        let o = engine.output(*id)?;
+        let mut v = json!({
+            "index": i, "id": id, "generated_ids": o.tokens,
+            "finish_reason": o.finish.unwrap_or(FinishReason::Error).as_str(),
+        });
+        if let Some(e) = o.error {
+            v["error"] = json!(e);
+        }
+        w(&mut out, v)?;
+    }
+    w(&mut out, json!({ "stats": engine.stats()? }))
+}

@@ -1,0 +1,298 @@
+//! The engine: continuous batching, prefix caching, preemption, chunked prefill,
+//! cancellation and request-level determinism, checked from the outside.
+
+mod common;
+
+use common::*;
+use tboost::engine::{Engine, EngineConfig, KvSize};
+use tboost::sample::{FinishReason, SamplingParams};
+use tboost::sched::Request;
+use tboost::Error;
+
+fn engine(path: &std::path::Path, cfg: EngineConfig) -> Engine {
+    let e = Engine::new(cfg).unwrap();
+    e.load(path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+    e
+}
+
+fn cfg(blocks: usize, max_batched: usize) -> EngineConfig {
+    EngineConfig {
+        threads: 2,
+        kv_size: KvSize::Blocks(blocks),
+        max_batched_tokens: max_batched,
+        max_seqs: 32,
+        ..Default::default()
+    }
+}
+
+fn greedy(prompt: Vec<u32>, n: usize) -> Request {
+    Request { ignore_eos: true, ..Request::new(prompt, n) }
+}
+
+/// Runs requests together on one engine; returns each one's tokens in order.
+fn run_all(e: &Engine, reqs: &[Request]) -> Vec<Vec<u32>> {
+    let ids: Vec<u64> = reqs.iter().map(|r| e.enqueue(r.clone()).unwrap()).collect();
+    e.run_to_completion().unwrap();
+    ids.iter().map(|&id| e.output(id).unwrap().tokens).collect()
+}
+
+/// Deterministic prompts of the given lengths with ids in [3, vocab).
+fn prompts(lens: &[usize], vocab: usize, salt: u64) -> Vec<Vec<u32>> {
+    lens.iter()
+        .enumerate()
+        .map(|(i, &n)| {
+            (0..n).map(|j| 3 + ((i as u64 * 7919 + j as u64 * 104729 + salt) % (vocab as u64 - 3)) as u32).collect()
+        })
+        .collect()
+}
+
+const LENS: [usize; 16] = [1, 300, 17, 64, 5, 129, 250, 33, 2, 16, 95, 200, 48, 7, 160, 281];
+
+fn batch_invariance(path: &std::path::Path, vocab: usize) {
+    let reqs: Vec<Request> = prompts(&LENS, vocab, 11).into_iter().map(|p| greedy(p, 12)).collect();
+    let alone: Vec<Vec<u32>> =
+        reqs.iter().map(|r| run_all(&engine(path, cfg(64, 512)), std::slice::from_ref(r)).remove(0)).collect();
+    // Together, with a small token budget so prompts are prefilled in chunks next to decodes.
+    let together = run_all(&engine(path, cfg(512, 96)), &reqs);
+    for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+        assert_eq!(a, t, "{}: request {i} (prompt {} tokens) differs in a batch", path.display(), LENS[i]);
+    }
+}
+
+#[test]
+fn batch_invariance_golden_models() {
+    for case in CASES {
+        let vocab = golden(case)["params"]["vocab_size"].as_u64().unwrap() as usize;
+        batch_invariance(&golden_dir(case), vocab);
+    }
+}
+
+#[test]
+fn batch_invariance_gguf_models() {
+    batch_invariance(&model_file("llama-2-tiny-random.gguf"), 32000);
+    batch_invariance(&model_file("stories260K-placeholder-vocab.gguf"), 512);
+}
+
+#[test]
+fn golden_greedy_continuations_through_the_engine() {
+    for case in CASES {
+        let g = golden(case);
+        let e = engine(&golden_dir(case), cfg(256, 64));
+        let ps = g["prompts"].as_array().unwrap();
+        let reqs: Vec<Request> = ps.iter().map(|p| greedy(ids(&p["token_ids"]), 16)).collect();
+        let got = run_all(&e, &reqs);
+        for (p, got) in ps.iter().zip(got) {
+            let gr = &p["greedy"];
+            let steps = gr["steps"].as_array().unwrap();
+            let margins: Vec<f64> = steps.iter().map(|s| s["top2_margin_f64"].as_f64().unwrap()).collect();
+            let second: Vec<u32> = steps.iter().map(|s| ids(&s["top5_ids"])[1]).collect();
+            check_greedy(&format!("{case}/{}", p["name"]), &got, &ids(&gr["tokens_f64"]), &margins, &second, 2e-3);
+        }
+    }
+}
+
+#[test]
+fn prefix_cache_reuses_a_shared_64_token_prefix() {
+    let path = golden_dir("llama_gqa");
+    let shared = prompts(&[64], 640, 5).remove(0);
+    let mut a = shared.clone();
+    a.extend([10, 11, 12, 13, 14]);
+    let mut b = shared.clone();
+    b.extend([20, 21, 22]);
+    let reqs = [greedy(a, 8), greedy(b.clone(), 8)];
+
+    let mut nocache = cfg(64, 512);
+    nocache.prefix_caching = false;
+    let want = run_all(&engine(&path, nocache), &reqs);
+
+    let e = engine(&path, cfg(64, 512));
+    let first = run_all(&e, &reqs[..1]);
+    let before = e.stats().unwrap();
+    let second = run_all(&e, &reqs[1..]);
+    let after = e.stats().unwrap();
+    assert_eq!(vec![first[0].clone(), second[0].clone()], want);
+    assert_eq!(after.prefix_cache_hit_tokens - before.prefix_cache_hit_tokens, 64);
+    // Only the suffix (3 prompt tokens) and the 7 decoded tokens were computed.
+    assert_eq!(after.computed_tokens - before.computed_tokens, (b.len() - 64 + 7) as u64);
+}
+
+#[test]
+fn preemption_keeps_outputs_identical() {
+    let path = golden_dir("llama_gqa");
+    let reqs: Vec<Request> =
+        prompts(&[40, 35, 50, 20, 45, 30, 38, 41], 640, 9).into_iter().map(|p| greedy(p, 24)).collect();
+    let want = run_all(&engine(&path, cfg(256, 512)), &reqs);
+    // Each request needs up to 5 blocks of 16; 12 blocks cannot hold 8 of them at once.
+    let mut small = cfg(12, 512);
+    small.prefix_caching = false;
+    let e = engine(&path, small);
+    let got = run_all(&e, &reqs);
+    assert_eq!(got, want);
+    let st = e.stats().unwrap();
+    assert!(st.preemptions_total > 0, "{st:?}");
+    assert_eq!(st.kv_blocks_used, 0);
+}
+
+#[test]
+fn chunked_prefill_never_starves_running_decodes() {
+    let path = golden_dir("llama_gqa");
+    let e = engine(&path, cfg(512, 128));
+    let decoders: Vec<u64> =
+        prompts(&[5, 9, 3], 640, 1).into_iter().map(|p| e.enqueue(greedy(p, 60)).unwrap()).collect();
+    // Get them decoding first.
+    for _ in 0..3 {
+        e.step().unwrap();
+    }
+    let long = e.enqueue(greedy(prompts(&[2000], 640, 2).remove(0), 4)).unwrap();
+    let mut prefill_steps = 0;
+    loop {
+        let out = e.step().unwrap();
+        let got_long = out.events.iter().any(|ev| ev.id == long && ev.token.is_some());
+        for d in &decoders {
+            assert!(
+                out.events.iter().any(|ev| ev.id == *d && ev.token.is_some()),
+                "decode {d} got no token in a prefill step"
+            );
+        }
+        if got_long {
+            break;
+        }
+        prefill_steps += 1;
+    }
+    // 2000 tokens at ≤ 125 per step (128 minus 3 decodes) need at least 16 chunks.
+    assert!(prefill_steps >= 15, "only {prefill_steps} chunks");
+}
+
+#[test]
+fn cancellation_frees_blocks_and_bad_ids_are_errors() {
+    let path = golden_dir("llama_gqa");
+    let e = engine(&path, cfg(64, 512));
+    let idle = e.stats().unwrap().kv_blocks_used;
+    let id = e.enqueue(greedy(prompts(&[40], 640, 3).remove(0), 100)).unwrap();
+    for _ in 0..5 {
+        e.step().unwrap();
+    }
+    assert!(e.stats().unwrap().kv_blocks_used > idle);
+    e.cancel(id).unwrap();
+    assert_eq!(e.stats().unwrap().kv_blocks_used, idle, "blocks not freed at cancel");
+    let out = e.output(id).unwrap();
+    assert_eq!(out.finish, Some(FinishReason::Cancelled));
+    assert!(matches!(e.cancel(id), Err(Error::NotFound(m)) if m.contains("already finished")));
+    assert!(matches!(e.cancel(987654), Err(Error::NotFound(m)) if m.contains("unknown")));
+    // The engine keeps working.
+    let id2 = e.enqueue(greedy(vec![5, 6, 7], 3)).unwrap();
+    e.run_to_completion().unwrap();
+    assert_eq!(e.output(id2).unwrap().tokens.len(), 3);
+}
+
+#[test]
+fn ten_thousand_random_requests_with_random_cancels_leave_no_blocks() {
+    let path = model_file("stories260K-placeholder-vocab.gguf");
+    let e = engine(
+        &path,
+        EngineConfig {
+            threads: 2,
+            kv_size: KvSize::Blocks(96),
+            max_seqs: 64,
+            max_batched_tokens: 256,
+            queue_limit: 20000,
+            ..Default::default()
+        },
+    );
+    let mut rng = 0x2545_f491_4f6c_dd1du64;
+    let mut next = || {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        rng
+    };
+    let mut live = Vec::new();
+    let mut cancelled = 0;
+    for i in 0..10_000u32 {
+        let len = 1 + (next() % 40) as usize;
+        let prompt: Vec<u32> = (0..len).map(|_| 3 + (next() % 509) as u32).collect();
+        let mut r = Request::new(prompt, 1 + (next() % 12) as usize);
+        r.sampling = SamplingParams { temperature: 0.9, seed: i as u64, ..SamplingParams::greedy() };
+        live.push(e.enqueue(r).unwrap());
+        if next() % 3 == 0 {
+            e.step().unwrap();
+        }
+        if next() % 5 == 0 {
+            // Mostly requests still in flight: among the 16 most recent.
+            let recent = live.len().min(16) as u64;
+            let victim = live[live.len() - 1 - (next() % recent) as usize];
+            if e.cancel(victim).is_ok() {
+                cancelled += 1;
+            }
+        }
+    }
+    e.run_to_completion().unwrap();
+    let st = e.stats().unwrap();
+    assert_eq!(st.kv_blocks_used, 0, "{st:?}");
+    assert_eq!((st.running, st.waiting), (0, 0));
+    assert_eq!(st.finished + st.cancelled, 10_000);
+    assert!(cancelled > 500 && st.cancelled == cancelled, "{cancelled} cancels, stats {st:?}");
+}
+
+#[test]
+fn a_sequence_never_holds_more_than_one_partial_block() {
+    let path = golden_dir("llama_gqa");
+    let e = engine(&path, cfg(128, 40));
+    for p in prompts(&[3, 70, 16, 33, 90], 640, 4) {
+        e.enqueue(greedy(p, 20)).unwrap();
+    }
+    while e.has_work().unwrap() {
+        e.step().unwrap();
+        for (id, cached, blocks) in e.kv_usage().unwrap() {
+            assert_eq!(blocks, cached.div_ceil(16), "request {id}: {cached} positions in {blocks} blocks");
+        }
+    }
+}
+
+#[test]
+fn seeded_sampling_is_independent_of_the_batch() {
+    let path = golden_dir("qwen2");
+    let sampled = |prompt: Vec<u32>, seed| Request {
+        sampling: SamplingParams { temperature: 0.9, top_k: 50, top_p: 0.95, seed, ..SamplingParams::greedy() },
+        ..greedy(prompt, 20)
+    };
+    let ps = prompts(&[12, 30, 4, 77], 896, 8);
+    let reqs: Vec<Request> = ps.iter().enumerate().map(|(i, p)| sampled(p.clone(), 100 + i as u64)).collect();
+    let alone: Vec<Vec<u32>> =
+        reqs.iter().map(|r| run_all(&engine(&path, cfg(64, 512)), std::slice::from_ref(r)).remove(0)).collect();
+    let together = run_all(&engine(&path, cfg(64, 32)), &reqs);
+    assert_eq!(alone, together);
+    // A different seed gives a different continuation.
+    let other = run_all(&engine(&path, cfg(64, 512)), &[sampled(ps[1].clone(), 999)]);
+    assert_ne!(other[0], alone[1]);
+}
+
+#[test]
+fn stop_sequences_straddling_steps_end_the_request() {
+    let path = golden_dir("llama_gqa");
+    let e = engine(&path, cfg(64, 512));
+    let p = prompts(&[9], 640, 6).remove(0);
+    let free = run_all(&e, &[greedy(p.clone(), 12)]).remove(0);
+    let mut r = greedy(p, 12);
+    r.stop_sequences = vec![free[4..7].to_vec()]; // three tokens from three different steps
+    let id = e.enqueue(r).unwrap();
+    e.run_to_completion().unwrap();
+    let out = e.output(id).unwrap();
+    assert_eq!(out.finish, Some(FinishReason::StopSequence));
+    assert_eq!(out.tokens, free[..7]);
+}
+
+#[test]
+fn impossible_requests_and_full_queues_are_clear_errors() {
+    let path = golden_dir("llama_gqa");
+    let e = engine(&path, EngineConfig { queue_limit: 2, ..cfg(4, 64) });
+    let err = e.enqueue(greedy(vec![5; 60], 10)).unwrap_err();
+    assert!(matches!(&err, Error::KvCapacity(m) if m.contains("need 5 blocks") && m.contains("has 4")), "{err}");
+    let err = e.enqueue(greedy(vec![5, 700], 4)).unwrap_err().to_string();
+    assert!(err.contains("700") && err.contains("vocabulary"), "{err}");
+    e.enqueue(greedy(vec![5], 4)).unwrap();
+    e.enqueue(greedy(vec![6], 4)).unwrap();
+    assert!(matches!(e.enqueue(greedy(vec![7], 4)), Err(Error::QueueFull(2))));
+    e.run_to_completion().unwrap();
+    e.enqueue(greedy(vec![7], 4)).unwrap();
+}
