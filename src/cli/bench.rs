@@ -10,6 +10,8 @@ use tboost_kernels::{membw, DType};
 
 use super::{parse_kv_dtype, print_json, EngineArgs};
 use crate::backend::cpu::CpuBackend;
+use crate::engine::{Engine, EngineConfig, KvSize};
+use crate::sched::Request;
 use crate::backend::Backend;
 use crate::model::{synthetic, Model};
 use crate::runner::ModelRunner;
@@ -36,10 +38,52 @@ pub(crate) struct BenchArgs {
     /// Repetitions; the median is reported.
     #[arg(long, default_value_t = 3)]
     repeat: usize,
+    /// Also measure aggregate decode speed with this many requests decoding together
+    /// (comma-separated, e.g. 1,4,16), through the engine's continuous batching.
+    #[arg(long, value_delimiter = ',')]
+    concurrency: Vec<usize>,
+    /// Prompt tokens of each request in the concurrency runs.
+    #[arg(long, default_value_t = 32)]
+    concurrency_prompt: usize,
     #[arg(long)]
     json: bool,
     #[command(flatten)]
     engine: EngineArgs,
+}
+
+/// Aggregate decode tokens/s of `n` requests decoding `decode` tokens together: the clock
+/// starts once every request has its first token (all prefills done) and stops when the
+/// last one finishes.
+fn concurrent_decode(model: &Model, a: &BenchArgs, kv_dtype: DType, n: usize) -> Result<f64> {
+    let decode = a.decode.max(2);
+    let per_seq = a.concurrency_prompt + decode;
+    let cfg = EngineConfig {
+        threads: a.engine.threads,
+        kv_size: KvSize::Blocks(n * per_seq.div_ceil(16) + 1),
+        kv_dtype,
+        max_seqs: n.max(1),
+        max_batched_tokens: (n * a.concurrency_prompt).max(n).max(16),
+        prefix_caching: false,
+        disabled_ops: crate::plan::PlanOptions::parse_disabled(&a.engine.disable)?,
+        ..EngineConfig::default()
+    };
+    let engine = Engine::new(cfg)?;
+    engine.load_model(model)?;
+    let vocab = model.config.vocab_size as u64;
+    for r in 0..n {
+        let prompt: Vec<u32> = (0..a.concurrency_prompt).map(|i| 3 + ((r * 7919 + i * 131) as u64 % (vocab - 3)) as u32).collect();
+        engine.enqueue(Request { ignore_eos: true, ..Request::new(prompt, decode) })?;
+    }
+    let mut started = 0;
+    while started < n {
+        started += engine.step()?.events.iter().filter(|e| e.token.is_some()).count();
+    }
+    let t = Instant::now();
+    let mut tokens = 0;
+    while engine.has_work()? {
+        tokens += engine.step()?.events.iter().filter(|e| e.token.is_some()).count();
+    }
+    Ok(tokens as f64 / t.elapsed().as_secs_f64())
 }
 
 fn median(mut v: Vec<f64>) -> f64 {
@@ -105,7 +149,6 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let threads = backend.threads();
     let mut runner = ModelRunner::new(&model, backend, &opts)?;
     let cfg = model.config.clone();
-    drop(model); // the runner holds what it needs
     let bs = 16;
     let cap = a.prefill + a.decode;
     runner.alloc_kv(cap.div_ceil(bs), bs, kv_dtype)?;
@@ -135,6 +178,15 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let decode_bw = weight_bytes * decode_tps;
     let peak = peak_rss_bytes();
     let backend = runner.backend().describe();
+    drop(runner);
+    let mut conc = Vec::new();
+    for &n in &a.concurrency {
+        if n == 0 {
+            return Err(Error::invalid("concurrency", "0 requests"));
+        }
+        let runs: Vec<f64> = (0..a.repeat).map(|_| concurrent_decode(&model, &a, kv_dtype, n)).collect::<Result<_>>()?;
+        conc.push((n, median(runs)));
+    }
     if a.json {
         print_json(&json!({
             "model": label, "backend": backend, "threads": threads,
@@ -145,6 +197,10 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
             "decode_weight_bytes_per_s": decode_bw,
             "decode_share_of_bandwidth": decode_bw / bandwidth,
             "peak_rss_bytes": peak,
+            "concurrency": conc.iter().map(|&(n, tps)| json!({
+                "requests": n, "aggregate_decode_tokens_per_s": tps,
+                "speedup_vs_single_request": tps / decode_tps,
+            })).collect::<Vec<_>>(),
         }))?;
     } else {
         let gb = |b: f64| b / 1e9;
@@ -160,7 +216,13 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
                 100.0 * decode_bw / bandwidth
             );
         }
-        println!("memory    peak RSS {:.2} GB", gb(peak as f64));
+        println!("memory    peak RSS {:.2} GB (weights, KV cache and activations)", gb(peak as f64));
+        for (n, tps) in &conc {
+            println!(
+                "batched   {n:>3} requests decoding together: {tps:.2} tokens/s aggregate = {:.1}x one request",
+                tps / decode_tps
+            );
+        }
     }
     Ok(())
 }
