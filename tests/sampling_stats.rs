@@ -420,3 +420,20 @@ fn top_p_cut_inside_a_large_tie() {
     assert!(kept > 100 && kept < 603, "fixture should cut inside the tie: {kept}");
     check_fit("tie cut top_p=0.9", &row, &p, &[], &[], 100.0);
 }
+
+#[test]
+fn min_p_threshold_inside_a_histogram_bucket() {
+    // 8k tokens spread over 4 logits put ~8 tokens in each histogram bucket, so the min-p
+    // threshold splits a bucket whose excluded part must never be drawn, also when top-p
+    // would reach further than min-p allows.
+    let row = lcg_logits(8_000, 13, -2.0, 2.0);
+    check_fit("V=8000 min_p=0.5", &row, &params(127, |p| p.min_p = 0.5), &[], &[], 100.0);
+    let p = params(128, |p| {
+        p.min_p = 0.5;
+        p.top_p = 0.98;
+        p.temperature = 0.9;
+    });
+    let kept = |p: &SamplingParams| reference(&row, p, &[], &[]).iter().filter(|&&q| q > 0.0).count();
+    assert!(kept(&p) < kept(&SamplingParams { min_p: 0.0, ..p.clone() }), "fixture: min-p should bind");
+    check_fit("V=8000 min_p=0.5 top_p=0.98 t=0.9", &row, &p, &[], &[], 100.0);
+}

@@ -276,9 +276,14 @@ fn finite_range(logits: &[f32]) -> (f32, f32, usize, bool) {
     let (mut max, mut min, mut n, mut saw_bad) = (f32::NEG_INFINITY, f32::INFINITY, 0, false);
     for &x in logits {
         if x.is_finite() {
+            // Plain comparisons: `x` is finite, so f32::max's NaN handling is wasted work.
             n += 1;
-            max = max.max(x);
-            min = min.min(x);
+            if x > max {
+                max = x;
+            }
+            if x < min {
+                min = x;
+            }
         } else {
             saw_bad |= is_bad(x);
         }
