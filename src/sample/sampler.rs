@@ -34,14 +34,18 @@ pub struct Sampled {
 /// Non-finite logits (NaN, ±inf) are never candidates: NaN and +inf are treated as -inf (a
 /// warning is logged once per sampler), and a row without any finite logit is an error.
 ///
-/// Scratch buffers (a vocabulary-sized id list, plus a logits copy and a counter array when
-/// penalties are on) are kept between calls, so steady-state sampling does not allocate except
-/// for the returned `top` list.
+/// Cost: one pass over the row for greedy; otherwise a few sequential passes and one `exp`
+/// per finite logit when top-k is off (with top-k, `exp` only for the k survivors). Candidates
+/// are bucketed by logit and only what matters is sorted: the top-k survivors (lazily, as far
+/// as the walk goes) or the one bucket where the top-p cut or the draw lands. Only a row of
+/// massive exact ties degrades to sorting the tied tokens.
+/// Scratch buffers are kept between calls, so steady-state sampling does not allocate except
+/// for the returned `top` list; they hold a few ids per call in the common case, up to a
+/// vocabulary-sized id list (plus a logits copy and a counter array when penalties are on).
 pub struct Sampler {
     params: SamplingParams,
     rng: RequestRng,
-    /// Candidate ids (and scratch for the logprob top-n).
-    ids: Vec<u32>,
+    scratch: Scratch,
     /// Logits after sanitizing and penalties (only used when a penalty is on).
     work: Vec<f32>,
     /// Per-token counters for penalties; all zero between calls.
@@ -57,6 +61,23 @@ impl std::fmt::Debug for Sampler {
     }
 }
 
+/// Reusable buffers of the truncation stages (their contents never outlive a call).
+#[derive(Default)]
+struct Scratch {
+    /// Candidate ids: the top-k survivors, one bucket's tokens, or the logprob top-n.
+    ids: Vec<u32>,
+    /// Per-bucket token counts (top-k selection).
+    counts: Vec<u32>,
+    /// Per-bucket probability mass (draws without top-k).
+    mass: Vec<f64>,
+}
+
+/// Histogram resolution for bucketing candidates by logit.
+const BUCKETS: usize = 1024;
+/// Buckets of the mass histogram cover this many nats below the top token; the last bucket
+/// takes everything further down (weights under e^-64 ≈ 1.6e-28).
+const MAX_NATS: f64 = 64.0;
+
 /// Candidates are taken in chunks of this size (then ×4) when walking them in sorted order, so
 /// a peaked distribution never pays for sorting the whole vocabulary.
 const FIRST_CHUNK: usize = 64;
@@ -69,7 +90,7 @@ impl Sampler {
         Ok(Sampler {
             params,
             rng,
-            ids: Vec::new(),
+            scratch: Scratch::default(),
             work: Vec::new(),
             marks: Vec::new(),
             touched: Vec::new(),
@@ -97,7 +118,7 @@ impl Sampler {
             saw_bad |= bad;
             best
         } else {
-            let (token, bad) = draw(&self.params, adjusted, &mut self.ids, &mut self.rng);
+            let (token, bad) = draw(&self.params, adjusted, &mut self.scratch, &mut self.rng);
             saw_bad |= bad;
             token
         };
@@ -111,7 +132,7 @@ impl Sampler {
 
         let (logprob, top) = match self.params.logprobs {
             None => (None, Vec::new()),
-            Some(n) => raw_logprobs(logits, token, n, &mut self.ids),
+            Some(n) => raw_logprobs(logits, token, n, &mut self.scratch),
         };
         Ok(Sampled { token, logprob, top })
     }
@@ -250,44 +271,105 @@ fn extend_sorted(ids: &mut [u32], sorted: usize, cmp: &impl Fn(&u32, &u32) -> Or
     want
 }
 
-/// Temperature → top-k → top-p → min-p → draw. Returns the token (None if no logit is
-/// finite) and whether NaN/+inf was seen.
-fn draw(p: &SamplingParams, logits: &[f32], ids: &mut Vec<u32>, rng: &mut RequestRng) -> (Option<u32>, bool) {
-    ids.clear();
-    let mut saw_bad = false;
-    let mut max = f32::NEG_INFINITY;
-    for (i, &x) in logits.iter().enumerate() {
+/// Finite range of a row: (max, min, number of finite entries, NaN/+inf seen).
+fn finite_range(logits: &[f32]) -> (f32, f32, usize, bool) {
+    let (mut max, mut min, mut n, mut saw_bad) = (f32::NEG_INFINITY, f32::INFINITY, 0, false);
+    for &x in logits {
         if x.is_finite() {
-            ids.push(i as u32);
-            max = max.max(x);
+            // Plain comparisons: `x` is finite, so f32::max's NaN handling is wasted work.
+            n += 1;
+            if x > max {
+                max = x;
+            }
+            if x < min {
+                min = x;
+            }
         } else {
             saw_bad |= is_bad(x);
         }
     }
-    if ids.is_empty() {
+    (max, min, n, saw_bad)
+}
+
+/// Leaves in `ids` (unsorted) the `k` best finite entries under [`by_logit_desc`], for
+/// `0 < k < n_finite`. A count histogram over the logit range finds the bucket holding the
+/// k-th best, so only the entries down to that bucket are gathered and partially sorted:
+/// two sequential passes instead of a selection over the whole vocabulary.
+fn top_k_ids(logits: &[f32], max: f32, min: f32, k: usize, ids: &mut Vec<u32>, counts: &mut Vec<u32>) {
+    let (max, min) = (max as f64, min as f64);
+    let scale = if max > min { BUCKETS as f64 / (max - min) } else { 0.0 };
+    // Monotone in x, so bucket order never contradicts the candidate order.
+    let bucket = |x: f32| (((max - x as f64) * scale) as usize).min(BUCKETS - 1);
+    counts.clear();
+    counts.resize(BUCKETS, 0);
+    for &x in logits {
+        if x.is_finite() {
+            counts[bucket(x)] += 1;
+        }
+    }
+    let mut cum = 0usize;
+    let last = counts
+        .iter()
+        .position(|&c| {
+            cum += c as usize;
+            cum >= k
+        })
+        .unwrap_or(BUCKETS - 1);
+    ids.clear();
+    ids.extend(logits.iter().enumerate().filter(|(_, &x)| x.is_finite() && bucket(x) <= last).map(|(i, _)| i as u32));
+    if ids.len() > k {
+        ids.select_nth_unstable_by(k - 1, by_logit_desc(logits));
+        ids.truncate(k);
+    }
+}
+
+/// Temperature → top-k → top-p → min-p → draw. Returns the token (None if no logit is
+/// finite) and whether NaN/+inf was seen.
+fn draw(p: &SamplingParams, logits: &[f32], s: &mut Scratch, rng: &mut RequestRng) -> (Option<u32>, bool) {
+    let (max, min, n, saw_bad) = finite_range(logits);
+    if n == 0 {
         return (None, saw_bad);
     }
-    // Unnormalized probability after temperature; the top token weighs exactly 1, so min-p's
-    // "fraction of the top probability" is a plain threshold on the weight.
-    let t = p.temperature as f64;
-    let max = max as f64;
-    let weight = |id: u32| ((logits[id as usize] as f64 - max) / t).exp();
+    let token = if p.top_k > 0 && p.top_k < n {
+        top_k_ids(logits, max, min, p.top_k, &mut s.ids, &mut s.counts);
+        draw_from_ids(p, logits, max, &mut s.ids, rng)
+    } else {
+        draw_by_buckets(p, logits, max, min, s, rng)
+    };
+    (Some(token), saw_bad)
+}
+
+/// The unnormalized probability after temperature. The top token weighs exactly 1, so
+/// min-p's "fraction of the top probability" is a plain threshold on the weight.
+fn weight(x: f32, max: f64, t: f64) -> f64 {
+    ((x as f64 - max) / t).exp()
+}
+
+/// Top-p → min-p → draw over an explicit candidate list (the top-k survivors).
+fn draw_from_ids(p: &SamplingParams, logits: &[f32], max: f32, ids: &mut [u32], rng: &mut RequestRng) -> u32 {
+    let (t, max) = (p.temperature as f64, max as f64);
+    let weight = |id: u32| weight(logits[id as usize], max, t);
     let cmp = by_logit_desc(logits);
 
-    if p.top_k > 0 && p.top_k < ids.len() {
-        ids.select_nth_unstable_by(p.top_k - 1, &cmp);
-        ids.truncate(p.top_k);
-    }
     // Top-p is measured against the mass that survives top-k, before min-p.
     let top_p_target =
         if p.top_p < 1.0 { Some(p.top_p as f64 * ids.iter().map(|&i| weight(i)).sum::<f64>()) } else { None };
     // Min-p keeps a prefix of the sorted order and top-p keeps a prefix too, so applying the
     // cheap min-p filter first and then searching for the top-p cut inside what remains gives
     // the same set as top-p followed by min-p, without sorting the tokens min-p removes.
+    let mut len = ids.len();
     if p.min_p > 0.0 {
         let threshold = p.min_p as f64;
-        ids.retain(|&i| weight(i) >= threshold);
+        let mut kept = 0;
+        for i in 0..len {
+            if weight(ids[i]) >= threshold {
+                ids.swap(kept, i);
+                kept += 1;
+            }
+        }
+        len = kept;
     }
+    let mut ids = &mut ids[..len];
 
     let mut sorted = 0;
     let kept_mass = match top_p_target {
@@ -304,7 +386,7 @@ fn draw(p: &SamplingParams, logits: &[f32], ids: &mut Vec<u32>, rng: &mut Reques
                     break;
                 }
             }
-            ids.truncate(kept);
+            ids = &mut ids[..kept];
             sorted = sorted.min(kept);
             cum
         }
@@ -324,31 +406,135 @@ fn draw(p: &SamplingParams, logits: &[f32], ids: &mut Vec<u32>, rng: &mut Reques
         }
         cum += w;
         if target < cum {
-            return (Some(ids[i]), saw_bad);
+            return ids[i];
         }
     }
     // Only reachable through rounding (kept_mass summed in another order).
-    (Some(last_positive), saw_bad)
+    last_positive
+}
+
+/// Top-p → min-p → draw over the whole row (no top-k), without sorting it.
+///
+/// One pass computes every weight and adds it to a histogram bucket chosen by the token's
+/// distance below the top logit in nats (monotone, so the buckets are consecutive runs of
+/// the sorted order). The top-p cut and the draw then locate their bucket from the bucket
+/// masses, and only that bucket's tokens are gathered and sorted. Beyond [`MAX_NATS`] the
+/// last bucket collects weights below e^-64, which no 53-bit uniform can reach in practice
+/// but which stay exactly drawable.
+fn draw_by_buckets(
+    p: &SamplingParams,
+    logits: &[f32],
+    max: f32,
+    min: f32,
+    s: &mut Scratch,
+    rng: &mut RequestRng,
+) -> u32 {
+    let (t, max) = (p.temperature as f64, max as f64);
+    let span = ((max - min as f64) / t).min(MAX_NATS);
+    // Buckets per logit unit (not per nat): saves a division per token in every pass.
+    let scale = if span > 0.0 { BUCKETS as f64 / span / t } else { 0.0 };
+    let bucket = |x: f32| (((max - x as f64) * scale) as usize).min(BUCKETS - 1);
+    let min_p = p.min_p as f64;
+
+    s.mass.clear();
+    s.mass.resize(BUCKETS, 0.0);
+    let mut total = 0.0;
+    for &x in logits {
+        if x.is_finite() {
+            let w = weight(x, max, t);
+            total += w;
+            // Min-p drops a tail of the sorted order; the top-p cut searched inside what is
+            // left is the same as top-p's cut on the full order whenever it falls there.
+            if w >= min_p {
+                s.mass[bucket(x)] += w;
+            }
+        }
+    }
+    // Gathers one bucket's surviving tokens, sorted.
+    let load = |b: usize, ids: &mut Vec<u32>| {
+        ids.clear();
+        ids.extend(
+            logits
+                .iter()
+                .enumerate()
+                .filter(|(_, &x)| x.is_finite() && bucket(x) == b && (min_p == 0.0 || weight(x, max, t) >= min_p))
+                .map(|(i, _)| i as u32),
+        );
+        ids.sort_unstable_by(by_logit_desc(logits));
+    };
+    let last_nonempty = s.mass.iter().rposition(|&m| m > 0.0).unwrap_or(0);
+
+    // The kept set ends at (limit_bucket, limit_len tokens of it).
+    let (mut limit_bucket, mut limit_len) = (last_nonempty, usize::MAX);
+    let mut loaded = None;
+    let kept_mass = if p.top_p < 1.0 {
+        let target = p.top_p as f64 * total;
+        let mut cum = 0.0;
+        let mut b = 0;
+        while b < last_nonempty && cum + s.mass[b] < target {
+            cum += s.mass[b];
+            b += 1;
+        }
+        load(b, &mut s.ids);
+        loaded = Some(b);
+        let mut len = s.ids.len();
+        for (j, &id) in s.ids.iter().enumerate() {
+            cum += weight(logits[id as usize], max, t);
+            if cum >= target {
+                len = j + 1;
+                break;
+            }
+        }
+        (limit_bucket, limit_len) = (b, len);
+        cum
+    } else {
+        s.mass.iter().sum()
+    };
+
+    let target = rng.next_f64() * kept_mass;
+    let mut cum = 0.0;
+    let mut b = 0;
+    while b < limit_bucket && target >= cum + s.mass[b] {
+        cum += s.mass[b];
+        b += 1;
+    }
+    if loaded != Some(b) {
+        load(b, &mut s.ids);
+    }
+    let end = if b == limit_bucket { limit_len.min(s.ids.len()) } else { s.ids.len() };
+    let mut last_positive = s.ids[0];
+    for &id in &s.ids[..end] {
+        let w = weight(logits[id as usize], max, t);
+        if w > 0.0 {
+            last_positive = id;
+        }
+        cum += w;
+        if target < cum {
+            return id;
+        }
+    }
+    // Only reachable through rounding (bucket sums and the walk add in different orders).
+    last_positive
 }
 
 /// Log-softmax of the raw row for `token` plus its `n` best entries.
-fn raw_logprobs(logits: &[f32], token: u32, n: usize, ids: &mut Vec<u32>) -> (Option<f32>, Vec<(u32, f32)>) {
-    let max = logits.iter().copied().filter(|x| x.is_finite()).fold(f32::NEG_INFINITY, f32::max) as f64;
-    let sum: f64 = logits.iter().filter(|x| x.is_finite()).map(|&x| (x as f64 - max).exp()).sum();
-    let lse = max + sum.ln();
+fn raw_logprobs(logits: &[f32], token: u32, n: usize, s: &mut Scratch) -> (Option<f32>, Vec<(u32, f32)>) {
+    let (max, min, n_finite, _) = finite_range(logits);
+    let sum: f64 = logits.iter().filter(|x| x.is_finite()).map(|&x| (x as f64 - max as f64).exp()).sum();
+    let lse = max as f64 + sum.ln();
     let logprob = |id: u32| (logits[id as usize] as f64 - lse) as f32;
 
     let mut top = Vec::new();
+    let n = n.min(n_finite);
     if n > 0 {
-        ids.clear();
-        ids.extend((0..logits.len() as u32).filter(|&i| logits[i as usize].is_finite()));
-        let n = n.min(ids.len());
-        let cmp = by_logit_desc(logits);
-        if n < ids.len() {
-            ids.select_nth_unstable_by(n - 1, &cmp);
+        if n < n_finite {
+            top_k_ids(logits, max, min, n, &mut s.ids, &mut s.counts);
+        } else {
+            s.ids.clear();
+            s.ids.extend((0..logits.len() as u32).filter(|&i| logits[i as usize].is_finite()));
         }
-        ids[..n].sort_unstable_by(&cmp);
-        top.extend(ids[..n].iter().map(|&i| (i, logprob(i))));
+        s.ids.sort_unstable_by(by_logit_desc(logits));
+        top.extend(s.ids.iter().map(|&i| (i, logprob(i))));
     }
     (Some(logprob(token)), top)
 }
