@@ -64,8 +64,6 @@ struct Line {
     ignore_eos: bool,
     #[serde(default)]
     eos_ids: Option<Vec<u32>>,
-    #[serde(flatten)]
-    sampling: SamplingParams,
 }
 
 fn default_max_tokens() -> usize {
@@ -79,10 +77,21 @@ fn parse_line(n: usize, text: &str, file: &std::path::Path) -> Result<Request> {
     if let Some(k) = obj.keys().find(|k| !LINE_KEYS.contains(&k.as_str()) && !SAMPLING_KEYS.contains(&k.as_str())) {
         return Err(at(format!("unknown field `{k}` (known: {}, {})", LINE_KEYS.join(", "), SAMPLING_KEYS.join(", "))));
     }
-    let l: Line = serde_json::from_value(v).map_err(|e| at(e.to_string()))?;
+    // Sampling fields sit beside the request fields on one line; split them apart.
+    let mut sampling: serde_json::Map<String, Value> =
+        obj.iter().filter(|(k, _)| SAMPLING_KEYS.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
+    // Without an explicit seed, each line gets its own (its line number), so identical
+    // prompts still sample independently while a rerun reproduces the output.
+    sampling.entry("seed").or_insert(json!(n));
+    // Like `tboost run`, greedy unless a temperature is given.
+    sampling.entry("temperature").or_insert(json!(0.0));
+    let sampling: SamplingParams = serde_json::from_value(Value::Object(sampling)).map_err(|e| at(e.to_string()))?;
+    let rest: serde_json::Map<String, Value> =
+        obj.iter().filter(|(k, _)| LINE_KEYS.contains(&k.as_str())).map(|(k, v)| (k.clone(), v.clone())).collect();
+    let l: Line = serde_json::from_value(Value::Object(rest)).map_err(|e| at(e.to_string()))?;
     Ok(Request {
         prompt: l.tokens,
-        sampling: l.sampling,
+        sampling,
         max_tokens: l.max_tokens,
         eos_ids: l.eos_ids,
         ignore_eos: l.ignore_eos,

@@ -10,11 +10,11 @@ use tboost_kernels::{membw, DType};
 
 use super::{parse_kv_dtype, print_json, EngineArgs};
 use crate::backend::cpu::CpuBackend;
-use crate::engine::{Engine, EngineConfig, KvSize};
-use crate::sched::Request;
 use crate::backend::Backend;
+use crate::engine::{Engine, EngineConfig, KvSize};
 use crate::model::{synthetic, Model};
 use crate::runner::ModelRunner;
+use crate::sched::Request;
 use crate::session::{argmax, Session};
 use crate::{Error, Result};
 
@@ -71,7 +71,8 @@ fn concurrent_decode(model: &Model, a: &BenchArgs, kv_dtype: DType, n: usize) ->
     engine.load_model(model)?;
     let vocab = model.config.vocab_size as u64;
     for r in 0..n {
-        let prompt: Vec<u32> = (0..a.concurrency_prompt).map(|i| 3 + ((r * 7919 + i * 131) as u64 % (vocab - 3)) as u32).collect();
+        let prompt: Vec<u32> =
+            (0..a.concurrency_prompt).map(|i| 3 + ((r * 7919 + i * 131) as u64 % (vocab - 3)) as u32).collect();
         engine.enqueue(Request { ignore_eos: true, ..Request::new(prompt, decode) })?;
     }
     let mut started = 0;
@@ -184,7 +185,8 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         if n == 0 {
             return Err(Error::invalid("concurrency", "0 requests"));
         }
-        let runs: Vec<f64> = (0..a.repeat).map(|_| concurrent_decode(&model, &a, kv_dtype, n)).collect::<Result<_>>()?;
+        let runs: Vec<f64> =
+            (0..a.repeat).map(|_| concurrent_decode(&model, &a, kv_dtype, n)).collect::<Result<_>>()?;
         conc.push((n, median(runs)));
     }
     if a.json {
