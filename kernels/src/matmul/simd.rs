@@ -24,6 +24,8 @@ pub(super) trait Lanes: Copy {
     unsafe fn load_f16(p: *const u8) -> Self;
     /// 16 little-endian bf16 from `p` (any alignment), widened exactly.
     unsafe fn load_bf16(p: *const u8) -> Self;
+    /// Stores the 16 lanes to `p` (any alignment).
+    unsafe fn store(self, p: *mut f32);
     /// `a * b + acc` per lane, fused (one rounding).
     unsafe fn fma(a: Self, b: Self, acc: Self) -> Self;
     /// The canonical tree sum of the 16 lanes.
@@ -101,6 +103,10 @@ impl Lanes for Scalar16 {
         Scalar16(std::array::from_fn(|l| WBF16::get(p, l)))
     }
     #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        std::ptr::copy_nonoverlapping(self.0.as_ptr(), p, 16);
+    }
+    #[inline(always)]
     unsafe fn fma(a: Self, b: Self, acc: Self) -> Self {
         Scalar16(std::array::from_fn(|l| a.0[l].mul_add(b.0[l], acc.0[l])))
     }
@@ -161,6 +167,11 @@ mod x86 {
             Avx2x2(bf16x8(p), bf16x8(p.add(16)))
         }
         #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            _mm256_storeu_ps(p, self.0);
+            _mm256_storeu_ps(p.add(8), self.1);
+        }
+        #[inline(always)]
         unsafe fn fma(a: Self, b: Self, acc: Self) -> Self {
             Avx2x2(_mm256_fmadd_ps(a.0, b.0, acc.0), _mm256_fmadd_ps(a.1, b.1, acc.1))
         }
@@ -191,6 +202,10 @@ mod x86 {
         unsafe fn load_bf16(p: *const u8) -> Self {
             let h = _mm256_loadu_si256(p as *const __m256i);
             Avx512(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h))))
+        }
+        #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            _mm512_storeu_ps(p, self.0);
         }
         #[inline(always)]
         unsafe fn fma(a: Self, b: Self, acc: Self) -> Self {
