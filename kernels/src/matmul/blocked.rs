@@ -210,6 +210,7 @@ unsafe fn pack_w<V: Lanes, W: WKind, const NR: usize>(
 /// block: x rows at `xp` and weight rows at `wp`, both at stride `kcl` (a multiple of 16),
 /// accumulators at `acc`.
 #[inline(always)]
+#[allow(clippy::needless_range_loop)] // a[i][j] is indexed by both loops
 unsafe fn tile_acc<V: Lanes, const MR: usize, const NR: usize>(
     xp: *const f32,
     wp: *const f32,
