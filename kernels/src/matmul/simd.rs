@@ -30,6 +30,9 @@ pub(super) trait Lanes: Copy {
     unsafe fn fma(a: Self, b: Self, acc: Self) -> Self;
     /// The canonical tree sum of the 16 lanes.
     unsafe fn reduce(self) -> f32;
+    /// Hints that the cache line at `p` will be read soon (no effect on results).
+    #[inline(always)]
+    unsafe fn prefetch(_p: *const u8) {}
 }
 
 /// Storage type of the weight rows a kernel instance reads.
@@ -210,6 +213,10 @@ mod x86 {
         #[inline(always)]
         unsafe fn fma(a: Self, b: Self, acc: Self) -> Self {
             Avx512(_mm512_fmadd_ps(a.0, b.0, acc.0))
+        }
+        #[inline(always)]
+        unsafe fn prefetch(p: *const u8) {
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
         }
         #[inline(always)]
         unsafe fn reduce(self) -> f32 {
