@@ -4,8 +4,14 @@
 //! renormalize those weights to sum to 1. The FFN then groups tokens by expert and runs each
 //! expert's SwiGLU MLP only on the tokens routed to it (never all tokens through all experts),
 //! and sums each token's expert outputs weighted, in rank order (fixed per token).
+//!
+//! Batch invariance: routing is per token; an expert's matmuls give each row the same bits
+//! whatever the other rows (see `matmul`); the weighted sum runs in rank order. So a token's
+//! output does not depend on which other tokens share the batch or the experts.
 
+use crate::matmul::{self, MatSeg};
 use crate::WeightMat;
+use rayon::prelude::*;
 
 /// One expert's SwiGLU MLP weights.
 #[derive(Clone, Copy)]
@@ -17,12 +23,61 @@ pub struct Expert<'a> {
 
 /// Top-k routing of `[tokens, n_experts]` router logits. Returns `(expert ids, weights)`,
 /// each `[tokens, k]`, ranked by weight (ties: lower expert id first).
+///
+/// Per token: `p = softmax(logits)` in f32 (max subtracted, the sum of exponentials taken
+/// in expert order), the `k` largest `p`, and when `renormalize` each divided by their sum
+/// (taken in rank order); otherwise the weights are the `p` themselves.
+///
+/// # Panics
+/// When `n_experts` is 0, `logits` is not a whole number of rows, or `k` is not in
+/// `1..=n_experts` (the orchestrator validates these against the model config).
 pub fn route_topk(logits: &[f32], n_experts: usize, k: usize, renormalize: bool) -> (Vec<u32>, Vec<f32>) {
-    let _ = (logits, n_experts, k, renormalize);
-    unimplemented!()
+    assert!(n_experts > 0, "route_topk: n_experts must be positive");
+    assert!(
+        logits.len().is_multiple_of(n_experts),
+        "route_topk: {} logits are not rows of {n_experts} experts",
+        logits.len()
+    );
+    assert!((1..=n_experts).contains(&k), "route_topk: k = {k} must be in 1..={n_experts}");
+    let tokens = logits.len() / n_experts;
+    let mut ids = Vec::with_capacity(tokens * k);
+    let mut weights = Vec::with_capacity(tokens * k);
+    let mut p = vec![0f32; n_experts];
+    let mut order: Vec<u32> = Vec::with_capacity(n_experts);
+    for row in logits.chunks_exact(n_experts) {
+        let max = row.iter().copied().fold(f32::NEG_INFINITY, f32::max);
+        let mut sum = 0f32;
+        for (pe, &l) in p.iter_mut().zip(row) {
+            *pe = (l - max).exp();
+            sum += *pe;
+        }
+        for pe in p.iter_mut() {
+            *pe /= sum;
+        }
+        order.clear();
+        order.extend(0..n_experts as u32);
+        // A stable sort on descending weight keeps lower ids first among equal weights.
+        order.sort_by(|&a, &b| p[b as usize].total_cmp(&p[a as usize]));
+        let top = &order[..k];
+        let norm = top.iter().fold(0f32, |s, &e| s + p[e as usize]);
+        for &e in top {
+            ids.push(e);
+            weights.push(if renormalize { p[e as usize] / norm } else { p[e as usize] });
+        }
+    }
+    (ids, weights)
 }
 
 /// `out[t] = Σ_r weights[t, r] * expert[ids[t, r]](x[t])`, `x`/`out` are `[tokens, hidden]`.
+///
+/// Each expert computes `down · (silu(gate · x) * (up · x))` with `matmul_swiglu` and
+/// `matmul` on the rows of the tokens routed to it only. The weighted sum per element is
+/// `((0 + w0*y0) + w1*y1) + ...` in rank order, each product and sum rounded to f32.
+///
+/// # Panics
+/// On shapes that disagree (experts with different shapes, `gate`/`up` not
+/// `[inter, hidden]`, `down` not `[hidden, inter]`, `x`/`out` not `[tokens, hidden]`,
+/// `ids`/`weights` not `[tokens, k]`), no experts, or an expert id out of range.
 pub fn moe_ffn(
     x: &[f32],
     tokens: usize,
@@ -32,6 +87,92 @@ pub fn moe_ffn(
     k: usize,
     out: &mut [f32],
 ) {
-    let _ = (x, tokens, experts, ids, weights, k, out);
-    unimplemented!()
+    let first = experts.first().expect("moe_ffn: no experts");
+    let (inter, hidden) = (first.gate.rows, first.gate.cols);
+    for (e, ex) in experts.iter().enumerate() {
+        let shapes = [(ex.gate.rows, ex.gate.cols), (ex.up.rows, ex.up.cols), (ex.down.rows, ex.down.cols)];
+        assert!(
+            shapes == [(inter, hidden), (inter, hidden), (hidden, inter)],
+            "moe_ffn: expert {e} has gate/up/down {shapes:?}, expected [{inter}, {hidden}] x2 and [{hidden}, {inter}]"
+        );
+    }
+    assert_eq!(x.len(), tokens * hidden, "moe_ffn: x has {} values, expected [{tokens}, {hidden}]", x.len());
+    assert_eq!(out.len(), tokens * hidden, "moe_ffn: out has {} values, expected [{tokens}, {hidden}]", out.len());
+    assert_eq!(ids.len(), tokens * k, "moe_ffn: ids has {} values, expected [{tokens}, {k}]", ids.len());
+    assert_eq!(weights.len(), tokens * k, "moe_ffn: weights has {} values, expected [{tokens}, {k}]", weights.len());
+
+    // Slots (t * k + r) routed to each expert, in token order.
+    let mut slots: Vec<Vec<usize>> = vec![Vec::new(); experts.len()];
+    for (slot, &e) in ids.iter().enumerate() {
+        let n_exp = experts.len();
+        let list = slots
+            .get_mut(e as usize)
+            .unwrap_or_else(|| panic!("moe_ffn: token {} rank {} routes to expert {e} of {n_exp}", slot / k, slot % k));
+        list.push(slot);
+    }
+
+    // ys[slot] = expert output for (token, rank); each expert runs on its tokens only.
+    let mut ys = vec![0f32; tokens * k * hidden];
+    let (mut xs, mut h, mut y) = (Vec::new(), Vec::new(), Vec::new());
+    for (ex, list) in experts.iter().zip(&slots) {
+        let cnt = list.len();
+        if cnt == 0 {
+            continue;
+        }
+        xs.clear();
+        for &slot in list {
+            let t = slot / k;
+            xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
+        }
+        h.resize(cnt * inter, 0.0);
+        matmul::matmul_swiglu(&xs, cnt, ex.gate, ex.up, &mut h);
+        y.resize(cnt * hidden, 0.0);
+        matmul::matmul(&h, cnt, &mut [MatSeg { w: ex.down, bias: None, out: &mut y }]);
+        for (row, &slot) in y.chunks_exact(hidden).zip(list) {
+            ys[slot * hidden..(slot + 1) * hidden].copy_from_slice(row);
+        }
+    }
+
+    if hidden == 0 {
+        return;
+    }
+    out.par_chunks_mut(hidden).enumerate().for_each(|(t, o)| {
+        o.fill(0.0);
+        for r in 0..k {
+            let w = weights[t * k + r];
+            let yr = &ys[(t * k + r) * hidden..(t * k + r + 1) * hidden];
+            for (o, &v) in o.iter_mut().zip(yr) {
+                *o += w * v;
+            }
+        }
+    });
+}
+
+/// Plain reference for the tests: every token through its routed experts, in f64.
+pub mod reference {
+    use super::Expert;
+    use crate::matmul::reference::weight_at;
+    use crate::WeightMat;
+
+    /// One token: `Σ_r w_r * down · (silu(gate · x) * (up · x))`, all in f64.
+    pub fn moe_token(x: &[f32], experts: &[Expert<'_>], ids: &[u32], weights: &[f32]) -> Vec<f64> {
+        let dot = |m: &WeightMat<'_>, r: usize, v: &[f64]| -> f64 {
+            v.iter().enumerate().map(|(c, &a)| a * weight_at(m, r, c) as f64).sum()
+        };
+        let xd: Vec<f64> = x.iter().map(|&a| a as f64).collect();
+        let mut out = vec![0f64; x.len()];
+        for (&e, &w) in ids.iter().zip(weights) {
+            let ex = &experts[e as usize];
+            let h: Vec<f64> = (0..ex.gate.rows)
+                .map(|i| {
+                    let g = dot(&ex.gate, i, &xd);
+                    g / (1.0 + (-g).exp()) * dot(&ex.up, i, &xd)
+                })
+                .collect();
+            for (j, o) in out.iter_mut().enumerate() {
+                *o += w as f64 * dot(&ex.down, j, &h);
+            }
+        }
+        out
+    }
 }

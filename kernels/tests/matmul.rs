@@ -85,6 +85,7 @@ impl OwnedVec {
 }
 
 /// Asserts `got` is within the stated bound of the f64 reference.
+#[allow(clippy::too_many_arguments)]
 fn check_close(what: &str, got: &[f32], want: &[f64], x: &[f32], w: &[f32], bias: Option<&[f32]>, m: usize, k: usize) {
     let n = want.len() / m.max(1);
     for i in 0..m {
@@ -205,6 +206,28 @@ fn row_result_is_independent_of_batch_and_threads() {
                     let pos = i * 7 % m;
                     assert!(bits_eq(&o[pos * n..(pos + 1) * n], &alone), "{} {dtype}: row {i} at {pos}", isa.name());
                 }
+            }
+        }
+    }
+}
+
+#[test]
+fn large_shape_crosses_every_cache_block_boundary() {
+    // k = 3000: several k blocks and a k tail; m = 100 and n = 300: several L2 blocks of
+    // x rows and of weight rows, each ending in a partial block and a partial tile.
+    let mut rng = StdRng::seed_from_u64(6);
+    let (m, n, k) = (100, 300, 3000);
+    for &dtype in &[DType::F32, DType::BF16] {
+        let w = OwnedMat::random(&mut rng, dtype, n, k);
+        let bias = OwnedVec::random(&mut rng, DType::F32, n);
+        let x = rand_vec(&mut rng, m * k);
+        let want = reference::matmul(&x, m, &w.view(), Some(&bias.view()));
+        for isa in isas() {
+            let got = pool(2).install(|| run_one(isa, &x, m, w.view(), Some(bias.view())));
+            check_close(&format!("{} {dtype}", isa.name()), &got, &want, &x, &w.vals, Some(&bias.vals), m, k);
+            for i in [0, 59, 60, 99] {
+                let alone = run_one(isa, &x[i * k..(i + 1) * k], 1, w.view(), Some(bias.view()));
+                assert!(bits_eq(&alone, &got[i * n..(i + 1) * n]), "{} {dtype}: row {i} alone", isa.name());
             }
         }
     }

@@ -104,6 +104,8 @@ impl Cols for SwigluCols {
     }
 }
 
+const PF: usize = 2048;
+
 /// Sums of `MR` x rows (stride `k`) against `NR` weight rows, each in the canonical order.
 #[inline(always)]
 unsafe fn tile<V: Lanes, W: WKind, const MR: usize, const NR: usize>(
@@ -120,7 +122,9 @@ unsafe fn tile<V: Lanes, W: WKind, const MR: usize, const NR: usize>(
             *v = V::load_f32(x.add(i * k + c));
         }
         for j in 0..NR {
-            let wv = W::load::<V>(ws[j].add(c * W::BYTES));
+            let wp = ws[j].add(c * W::BYTES);
+            V::prefetch(wp.wrapping_add(PF));
+            let wv = W::load::<V>(wp);
             for i in 0..MR {
                 acc[i][j] = V::fma(xv[i], wv, acc[i][j]);
             }

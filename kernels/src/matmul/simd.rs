@@ -24,10 +24,15 @@ pub(super) trait Lanes: Copy {
     unsafe fn load_f16(p: *const u8) -> Self;
     /// 16 little-endian bf16 from `p` (any alignment), widened exactly.
     unsafe fn load_bf16(p: *const u8) -> Self;
+    /// Stores the 16 lanes to `p` (any alignment).
+    unsafe fn store(self, p: *mut f32);
     /// `a * b + acc` per lane, fused (one rounding).
     unsafe fn fma(a: Self, b: Self, acc: Self) -> Self;
     /// The canonical tree sum of the 16 lanes.
     unsafe fn reduce(self) -> f32;
+    /// Hints that the cache line at `p` will be read soon (no effect on results).
+    #[inline(always)]
+    unsafe fn prefetch(_p: *const u8) {}
 }
 
 /// Storage type of the weight rows a kernel instance reads.
@@ -101,6 +106,10 @@ impl Lanes for Scalar16 {
         Scalar16(std::array::from_fn(|l| WBF16::get(p, l)))
     }
     #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        std::ptr::copy_nonoverlapping(self.0.as_ptr(), p, 16);
+    }
+    #[inline(always)]
     unsafe fn fma(a: Self, b: Self, acc: Self) -> Self {
         Scalar16(std::array::from_fn(|l| a.0[l].mul_add(b.0[l], acc.0[l])))
     }
@@ -161,6 +170,11 @@ mod x86 {
             Avx2x2(bf16x8(p), bf16x8(p.add(16)))
         }
         #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            _mm256_storeu_ps(p, self.0);
+            _mm256_storeu_ps(p.add(8), self.1);
+        }
+        #[inline(always)]
         unsafe fn fma(a: Self, b: Self, acc: Self) -> Self {
             Avx2x2(_mm256_fmadd_ps(a.0, b.0, acc.0), _mm256_fmadd_ps(a.1, b.1, acc.1))
         }
@@ -193,8 +207,16 @@ mod x86 {
             Avx512(_mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(h))))
         }
         #[inline(always)]
+        unsafe fn store(self, p: *mut f32) {
+            _mm512_storeu_ps(p, self.0);
+        }
+        #[inline(always)]
         unsafe fn fma(a: Self, b: Self, acc: Self) -> Self {
             Avx512(_mm512_fmadd_ps(a.0, b.0, acc.0))
+        }
+        #[inline(always)]
+        unsafe fn prefetch(p: *const u8) {
+            _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
         }
         #[inline(always)]
         unsafe fn reduce(self) -> f32 {

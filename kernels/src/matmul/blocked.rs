@@ -1,0 +1,266 @@
+//! Cache-blocked path for larger `m` (batched decode and prefill).
+//!
+//! The dot-product form needs both operands indexed by `k`, so a tile running over all of
+//! `k` streams both from L2 and stalls on L2 bandwidth. Here `k` is cut into blocks of `KC`
+//! so that the tile's x rows and weight rows are in L1; the 16-lane accumulators are kept in
+//! a scratch buffer between blocks. Storing and reloading a vector is exact, so each
+//! element is still one chain in the canonical order and the results are bit-identical to
+//! the direct path (`kernel::run`), whatever `m`.
+//!
+//! Loop nest for one work item (rows `i0..i1`, columns `j0..j1`):
+//! ```text
+//! for each L2 block of x rows (MC2 rows, packed to f32 once)
+//!   for each L2 block of weight rows (NC rows, read from memory once per x block and
+//!                                     widened to f32 once)
+//!     for each L1 block of x rows (MC = 12)
+//!       for each k block (KC = 512)
+//!         for each weight sub-tile (NRB rows)
+//!           for each x tile (MRB rows): tile_acc
+//!       reduce the accumulators, store
+//! ```
+//! Packed operands are laid out per k block (`[k block][row][kcl]`) so that a tile's rows
+//! are contiguous: x rows at a large power-of-two stride would all map to the same L1 sets.
+
+use super::kernel::Cols;
+use super::simd::{Lanes, WKind};
+use std::cell::Cell;
+
+// Block sizes: tuned on Zen 5 (48 KiB L1d, 2 MiB L2) with m=512, n=2048, k=2048; within a
+// few percent of each other over KC 256..768, MC 12..24, the L2 budgets 0.25..1.5 MiB.
+
+/// k values per block: the 12-row x block is 24 KiB, a 4-row weight sub-tile 8 KiB.
+const KC: usize = 512;
+/// x rows per L1 block (a multiple of every ISA's tile height: 6 and 3).
+const MC: usize = 12;
+/// Bytes of packed x kept in L2.
+const X_L2_BYTES: usize = 768 << 10;
+/// Bytes of packed (f32) weights kept in L2.
+const W_L2_BYTES: usize = 1024 << 10;
+
+/// One 64-byte aligned line of 16 f32: the unit of every scratch buffer, so each
+/// accumulator and each packed row block starts on a cache line.
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([f32; 16]);
+
+thread_local! {
+    /// Per-thread scratch, reused across calls so large buffers are not faulted in again
+    /// on every matmul.
+    static SCRATCH: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
+}
+
+/// Computes output rows `i0..i1`, columns `j0..j1` of `cols` from `x` (`[*, k]`) with
+/// `MRB x NRB` tiles (`MRB` divides `MC`).
+#[inline(always)]
+pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NRB: usize>(
+    x: *const f32,
+    k: usize,
+    (i0, i1): (usize, usize),
+    (j0, j1): (usize, usize),
+    cols: &C,
+) {
+    debug_assert!(MC.is_multiple_of(MRB) && NRB.is_multiple_of(C::ROWS_PER_COL));
+    let kp = k.div_ceil(16) * 16;
+    let mc2 = ((X_L2_BYTES / (4 * kp.max(16))) / MC * MC).max(MC).min((i1 - i0).div_ceil(MC) * MC);
+    // Weight rows per L2 block: a whole number of sub-tiles, 16..=128 rows.
+    let nc_rows = (W_L2_BYTES / (4 * kp.max(16))).clamp(16, 128) / NRB * NRB;
+    let cb = NRB / C::ROWS_PER_COL;
+    let nc_cols = nc_rows / C::ROWS_PER_COL;
+
+    let xp_lines = mc2 * kp / 16;
+    let wp_lines = nc_rows * kp / 16;
+    let need = xp_lines + wp_lines + MC * nc_rows;
+    // Taken out of the thread-local and put back (no closure: an outlined closure would
+    // be compiled without the caller's target features).
+    let mut buf = SCRATCH.with(Cell::take);
+    if buf.len() < need {
+        buf.resize(need, Line([0.0; 16]));
+    }
+    let xp = buf.as_mut_ptr() as *mut f32;
+    let wp = xp.add(xp_lines * 16);
+    let acc = wp.add(wp_lines * 16) as *mut V;
+    let mut ib2 = i0;
+    while ib2 < i1 {
+        let ie2 = (ib2 + mc2).min(i1);
+        pack_x(x, k, kp, (ib2, ie2), mc2, xp);
+        let mut jb = j0;
+        while jb < j1 {
+            let je = (jb + nc_cols).min(j1);
+            let nsub = (je - jb).div_ceil(cb);
+            for s in 0..nsub {
+                let ws = cols.rows::<NRB>(jb + s * cb);
+                pack_w::<V, W, NRB>(&ws, k, kp, nc_rows, wp, s * NRB);
+            }
+            let mut ib = ib2;
+            while ib < ie2 {
+                let ie = (ib + MC).min(ie2);
+                let rows = ie - ib;
+                let nfull = rows / MRB;
+                let r = rows % MRB;
+                // Accumulators of sub-tile s, x row t (within this block), weight row j:
+                // acc[(s * MC + t) * NRB + j]; a tile's MR x NRB block is contiguous.
+                let mut k0 = 0;
+                while k0 < kp {
+                    let kcl = KC.min(kp - k0);
+                    let first = k0 == 0;
+                    // This L1 block's x rows and the weight block in packed k block k0.
+                    let xk = xp.add(k0 * mc2 + (ib - ib2) * kcl);
+                    let wk = wp.add(k0 * nc_rows);
+                    for s in 0..nsub {
+                        let (ws, accs) = (wk.add(s * NRB * kcl), acc.add(s * MC * NRB));
+                        for t in 0..nfull {
+                            let (xt, at) = (xk.add(t * MRB * kcl), accs.add(t * MRB * NRB));
+                            tile_acc::<V, MRB, NRB>(xt, ws, kcl, at, first);
+                        }
+                        let (xr, ar) = (xk.add(nfull * MRB * kcl), accs.add(nfull * MRB * NRB));
+                        match r {
+                            0 => {}
+                            1 => tile_acc::<V, 1, NRB>(xr, ws, kcl, ar, first),
+                            2 => tile_acc::<V, 2, NRB>(xr, ws, kcl, ar, first),
+                            3 => tile_acc::<V, 3, NRB>(xr, ws, kcl, ar, first),
+                            4 => tile_acc::<V, 4, NRB>(xr, ws, kcl, ar, first),
+                            5 => tile_acc::<V, 5, NRB>(xr, ws, kcl, ar, first),
+                            _ => unreachable!("MRB is at most 6"),
+                        }
+                    }
+                    k0 += kcl;
+                }
+                if kp == 0 {
+                    // No k blocks ran: every sum is the empty sum.
+                    for a in 0..nsub * MC * NRB {
+                        acc.add(a).write(V::zero());
+                    }
+                }
+                for s in 0..nsub {
+                    let (jj, accs) = (jb + s * cb, acc.add(s * MC * NRB));
+                    for t in 0..nfull {
+                        flush::<V, C, MRB, NRB>(accs.add(t * MRB * NRB), cols, ib + t * MRB, jj, je);
+                    }
+                    let (ir, ar) = (ib + nfull * MRB, accs.add(nfull * MRB * NRB));
+                    match r {
+                        0 => {}
+                        1 => flush::<V, C, 1, NRB>(ar, cols, ir, jj, je),
+                        2 => flush::<V, C, 2, NRB>(ar, cols, ir, jj, je),
+                        3 => flush::<V, C, 3, NRB>(ar, cols, ir, jj, je),
+                        4 => flush::<V, C, 4, NRB>(ar, cols, ir, jj, je),
+                        5 => flush::<V, C, 5, NRB>(ar, cols, ir, jj, je),
+                        _ => unreachable!("MRB is at most 6"),
+                    }
+                }
+                ib = ie;
+            }
+            jb = je;
+        }
+        ib2 = ie2;
+    }
+    SCRATCH.with(|s| s.set(buf));
+}
+
+/// Copies x rows `i0..i1` into `xp`, zero-padded from `k` to `kp`, as one block per KC
+/// columns: the block starting at column `k0` holds `kcl = min(KC, kp - k0)` values per row
+/// at offset `k0 * mc2 + row * kcl`, so a tile's rows are contiguous in L1.
+#[inline(always)]
+unsafe fn pack_x(x: *const f32, k: usize, kp: usize, (i0, i1): (usize, usize), mc2: usize, xp: *mut f32) {
+    let mut k0 = 0;
+    while k0 < kp {
+        let kcl = KC.min(kp - k0);
+        let valid = kcl.min(k - k0);
+        for r in 0..i1 - i0 {
+            let dst = xp.add(k0 * mc2 + r * kcl);
+            std::ptr::copy_nonoverlapping(x.add((i0 + r) * k + k0), dst, valid);
+            std::ptr::write_bytes(dst.add(valid), 0, kcl - valid);
+        }
+        k0 += kcl;
+    }
+}
+
+/// Widens the `NR` weight rows at `ws` to f32 as rows `row0..row0 + NR` of the packed
+/// block `wp` (`[k block][nc rows][kcl]`), zero-padding `k..kp`.
+#[inline(always)]
+unsafe fn pack_w<V: Lanes, W: WKind, const NR: usize>(
+    ws: &[*const u8; NR],
+    k: usize,
+    kp: usize,
+    nc: usize,
+    wp: *mut f32,
+    row0: usize,
+) {
+    // Row by row, so each weight row is one sequential stream for the prefetchers.
+    for (j, &w) in ws.iter().enumerate() {
+        let mut k0 = 0;
+        while k0 < kp {
+            let kcl = KC.min(kp - k0);
+            let whole = (k - k0).min(kcl) / 16 * 16;
+            let dst = wp.add(k0 * nc + (row0 + j) * kcl);
+            let mut c = 0;
+            while c < whole {
+                W::load::<V>(w.add((k0 + c) * W::BYTES)).store(dst.add(c));
+                c += 16;
+            }
+            while c < kcl {
+                *dst.add(c) = if k0 + c < k { W::get(w, k0 + c) } else { 0.0 };
+                c += 1;
+            }
+            k0 += kcl;
+        }
+    }
+}
+
+/// Continues (or, when `first`, starts) the chains of an `MR x NR` tile over one k
+/// block: x rows at `xp` and weight rows at `wp`, both at stride `kcl` (a multiple of 16),
+/// accumulators at `acc`.
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // a[i][j] is indexed by both loops
+unsafe fn tile_acc<V: Lanes, const MR: usize, const NR: usize>(
+    xp: *const f32,
+    wp: *const f32,
+    kcl: usize,
+    acc: *mut V,
+    first: bool,
+) {
+    let mut a = [[V::zero(); NR]; MR];
+    if !first {
+        for (i, row) in a.iter_mut().enumerate() {
+            for (j, v) in row.iter_mut().enumerate() {
+                *v = acc.add(i * NR + j).read();
+            }
+        }
+    }
+    let mut c = 0;
+    while c < kcl {
+        let mut xv = [V::zero(); MR];
+        for (i, v) in xv.iter_mut().enumerate() {
+            *v = V::load_f32(xp.add(i * kcl + c));
+        }
+        for j in 0..NR {
+            let wv = V::load_f32(wp.add(j * kcl + c));
+            for i in 0..MR {
+                a[i][j] = V::fma(xv[i], wv, a[i][j]);
+            }
+        }
+        c += 16;
+    }
+    for (i, row) in a.iter().enumerate() {
+        for (j, v) in row.iter().enumerate() {
+            acc.add(i * NR + j).write(*v);
+        }
+    }
+}
+
+/// Reduces an `MR x NR` tile of accumulators and stores it at rows `i..`, columns `j..`.
+#[inline(always)]
+unsafe fn flush<V: Lanes, C: Cols, const MR: usize, const NR: usize>(
+    acc: *const V,
+    cols: &C,
+    i: usize,
+    j: usize,
+    je: usize,
+) {
+    let mut sums = [[0f32; NR]; MR];
+    for (r, row) in sums.iter_mut().enumerate() {
+        for (c, s) in row.iter_mut().enumerate() {
+            *s = acc.add(r * NR + c).read().reduce();
+        }
+    }
+    cols.store::<MR, NR>(i, j, je, &sums);
+}
