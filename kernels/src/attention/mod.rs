@@ -94,7 +94,7 @@ pub struct AttnParams {
 /// one AVX-512 register of f32).
 pub fn flash_supports(case: &AttentionCase) -> Result<(), String> {
     common_supports(case)?;
-    if case.head_dim % 16 != 0 {
+    if !case.head_dim.is_multiple_of(16) {
         return Err(format!("head_dim={} is not a multiple of 16", case.head_dim));
     }
     Ok(())
@@ -109,7 +109,7 @@ fn common_supports(case: &AttentionCase) -> Result<(), String> {
     if case.head_dim == 0 {
         return Err("head_dim=0".into());
     }
-    if case.n_heads == 0 || case.kv_heads == 0 || case.n_heads % case.kv_heads != 0 {
+    if case.n_heads == 0 || case.kv_heads == 0 || !case.n_heads.is_multiple_of(case.kv_heads) {
         return Err(format!("n_heads={} is not a multiple of kv_heads={}", case.n_heads, case.kv_heads));
     }
     match case.kv_dtype {
@@ -132,7 +132,7 @@ fn pool_blocks(what: &str, dtype: DType, block_size: usize, kv_heads: usize, hea
     assert!(block_size > 0 && kv_heads > 0 && head_dim > 0, "{what}: block_size, kv_heads and head_dim must be > 0");
     let block_bytes = block_size * kv_heads * head_dim * elem_bytes(dtype);
     assert!(
-        bytes % block_bytes == 0,
+        bytes.is_multiple_of(block_bytes),
         "{what}: pool of {bytes} bytes is not a whole number of {block_bytes}-byte blocks \
          ({block_size} x {kv_heads} kv heads x {head_dim} x {dtype})"
     );
@@ -252,7 +252,7 @@ fn check_call(what: &str, q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], p:
     let blocks = pool_blocks(what, pool.dtype, pool.block_size, pool.kv_heads, pool.head_dim, pool.k.len());
     let row = p.n_heads * p.head_dim;
     assert!(
-        q.len() % row == 0 && out.len() == q.len(),
+        q.len().is_multiple_of(row) && out.len() == q.len(),
         "{what}: q has {} values and out {}, expected equal multiples of {} heads x {}",
         q.len(),
         out.len(),
