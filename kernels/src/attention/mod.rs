@@ -25,10 +25,13 @@
 //!
 //! FlashAttention tiling: KV positions in tiles of [`FLASH_TILE`] at absolute multiples of
 //! it; work items are (sequence, kv head, block of [`FLASH_ROW_BLOCK`] query rows), each
-//! running all the query heads of the GQA group over one staged K/V tile at a time. A row's
-//! arithmetic is the same whatever item it lands in: tile `t` covers positions
-//! `t*FLASH_TILE ..` up to the row's own position, scores are dot products with one fixed
-//! reduction order, the online-softmax update and the P·V sum go in position order.
+//! running all the query heads of the GQA group over one staged tile at a time (K converted
+//! to f32 and transposed, so each K/V row is read from the cache once per item). Queries run
+//! 4 at a time on AVX-512 (2 on AVX2/scalar) to share K/V loads, but a query's arithmetic
+//! never mixes with its neighbours': tile `t` covers positions `t*FLASH_TILE ..` up to the
+//! row's own position, each score is one FMA chain over head_dim in order, the online
+//! softmax (exp: Cephes polynomial on SIMD, libm on scalar) and the P·V sum go in position
+//! order. Results may differ between ISAs, never between batches or thread counts.
 
 mod flash;
 pub mod reference;

@@ -148,11 +148,16 @@ impl Simd for Scalar {
     }
 }
 
-// Cephes expf constants (single-precision range reduction + degree-5 polynomial).
+// Cephes expf constants (single-precision range reduction + degree-5 polynomial, ~1 ulp).
+#[cfg(target_arch = "x86_64")]
 const EXP_LO: f32 = -87.0;
+#[cfg(target_arch = "x86_64")]
 const LOG2E: f32 = std::f32::consts::LOG2_E;
+#[cfg(target_arch = "x86_64")]
 const LN2_HI: f32 = 0.693_359_4;
+#[cfg(target_arch = "x86_64")]
 const LN2_LO: f32 = -2.121_944_4e-4;
+#[cfg(target_arch = "x86_64")]
 const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
 
 /// AVX2 + FMA + F16C, 8 lanes.
