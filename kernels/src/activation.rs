@@ -37,7 +37,7 @@ pub fn softmax_rows(x: &mut [f32], cols: usize) {
     if x.is_empty() {
         return;
     }
-    assert!(cols > 0 && x.len() % cols == 0, "softmax_rows: {} values are not whole rows of {cols}", x.len());
+    assert!(cols > 0 && x.len().is_multiple_of(cols), "softmax_rows: {} values are not whole rows of {cols}", x.len());
     let min_rows = (PAR_MIN / cols).max(1);
     x.par_chunks_mut(cols).with_min_len(min_rows).for_each(|row| {
         let mx = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));

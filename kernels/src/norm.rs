@@ -36,7 +36,7 @@ pub fn add(dst: &mut [f32], src: &[f32]) {
 /// Checks the shapes; returns the row length.
 fn check(what: &str, n: usize, others: &[(&str, usize)], w: &WeightVec<'_>) -> usize {
     assert!(w.len > 0, "{what}: the norm weight is empty");
-    assert!(n % w.len == 0, "{what}: {n} values are not whole rows of {} (the norm weight's length)", w.len);
+    assert!(n.is_multiple_of(w.len), "{what}: {n} values are not whole rows of {} (the norm weight's length)", w.len);
     for &(name, len) in others {
         assert_eq!(len, n, "{what}: {name} has {len} values, the input {n}");
     }

@@ -80,13 +80,13 @@ pub fn cos_sin(positions: &[u32], inv_freq: &[f64]) -> (Vec<f32>, Vec<f32>) {
 pub fn apply(x: &mut [f32], heads: usize, head_dim: usize, cos: &[f32], sin: &[f32], style: RopeStyle) {
     let row = heads * head_dim;
     assert!(row > 0, "rope: heads ({heads}) and head_dim ({head_dim}) must be > 0");
-    assert!(x.len() % row == 0, "rope: {} values are not whole rows of {heads} heads x {head_dim}", x.len());
+    assert!(x.len().is_multiple_of(row), "rope: {} values are not whole rows of {heads} heads x {head_dim}", x.len());
     let rows = x.len() / row;
     assert_eq!(cos.len(), sin.len(), "rope: cos table has {} values, sin {}", cos.len(), sin.len());
     if rows == 0 {
         return;
     }
-    assert!(cos.len() % rows == 0, "rope: {} table values are not whole rows for {rows} rows", cos.len());
+    assert!(cos.len().is_multiple_of(rows), "rope: {} table values are not whole rows for {rows} rows", cos.len());
     let half = cos.len() / rows;
     assert!(2 * half <= head_dim, "rope: tables rotate {} dims, more than head_dim {head_dim}", 2 * half);
     if half == 0 {

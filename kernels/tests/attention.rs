@@ -43,7 +43,6 @@ const TOL_FLASH: f64 = 1e-5;
 const TOL_STANDARD: f64 = 1e-5;
 
 struct Case {
-    hd: usize,
     group: usize,
     kv_heads: usize,
     bs: usize,
@@ -56,7 +55,6 @@ fn random_case(rng: &mut StdRng, hd: usize) -> Case {
     let group = [1, 2, 4, 8][rng.random_range(0..4)];
     let kv_heads = if group >= 4 || hd >= 128 { 1 } else { 2 };
     Case {
-        hd,
         group,
         kv_heads,
         bs: [1, 16, 32][rng.random_range(0..3)],

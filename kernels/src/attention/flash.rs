@@ -1,5 +1,8 @@
 //! FlashAttention-2 on the CPU: online softmax over KV tiles at fixed absolute boundaries.
 
+// Register arrays are indexed explicitly: it keeps the (query, vector) layout readable.
+#![allow(clippy::needless_range_loop)]
+
 use rayon::prelude::*;
 
 use super::simd::{Scalar, Simd, MASK};
@@ -13,10 +16,10 @@ pub const FLASH_TILE: usize = 64;
 pub const FLASH_ROW_BLOCK: usize = 16;
 
 /// Floats of one task's scratch: accumulators, running max and sum of every query in an
-/// item, the staged K and V tile (converted from f16/bf16) and one zero row for padding.
+/// item, the staged K and V tile (converted from f16/bf16), K transposed, one zero row.
 pub(super) fn scratch_floats(p: &AttnParams) -> usize {
     let nq = FLASH_ROW_BLOCK * (p.n_heads / p.kv_heads.max(1));
-    nq * (p.head_dim + 2) + 2 * FLASH_TILE * p.head_dim + p.head_dim
+    nq * (p.head_dim + 2) + 3 * FLASH_TILE * p.head_dim + p.head_dim
 }
 
 /// Everything a work item reads, shared by all items of a call.
@@ -91,48 +94,62 @@ unsafe fn item_avx512(c: &Ctx<'_>, s: usize, g: usize, r0: usize, r1: usize, scr
     process_item::<super::simd::Avx512>(c, s, g, r0, r1, scratch)
 }
 
-/// Online-softmax state of one query (row, head) of an item.
-struct QState<'s> {
-    acc: &'s mut [f32],
-    m: &'s mut f32,
-    l: &'s mut f32,
-}
-
 #[inline(always)]
 unsafe fn process_item<S: Simd>(c: &Ctx<'_>, s: usize, g: usize, r0: usize, r1: usize, scratch: &mut [f32]) {
     let seq = &c.seqs[s];
     let hd = c.hd;
+    let lanes = S::LANES;
     let nq = (r1 - r0) * c.group;
-    let (acc, rest) = scratch.split_at_mut(FLASH_ROW_BLOCK * c.group * hd);
-    let (ml, rest) = rest.split_at_mut(2 * FLASH_ROW_BLOCK * c.group);
-    let (m, l) = ml.split_at_mut(FLASH_ROW_BLOCK * c.group);
+    let nq_max = FLASH_ROW_BLOCK * c.group;
+    let (acc, rest) = scratch.split_at_mut(nq_max * hd);
+    let (m, rest) = rest.split_at_mut(nq_max);
+    let (l, rest) = rest.split_at_mut(nq_max);
     let (kst, rest) = rest.split_at_mut(FLASH_TILE * hd);
-    let (vst, zero) = rest.split_at_mut(FLASH_TILE * hd);
+    let (vst, rest) = rest.split_at_mut(FLASH_TILE * hd);
+    let (kt, zero) = rest.split_at_mut(FLASH_TILE * hd);
     zero.fill(0.0);
 
     let first_pos = seq.ctx_len - seq.q_len;
     let last_pos = first_pos + r1 - 1;
     let mut kp = [zero.as_ptr(); FLASH_TILE];
     let mut vp = [zero.as_ptr(); FLASH_TILE];
+    let item = Item { c, seq, g, r0, first_pos };
     for t in 0..=last_pos / FLASH_TILE {
         let t0 = t * FLASH_TILE;
         let loaded = (last_pos + 1 - t0).min(FLASH_TILE);
         stage::<S>(c, seq.block_table, g, t0, loaded, kst, vst, &mut kp, &mut vp);
-        for j in loaded..FLASH_TILE {
-            kp[j] = zero.as_ptr();
+        // Decode is bound by reading the cache: fetch the next tile while this one computes.
+        prefetch_tile::<S>(c, seq.block_table, g, t0 + FLASH_TILE, last_pos + 1);
+        // K transposed to [head_dim][FLASH_TILE]: scores then need no horizontal sums. Columns
+        // past `loaded` are zero up to the score kernel's chunk so they stay finite (masked).
+        let padded = loaded.next_multiple_of(lanes);
+        for p in &mut kp[loaded..padded] {
+            *p = zero.as_ptr();
         }
-        for r in r0..r1 {
-            let pos = first_pos + r;
-            if pos < t0 {
-                continue;
+        for jb in (0..padded).step_by(lanes) {
+            for db in (0..hd).step_by(lanes) {
+                S::transpose(kp.as_ptr().add(jb), db, kt.as_mut_ptr().add(db * FLASH_TILE + jb), FLASH_TILE);
             }
-            let limit = (pos + 1 - t0).min(FLASH_TILE);
-            for hh in 0..c.group {
-                let qi = (r - r0) * c.group + hh;
-                let qrow = c.q.as_ptr().add(((seq.q_start + r) * c.n_heads + g * c.group + hh) * hd);
-                let st = QState { acc: &mut acc[qi * hd..(qi + 1) * hd], m: &mut m[qi], l: &mut l[qi] };
-                update::<S>(qrow, &kp, &vp, limit, t == 0, hd, c.scale, st);
+        }
+        let chunk_end = loaded.next_multiple_of(4 * lanes).min(FLASH_TILE);
+        if padded < chunk_end {
+            for d in 0..hd {
+                kt[d * FLASH_TILE + padded..d * FLASH_TILE + chunk_end].fill(0.0);
             }
+        }
+        // Rows before the tile's first position skip it.
+        let first_row = r0.max(t0.saturating_sub(first_pos));
+        let mut qi = (first_row - r0) * c.group;
+        let tile = Tile { t0, first: t == 0, kt: kt.as_ptr(), vp: &vp };
+        while qi < nq {
+            let nb = (nq - qi).min(S::QUERY_GROUP);
+            match nb {
+                1 => group::<S, 1>(&item, &tile, qi, acc, m, l),
+                2 => group::<S, 2>(&item, &tile, qi, acc, m, l),
+                3 => group::<S, 3>(&item, &tile, qi, acc, m, l),
+                _ => group::<S, 4>(&item, &tile, qi, acc, m, l),
+            }
+            qi += nb;
         }
     }
     for qi in 0..nq {
@@ -143,9 +160,26 @@ unsafe fn process_item<S: Simd>(c: &Ctx<'_>, s: usize, g: usize, r0: usize, r1: 
         let mut d = 0;
         while d < hd {
             S::store(dst.add(d), S::mul(S::load(a.add(d)), inv));
-            d += S::LANES;
+            d += lanes;
         }
     }
+}
+
+/// The work item's fixed parts.
+struct Item<'a> {
+    c: &'a Ctx<'a>,
+    seq: &'a SeqSpan<'a>,
+    g: usize,
+    r0: usize,
+    first_pos: usize,
+}
+
+/// The staged tile: K transposed, pointers to the V rows.
+struct Tile<'a> {
+    t0: usize,
+    first: bool,
+    kt: *const f32,
+    vp: &'a [*const f32; FLASH_TILE],
 }
 
 /// Points `kp`/`vp[0..loaded]` at the K/V rows of positions `t0..t0+loaded`: straight into
@@ -188,103 +222,173 @@ unsafe fn stage<S: Simd>(
     }
 }
 
-/// One query against the first `limit` positions of a tile: scores, online-softmax
-/// rescale, P·V accumulation. Every step depends only on this query, the tile and `limit`.
-#[allow(clippy::too_many_arguments)]
+/// Prefetches the K/V rows of positions `t0..min(t0 + FLASH_TILE, end)`.
 #[inline(always)]
-unsafe fn update<S: Simd>(
-    q: *const f32,
-    kp: &[*const f32; FLASH_TILE],
-    vp: &[*const f32; FLASH_TILE],
-    limit: usize,
-    first: bool,
-    hd: usize,
-    scale: f32,
-    st: QState<'_>,
+unsafe fn prefetch_tile<S: Simd>(c: &Ctx<'_>, table: &[u32], g: usize, t0: usize, end: usize) {
+    let row_bytes = c.hd * c.esz;
+    let (kb, vb) = (c.pool.k.as_ptr(), c.pool.v.as_ptr());
+    for pos in t0..end.min(t0 + FLASH_TILE) {
+        let off = row_offset(c.pool, table, pos, g, c.esz);
+        let mut b = 0;
+        while b < row_bytes {
+            S::prefetch(kb.add(off + b));
+            S::prefetch(vb.add(off + b));
+            b += 64;
+        }
+    }
+}
+
+/// `NB` queries (consecutive indices from `qi0`) against one tile: scores, online-softmax
+/// update, P·V. Queries only share loads: every value of one query is computed by the same
+/// operations in the same order whatever its group, so results do not depend on grouping.
+#[inline(always)]
+unsafe fn group<S: Simd, const NB: usize>(
+    it: &Item<'_>,
+    tile: &Tile<'_>,
+    qi0: usize,
+    acc: &mut [f32],
+    m: &mut [f32],
+    l: &mut [f32],
 ) {
-    let lanes = S::LANES;
-    let groups = limit.div_ceil(lanes);
-    let full = limit / lanes;
-    let mut sc = [0.0f32; FLASH_TILE];
-    let scp = sc.as_mut_ptr();
-    let vscale = S::splat(scale);
-    let mut vmax = S::splat(f32::NEG_INFINITY);
-    for gi in 0..groups {
-        let o = gi * lanes;
-        S::dots(q, kp.as_ptr().add(o), hd, scp.add(o));
-        let x = S::mul(S::load(scp.add(o)), vscale);
-        S::store(scp.add(o), x);
-        if gi < full {
-            vmax = S::max(vmax, x);
+    let c = it.c;
+    let (hd, lanes) = (c.hd, S::LANES);
+    let mut qp = [std::ptr::null::<f32>(); NB];
+    let mut lim = [0usize; NB];
+    for n in 0..NB {
+        let qi = qi0 + n;
+        let (r, hh) = (it.r0 + qi / c.group, qi % c.group);
+        qp[n] = c.q.as_ptr().add(((it.seq.q_start + r) * c.n_heads + it.g * c.group + hh) * hd);
+        lim[n] = (it.first_pos + r + 1 - tile.t0).min(FLASH_TILE);
+    }
+    let max_lim = lim.iter().copied().max().unwrap_or(0);
+    let min_lim = lim.iter().copied().min().unwrap_or(0);
+
+    // Scores: sc[n][j] = (sum over d in order of q[d] * k_j[d]) * scale, four vectors of
+    // positions at a time.
+    let mut sc = [[0.0f32; FLASH_TILE]; NB];
+    let vscale = S::splat(c.scale);
+    let mut cb = 0;
+    while cb < max_lim {
+        let mut a = [[S::zero(); 4]; NB];
+        for d in 0..hd {
+            let kr = tile.kt.add(d * FLASH_TILE + cb);
+            let k = [S::load(kr), S::load(kr.add(lanes)), S::load(kr.add(2 * lanes)), S::load(kr.add(3 * lanes))];
+            for n in 0..NB {
+                let b = S::splat(*qp[n].add(d));
+                for v in 0..4 {
+                    a[n][v] = S::fma(b, k[v], a[n][v]);
+                }
+            }
         }
-    }
-    let mut mx = S::reduce_max(vmax);
-    for &x in &sc[full * lanes..limit] {
-        mx = mx.max(x);
-    }
-    let m_new = if first { mx } else { st.m.max(mx) };
-    let vm = S::splat(m_new);
-    let mut vsum = S::zero();
-    for gi in 0..groups {
-        let o = gi * lanes;
-        let mut p = S::exp_neg(S::sub(S::load(scp.add(o)), vm));
-        if gi == full {
-            // Tail group: positions past `limit` contribute exactly nothing.
-            p = S::mul(p, S::load(MASK.as_ptr().add(16 - (limit - o))));
+        for n in 0..NB {
+            for v in 0..4 {
+                S::store(sc[n].as_mut_ptr().add(cb + v * lanes), S::mul(a[n][v], vscale));
+            }
         }
-        S::store(scp.add(o), p);
-        vsum = S::add(vsum, p);
+        cb += 4 * lanes;
     }
-    let lt = S::reduce_add(vsum);
-    let alpha = if first { 0.0 } else { S::exp_neg1(*st.m - m_new) };
-    *st.l = if first { lt } else { *st.l * alpha + lt };
-    *st.m = m_new;
+
+    // Online softmax per query over its own `lim` positions.
+    let mut alpha = [0.0f32; NB];
+    for n in 0..NB {
+        let qi = qi0 + n;
+        let (limit, scp) = (lim[n], sc[n].as_mut_ptr());
+        let groups = limit.div_ceil(lanes);
+        let full = limit / lanes;
+        let mut vmax = S::splat(f32::NEG_INFINITY);
+        for gi in 0..full {
+            vmax = S::max(vmax, S::load(scp.add(gi * lanes)));
+        }
+        let mut mx = S::reduce_max(vmax);
+        for &x in &sc[n][full * lanes..limit] {
+            mx = mx.max(x);
+        }
+        let m_new = if tile.first { mx } else { m[qi].max(mx) };
+        let vm = S::splat(m_new);
+        let mut vsum = S::zero();
+        for gi in 0..groups {
+            let o = gi * lanes;
+            let mut p = S::exp_neg(S::sub(S::load(scp.add(o)), vm));
+            if gi == full {
+                // Tail: positions past `limit` contribute exactly nothing.
+                p = S::mul(p, S::load(MASK.as_ptr().add(16 - (limit - o))));
+            }
+            S::store(scp.add(o), p);
+            vsum = S::add(vsum, p);
+        }
+        let lt = S::reduce_add(vsum);
+        if tile.first {
+            l[qi] = lt;
+        } else {
+            alpha[n] = S::exp_neg1(m[qi] - m_new);
+            l[qi] = l[qi] * alpha[n] + lt;
+        }
+        m[qi] = m_new;
+    }
 
     // acc = acc * alpha + sum_j p_j v_j, each element accumulated in position order.
-    let acc = st.acc.as_mut_ptr();
+    let accp = acc.as_mut_ptr().add(qi0 * hd);
+    let pv = PvArgs { acc: accp, hd, sc: &sc, vp: tile.vp, lim: &lim, min_lim, first: tile.first, alpha: &alpha };
     let nv = hd / lanes;
     let mut cv = 0;
-    while cv + 8 <= nv {
-        pv::<S, 8>(acc, &sc, vp, limit, first, alpha, cv * lanes);
-        cv += 8;
-    }
     while cv + 4 <= nv {
-        pv::<S, 4>(acc, &sc, vp, limit, first, alpha, cv * lanes);
+        pv_group::<S, NB, 4>(&pv, cv * lanes);
         cv += 4;
     }
     while cv < nv {
-        pv::<S, 1>(acc, &sc, vp, limit, first, alpha, cv * lanes);
+        pv_group::<S, NB, 1>(&pv, cv * lanes);
         cv += 1;
     }
 }
 
-/// `N` vectors of the accumulator starting at dim `d0`, kept in registers over the tile.
-#[inline(always)]
-unsafe fn pv<S: Simd, const N: usize>(
+struct PvArgs<'a, const NB: usize> {
     acc: *mut f32,
-    p: &[f32; FLASH_TILE],
-    vp: &[*const f32; FLASH_TILE],
-    limit: usize,
+    hd: usize,
+    sc: &'a [[f32; FLASH_TILE]; NB],
+    vp: &'a [*const f32; FLASH_TILE],
+    lim: &'a [usize; NB],
+    min_lim: usize,
     first: bool,
-    alpha: f32,
-    d0: usize,
-) {
+    alpha: &'a [f32; NB],
+}
+
+/// `RV` vectors of dims from `d0` for `NB` queries, held in registers over the tile. V
+/// loads are shared up to the smallest limit; each query then finishes its own positions.
+#[inline(always)]
+unsafe fn pv_group<S: Simd, const NB: usize, const RV: usize>(a: &PvArgs<'_, NB>, d0: usize) {
     let lanes = S::LANES;
-    let mut a = [S::zero(); N];
-    if !first {
-        let va = S::splat(alpha);
-        for (i, ai) in a.iter_mut().enumerate() {
-            *ai = S::mul(S::load(acc.add(d0 + i * lanes)), va);
+    let mut r = [[S::zero(); RV]; NB];
+    if !a.first {
+        for n in 0..NB {
+            let va = S::splat(a.alpha[n]);
+            for v in 0..RV {
+                r[n][v] = S::mul(S::load(a.acc.add(n * a.hd + d0 + v * lanes)), va);
+            }
         }
     }
-    for j in 0..limit {
-        let pj = S::splat(p[j]);
-        let v = vp[j].add(d0);
-        for (i, ai) in a.iter_mut().enumerate() {
-            *ai = S::fma(pj, S::load(v.add(i * lanes)), *ai);
+    for j in 0..a.min_lim {
+        let vr = a.vp[j].add(d0);
+        let mut vv = [S::zero(); RV];
+        for v in 0..RV {
+            vv[v] = S::load(vr.add(v * lanes));
+        }
+        for n in 0..NB {
+            let p = S::splat(a.sc[n][j]);
+            for v in 0..RV {
+                r[n][v] = S::fma(p, vv[v], r[n][v]);
+            }
         }
     }
-    for (i, ai) in a.iter().enumerate() {
-        S::store(acc.add(d0 + i * lanes), *ai);
+    for n in 0..NB {
+        for j in a.min_lim..a.lim[n] {
+            let vr = a.vp[j].add(d0);
+            let p = S::splat(a.sc[n][j]);
+            for v in 0..RV {
+                r[n][v] = S::fma(p, S::load(vr.add(v * lanes)), r[n][v]);
+            }
+        }
+        for v in 0..RV {
+            S::store(a.acc.add(n * a.hd + d0 + v * lanes), r[n][v]);
+        }
     }
 }

@@ -25,10 +25,13 @@
 //!
 //! FlashAttention tiling: KV positions in tiles of [`FLASH_TILE`] at absolute multiples of
 //! it; work items are (sequence, kv head, block of [`FLASH_ROW_BLOCK`] query rows), each
-//! running all the query heads of the GQA group over one staged K/V tile at a time. A row's
-//! arithmetic is the same whatever item it lands in: tile `t` covers positions
-//! `t*FLASH_TILE ..` up to the row's own position, scores are dot products with one fixed
-//! reduction order, the online-softmax update and the P·V sum go in position order.
+//! running all the query heads of the GQA group over one staged tile at a time (K converted
+//! to f32 and transposed, so each K/V row is read from the cache once per item). Queries run
+//! 4 at a time on AVX-512 (2 on AVX2/scalar) to share K/V loads, but a query's arithmetic
+//! never mixes with its neighbours': tile `t` covers positions `t*FLASH_TILE ..` up to the
+//! row's own position, each score is one FMA chain over head_dim in order, the online
+//! softmax (exp: Cephes polynomial on SIMD, libm on scalar) and the P·V sum go in position
+//! order. Results may differ between ISAs, never between batches or thread counts.
 
 mod flash;
 pub mod reference;
@@ -94,7 +97,7 @@ pub struct AttnParams {
 /// one AVX-512 register of f32).
 pub fn flash_supports(case: &AttentionCase) -> Result<(), String> {
     common_supports(case)?;
-    if case.head_dim % 16 != 0 {
+    if !case.head_dim.is_multiple_of(16) {
         return Err(format!("head_dim={} is not a multiple of 16", case.head_dim));
     }
     Ok(())
@@ -109,7 +112,7 @@ fn common_supports(case: &AttentionCase) -> Result<(), String> {
     if case.head_dim == 0 {
         return Err("head_dim=0".into());
     }
-    if case.n_heads == 0 || case.kv_heads == 0 || case.n_heads % case.kv_heads != 0 {
+    if case.n_heads == 0 || case.kv_heads == 0 || !case.n_heads.is_multiple_of(case.kv_heads) {
         return Err(format!("n_heads={} is not a multiple of kv_heads={}", case.n_heads, case.kv_heads));
     }
     match case.kv_dtype {
@@ -132,7 +135,7 @@ fn pool_blocks(what: &str, dtype: DType, block_size: usize, kv_heads: usize, hea
     assert!(block_size > 0 && kv_heads > 0 && head_dim > 0, "{what}: block_size, kv_heads and head_dim must be > 0");
     let block_bytes = block_size * kv_heads * head_dim * elem_bytes(dtype);
     assert!(
-        bytes % block_bytes == 0,
+        bytes.is_multiple_of(block_bytes),
         "{what}: pool of {bytes} bytes is not a whole number of {block_bytes}-byte blocks \
          ({block_size} x {kv_heads} kv heads x {head_dim} x {dtype})"
     );
@@ -252,7 +255,7 @@ fn check_call(what: &str, q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], p:
     let blocks = pool_blocks(what, pool.dtype, pool.block_size, pool.kv_heads, pool.head_dim, pool.k.len());
     let row = p.n_heads * p.head_dim;
     assert!(
-        q.len() % row == 0 && out.len() == q.len(),
+        q.len().is_multiple_of(row) && out.len() == q.len(),
         "{what}: q has {} values and out {}, expected equal multiples of {} heads x {}",
         q.len(),
         out.len(),

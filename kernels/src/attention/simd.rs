@@ -26,6 +26,8 @@ pub(crate) static MASK: [f32; 32] = {
 /// pointers valid for the documented number of elements (unaligned is fine).
 pub(crate) trait Simd {
     const LANES: usize;
+    /// Queries FlashAttention runs together (sharing K/V loads) within the register file.
+    const QUERY_GROUP: usize;
     type V: Copy;
     unsafe fn zero() -> Self::V;
     unsafe fn splat(x: f32) -> Self::V;
@@ -42,12 +44,21 @@ pub(crate) trait Simd {
     unsafe fn reduce_max(v: Self::V) -> f32;
     /// `e^min(x, 0)`, 0 below -87 (where f32 `e^x` approaches the subnormal range).
     unsafe fn exp_neg(x: Self::V) -> Self::V;
-    /// `out[i] = dot(q, k[i])` for `i in 0..LANES`, over `hd` values (`hd % 16 == 0`).
-    unsafe fn dots(q: *const f32, k: *const *const f32, hd: usize, out: *mut f32);
+    /// Transposes a `LANES x LANES` block: `dst[c * dst_stride + r] = rows[r][col + c]`.
+    unsafe fn transpose(rows: *const *const f32, col: usize, dst: *mut f32, dst_stride: usize);
     /// Converts `n` little-endian f16 values (`n % 16 == 0`) to f32 (exact).
     unsafe fn f16_to_f32(src: *const u8, dst: *mut f32, n: usize);
     /// Converts `n` little-endian bf16 values (`n % 16 == 0`) to f32 (exact).
     unsafe fn bf16_to_f32(src: *const u8, dst: *mut f32, n: usize);
+
+    /// Hints that the 64-byte line at `p` is read soon (no-op where unsupported).
+    #[inline(always)]
+    unsafe fn prefetch(p: *const u8) {
+        #[cfg(target_arch = "x86_64")]
+        _mm_prefetch::<_MM_HINT_T0>(p as *const i8);
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p;
+    }
 
     /// Scalar `exp_neg` computed with the vector code, so scalar and vector uses agree.
     #[inline(always)]
@@ -62,6 +73,7 @@ pub(crate) struct Scalar;
 
 impl Simd for Scalar {
     const LANES: usize = 1;
+    const QUERY_GROUP: usize = 2;
     type V = f32;
     #[inline(always)]
     unsafe fn zero() -> f32 {
@@ -117,13 +129,8 @@ impl Simd for Scalar {
         }
     }
     #[inline(always)]
-    unsafe fn dots(q: *const f32, k: *const *const f32, hd: usize, out: *mut f32) {
-        let kr = *k;
-        let mut acc = 0.0f32;
-        for d in 0..hd {
-            acc += q.add(d).read_unaligned() * kr.add(d).read_unaligned();
-        }
-        *out = acc;
+    unsafe fn transpose(rows: *const *const f32, col: usize, dst: *mut f32, _dst_stride: usize) {
+        *dst = (*rows).add(col).read_unaligned();
     }
     #[inline(always)]
     unsafe fn f16_to_f32(src: *const u8, dst: *mut f32, n: usize) {
@@ -141,12 +148,17 @@ impl Simd for Scalar {
     }
 }
 
-// Cephes expf constants (single-precision range reduction + degree-5 polynomial).
+// Cephes expf constants (single-precision range reduction + degree-5 polynomial, ~1 ulp).
+#[cfg(target_arch = "x86_64")]
 const EXP_LO: f32 = -87.0;
+#[cfg(target_arch = "x86_64")]
 const LOG2E: f32 = std::f32::consts::LOG2_E;
+#[cfg(target_arch = "x86_64")]
 const LN2_HI: f32 = 0.693_359_4;
+#[cfg(target_arch = "x86_64")]
 const LN2_LO: f32 = -2.121_944_4e-4;
-const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1];
+#[cfg(target_arch = "x86_64")]
+const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
 
 /// AVX2 + FMA + F16C, 8 lanes.
 #[cfg(target_arch = "x86_64")]
@@ -156,6 +168,7 @@ pub(crate) struct Avx2;
 #[cfg(target_arch = "x86_64")]
 impl Simd for Avx2 {
     const LANES: usize = 8;
+    const QUERY_GROUP: usize = 2;
     type V = __m256;
     #[inline(always)]
     unsafe fn zero() -> __m256 {
@@ -226,34 +239,26 @@ impl Simd for Avx2 {
         _mm256_and_ps(_mm256_mul_ps(y, _mm256_castsi256_ps(pow2)), keep)
     }
     #[inline(always)]
-    unsafe fn dots(q: *const f32, k: *const *const f32, hd: usize, out: *mut f32) {
-        // Accumulator slot s holds position SIGMA[s]: the transposing reduction below leaves
-        // slot 2e+l in lane 4l+e, so this order puts position i in lane i.
-        const SIGMA: [usize; 8] = [0, 4, 1, 5, 2, 6, 3, 7];
-        let kp: [*const f32; 8] = SIGMA.map(|i| *k.add(i));
-        let mut a = [_mm256_setzero_ps(); 8];
-        let mut c = 0;
-        while c < hd {
-            let qv = _mm256_loadu_ps(q.add(c));
-            for s in 0..8 {
-                a[s] = _mm256_fmadd_ps(qv, _mm256_loadu_ps(kp[s].add(c)), a[s]);
+    unsafe fn transpose(rows: *const *const f32, col: usize, dst: *mut f32, dst_stride: usize) {
+        let r: [__m256; 8] = std::array::from_fn(|i| _mm256_loadu_ps((*rows.add(i)).add(col)));
+        // 32-bit then 64-bit interleaves: u[4i + k] lane l holds column 4l + k of rows 4i..4i+4.
+        let t: [__m256; 8] = std::array::from_fn(|i| {
+            let (a, b) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 {
+                _mm256_unpacklo_ps(a, b)
+            } else {
+                _mm256_unpackhi_ps(a, b)
             }
-            c += 8;
+        });
+        let u: [__m256; 8] = std::array::from_fn(|n| {
+            let (i, k) = (n / 4, n % 4);
+            let (a, b) = (_mm256_castps_pd(t[4 * i + k / 2]), _mm256_castps_pd(t[4 * i + 2 + k / 2]));
+            _mm256_castpd_ps(if k % 2 == 0 { _mm256_unpacklo_pd(a, b) } else { _mm256_unpackhi_pd(a, b) })
+        });
+        for k in 0..4 {
+            _mm256_storeu_ps(dst.add(k * dst_stride), _mm256_permute2f128_ps::<0x20>(u[k], u[4 + k]));
+            _mm256_storeu_ps(dst.add((4 + k) * dst_stride), _mm256_permute2f128_ps::<0x31>(u[k], u[4 + k]));
         }
-        let z: [__m256; 4] = std::array::from_fn(|j| {
-            _mm256_add_ps(
-                _mm256_permute2f128_ps::<0x20>(a[2 * j], a[2 * j + 1]),
-                _mm256_permute2f128_ps::<0x31>(a[2 * j], a[2 * j + 1]),
-            )
-        });
-        let v: [__m256; 2] = std::array::from_fn(|m| {
-            _mm256_add_ps(
-                _mm256_shuffle_ps::<0x44>(z[2 * m], z[2 * m + 1]),
-                _mm256_shuffle_ps::<0xEE>(z[2 * m], z[2 * m + 1]),
-            )
-        });
-        let r = _mm256_add_ps(_mm256_shuffle_ps::<0x88>(v[0], v[1]), _mm256_shuffle_ps::<0xDD>(v[0], v[1]));
-        _mm256_storeu_ps(out, r);
     }
     #[inline(always)]
     unsafe fn f16_to_f32(src: *const u8, dst: *mut f32, n: usize) {
@@ -284,6 +289,7 @@ pub(crate) struct Avx512;
 #[cfg(target_arch = "x86_64")]
 impl Simd for Avx512 {
     const LANES: usize = 16;
+    const QUERY_GROUP: usize = 4;
     type V = __m512;
     #[inline(always)]
     unsafe fn zero() -> __m512 {
@@ -350,42 +356,33 @@ impl Simd for Avx512 {
         _mm512_maskz_mov_ps(keep, _mm512_mul_ps(y, _mm512_castsi512_ps(pow2)))
     }
     #[inline(always)]
-    unsafe fn dots(q: *const f32, k: *const *const f32, hd: usize, out: *mut f32) {
-        // Slot s holds position SIGMA[s]: the transposing reduction leaves slot 4e+l in lane
-        // 4l+e, so this order puts position i in lane i.
-        const SIGMA: [usize; 16] = [0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15];
-        let kp: [*const f32; 16] = SIGMA.map(|i| *k.add(i));
-        let mut a = [_mm512_setzero_ps(); 16];
-        let mut c = 0;
-        while c < hd {
-            let qv = _mm512_loadu_ps(q.add(c));
-            for s in 0..16 {
-                a[s] = _mm512_fmadd_ps(qv, _mm512_loadu_ps(kp[s].add(c)), a[s]);
+    unsafe fn transpose(rows: *const *const f32, col: usize, dst: *mut f32, dst_stride: usize) {
+        let r: [__m512; 16] = std::array::from_fn(|i| _mm512_loadu_ps((*rows.add(i)).add(col)));
+        // u[4i + k] lane l (128 bits) holds column 4l + k of rows 4i..4i+4.
+        let t: [__m512; 16] = std::array::from_fn(|i| {
+            let (a, b) = (r[i & !1], r[i | 1]);
+            if i % 2 == 0 {
+                _mm512_unpacklo_ps(a, b)
+            } else {
+                _mm512_unpackhi_ps(a, b)
             }
-            c += 16;
+        });
+        let u: [__m512; 16] = std::array::from_fn(|n| {
+            let (i, k) = (n / 4, n % 4);
+            let (a, b) = (_mm512_castps_pd(t[4 * i + k / 2]), _mm512_castps_pd(t[4 * i + 2 + k / 2]));
+            _mm512_castpd_ps(if k % 2 == 0 { _mm512_unpacklo_pd(a, b) } else { _mm512_unpackhi_pd(a, b) })
+        });
+        // Gather lane l of u[k], u[4+k], u[8+k], u[12+k] into column 4l + k.
+        for k in 0..4 {
+            let v0 = _mm512_shuffle_f32x4::<0x88>(u[k], u[4 + k]);
+            let v1 = _mm512_shuffle_f32x4::<0xDD>(u[k], u[4 + k]);
+            let w0 = _mm512_shuffle_f32x4::<0x88>(u[8 + k], u[12 + k]);
+            let w1 = _mm512_shuffle_f32x4::<0xDD>(u[8 + k], u[12 + k]);
+            _mm512_storeu_ps(dst.add(k * dst_stride), _mm512_shuffle_f32x4::<0x88>(v0, w0));
+            _mm512_storeu_ps(dst.add((8 + k) * dst_stride), _mm512_shuffle_f32x4::<0xDD>(v0, w0));
+            _mm512_storeu_ps(dst.add((4 + k) * dst_stride), _mm512_shuffle_f32x4::<0x88>(v1, w1));
+            _mm512_storeu_ps(dst.add((12 + k) * dst_stride), _mm512_shuffle_f32x4::<0xDD>(v1, w1));
         }
-        // 16 vectors of 16 partial sums -> one vector of 16 sums, halving the partials per
-        // input at each level (256-bit halves, 128-bit lanes, pairs, singles).
-        let z: [__m512; 8] = std::array::from_fn(|j| {
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0x44>(a[2 * j], a[2 * j + 1]),
-                _mm512_shuffle_f32x4::<0xEE>(a[2 * j], a[2 * j + 1]),
-            )
-        });
-        let w: [__m512; 4] = std::array::from_fn(|k| {
-            _mm512_add_ps(
-                _mm512_shuffle_f32x4::<0x88>(z[2 * k], z[2 * k + 1]),
-                _mm512_shuffle_f32x4::<0xDD>(z[2 * k], z[2 * k + 1]),
-            )
-        });
-        let v: [__m512; 2] = std::array::from_fn(|m| {
-            _mm512_add_ps(
-                _mm512_shuffle_ps::<0x44>(w[2 * m], w[2 * m + 1]),
-                _mm512_shuffle_ps::<0xEE>(w[2 * m], w[2 * m + 1]),
-            )
-        });
-        let r = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(v[0], v[1]), _mm512_shuffle_ps::<0xDD>(v[0], v[1]));
-        _mm512_storeu_ps(out, r);
     }
     #[inline(always)]
     unsafe fn f16_to_f32(src: *const u8, dst: *mut f32, n: usize) {

@@ -37,6 +37,7 @@ pub struct World {
 impl World {
     /// `lens` sequences; Q scaled by `q_amp` (large values make softmax peaky and force
     /// the online max to move between tiles).
+    #[allow(clippy::too_many_arguments)]
     pub fn new(
         seed: u64,
         dtype: DType,
