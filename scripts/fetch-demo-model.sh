@@ -54,7 +54,8 @@ if [ -e "$DEST" ]; then
         echo "$DEST"
         exit 0
     fi
-    say "existing $DEST is corrupt or partial; fetching it again"
+    say "existing $DEST is corrupt or partial; removing it and fetching it again"
+    rm -f "$DEST" || die "cannot remove the corrupt $DEST"
 fi
 
 mkdir -p "$DEST_DIR" || die "cannot create $DEST_DIR"

@@ -63,6 +63,7 @@ impl Bpe {
             byte_token[b] = vocab.id_of(c.encode_utf8(&mut [0; 4]));
         }
         let mut map = HashMap::with_capacity(merges.len());
+        let mut merged = String::new();
         for (rank, m) in merges.iter().enumerate() {
             // llama.cpp splits at the first space after the first byte.
             let pos = m.bytes().skip(1).position(|b| b == b' ').map(|p| p + 1).ok_or_else(|| {
@@ -70,7 +71,9 @@ impl Bpe {
             })?;
             let (left, right) = (&m[..pos], &m[pos + 1..]);
             let (Some(l), Some(r)) = (vocab.id_of(left), vocab.id_of(right)) else { continue };
-            let merged = format!("{left}{right}");
+            merged.clear();
+            merged.push_str(left);
+            merged.push_str(right);
             let Some(id) = vocab.id_of(&merged) else { continue };
             // The first occurrence of a pair wins, as in llama.cpp's `emplace`.
             map.entry((l, r)).or_insert((rank as u32, id));

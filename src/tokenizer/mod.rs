@@ -296,11 +296,10 @@ impl Tokenizer {
         let Some(l) = hf::load(dir)? else { return Ok(None) };
         let decoding = l.decoding;
         let vocab = Vocab::new(l.texts, l.attrs, |t, a| hf::piece_bytes(decoding, t, a));
+        // EOS: tokenizer_config's eos_token, else the first id generation_config lists.
+        let eos = l.eos_tokens.iter().find_map(|t| vocab.id_of(t)).or(l.eos_ids.first().copied());
         let mut eog = l.eos_ids;
-        for t in &l.eos_tokens {
-            eog.extend(vocab.id_of(t));
-        }
-        let eos = eog.first().copied();
+        eog.extend(eos);
         for t in EOG_TEXTS {
             eog.extend(vocab.id_of(t).filter(|&id| vocab.attr(id) == Some(TokenAttr::Control)));
         }
