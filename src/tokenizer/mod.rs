@@ -44,8 +44,8 @@ pub enum TokenizerKind {
 }
 
 enum Model {
-    Spm(spm::Spm),
-    Bpe(bpe::Bpe),
+    Spm(Box<spm::Spm>),
+    Bpe(Box<bpe::Bpe>),
     Hf(Box<hf::HfModel>),
 }
 
@@ -272,7 +272,7 @@ impl Tokenizer {
         let vocab = Vocab::new(texts, attrs, piece_of);
 
         let model = match pre {
-            None => Model::Spm(spm::Spm::new(&vocab, scores, unk)),
+            None => Model::Spm(Box::new(spm::Spm::new(&vocab, scores, unk))),
             Some(pre) => {
                 let merges =
                     m.array("tokenizer.ggml.merges")?.ok_or_else(|| m.err("tokenizer.ggml.merges", "missing"))?;
@@ -283,7 +283,7 @@ impl Tokenizer {
                         v.as_str().ok_or_else(|| m.err("tokenizer.ggml.merges", format!("entry {i} is not a string")))
                     })
                     .collect::<Result<_>>()?;
-                Model::Bpe(bpe::Bpe::new(&vocab, &merges, pre, &m.source)?)
+                Model::Bpe(Box::new(bpe::Bpe::new(&vocab, &merges, pre, &m.source)?))
             }
         };
 

@@ -76,7 +76,7 @@ impl PreTokenizer {
         offsets.extend(text.char_indices().map(|(i, _)| i));
         offsets.push(text.len());
 
-        let mut pieces = vec![0..chars.len()];
+        let mut pieces: Vec<Range<usize>> = std::iter::once(0..chars.len()).collect();
         for m in self.matchers() {
             pieces = apply(&chars, &pieces, *m);
         }
