@@ -52,7 +52,7 @@ impl ModelConfig {
                 return err(name, "must be > 0, got 0".into());
             }
         }
-        if self.num_heads % self.num_kv_heads != 0 {
+        if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return err(
                 "num_key_value_heads",
                 format!(
@@ -61,7 +61,7 @@ impl ModelConfig {
                 ),
             );
         }
-        if self.rope_dim == 0 || self.rope_dim > self.head_dim || self.rope_dim % 2 != 0 {
+        if self.rope_dim == 0 || self.rope_dim > self.head_dim || !self.rope_dim.is_multiple_of(2) {
             return err("rope_dim", format!("{} must be even and in 2..=head_dim ({})", self.rope_dim, self.head_dim));
         }
         if !(self.rope_theta.is_finite() && self.rope_theta > 0.0) {

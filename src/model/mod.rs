@@ -45,12 +45,30 @@ pub struct Model {
     pub gguf_metadata: Option<gguf::Metadata>,
 }
 
+/// Short form: the GGUF metadata (a whole vocabulary) is summarised by its key count.
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("path", &self.path)
+            .field("format", &self.format)
+            .field("config", &self.config)
+            .field("layers", &self.weights.layers.len())
+            .field("gguf_metadata_keys", &self.gguf_metadata.as_ref().map(|m| m.len()))
+            .finish()
+    }
+}
+
 impl Model {
-    /// Loads a Hugging Face directory (or its `config.json`) or a `.gguf` file.
+    /// Loads a Hugging Face directory (or a `.json` / `.safetensors` file in it) or a GGUF
+    /// file (any other file).
     pub fn load(path: &Path) -> Result<Model> {
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
-        if meta.is_dir() || path.file_name().is_some_and(|n| n == "config.json") {
-            let dir = if meta.is_dir() { path } else { path.parent().unwrap_or(Path::new(".")) };
+        let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+        if meta.is_dir() {
+            hf::load(path)
+        } else if name.ends_with(".json") || name.ends_with(".safetensors") {
+            // `parent()` of a bare file name is "", which means the current directory.
+            let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
             hf::load(dir)
         } else {
             gguf::load(path)

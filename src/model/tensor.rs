@@ -103,6 +103,18 @@ impl Tensor {
         WeightVec { dtype: self.dtype, len: self.numel(), data: self.bytes() }
     }
 
+    /// Sub-tensor `i` along the outermost dimension (one expert of a stacked `[E, rows, cols]`
+    /// GGUF tensor), sharing the same storage: no copy.
+    pub fn slice_outer(&self, i: usize, name: impl Into<String>) -> Result<Tensor, String> {
+        let (&n, inner) = self.shape.split_first().ok_or_else(|| "a scalar has no outer dimension".to_string())?;
+        if i >= n {
+            return Err(format!("index {i} is out of range for outer dimension {n} of shape {:?}", self.shape));
+        }
+        // `new` checked len == n * (bytes of one slice), so this divides exactly.
+        let each = self.len / n;
+        Tensor::new(name, self.dtype, inner.to_vec(), self.storage.clone(), self.offset + i * each, each)
+    }
+
     /// True when the bytes are mapped from a file, not copied.
     pub fn is_mapped(&self) -> bool {
         matches!(self.storage, Storage::Mmap(_))
