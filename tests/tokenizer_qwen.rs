@@ -4,7 +4,6 @@
 
 mod tokenizer_common;
 
-use std::path::PathBuf;
 use std::sync::OnceLock;
 
 use proptest::prelude::*;
@@ -121,7 +120,8 @@ fn chat_template_renders_prompt_3() {
 /// llama.cpp) loads through `from_hf_dir` and gives the same ids and text.
 #[test]
 fn hf_tokenizer_json_matches_gguf_path() {
-    let dir = hf_dir_from_gguf();
+    let tmp = hf_dir_from_gguf();
+    let dir = tmp.path();
     let hf = Tokenizer::from_hf_dir(&dir).unwrap().expect("tokenizer.json present");
     assert_eq!(hf.kind(), TokenizerKind::HuggingFace);
     assert_eq!(hf.vocab_size(), tok().vocab_size());
@@ -143,19 +143,17 @@ fn hf_tokenizer_json_matches_gguf_path() {
         Message::new("user", "Write a Rust function that reverses a string."),
     ];
     assert_eq!(tmpl.render(&msgs, true).unwrap(), golden()["prompts"][2]["prompt"].as_str().unwrap());
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn hf_dir_without_tokenizer_json_is_none() {
-    let dir = std::env::temp_dir().join(format!("tboost-tok-empty-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
     assert!(Tokenizer::from_hf_dir(&dir).unwrap().is_none());
     assert!(ChatTemplate::from_hf_dir(&dir).unwrap().is_none());
-    std::fs::remove_dir_all(&dir).ok();
 }
 
-fn hf_dir_from_gguf() -> PathBuf {
+fn hf_dir_from_gguf() -> tempfile::TempDir {
     let m = meta();
     let tokens = m["tokenizer.ggml.tokens"].as_array().unwrap();
     let types = m["tokenizer.ggml.token_type"].as_array().unwrap();
@@ -198,12 +196,12 @@ fn hf_dir_from_gguf() -> PathBuf {
         "eos_token": "<|im_end|>",
         "chat_template": m["tokenizer.chat_template"].as_str().unwrap(),
     });
-    let dir = std::env::temp_dir().join(format!("tboost-tok-hf-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
     std::fs::write(dir.join("tokenizer.json"), serde_json::to_vec(&tj).unwrap()).unwrap();
     std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec(&config).unwrap()).unwrap();
     std::fs::write(dir.join("generation_config.json"), br#"{"eos_token_id": [151645, 151643]}"#).unwrap();
-    dir
+    tmp
 }
 
 /// Unicode text mixes: emoji (with modifiers and ZWJ), CJK, combining marks, control chars,

@@ -1,8 +1,6 @@
 //! Tokenizers built from small hand-made vocabularies: metadata defaults and errors, the
 //! llama3 BOS/ignore-merges rules, and a SentencePiece-style Hugging Face tokenizer.json.
 
-use std::path::PathBuf;
-
 use serde_json::json;
 use tboost::model::gguf::{Metadata, Value};
 use tboost::tokenizer::bpe::byte_to_char_table;
@@ -159,7 +157,7 @@ fn no_tokenizer_in_metadata_is_none() {
 
 /// A SentencePiece-style tokenizer.json (Metaspace normalizer, byte fallback, BOS through the
 /// post-processor, decoder stripping the leading space), as Llama/Mistral ship it.
-fn spm_hf_dir() -> PathBuf {
+fn spm_hf_dir() -> tempfile::TempDir {
     let mut vocab = serde_json::Map::new();
     for (i, t) in ["<unk>", "<s>", "</s>"].iter().enumerate() {
         vocab.insert(t.to_string(), json!(i));
@@ -202,16 +200,17 @@ fn spm_hf_dir() -> PathBuf {
         "add_bos_token": true, "bos_token": {"content": "<s>"}, "eos_token": "</s>",
         "chat_template": [{"name": "default", "template": "{{ bos_token }}{% for m in messages %}[{{ m.role }}] {{ m.content }}{{ eos_token }}{% endfor %}"}]
     });
-    let dir = std::env::temp_dir().join(format!("tboost-tok-spm-hf-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
     std::fs::write(dir.join("tokenizer.json"), serde_json::to_vec(&tj).unwrap()).unwrap();
     std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec(&config).unwrap()).unwrap();
-    dir
+    tmp
 }
 
 #[test]
 fn hf_sentencepiece_style_tokenizer() {
-    let dir = spm_hf_dir();
+    let tmp = spm_hf_dir();
+    let dir = tmp.path();
     let t = Tokenizer::from_hf_dir(&dir).unwrap().unwrap();
     let (hi, bang) = (id(&t, "▁hi"), id(&t, "!"));
     assert_eq!(t.encode("hi hi!", true).unwrap(), [1, hi, hi, bang]);
@@ -231,13 +230,12 @@ fn hf_sentencepiece_style_tokenizer() {
     let tmpl = ChatTemplate::from_hf_dir(&dir).unwrap().unwrap();
     let msgs = [tboost::tokenizer::Message::new("user", "hey")];
     assert_eq!(tmpl.render(&msgs, false).unwrap(), "<s>[user] hey</s>");
-    std::fs::remove_dir_all(&dir).ok();
 }
 
 #[test]
 fn hf_unsupported_decoder_is_an_error_naming_it() {
-    let dir = std::env::temp_dir().join(format!("tboost-tok-wp-hf-{}", std::process::id()));
-    std::fs::create_dir_all(&dir).unwrap();
+    let tmp = tempfile::tempdir().unwrap();
+    let dir = tmp.path().to_path_buf();
     let tj = json!({
         "version": "1.0", "truncation": null, "padding": null, "added_tokens": [],
         "normalizer": null, "pre_tokenizer": {"type": "Whitespace"}, "post_processor": null,
@@ -248,5 +246,4 @@ fn hf_unsupported_decoder_is_an_error_naming_it() {
     std::fs::write(dir.join("tokenizer.json"), serde_json::to_vec(&tj).unwrap()).unwrap();
     let e = Tokenizer::from_hf_dir(&dir).unwrap_err().to_string();
     assert!(e.contains("WordPiece") && e.contains("tokenizer.json"), "{e}");
-    std::fs::remove_dir_all(&dir).ok();
 }
