@@ -247,3 +247,12 @@ fn hf_unsupported_decoder_is_an_error_naming_it() {
     let e = Tokenizer::from_hf_dir(&dir).unwrap_err().to_string();
     assert!(e.contains("WordPiece") && e.contains("tokenizer.json"), "{e}");
 }
+
+/// Engines share one tokenizer between threads and move decoders into request state.
+#[test]
+fn tokenizer_and_decoder_are_thread_safe() {
+    fn send_sync<T: Send + Sync>() {}
+    send_sync::<Tokenizer>();
+    send_sync::<Decoder>();
+    send_sync::<ChatTemplate>();
+}

@@ -28,7 +28,7 @@ pub(crate) enum HfDecoding {
 pub(crate) struct HfModel {
     pub tokenizer: tokenizers::Tokenizer,
     /// The same tokenizer with special-token parsing disabled, built on first use.
-    literal: OnceLock<std::result::Result<tokenizers::Tokenizer, String>>,
+    literal: OnceLock<tokenizers::Tokenizer>,
     path: String,
 }
 
@@ -108,12 +108,11 @@ impl HfModel {
         let tok = if parse_special {
             &self.tokenizer
         } else {
-            let lit = self.literal.get_or_init(|| {
+            self.literal.get_or_init(|| {
                 let mut t = self.tokenizer.clone();
                 t.set_encode_special_tokens(true);
-                Ok(t)
-            });
-            lit.as_ref().map_err(|e| Error::invalid("tokenizer", e.clone()))?
+                t
+            })
         };
         let enc = tok
             .encode(text, add_special)
