@@ -122,7 +122,7 @@ fn chat_template_renders_prompt_3() {
 fn hf_tokenizer_json_matches_gguf_path() {
     let tmp = hf_dir_from_gguf();
     let dir = tmp.path();
-    let hf = Tokenizer::from_hf_dir(&dir).unwrap().expect("tokenizer.json present");
+    let hf = Tokenizer::from_hf_dir(dir).unwrap().expect("tokenizer.json present");
     assert_eq!(hf.kind(), TokenizerKind::HuggingFace);
     assert_eq!(hf.vocab_size(), tok().vocab_size());
     assert_eq!(hf.eos_id(), Some(151645));
@@ -137,7 +137,7 @@ fn hf_tokenizer_json_matches_gguf_path() {
         let gen = ids(&p["f64_ids"]);
         assert_eq!(hf.decode(&gen).unwrap(), tok().decode(&gen).unwrap());
     }
-    let tmpl = ChatTemplate::from_hf_dir(&dir).unwrap().expect("chat_template in tokenizer_config.json");
+    let tmpl = ChatTemplate::from_hf_dir(dir).unwrap().expect("chat_template in tokenizer_config.json");
     let msgs = [
         Message::new("system", "You are Qwen, created by Alibaba Cloud. You are a helpful assistant."),
         Message::new("user", "Write a Rust function that reverses a string."),

@@ -211,7 +211,7 @@ fn spm_hf_dir() -> tempfile::TempDir {
 fn hf_sentencepiece_style_tokenizer() {
     let tmp = spm_hf_dir();
     let dir = tmp.path();
-    let t = Tokenizer::from_hf_dir(&dir).unwrap().unwrap();
+    let t = Tokenizer::from_hf_dir(dir).unwrap().unwrap();
     let (hi, bang) = (id(&t, "▁hi"), id(&t, "!"));
     assert_eq!(t.encode("hi hi!", true).unwrap(), [1, hi, hi, bang]);
     assert_eq!(t.bos_id(), Some(1));
@@ -227,7 +227,7 @@ fn hf_sentencepiece_style_tokenizer() {
     // Continuation streaming keeps the word-marker space.
     let mut d = Decoder::new();
     assert_eq!(d.push(&t, hi).unwrap(), " hi");
-    let tmpl = ChatTemplate::from_hf_dir(&dir).unwrap().unwrap();
+    let tmpl = ChatTemplate::from_hf_dir(dir).unwrap().unwrap();
     let msgs = [tboost::tokenizer::Message::new("user", "hey")];
     assert_eq!(tmpl.render(&msgs, false).unwrap(), "<s>[user] hey</s>");
 }
