@@ -397,6 +397,8 @@ pub fn load(path: &Path) -> Result<Model> {
         config,
         weights,
         gguf_metadata: Some(file.metadata),
+        tokenizer: None,
+        chat_template: None,
     })
 }
 

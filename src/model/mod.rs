@@ -26,6 +26,7 @@ pub use config::ModelConfig;
 pub use tensor::Tensor;
 pub use weights::{LayerWeights, Mlp, ModelWeights};
 
+use crate::tokenizer::{ChatTemplate, Tokenizer};
 use crate::{Error, Result};
 
 /// Where a model came from.
@@ -36,13 +37,16 @@ pub enum ModelFormat {
     Synthetic,
 }
 
-/// A loaded model: config, weights and (for GGUF) the raw metadata that tokenizers read.
+/// A loaded model: config, weights, (for GGUF) the raw metadata, and the tokenizer and chat
+/// template when the files carry them.
 pub struct Model {
     pub path: PathBuf,
     pub format: ModelFormat,
     pub config: ModelConfig,
     pub weights: ModelWeights,
     pub gguf_metadata: Option<gguf::Metadata>,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub chat_template: Option<ChatTemplate>,
 }
 
 /// Short form: the GGUF metadata (a whole vocabulary) is summarised by its key count.
@@ -64,15 +68,45 @@ impl Model {
     pub fn load(path: &Path) -> Result<Model> {
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
         let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
-        if meta.is_dir() {
-            hf::load(path)
+        let mut model = if meta.is_dir() {
+            hf::load(path)?
         } else if name.ends_with(".json") || name.ends_with(".safetensors") {
             // `parent()` of a bare file name is "", which means the current directory.
             let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-            hf::load(dir)
+            hf::load(dir)?
         } else {
-            gguf::load(path)
+            gguf::load(path)?
+        };
+        model.attach_tokenizer()?;
+        Ok(model)
+    }
+
+    /// Reads the tokenizer and chat template the model files carry (GGUF metadata, or
+    /// `tokenizer.json` / `tokenizer_config.json` beside an HF checkpoint). Generation stops
+    /// at every end-of-generation token the tokenizer knows (`<|im_end|>`, `<|eot_id|>`...),
+    /// as llama.cpp does, besides the config's EOS ids.
+    fn attach_tokenizer(&mut self) -> Result<()> {
+        let (tok, tmpl) = match (&self.format, &self.gguf_metadata) {
+            (ModelFormat::Gguf, Some(md)) => (Tokenizer::from_gguf(md)?, ChatTemplate::from_gguf(md)),
+            (ModelFormat::HuggingFace, _) => (Tokenizer::from_hf_dir(&self.path)?, ChatTemplate::from_hf_dir(&self.path)?),
+            _ => (None, None),
+        };
+        if let Some(t) = &tok {
+            if t.vocab_size() > self.config.vocab_size {
+                return Err(Error::format(
+                    &self.path,
+                    format!("the tokenizer has {} tokens but the model only {} embeddings", t.vocab_size(), self.config.vocab_size),
+                ));
+            }
+            for &e in t.eos_ids() {
+                if !self.config.eos_token_ids.contains(&e) {
+                    self.config.eos_token_ids.push(e);
+                }
+            }
         }
+        self.tokenizer = tok.map(Arc::new);
+        self.chat_template = tmpl;
+        Ok(())
     }
 }
 

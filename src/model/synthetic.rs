@@ -147,5 +147,7 @@ pub fn build(name: &str, dtype: DType, seed: u64) -> Result<Model> {
         config: cfg,
         weights,
         gguf_metadata: None,
+        tokenizer: None,
+        chat_template: None,
     })
 }
