@@ -112,7 +112,7 @@ fn every_isa_matches_f64_reference_and_each_other() {
     for dt in QUANT {
         let ks: &[usize] = if dt.block_elems() == 32 { &[32, 96, 896] } else { &[256, 768] };
         for &k in ks {
-            for &(m, n) in &[(1, 37), (2, 5), (3, 17), (4, 8), (5, 9), (13, 33), (70, 19)] {
+            for &(m, n) in &[(1, 37), (2, 5), (3, 17), (4, 8), (5, 9), (8, 6), (9, 11), (13, 33), (70, 19)] {
                 let wb = random_weights(dt, n, k, &mut rng);
                 let w = WeightMat::new(dt, n, k, &wb).unwrap();
                 let x = random_x(m, k, &mut rng);
@@ -196,7 +196,9 @@ fn multi_segment_with_biases_matches_single_calls() {
 #[test]
 fn batch_invariance_across_batches_threads_and_isas() {
     let mut rng = StdRng::seed_from_u64(4);
-    let (n, k, m) = (45, 512, 65);
+    // k = 512: tiled tasks take 96 activation rows, so m = 97 is a tiled task plus one row
+    // on the direct path.
+    let (n, k, m) = (45, 512, 97);
     for dt in QUANT {
         let wb = random_weights(dt, n, k, &mut rng);
         let w = WeightMat::new(dt, n, k, &wb).unwrap();
@@ -205,12 +207,12 @@ fn batch_invariance_across_batches_threads_and_isas() {
         for isa in isas() {
             for threads in [1, 2, 3] {
                 let what = format!("{dt} {} threads={threads}", isa.name());
-                // The whole batch (m=65: a tiled chunk of 64 plus one row).
+                // The whole batch.
                 assert_bits_eq(&in_pool(threads, || run(isa, &x, m, w, None)), &full, &what);
                 // m=64 (all tiled), and rows alone or in small batches (direct path).
                 let m64 = in_pool(threads, || run(isa, &x[..64 * k], 64, w, None));
                 assert_bits_eq(&m64, &full[..64 * n], &format!("{what} m=64"));
-                for (start, len) in [(0, 1), (37, 1), (64, 1), (5, 3), (10, 4), (20, 7)] {
+                for (start, len) in [(0, 1), (37, 1), (96, 1), (5, 3), (10, 4), (20, 7), (30, 13)] {
                     let part = in_pool(threads, || run(isa, &x[start * k..(start + len) * k], len, w, None));
                     assert_bits_eq(&part, &full[start * n..(start + len) * n], &format!("{what} rows {start}+{len}"));
                 }

@@ -199,17 +199,21 @@ struct Task {
 /// that idle threads can steal the rest.
 const TASK_MIN_BYTES: usize = 32 << 10;
 const TASK_MAX_BYTES: usize = 1 << 20;
-/// Tiled tasks: activation rows and weight rows per task.
-const TILE_TASK_M: usize = 64;
+/// Tiled tasks: weight rows per task, and the activation bytes a task keeps hot in L2 (each
+/// group of weight rows is multiplied with all its activation rows).
 const TILE_TASK_N: usize = 64;
+const TILE_TASK_X_BYTES: usize = 512 << 10;
 
-/// Activation rows from which the tiled kernels are used (`x86::tile_min_rows`).
+/// Activation rows per tiled task: a multiple of 12 (whole micro-tiles of 6 or 2 rows).
+fn tile_task_m(k: usize) -> usize {
+    (TILE_TASK_X_BYTES / (4 * k.max(1))).clamp(12, 96) / 12 * 12
+}
+
+/// Activation rows from which the tiled kernels are used.
 fn tile_min_rows(isa: Isa) -> usize {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => x86::tile_min_rows(true),
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => x86::tile_min_rows(false),
+        Isa::Avx512 | Isa::Avx2 => x86::TILE_MIN_ROWS,
         _ => usize::MAX,
     }
 }
@@ -234,9 +238,10 @@ fn plan(ws: &[WeightMat<'_>], m: usize, isa: Isa) -> Vec<Task> {
         }
     } else {
         for (mat, w) in ws.iter().enumerate() {
+            let mc = tile_task_m(w.cols);
             for j0 in (0..w.rows).step_by(TILE_TASK_N) {
-                for i0 in (0..m).step_by(TILE_TASK_M) {
-                    tasks.push(Task { mat, j0, j1: (j0 + TILE_TASK_N).min(w.rows), i0, i1: (i0 + TILE_TASK_M).min(m) });
+                for i0 in (0..m).step_by(mc) {
+                    tasks.push(Task { mat, j0, j1: (j0 + TILE_TASK_N).min(w.rows), i0, i1: (i0 + mc).min(m) });
                 }
             }
         }
