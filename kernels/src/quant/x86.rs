@@ -34,6 +34,8 @@ const PREFETCH_BYTES: usize = 8192;
 pub(super) trait V16: Copy {
     unsafe fn zero() -> Self;
     unsafe fn splat(v: f32) -> Self;
+    /// The little-endian f16 at `p`, converted exactly, in every lane.
+    unsafe fn splat_f16(p: *const u8) -> Self;
     unsafe fn load(p: *const f32) -> Self;
     unsafe fn store(self, p: *mut f32);
     /// `a * b + c`, one rounding.
@@ -59,6 +61,10 @@ impl V16 for Z {
     #[inline(always)]
     unsafe fn splat(v: f32) -> Self {
         Z(_mm512_set1_ps(v))
+    }
+    #[inline(always)]
+    unsafe fn splat_f16(p: *const u8) -> Self {
+        Z(_mm512_cvtph_ps(_mm256_set1_epi16(ptr::read_unaligned(p as *const i16))))
     }
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
@@ -109,6 +115,11 @@ impl V16 for Y {
     #[inline(always)]
     unsafe fn splat(v: f32) -> Self {
         Y(_mm256_set1_ps(v), _mm256_set1_ps(v))
+    }
+    #[inline(always)]
+    unsafe fn splat_f16(p: *const u8) -> Self {
+        let v = _mm256_cvtph_ps(_mm_set1_epi16(ptr::read_unaligned(p as *const i16)));
+        Y(v, v)
     }
     #[inline(always)]
     unsafe fn load(p: *const f32) -> Self {
@@ -220,7 +231,7 @@ impl Format for Q8_0 {
     unsafe fn decode<V: V16, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
         let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
         for r in 0..R {
-            (a[r], b[r]) = scaled(load32(p[r].add(2)), V::splat(f16_at(p[r])));
+            (a[r], b[r]) = scaled(load32(p[r].add(2)), V::splat_f16(p[r]));
         }
         s.put(0, &a);
         s.put(1, &b);
@@ -235,7 +246,7 @@ impl Format for Q4_0 {
         let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
         for r in 0..R {
             let q = _mm256_sub_epi8(nibbles16(p[r].add(2)), _mm256_set1_epi8(8));
-            (a[r], b[r]) = scaled(q, V::splat(f16_at(p[r])));
+            (a[r], b[r]) = scaled(q, V::splat_f16(p[r]));
         }
         s.put(0, &a);
         s.put(1, &b);
@@ -253,7 +264,7 @@ impl Format for Q5_0 {
             let qh = ptr::read_unaligned(p[r].add(2) as *const u32);
             let nib = nibbles16(p[r].add(6));
             let q = _mm256_sub_epi8(nib, _mm256_andnot_si256(V::bits_to_bytes(qh), _mm256_set1_epi8(16)));
-            (a[r], b[r]) = scaled(q, V::splat(f16_at(p[r])));
+            (a[r], b[r]) = scaled(q, V::splat_f16(p[r]));
         }
         s.put(0, &a);
         s.put(1, &b);
