@@ -155,11 +155,12 @@ fn q6_k_hand_built() {
     for (i, v) in want.iter_mut().enumerate() {
         *v = 0.25 * scales[i / 16] as f32 * -32.0; // every other 6-bit value is 0
     }
-    want[0] = 0.25 * -2.0 * (12.0 - 32.0); // ql low 0xC, qh bits 0-1 = 0
-    want[32] = 0.25 * 4.0 * (5.0 + 16.0 - 32.0); // ql[32] low 5, qh bits 2-3 = 1
-    want[64] = 0.25 * 3.0 * (3.0 + 32.0 - 32.0); // ql[0] high 3, qh bits 4-5 = 2
-    want[96] = 0.25 * -1.0 * (0.0 + 48.0 - 32.0); // ql[32] high 0, qh bits 6-7 = 3
-    want[144] = 0.25 * 2.0 * (1.0 + 48.0 - 32.0); // second half, l = 16
+    let sc = |i: usize| scales[i] as f32;
+    want[0] = 0.25 * sc(0) * (12.0 - 32.0); // ql low 0xC, qh bits 0-1 = 0
+    want[32] = 0.25 * sc(2) * (5.0 + 16.0 - 32.0); // ql[32] low 5, qh bits 2-3 = 1
+    want[64] = 0.25 * sc(4) * (3.0 + 32.0 - 32.0); // ql[0] high 3, qh bits 4-5 = 2
+    want[96] = 0.25 * sc(6) * (48.0 - 32.0); // ql[32] high 0, qh bits 6-7 = 3
+    want[144] = 0.25 * sc(9) * (1.0 + 48.0 - 32.0); // second half, l = 16
     assert_eq!((want[0], want[32], want[64], want[96], want[144], want[255]), (10.0, -11.0, 2.25, -4.0, 8.5, 1024.0));
     assert_values(&deq(DType::Q6K, &b), &want, "q6_k");
 }

@@ -36,7 +36,7 @@ pub fn supports(case: &MatMulCase) -> Result<(), String> {
     if !case.dtype.is_quantized() {
         return Err(format!("matmul_quant needs block-quantized weights, not {}", case.dtype));
     }
-    if case.cols % case.dtype.block_elems() != 0 {
+    if !case.cols.is_multiple_of(case.dtype.block_elems()) {
         return Err(format!(
             "{} columns is not a whole number of {} blocks ({} values each)",
             case.cols,

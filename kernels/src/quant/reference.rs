@@ -165,7 +165,7 @@ pub fn quantize_row_reference(dtype: DType, x: &[f32]) -> Result<Vec<u8>, String
         return Err(format!("quantize_row_reference: {dtype} is not a block-quantized type"));
     }
     let qk = dtype.block_elems();
-    if x.len() % qk != 0 {
+    if !x.len().is_multiple_of(qk) {
         return Err(format!(
             "quantize_row_reference: {} values is not a whole number of {dtype} blocks ({qk} values each)",
             x.len()

@@ -9,13 +9,19 @@
 //! bit-identical across ISAs, batch sizes and work splits.
 //!
 //! Two shapes of work:
-//! - direct (few activation rows): blocks of 4 weight rows are unpacked into registers and
-//!   multiplied straight into the accumulators of up to `M` activation rows;
-//! - tiled (many activation rows): 4 weight rows are dequantized once into an f32 scratch
-//!   (L1/L2) and a register-tiled micro-kernel reuses them for every activation row.
+//! - direct (fewer than `TILE_MIN_ROWS` activation rows, decode): the same block of 4 weight
+//!   rows is unpacked into registers and multiplied straight into the accumulators of up to
+//!   4 activation rows; weight bytes are prefetched 8 KiB ahead. This is the memory-bound
+//!   GEMV, one pass over the weights;
+//! - tiled (prefill): 4 weight rows are dequantized once into an f32 scratch (L1/L2) and a
+//!   register-tiled micro-kernel (6x4 on AVX-512, 2x2 on AVX2) reuses them for every
+//!   activation row of the task.
 //!
 //! All helpers are `#[inline(always)]` so that they compile inside the `#[target_feature]`
 //! entry points at the bottom, where the intrinsics are allowed to inline.
+
+// Kernels index several same-length arrays (rows, lanes, accumulators) with one counter.
+#![allow(clippy::needless_range_loop)]
 
 use std::arch::x86_64::*;
 use std::ptr;
