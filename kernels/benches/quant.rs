@@ -1,0 +1,312 @@
+//! Quantized matmul throughput (a plain timing harness: short runs, median of repeats).
+//!
+//! `cargo bench -p tboost-kernels --bench quant -- [bw] [gemv] [gemm] [decode] [small] [threads=N]`
+//! - bw:     streaming-read memory bandwidth (the ceiling for m=1 GEMV)
+//! - gemv:   m=1, GB/s of weight bytes per type and shape (weights cycled through > L3)
+//! - gemm:   m=512, GFLOP/s
+//! - small:  m = 1..12, one thread (only when named)
+//! - decode: the m=1 matmuls of one Qwen2.5-0.5B Q4_K_M token (24 layers + output head)
+//!
+//! Weights are random blocks with ordinary scales; the kernels' speed does not depend on values.
+
+use std::hint::black_box;
+use std::time::{Duration, Instant};
+
+use half::f16;
+use tboost_kernels::matmul::MatSeg;
+use tboost_kernels::quant::{matmul_quant, matmul_swiglu_quant};
+use tboost_kernels::{DType, WeightMat};
+
+/// Bytes of weights cycled through so that every call reads from DRAM, not L3 (32 MiB here).
+const COLD_BYTES: usize = 256 << 20;
+
+struct Lcg(u64);
+impl Lcg {
+    fn next(&mut self) -> u64 {
+        self.0 = self.0.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        self.0 >> 33
+    }
+}
+
+fn weights(dt: DType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
+    let mut r = Lcg(seed);
+    let mut w: Vec<u8> = (0..dt.bytes_for(k).unwrap() * rows).map(|_| r.next() as u8).collect();
+    let d = f16::from_f32(0.01).to_le_bytes();
+    for b in w.chunks_exact_mut(dt.block_bytes()) {
+        let at = if dt == DType::Q6K { 208 } else { 0 };
+        b[at..at + 2].copy_from_slice(&d);
+        if matches!(dt, DType::Q4K | DType::Q5K) {
+            b[2..4].copy_from_slice(&d);
+        }
+    }
+    w
+}
+
+fn x(m: usize, k: usize) -> Vec<f32> {
+    let mut r = Lcg(99);
+    (0..m * k).map(|_| (r.next() % 2001) as f32 / 1000.0 - 1.0).collect()
+}
+
+/// CPU time of the calling thread (Linux), so single-thread numbers do not count the time
+/// other processes on this shared machine hold the core.
+fn thread_cpu_secs() -> Option<f64> {
+    #[cfg(target_os = "linux")]
+    {
+        #[repr(C)]
+        struct Timespec {
+            sec: i64,
+            nsec: i64,
+        }
+        extern "C" {
+            fn clock_gettime(clock: i32, ts: *mut Timespec) -> i32;
+        }
+        const CLOCK_THREAD_CPUTIME_ID: i32 = 3;
+        let mut ts = Timespec { sec: 0, nsec: 0 };
+        // SAFETY: clock_gettime writes one timespec to a valid pointer.
+        if unsafe { clock_gettime(CLOCK_THREAD_CPUTIME_ID, &mut ts) } == 0 {
+            return Some(ts.sec as f64 + ts.nsec as f64 * 1e-9);
+        }
+    }
+    None
+}
+
+/// Fastest of repeats of `f` on pool `p` lasting about `budget`: thread CPU time with one
+/// thread, wall time otherwise (the machine is shared: the fastest run is the one least
+/// disturbed by other processes).
+fn time(p: &rayon::ThreadPool, budget: Duration, mut f: impl FnMut() + Send) -> f64 {
+    let one = p.current_num_threads() == 1;
+    p.install(|| {
+        f();
+        let mut best = f64::MAX;
+        let (start, mut runs) = (Instant::now(), 0);
+        while start.elapsed() < budget || runs < 5 {
+            let (s, c) = (Instant::now(), thread_cpu_secs());
+            f();
+            let secs = match (one, c, thread_cpu_secs()) {
+                (true, Some(a), Some(b)) => b - a,
+                _ => s.elapsed().as_secs_f64(),
+            };
+            best = best.min(secs);
+            runs += 1;
+        }
+        best
+    })
+}
+
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap()
+}
+
+/// Streaming read of 512 MiB, plain and with software prefetch 8 KiB ahead (as the GEMV does).
+fn bandwidth(threads: usize) {
+    let n = 512 << 20;
+    let buf: Vec<u64> = (0..n / 8).map(|i| i as u64).collect();
+    let p = pool(threads);
+    for prefetch in [false, true] {
+        let secs = time(&p, Duration::from_secs(2), || {
+            let s: u64 = {
+                use rayon::prelude::*;
+                buf.par_chunks(1 << 18)
+                    .map(|c| {
+                        let mut acc = [0u64; 8];
+                        for (i, ch) in c.chunks_exact(8).enumerate() {
+                            if prefetch {
+                                #[cfg(target_arch = "x86_64")]
+                                // SAFETY: prefetch is a hint; it never faults.
+                                unsafe {
+                                    use std::arch::x86_64::*;
+                                    _mm_prefetch::<_MM_HINT_T0>(c.as_ptr().wrapping_add(8 * i + 1024) as *const i8)
+                                }
+                            }
+                            for l in 0..8 {
+                                acc[l] = acc[l].wrapping_add(ch[l]);
+                            }
+                        }
+                        acc.iter().fold(0u64, |a, &b| a.wrapping_add(b))
+                    })
+                    .reduce(|| 0, |a, b| a.wrapping_add(b))
+            };
+            black_box(s);
+        });
+        let how = if prefetch { "with prefetch" } else { "plain" };
+        println!("bw       threads={threads}: streaming read ({how}) {:.1} GB/s", n as f64 / secs / 1e9);
+    }
+}
+
+fn gemv(threads: usize) {
+    let p = pool(threads);
+    let shapes: [(DType, usize, usize); 10] = [
+        (DType::Q5_0, 4864, 896),
+        (DType::Q5_0, 896, 4864),
+        (DType::Q4_0, 4864, 896),
+        (DType::Q4_0, 896, 4864),
+        (DType::Q8_0, 4864, 896),
+        (DType::Q8_0, 896, 4864),
+        (DType::Q4K, 896, 4864),
+        (DType::Q5K, 896, 4864),
+        (DType::Q6K, 896, 4864),
+        (DType::Q8_0, 151936, 896),
+    ];
+    for (dt, n, k) in shapes {
+        let bytes = dt.bytes_for(k).unwrap() * n;
+        let copies = if std::env::var_os("HOT").is_some() { 1 } else { (COLD_BYTES / bytes).max(2) };
+        let ws: Vec<Vec<u8>> = (0..copies).map(|c| weights(dt, n, k, c as u64)).collect();
+        let xs = x(1, k);
+        let mut out = vec![0f32; n];
+        let mut c = 0;
+        let secs = time(&p, Duration::from_millis(1500), || {
+            let w = WeightMat::new(dt, n, k, &ws[c % copies]).unwrap();
+            c += 1;
+            matmul_quant(&xs, 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
+        });
+        println!(
+            "gemv     threads={threads} {dt:>5} n={n:>6} k={k:>4}: {:8.1} us  {:5.1} GB/s",
+            secs * 1e6,
+            bytes as f64 / secs / 1e9
+        );
+    }
+}
+
+fn gemm(threads: usize) {
+    let p = pool(threads);
+    let m = 512;
+    for (dt, n, k) in
+        [(DType::Q5_0, 4864, 896), (DType::Q5_0, 896, 896), (DType::Q4K, 896, 4864), (DType::Q6K, 896, 4864)]
+    {
+        let wb = weights(dt, n, k, 1);
+        let w = WeightMat::new(dt, n, k, &wb).unwrap();
+        let xs = x(m, k);
+        let mut out = vec![0f32; m * n];
+        let secs = time(&p, Duration::from_secs(2), || {
+            matmul_quant(&xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
+        });
+        println!(
+            "gemm     threads={threads} {dt:>5} m={m} n={n:>5} k={k:>4}: {:8.2} ms  {:6.1} GFLOP/s",
+            secs * 1e3,
+            2.0 * (m * n * k) as f64 / secs / 1e9
+        );
+    }
+}
+
+/// The m=1 matmuls of one decode step of Qwen2.5-Coder-0.5B Q4_K_M (types per layer from
+/// the model file), every layer with its own weights as in the real model.
+fn decode(threads: usize) {
+    let p = pool(threads);
+    let (d, ff, kv) = (896, 4864, 128);
+    let q6_layers = [0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21];
+    struct Layer {
+        q: Vec<u8>,
+        k: Vec<u8>,
+        v: Vec<u8>,
+        v_dt: DType,
+        o: Vec<u8>,
+        gate: Vec<u8>,
+        up: Vec<u8>,
+        down: Vec<u8>,
+        down_dt: DType,
+    }
+    let layers: Vec<Layer> = (0..24u64)
+        .map(|l| {
+            let six = q6_layers.contains(&(l as usize));
+            let (v_dt, down_dt) = if six { (DType::Q8_0, DType::Q6K) } else { (DType::Q5_0, DType::Q4K) };
+            Layer {
+                q: weights(DType::Q5_0, d, d, 10 * l),
+                k: weights(DType::Q5_0, kv, d, 10 * l + 1),
+                v: weights(v_dt, kv, d, 10 * l + 2),
+                v_dt,
+                o: weights(DType::Q5_0, d, d, 10 * l + 3),
+                gate: weights(DType::Q5_0, ff, d, 10 * l + 4),
+                up: weights(DType::Q5_0, ff, d, 10 * l + 5),
+                down: weights(down_dt, d, ff, 10 * l + 6),
+                down_dt,
+            }
+        })
+        .collect();
+    let head = weights(DType::Q8_0, 151936, d, 7);
+    let total: usize = layers
+        .iter()
+        .map(|l| l.q.len() + l.k.len() + l.v.len() + l.o.len() + l.gate.len() + l.up.len() + l.down.len())
+        .sum::<usize>()
+        + head.len();
+    let xd = x(1, d);
+    let xf = x(1, ff);
+    let (mut q, mut k, mut v, mut o, mut h, mut y) =
+        (vec![0f32; d], vec![0f32; kv], vec![0f32; kv], vec![0f32; d], vec![0f32; ff], vec![0f32; d]);
+    let mut logits = vec![0f32; 151936];
+    let secs = time(&p, Duration::from_secs(3), || {
+        for l in &layers {
+            let wq = WeightMat::new(DType::Q5_0, d, d, &l.q).unwrap();
+            let wk = WeightMat::new(DType::Q5_0, kv, d, &l.k).unwrap();
+            let wv = WeightMat::new(l.v_dt, kv, d, &l.v).unwrap();
+            matmul_quant(
+                &xd,
+                1,
+                &mut [
+                    MatSeg { w: wq, bias: None, out: &mut q },
+                    MatSeg { w: wk, bias: None, out: &mut k },
+                    MatSeg { w: wv, bias: None, out: &mut v },
+                ],
+            );
+            let wo = WeightMat::new(DType::Q5_0, d, d, &l.o).unwrap();
+            matmul_quant(&xd, 1, &mut [MatSeg { w: wo, bias: None, out: &mut o }]);
+            let wg = WeightMat::new(DType::Q5_0, ff, d, &l.gate).unwrap();
+            let wu = WeightMat::new(DType::Q5_0, ff, d, &l.up).unwrap();
+            matmul_swiglu_quant(&xd, 1, wg, wu, &mut h);
+            let wd = WeightMat::new(l.down_dt, d, ff, &l.down).unwrap();
+            matmul_quant(&xf, 1, &mut [MatSeg { w: wd, bias: None, out: &mut y }]);
+        }
+        let wh = WeightMat::new(DType::Q8_0, 151936, d, &head).unwrap();
+        matmul_quant(&xd, 1, &mut [MatSeg { w: wh, bias: None, out: &mut logits }]);
+    });
+    println!(
+        "decode   threads={threads}: matmuls of one token {:.2} ms ({:.0} MB of weights, {:.1} GB/s) -> at most {:.1} tokens/s",
+        secs * 1e3,
+        total as f64 / 1e6,
+        total as f64 / secs / 1e9,
+        1.0 / secs
+    );
+}
+
+/// Cost per activation row for m = 1..12 on one thread (where the direct and tiled paths meet).
+fn small_m() {
+    let p = pool(1);
+    for (dt, n, k) in [(DType::Q5_0, 4864, 896), (DType::Q4K, 896, 4864), (DType::Q8_0, 4864, 896)] {
+        let wb = weights(dt, n, k, 1);
+        let w = WeightMat::new(dt, n, k, &wb).unwrap();
+        for m in 1..=12 {
+            let xs = x(m, k);
+            let mut out = vec![0f32; m * n];
+            let secs = time(&p, Duration::from_millis(300), || {
+                matmul_quant(&xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
+            });
+            println!("small {dt} m={m}: {:.1} us  {:.1} us/row", secs * 1e6, secs * 1e6 / m as f64);
+        }
+    }
+}
+
+fn main() {
+    let args: Vec<String> = std::env::args().skip(1).filter(|a| !a.starts_with("--")).collect();
+    let threads: Vec<usize> = match args.iter().find_map(|a| a.strip_prefix("threads=")) {
+        Some(t) => vec![t.parse().expect("threads=N")],
+        None => vec![1, 2],
+    };
+    let want = |name: &str| args.iter().all(|a| a.starts_with("threads=")) || args.iter().any(|a| a == name);
+    println!("isa: {}", tboost_kernels::isa::active().name());
+    for &t in &threads {
+        if want("bw") {
+            bandwidth(t);
+        }
+        if want("gemv") {
+            gemv(t);
+        }
+        if want("gemm") {
+            gemm(t);
+        }
+        if want("decode") {
+            decode(t);
+        }
+        if t == 1 && args.iter().any(|a| a == "small") {
+            small_m();
+        }
+    }
+}

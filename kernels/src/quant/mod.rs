@@ -1,0 +1,295 @@
+//! GGUF block-quantized weights (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K): scalar dequantize
+//! references, and matmul kernels that read the blocks directly.
+//!
+//! Block layouts are ggml's (`ggml-common.h`); [`dequantize_row`] reproduces ggml's
+//! `dequantize_row_*` value for value.
+//!
+//! [`matmul_quant`] and [`matmul_swiglu_quant`] keep the contract of `matmul::matmul`
+//! (read its module doc): `y = x · Wᵀ + bias` with f32 activations, several weight
+//! segments sharing `x`, threads splitting over `n` and `m` on the current rayon pool. The
+//! weights are never dequantized whole: one block of a few rows is unpacked into registers
+//! (few activation rows), or a few rows into an L1/L2 scratch that every activation row
+//! reuses (many activation rows).
+//!
+//! Reduction order (what makes results batch-invariant): every output is
+//! `hsum16(acc) + bias`, where lane `l` of `acc` accumulates `x[16c + l] * w[16c + l]` by
+//! fused multiply-add for c = 0, 1, 2, ... and `w` is exactly the [`dequantize_row`] value.
+//! All paths (scalar, AVX2, AVX-512; direct or tiled) follow it, so `y[i, j]` is
+//! bit-identical whatever `m`, the other rows, the thread count, the split or the ISA.
+//! Activations stay f32 (no int8 quantization of `x`), which keeps the error to that of
+//! an f32 dot product over the dequantized weights.
+
+mod reference;
+#[cfg(target_arch = "x86_64")]
+mod x86;
+
+pub use reference::{dequantize_row, quantize_row_reference};
+
+use rayon::prelude::*;
+
+use crate::isa::{self, Isa};
+use crate::matmul::{MatMulCase, MatSeg};
+use crate::{WeightMat, WeightVec};
+
+/// Whether `matmul_quant` has a kernel for this weight matrix.
+pub fn supports(case: &MatMulCase) -> Result<(), String> {
+    if !case.dtype.is_quantized() {
+        return Err(format!("matmul_quant needs block-quantized weights, not {}", case.dtype));
+    }
+    if !case.cols.is_multiple_of(case.dtype.block_elems()) {
+        return Err(format!(
+            "{} columns is not a whole number of {} blocks ({} values each)",
+            case.cols,
+            case.dtype,
+            case.dtype.block_elems()
+        ));
+    }
+    Ok(())
+}
+
+/// `seg.out = x · seg.wᵀ + seg.bias` for every segment; `x` is `[m, k]`, every `seg.w` is a
+/// block-quantized `[rows, k]` matrix. Panics when shapes disagree (a caller bug: shapes are
+/// checked when the model is loaded).
+pub fn matmul_quant(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
+    matmul_quant_with(isa::active(), x, m, segs)
+}
+
+/// [`matmul_quant`] on at most `isa` (capped at what this CPU has).
+pub fn matmul_quant_with(isa: Isa, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
+    let Some(first) = segs.first() else { return };
+    let k = first.w.cols;
+    assert_eq!(x.len(), m * k, "matmul_quant: x has {} values, expected [m={m}, k={k}]", x.len());
+    for (s, seg) in segs.iter().enumerate() {
+        check_weight("matmul_quant", &format!("segment {s}"), &seg.w, k);
+        let n = seg.w.rows;
+        assert_eq!(
+            seg.out.len(),
+            m * n,
+            "matmul_quant: segment {s} output has {} values, expected [m={m}, rows={n}]",
+            seg.out.len()
+        );
+        if let Some(b) = &seg.bias {
+            assert_eq!(b.len, n, "matmul_quant: segment {s} bias has {} values, expected {n}", b.len);
+        }
+    }
+    let isa = isa.min(isa::detected());
+    let mats: Vec<(WeightMat<'_>, Option<WeightVec<'_>>, OutPtr)> =
+        segs.iter_mut().map(|s| (s.w, s.bias, OutPtr(s.out.as_mut_ptr()))).collect();
+    let ws: Vec<WeightMat<'_>> = mats.iter().map(|m| m.0).collect();
+    let tasks = plan(&ws, m, isa);
+    run_tasks(&tasks, |t| {
+        let (w, bias, out) = &mats[t.mat];
+        let n = w.rows;
+        // SAFETY: tasks cover disjoint [i0, i1) x [j0, j1) rectangles of each output, which
+        // stays mutably borrowed (through `segs`) until every task has finished.
+        unsafe {
+            let dst = out.get().add(t.i0 * n + t.j0);
+            dots(isa, w, t, x, k, dst, n);
+            if let Some(b) = bias {
+                for i in 0..t.i1 - t.i0 {
+                    for j in 0..t.j1 - t.j0 {
+                        *dst.add(i * n + j) += b.get(t.j0 + j);
+                    }
+                }
+            }
+        }
+    });
+}
+
+/// `out = silu(x · gateᵀ) * (x · upᵀ)`, `out` is `[m, gate.rows]`: the same dot products as two
+/// `matmul_quant` calls followed by the elementwise `silu(g) * u`, without writing the
+/// gate/up intermediates of the whole batch.
+pub fn matmul_swiglu_quant(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_>, out: &mut [f32]) {
+    matmul_swiglu_quant_with(isa::active(), x, m, gate, up, out)
+}
+
+/// [`matmul_swiglu_quant`] on at most `isa` (capped at what this CPU has).
+pub fn matmul_swiglu_quant_with(
+    isa: Isa,
+    x: &[f32],
+    m: usize,
+    gate: WeightMat<'_>,
+    up: WeightMat<'_>,
+    out: &mut [f32],
+) {
+    let (n, k) = (gate.rows, gate.cols);
+    assert!(
+        up.rows == n && up.cols == k,
+        "matmul_swiglu_quant: gate is {n}x{k} {} but up is {}x{} {}",
+        gate.dtype,
+        up.rows,
+        up.cols,
+        up.dtype
+    );
+    check_weight("matmul_swiglu_quant", "gate", &gate, k);
+    check_weight("matmul_swiglu_quant", "up", &up, k);
+    assert_eq!(x.len(), m * k, "matmul_swiglu_quant: x has {} values, expected [m={m}, k={k}]", x.len());
+    assert_eq!(out.len(), m * n, "matmul_swiglu_quant: out has {} values, expected [m={m}, n={n}]", out.len());
+    let isa = isa.min(isa::detected());
+    let tasks = plan(&[gate], m, isa);
+    let out = OutPtr(out.as_mut_ptr());
+    run_tasks(&tasks, |t| {
+        let (mi, nj) = (t.i1 - t.i0, t.j1 - t.j0);
+        let mut g = vec![0f32; mi * nj];
+        let mut u = vec![0f32; mi * nj];
+        // SAFETY: `g`/`u` are [mi, nj]; tasks write disjoint rectangles of `out`, which stays
+        // mutably borrowed until every task has finished.
+        unsafe {
+            dots(isa, &gate, t, x, k, g.as_mut_ptr(), nj);
+            dots(isa, &up, t, x, k, u.as_mut_ptr(), nj);
+            for i in 0..mi {
+                let o = std::slice::from_raw_parts_mut(out.get().add((t.i0 + i) * n + t.j0), nj);
+                for ((o, &g), &u) in o.iter_mut().zip(&g[i * nj..(i + 1) * nj]).zip(&u[i * nj..(i + 1) * nj]) {
+                    *o = silu(g) * u;
+                }
+            }
+        }
+    });
+}
+
+/// `silu(g) = g / (1 + exp(-g))` in f32. Must stay the same function as `matmul::silu` (and
+/// `activation::swiglu`) so the fused path matches matmul + swiglu bit for bit.
+#[inline]
+fn silu(g: f32) -> f32 {
+    g / (1.0 + (-g).exp())
+}
+
+fn check_weight(op: &str, what: &str, w: &WeightMat<'_>, k: usize) {
+    let case = MatMulCase { dtype: w.dtype, rows: w.rows, cols: w.cols };
+    if let Err(e) = supports(&case) {
+        panic!("{op}: {what}: {e}");
+    }
+    assert_eq!(w.cols, k, "{op}: {what} has {} columns, expected k={k}", w.cols);
+    assert_eq!(
+        Some(w.data.len()),
+        w.dtype.bytes_for(w.cols).and_then(|rb| rb.checked_mul(w.rows)),
+        "{op}: {what}: {}x{} {} has {} bytes",
+        w.rows,
+        w.cols,
+        w.dtype,
+        w.data.len()
+    );
+}
+
+/// Output base pointer shared by tasks that write disjoint parts of it.
+#[derive(Clone, Copy)]
+struct OutPtr(*mut f32);
+// SAFETY: only used for disjoint writes while the owning slice is mutably borrowed.
+unsafe impl Send for OutPtr {}
+unsafe impl Sync for OutPtr {}
+
+impl OutPtr {
+    /// A method (not the field) so closures capture the whole `Send + Sync` wrapper.
+    fn get(&self) -> *mut f32 {
+        self.0
+    }
+}
+
+/// Weight rows `[j0, j1)` of matrix `mat` against activation rows `[i0, i1)`.
+#[derive(Clone, Copy, Debug)]
+struct Task {
+    mat: usize,
+    j0: usize,
+    j1: usize,
+    i0: usize,
+    i1: usize,
+}
+
+/// Weight bytes a decode task aims at: big enough to hide scheduling cost, small enough
+/// that idle threads can steal the rest.
+const TASK_MIN_BYTES: usize = 32 << 10;
+const TASK_MAX_BYTES: usize = 1 << 20;
+/// Tiled tasks: weight rows per task, and the activation bytes a task keeps hot in L2 (each
+/// group of weight rows is multiplied with all its activation rows).
+const TILE_TASK_N: usize = 64;
+const TILE_TASK_X_BYTES: usize = 512 << 10;
+
+/// Activation rows per tiled task: a multiple of 12 (whole micro-tiles of 6 or 2 rows).
+fn tile_task_m(k: usize) -> usize {
+    (TILE_TASK_X_BYTES / (4 * k.max(1))).clamp(12, 96) / 12 * 12
+}
+
+/// Activation rows from which the tiled kernels are used.
+fn tile_min_rows(isa: Isa) -> usize {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 | Isa::Avx2 => x86::TILE_MIN_ROWS,
+        _ => usize::MAX,
+    }
+}
+
+/// Splits the work over weight rows (and activation rows for large `m`). The split never
+/// changes a result, only who computes it.
+fn plan(ws: &[WeightMat<'_>], m: usize, isa: Isa) -> Vec<Task> {
+    let mut tasks = Vec::new();
+    if m == 0 {
+        return tasks;
+    }
+    let threads = rayon::current_num_threads();
+    if m < tile_min_rows(isa) {
+        let total: usize = ws.iter().map(|w| w.data.len()).sum();
+        let target = if threads > 1 { total / (threads * 4) } else { total };
+        let task_bytes = target.clamp(TASK_MIN_BYTES, TASK_MAX_BYTES);
+        for (mat, w) in ws.iter().enumerate() {
+            let rows = (task_bytes / w.row_bytes().max(1)).max(1).next_multiple_of(4);
+            for j0 in (0..w.rows).step_by(rows) {
+                tasks.push(Task { mat, j0, j1: (j0 + rows).min(w.rows), i0: 0, i1: m });
+            }
+        }
+    } else {
+        for (mat, w) in ws.iter().enumerate() {
+            let mc = tile_task_m(w.cols);
+            for j0 in (0..w.rows).step_by(TILE_TASK_N) {
+                for i0 in (0..m).step_by(mc) {
+                    tasks.push(Task { mat, j0, j1: (j0 + TILE_TASK_N).min(w.rows), i0, i1: (i0 + mc).min(m) });
+                }
+            }
+        }
+    }
+    tasks
+}
+
+fn run_tasks<F: Fn(&Task) + Sync + Send>(tasks: &[Task], f: F) {
+    if tasks.len() <= 1 || rayon::current_num_threads() == 1 {
+        tasks.iter().for_each(f);
+    } else {
+        tasks.par_iter().for_each(f);
+    }
+}
+
+/// Raw dot products of task `t`: `dst[(i - i0) * ld + (j - j0)] = x[i] · w[j]`.
+///
+/// # Safety
+/// `dst` must be writable for that rectangle; `isa` must be supported by this CPU.
+unsafe fn dots(isa: Isa, w: &WeightMat<'_>, t: &Task, x: &[f32], k: usize, dst: *mut f32, ld: usize) {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 | Isa::Avx2 => {
+            let job = x86::Job {
+                w: w.data.as_ptr().add(t.j0 * w.row_bytes()),
+                row_bytes: w.row_bytes(),
+                n: t.j1 - t.j0,
+                x: x.as_ptr().add(t.i0 * k),
+                m: t.i1 - t.i0,
+                k,
+                dst,
+                ld,
+            };
+            x86::dots(isa == Isa::Avx512, w.dtype, &job)
+        }
+        _ => dots_scalar(w, t, x, k, dst, ld),
+    }
+}
+
+/// Scalar path: each weight row dequantized by the reference, then `dot_ordered`.
+unsafe fn dots_scalar(w: &WeightMat<'_>, t: &Task, x: &[f32], k: usize, dst: *mut f32, ld: usize) {
+    let mut row = vec![0f32; k];
+    for j in t.j0..t.j1 {
+        for (b, y) in w.row(j).chunks_exact(w.dtype.block_bytes()).zip(row.chunks_exact_mut(w.dtype.block_elems())) {
+            reference::dequantize_block(w.dtype, b, y);
+        }
+        for i in t.i0..t.i1 {
+            *dst.add((i - t.i0) * ld + (j - t.j0)) = reference::dot_ordered(&x[i * k..(i + 1) * k], &row);
+        }
+    }
+}

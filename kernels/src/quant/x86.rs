@@ -1,0 +1,724 @@
+//! AVX-512 and AVX2 kernels for block-quantized weights.
+//!
+//! One generic body serves both instruction sets: a 16-lane f32 vector type ([`V16`]: one
+//! zmm, or two ymm) and byte-level unpacking on 256-bit integer vectors (AVX2 instructions,
+//! present in both). Every path computes exactly `reference::dot_ordered` of the
+//! dequantized row: values are dequantized with ggml's f32 operations, lane `l` of a
+//! 16-lane accumulator takes the fused multiply-adds of elements `16c + l` in increasing
+//! `c`, and the lanes are summed with `reference::hsum16`'s tree. So the result is
+//! bit-identical across ISAs, batch sizes and work splits.
+//!
+//! Two shapes of work:
+//! - direct (fewer than `TILE_MIN_ROWS` activation rows, decode): the same block of 4 weight
+//!   rows is unpacked into registers and multiplied straight into the accumulators of up to
+//!   4 activation rows; weight bytes are prefetched 8 KiB ahead. This is the memory-bound
+//!   GEMV, one pass over the weights;
+//! - tiled (prefill): 4 weight rows are dequantized once into an f32 scratch (L1/L2) and a
+//!   register-tiled micro-kernel (6x4 on AVX-512, 2x2 on AVX2) reuses them for every
+//!   activation row of the task.
+//!
+//! All helpers are `#[inline(always)]` so that they compile inside the `#[target_feature]`
+//! entry points at the bottom, where the intrinsics are allowed to inline.
+
+// Kernels index several same-length arrays (rows, lanes, accumulators) with one counter.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+use std::ptr;
+
+use crate::DType;
+
+/// Activation rows handled in one pass of the direct path.
+const DIRECT_M: usize = 4;
+/// Weight rows unpacked together in the direct path (independent accumulation chains).
+const DIRECT_R: usize = 4;
+/// How far ahead of the direct path's reads weight bytes are prefetched (measured: 8 KiB
+/// and more reach full DRAM bandwidth on short rows, 2 KiB does not).
+const PREFETCH_BYTES: usize = 8192;
+
+/// 16 f32 lanes.
+pub(super) trait V16: Copy {
+    unsafe fn zero() -> Self;
+    unsafe fn splat(v: f32) -> Self;
+    /// The little-endian f16 at `p`, converted exactly, in every lane.
+    unsafe fn splat_f16(p: *const u8) -> Self;
+    unsafe fn load(p: *const f32) -> Self;
+    unsafe fn store(self, p: *mut f32);
+    /// `a * b + c`, one rounding.
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
+    unsafe fn mul(a: Self, b: Self) -> Self;
+    unsafe fn sub(a: Self, b: Self) -> Self;
+    /// Sum of the lanes with `reference::hsum16`'s tree.
+    unsafe fn hsum(self) -> f32;
+    /// 32 signed bytes as floats: (bytes 0..16, bytes 16..32).
+    unsafe fn from_i8x32(v: __m256i) -> (Self, Self);
+    /// Byte `i` is 0xFF when bit `i` of `bits` is set, else 0.
+    unsafe fn bits_to_bytes(bits: u32) -> __m256i;
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct Z(__m512);
+
+impl V16 for Z {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        Z(_mm512_setzero_ps())
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        Z(_mm512_set1_ps(v))
+    }
+    #[inline(always)]
+    unsafe fn splat_f16(p: *const u8) -> Self {
+        Z(_mm512_cvtph_ps(_mm256_set1_epi16(ptr::read_unaligned(p as *const i16))))
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        Z(_mm512_loadu_ps(p))
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        _mm512_storeu_ps(p, self.0)
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+        Z(_mm512_fmadd_ps(a.0, b.0, c.0))
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        Z(_mm512_mul_ps(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn sub(a: Self, b: Self) -> Self {
+        Z(_mm512_sub_ps(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn hsum(self) -> f32 {
+        let lo = _mm512_castps512_ps256(self.0);
+        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(self.0)));
+        hsum8(_mm256_add_ps(lo, hi))
+    }
+    #[inline(always)]
+    unsafe fn from_i8x32(v: __m256i) -> (Self, Self) {
+        let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
+        let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256::<1>(v)));
+        (Z(lo), Z(hi))
+    }
+    #[inline(always)]
+    unsafe fn bits_to_bytes(bits: u32) -> __m256i {
+        _mm256_movm_epi8(bits)
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct Y(__m256, __m256);
+
+impl V16 for Y {
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        Y(_mm256_setzero_ps(), _mm256_setzero_ps())
+    }
+    #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        Y(_mm256_set1_ps(v), _mm256_set1_ps(v))
+    }
+    #[inline(always)]
+    unsafe fn splat_f16(p: *const u8) -> Self {
+        let v = _mm256_cvtph_ps(_mm_set1_epi16(ptr::read_unaligned(p as *const i16)));
+        Y(v, v)
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const f32) -> Self {
+        Y(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
+    }
+    #[inline(always)]
+    unsafe fn store(self, p: *mut f32) {
+        _mm256_storeu_ps(p, self.0);
+        _mm256_storeu_ps(p.add(8), self.1);
+    }
+    #[inline(always)]
+    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
+        Y(_mm256_fmadd_ps(a.0, b.0, c.0), _mm256_fmadd_ps(a.1, b.1, c.1))
+    }
+    #[inline(always)]
+    unsafe fn mul(a: Self, b: Self) -> Self {
+        Y(_mm256_mul_ps(a.0, b.0), _mm256_mul_ps(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn sub(a: Self, b: Self) -> Self {
+        Y(_mm256_sub_ps(a.0, b.0), _mm256_sub_ps(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn hsum(self) -> f32 {
+        hsum8(_mm256_add_ps(self.0, self.1))
+    }
+    #[inline(always)]
+    unsafe fn from_i8x32(v: __m256i) -> (Self, Self) {
+        let a = _mm256_castsi256_si128(v);
+        let b = _mm256_extracti128_si256::<1>(v);
+        (Y(cvt8(a), cvt8(_mm_srli_si128::<8>(a))), Y(cvt8(b), cvt8(_mm_srli_si128::<8>(b))))
+    }
+    #[inline(always)]
+    unsafe fn bits_to_bytes(bits: u32) -> __m256i {
+        // Byte i takes byte i/8 of `bits`, then tests bit i%8 of it.
+        let v = _mm256_set1_epi32(bits as i32);
+        let pick = _mm256_setr_epi8(
+            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
+        );
+        let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
+        _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, pick), sel), sel)
+    }
+}
+
+/// The low 8 signed bytes of `x` as floats.
+#[inline(always)]
+unsafe fn cvt8(x: __m128i) -> __m256 {
+    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x))
+}
+
+/// Lanes 0..8 (already lanes l + l+8 of the 16-lane vector) summed as in `hsum16`.
+#[inline(always)]
+unsafe fn hsum8(s8: __m256) -> f32 {
+    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
+    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
+    _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
+}
+
+#[inline(always)]
+unsafe fn f16_at(p: *const u8) -> f32 {
+    let bits = ptr::read_unaligned(p as *const u16);
+    _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
+}
+
+#[inline(always)]
+unsafe fn load32(p: *const u8) -> __m256i {
+    _mm256_loadu_si256(p as *const __m256i)
+}
+
+/// 16 packed bytes as 32 nibbles: low nibbles in bytes 0..16, high nibbles in 16..32.
+#[inline(always)]
+unsafe fn nibbles16(p: *const u8) -> __m256i {
+    let q = _mm_loadu_si128(p as *const __m128i);
+    let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
+    _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// Where dequantized 16-value chunks go: `put(c, v)` receives chunk `c` of the current
+/// block for each of `R` weight rows, in increasing `c`.
+pub(super) trait Sink<V: V16, const R: usize> {
+    unsafe fn put(&mut self, c: usize, v: &[V; R]);
+}
+
+/// A GGUF block format, unpacked for `R` rows at once (the same block index in each).
+pub(super) trait Format {
+    const ELEMS: usize;
+    const BYTES: usize;
+    unsafe fn decode<V: V16, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S);
+}
+
+pub(super) struct Q4_0;
+pub(super) struct Q5_0;
+pub(super) struct Q8_0;
+pub(super) struct Q4K;
+pub(super) struct Q5K;
+pub(super) struct Q6K;
+
+/// `(lo, hi)` scaled: `v * d` (ggml: `x * d`).
+#[inline(always)]
+unsafe fn scaled<V: V16>(q: __m256i, d: V) -> (V, V) {
+    let (a, b) = V::from_i8x32(q);
+    (V::mul(a, d), V::mul(b, d))
+}
+
+impl Format for Q8_0 {
+    const ELEMS: usize = 32;
+    const BYTES: usize = 34;
+    #[inline(always)]
+    unsafe fn decode<V: V16, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+        let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
+        for r in 0..R {
+            (a[r], b[r]) = scaled(load32(p[r].add(2)), V::splat_f16(p[r]));
+        }
+        s.put(0, &a);
+        s.put(1, &b);
+    }
+}
+
+impl Format for Q4_0 {
+    const ELEMS: usize = 32;
+    const BYTES: usize = 18;
+    #[inline(always)]
+    unsafe fn decode<V: V16, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+        let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
+        for r in 0..R {
+            let q = _mm256_sub_epi8(nibbles16(p[r].add(2)), _mm256_set1_epi8(8));
+            (a[r], b[r]) = scaled(q, V::splat_f16(p[r]));
+        }
+        s.put(0, &a);
+        s.put(1, &b);
+    }
+}
+
+impl Format for Q5_0 {
+    const ELEMS: usize = 32;
+    const BYTES: usize = 22;
+    #[inline(always)]
+    unsafe fn decode<V: V16, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+        let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
+        for r in 0..R {
+            // Bit j of qh is the fifth bit of value j: (nib | 16*bit) - 16 = nib - 16*(1-bit).
+            let qh = ptr::read_unaligned(p[r].add(2) as *const u32);
+            let nib = nibbles16(p[r].add(6));
+            let q = _mm256_sub_epi8(nib, _mm256_andnot_si256(V::bits_to_bytes(qh), _mm256_set1_epi8(16)));
+            (a[r], b[r]) = scaled(q, V::splat_f16(p[r]));
+        }
+        s.put(0, &a);
+        s.put(1, &b);
+    }
+}
+
+/// The 8 (d*sc, dmin*m) pairs of a Q4_K / Q5_K super-block, as ggml computes them.
+#[inline(always)]
+unsafe fn k_scales(p: *const u8) -> ([f32; 8], [f32; 8]) {
+    let d = f16_at(p);
+    let dmin = f16_at(p.add(2));
+    let sc = std::slice::from_raw_parts(p.add(4), 12);
+    let (mut ds, mut ms) = ([0f32; 8], [0f32; 8]);
+    for j in 0..8 {
+        let (s, m) = super::reference::scale_min_k4(j, sc);
+        ds[j] = d * s as f32;
+        ms[j] = dmin * m as f32;
+    }
+    (ds, ms)
+}
+
+/// Puts sub-block `j` (32 values, chunks 2j and 2j+1): `d*q - m` per row (ggml: `d1*q - m1`).
+#[inline(always)]
+unsafe fn put_k_sub<V: V16, S: Sink<V, R>, const R: usize>(
+    s: &mut S,
+    j: usize,
+    q: &[__m256i; R],
+    ds: &[[f32; 8]; R],
+    ms: &[[f32; 8]; R],
+) {
+    let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
+    for r in 0..R {
+        let (lo, hi) = V::from_i8x32(q[r]);
+        let (d, m) = (V::splat(ds[r][j]), V::splat(ms[r][j]));
+        a[r] = V::sub(V::mul(lo, d), m);
+        b[r] = V::sub(V::mul(hi, d), m);
+    }
+    s.put(2 * j, &a);
+    s.put(2 * j + 1, &b);
+}
+
+impl Format for Q4K {
+    const ELEMS: usize = 256;
+    const BYTES: usize = 144;
+    #[inline(always)]
+    unsafe fn decode<V: V16, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+        let (mut ds, mut ms) = ([[0f32; 8]; R], [[0f32; 8]; R]);
+        for r in 0..R {
+            (ds[r], ms[r]) = k_scales(p[r]);
+        }
+        let m4 = _mm256_set1_epi8(0x0F);
+        for pair in 0..4 {
+            let mut raw = [_mm256_setzero_si256(); R];
+            for r in 0..R {
+                raw[r] = load32(p[r].add(16 + 32 * pair));
+            }
+            let mut q = [_mm256_setzero_si256(); R];
+            for r in 0..R {
+                q[r] = _mm256_and_si256(raw[r], m4);
+            }
+            put_k_sub(s, 2 * pair, &q, &ds, &ms);
+            for r in 0..R {
+                q[r] = _mm256_and_si256(_mm256_srli_epi16::<4>(raw[r]), m4);
+            }
+            put_k_sub(s, 2 * pair + 1, &q, &ds, &ms);
+        }
+    }
+}
+
+/// 16 where bit `j` of byte `l` of `qh` is set: the fifth bit of value `l` of sub-block `j`.
+#[inline(always)]
+unsafe fn q5k_high(qh: __m256i, j: usize) -> __m256i {
+    let bit = _mm256_set1_epi8((1u8 << j) as i8);
+    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(16))
+}
+
+impl Format for Q5K {
+    const ELEMS: usize = 256;
+    const BYTES: usize = 176;
+    #[inline(always)]
+    unsafe fn decode<V: V16, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+        let (mut ds, mut ms) = ([[0f32; 8]; R], [[0f32; 8]; R]);
+        for r in 0..R {
+            (ds[r], ms[r]) = k_scales(p[r]);
+        }
+        let m4 = _mm256_set1_epi8(0x0F);
+        for pair in 0..4 {
+            let (mut raw, mut qh) = ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
+            for r in 0..R {
+                raw[r] = load32(p[r].add(48 + 32 * pair));
+                qh[r] = load32(p[r].add(16));
+            }
+            let mut q = [_mm256_setzero_si256(); R];
+            for r in 0..R {
+                q[r] = _mm256_or_si256(_mm256_and_si256(raw[r], m4), q5k_high(qh[r], 2 * pair));
+            }
+            put_k_sub(s, 2 * pair, &q, &ds, &ms);
+            for r in 0..R {
+                let nib = _mm256_and_si256(_mm256_srli_epi16::<4>(raw[r]), m4);
+                q[r] = _mm256_or_si256(nib, q5k_high(qh[r], 2 * pair + 1));
+            }
+            put_k_sub(s, 2 * pair + 1, &q, &ds, &ms);
+        }
+    }
+}
+
+impl Format for Q6K {
+    const ELEMS: usize = 256;
+    const BYTES: usize = 210;
+    #[inline(always)]
+    unsafe fn decode<V: V16, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+        // ggml: (d * sc) * q, one scale per 16 values, so chunk c uses scale c.
+        let mut ds = [[0f32; 16]; R];
+        for r in 0..R {
+            let d = f16_at(p[r].add(208));
+            for c in 0..16 {
+                ds[r][c] = d * (*p[r].add(192 + c) as i8) as f32;
+            }
+        }
+        let m4 = _mm256_set1_epi8(0x0F);
+        let m30 = _mm256_set1_epi8(0x30);
+        let k32 = _mm256_set1_epi8(32);
+        for half in 0..2 {
+            let (mut a, mut b, mut h) =
+                ([_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R], [_mm256_setzero_si256(); R]);
+            for r in 0..R {
+                a[r] = load32(p[r].add(64 * half));
+                b[r] = load32(p[r].add(64 * half + 32));
+                h[r] = load32(p[r].add(128 + 32 * half));
+            }
+            // Quarter g holds values 128*half + 32*g + l: a low nibble (g = 0, 1: ql[l], ql[l+32])
+            // or high nibble (g = 2, 3) plus bits 2g..2g+2 of qh[l] as bits 4..6.
+            for g in 0..4 {
+                let mut q = [_mm256_setzero_si256(); R];
+                for r in 0..R {
+                    let src = if g % 2 == 0 { a[r] } else { b[r] };
+                    let lo = if g < 2 { src } else { _mm256_srli_epi16::<4>(src) };
+                    let hb = match g {
+                        0 => _mm256_slli_epi16::<4>(h[r]),
+                        1 => _mm256_slli_epi16::<2>(h[r]),
+                        2 => h[r],
+                        _ => _mm256_srli_epi16::<2>(h[r]),
+                    };
+                    let v = _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hb, m30));
+                    q[r] = _mm256_sub_epi8(v, k32);
+                }
+                let c = 8 * half + 2 * g;
+                let (mut va, mut vb) = ([V::zero(); R], [V::zero(); R]);
+                for r in 0..R {
+                    let (lo, hi) = V::from_i8x32(q[r]);
+                    va[r] = V::mul(lo, V::splat(ds[r][c]));
+                    vb[r] = V::mul(hi, V::splat(ds[r][c + 1]));
+                }
+                s.put(c, &va);
+                s.put(c + 1, &vb);
+            }
+        }
+    }
+}
+
+/// Multiplies dequantized chunks into the accumulators of `M` activation rows.
+struct DotSink<V: V16, const R: usize, const M: usize> {
+    acc: [[V; M]; R],
+    x: [*const f32; M],
+    /// Element offset of the current block in the row.
+    base: usize,
+}
+
+impl<V: V16, const R: usize, const M: usize> Sink<V, R> for DotSink<V, R, M> {
+    #[inline(always)]
+    unsafe fn put(&mut self, c: usize, v: &[V; R]) {
+        let off = self.base + 16 * c;
+        for i in 0..M {
+            let xv = V::load(self.x[i].add(off));
+            for r in 0..R {
+                self.acc[r][i] = V::fma(xv, v[r], self.acc[r][i]);
+            }
+        }
+    }
+}
+
+/// Stores dequantized chunks into `R` rows of an f32 scratch.
+struct StoreSink<const R: usize> {
+    dst: [*mut f32; R],
+    base: usize,
+}
+
+impl<V: V16, const R: usize> Sink<V, R> for StoreSink<R> {
+    #[inline(always)]
+    unsafe fn put(&mut self, c: usize, v: &[V; R]) {
+        for r in 0..R {
+            v[r].store(self.dst[r].add(self.base + 16 * c));
+        }
+    }
+}
+
+/// Shape of one call: weight rows `w` (row stride `row_bytes`), activations `x` (row stride
+/// `k`), results `dst[i * ld + j]` (raw dot products, no bias).
+#[derive(Clone, Copy)]
+pub(super) struct Job {
+    pub w: *const u8,
+    pub row_bytes: usize,
+    pub n: usize,
+    pub x: *const f32,
+    pub m: usize,
+    pub k: usize,
+    pub dst: *mut f32,
+    pub ld: usize,
+}
+
+/// Dot products of `R` weight rows (starting at `w`) with `M` activation rows.
+#[inline(always)]
+unsafe fn rows_direct<V: V16, D: Format, const R: usize, const M: usize>(
+    w: *const u8,
+    row_bytes: usize,
+    x: [*const f32; M],
+    k: usize,
+) -> [[f32; M]; R] {
+    let mut sink = DotSink::<V, R, M> { acc: [[V::zero(); M]; R], x, base: 0 };
+    let mut p = [w; R];
+    for r in 0..R {
+        p[r] = w.add(r * row_bytes);
+    }
+    // Rows are often short (under 1 KiB), too short for the hardware prefetcher to lock on
+    // to each of the R interleaved streams: fetch the bytes `dist` ahead explicitly. Over
+    // the R rows these addresses sweep the contiguous weight bytes that follow.
+    let dist = (R * row_bytes).max(PREFETCH_BYTES);
+    for _ in 0..k / D::ELEMS {
+        for r in 0..R {
+            let mut o = 0;
+            while o < D::BYTES {
+                _mm_prefetch::<_MM_HINT_T0>(p[r].wrapping_add(dist + o) as *const i8);
+                o += 64;
+            }
+        }
+        D::decode::<V, _, R>(&p, &mut sink);
+        for q in p.iter_mut() {
+            *q = q.add(D::BYTES);
+        }
+        sink.base += D::ELEMS;
+    }
+    let mut out = [[0f32; M]; R];
+    for r in 0..R {
+        for i in 0..M {
+            out[r][i] = sink.acc[r][i].hsum();
+        }
+    }
+    out
+}
+
+#[inline(always)]
+unsafe fn direct_m<V: V16, D: Format, const M: usize>(job: &Job, i0: usize) {
+    let mut x = [job.x; M];
+    for i in 0..M {
+        x[i] = job.x.add((i0 + i) * job.k);
+    }
+    let mut j = 0;
+    while j + DIRECT_R <= job.n {
+        let res = rows_direct::<V, D, DIRECT_R, M>(job.w.add(j * job.row_bytes), job.row_bytes, x, job.k);
+        for r in 0..DIRECT_R {
+            for i in 0..M {
+                *job.dst.add((i0 + i) * job.ld + j + r) = res[r][i];
+            }
+        }
+        j += DIRECT_R;
+    }
+    while j < job.n {
+        let res = rows_direct::<V, D, 1, M>(job.w.add(j * job.row_bytes), job.row_bytes, x, job.k);
+        for i in 0..M {
+            *job.dst.add((i0 + i) * job.ld + j) = res[0][i];
+        }
+        j += 1;
+    }
+}
+
+/// Direct path: activation rows in groups of up to `DIRECT_M`.
+#[inline(always)]
+unsafe fn direct<V: V16, D: Format>(job: &Job) {
+    let mut i = 0;
+    while i < job.m {
+        let mm = (job.m - i).min(DIRECT_M);
+        match mm {
+            1 => direct_m::<V, D, 1>(job, i),
+            2 => direct_m::<V, D, 2>(job, i),
+            3 => direct_m::<V, D, 3>(job, i),
+            _ => direct_m::<V, D, 4>(job, i),
+        }
+        i += mm;
+    }
+}
+
+/// Dequantizes `R` consecutive weight rows (whole rows of `k` values) into `dst` rows of `k`.
+#[inline(always)]
+unsafe fn dequant_rows<V: V16, D: Format, const R: usize>(w: *const u8, row_bytes: usize, k: usize, dst: *mut f32) {
+    let mut sink = StoreSink::<R> { dst: [dst; R], base: 0 };
+    let mut p = [w; R];
+    for r in 0..R {
+        p[r] = w.add(r * row_bytes);
+        sink.dst[r] = dst.add(r * k);
+    }
+    for _ in 0..k / D::ELEMS {
+        D::decode::<V, _, R>(&p, &mut sink);
+        for q in p.iter_mut() {
+            *q = q.add(D::BYTES);
+        }
+        sink.base += D::ELEMS;
+    }
+}
+
+/// `MR` activation rows times `NR` dequantized weight rows (row stride `k` for both), in the
+/// fixed order; results to `dst[i * ld + r]`.
+#[inline(always)]
+unsafe fn micro<V: V16, const MR: usize, const NR: usize>(
+    x: *const f32,
+    w: *const f32,
+    k: usize,
+    dst: *mut f32,
+    ld: usize,
+) {
+    let mut acc = [[V::zero(); NR]; MR];
+    let mut off = 0;
+    while off < k {
+        let mut wv = [V::zero(); NR];
+        for r in 0..NR {
+            wv[r] = V::load(w.add(r * k + off));
+        }
+        for i in 0..MR {
+            let xv = V::load(x.add(i * k + off));
+            for r in 0..NR {
+                acc[i][r] = V::fma(xv, wv[r], acc[i][r]);
+            }
+        }
+        off += 16;
+    }
+    for i in 0..MR {
+        for r in 0..NR {
+            *dst.add(i * ld + r) = acc[i][r].hsum();
+        }
+    }
+}
+
+/// All `m` activation rows against `nr` (1..=NR) dequantized weight rows in `w`.
+#[inline(always)]
+unsafe fn panel<V: V16, const MR: usize, const NR: usize>(job: &Job, w: *const f32, nr: usize, j: usize) {
+    const { assert!(MR <= 6 && NR <= 4, "panel handles remainders of up to 5 rows and 3 columns") };
+    macro_rules! run_rows {
+        ($nr:tt) => {{
+            let mut i = 0;
+            while i + MR <= job.m {
+                micro::<V, MR, $nr>(job.x.add(i * job.k), w, job.k, job.dst.add(i * job.ld + j), job.ld);
+                i += MR;
+            }
+            // The last rows in one call too (fewer than MR <= 6, so at most 5).
+            let (x, dst) = (job.x.add(i * job.k), job.dst.add(i * job.ld + j));
+            match job.m - i {
+                0 => {}
+                1 => micro::<V, 1, $nr>(x, w, job.k, dst, job.ld),
+                2 => micro::<V, 2, $nr>(x, w, job.k, dst, job.ld),
+                3 => micro::<V, 3, $nr>(x, w, job.k, dst, job.ld),
+                4 => micro::<V, 4, $nr>(x, w, job.k, dst, job.ld),
+                _ => micro::<V, 5, $nr>(x, w, job.k, dst, job.ld),
+            }
+        }};
+    }
+    match nr {
+        n if n == NR => run_rows!(NR),
+        1 => run_rows!(1),
+        2 => run_rows!(2),
+        _ => run_rows!(3),
+    }
+}
+
+/// Tiled path: `NR` weight rows at a time dequantized into scratch, reused for all `m` rows.
+#[inline(always)]
+unsafe fn tiled<V: V16, D: Format, const NR: usize>(job: &Job, panel_fn: unsafe fn(&Job, *const f32, usize, usize)) {
+    let mut scratch = vec![0f32; NR * job.k];
+    let s = scratch.as_mut_ptr();
+    let mut j = 0;
+    while j < job.n {
+        let nr = (job.n - j).min(NR);
+        if nr == NR {
+            dequant_rows::<V, D, NR>(job.w.add(j * job.row_bytes), job.row_bytes, job.k, s);
+        } else {
+            for r in 0..nr {
+                dequant_rows::<V, D, 1>(job.w.add((j + r) * job.row_bytes), job.row_bytes, job.k, s.add(r * job.k));
+            }
+        }
+        panel_fn(job, s, nr, j);
+        j += nr;
+    }
+}
+
+/// Raw dot products for `job` with weights of format `D` on `isa`'s kernels.
+macro_rules! entry_points {
+    ($direct:ident, $panel:ident, $dots:ident, $v:ty, $mr:literal, $nr:literal, $features:literal) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $direct<D: Format>(job: &Job) {
+            direct::<$v, D>(job)
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn $panel(job: &Job, w: *const f32, nr: usize, j: usize) {
+            panel::<$v, $mr, $nr>(job, w, nr, j)
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn $dots<D: Format>(job: &Job, tile: bool) {
+            if tile {
+                tiled::<$v, D, $nr>(job, $panel)
+            } else {
+                $direct::<D>(job)
+            }
+        }
+    };
+}
+
+entry_points!(direct_avx512, panel_avx512, dots_avx512, Z, 6, 4, "avx512f,avx512bw,avx512vl,avx2,fma,f16c");
+entry_points!(direct_avx2, panel_avx2, dots_avx2, Y, 2, 2, "avx2,fma,f16c");
+
+/// Activation rows from which the tiled path is faster than unpacking the blocks again for
+/// every group of `DIRECT_M` rows (measured on both instruction sets: direct wins up to 3
+/// rows, ties at 4, loses from 5).
+pub(super) const TILE_MIN_ROWS: usize = DIRECT_M + 1;
+
+/// Runs `job` on AVX-512 (`avx512 == true`) or AVX2.
+///
+/// # Safety
+/// The CPU must support the chosen instruction set (checked by the caller through
+/// `isa::detected`), and `job` must describe valid memory: `n` rows of `row_bytes` bytes of
+/// `dtype` blocks covering `k` values, `m` rows of `k` f32, and a writable `dst`.
+pub(super) unsafe fn dots(avx512: bool, dtype: DType, job: &Job) {
+    let tile = job.m >= TILE_MIN_ROWS;
+    macro_rules! go {
+        ($f:ident) => {
+            match dtype {
+                DType::Q4_0 => $f::<Q4_0>(job, tile),
+                DType::Q5_0 => $f::<Q5_0>(job, tile),
+                DType::Q8_0 => $f::<Q8_0>(job, tile),
+                DType::Q4K => $f::<Q4K>(job, tile),
+                DType::Q5K => $f::<Q5K>(job, tile),
+                DType::Q6K => $f::<Q6K>(job, tile),
+                DType::F32 | DType::F16 | DType::BF16 => unreachable!("checked by matmul_quant"),
+            }
+        };
+    }
+    if avx512 {
+        go!(dots_avx512)
+    } else {
+        go!(dots_avx2)
+    }
+}
