@@ -1,9 +1,7 @@
 //! Embedding lookup: copies (and converts to f32) one table row per id.
 //!
-//! Dense tables (f32, f16, bf16) only for now. Quantized tables will go through
-//! `crate::quant::dequantize_row` once it exists; until then the orchestrator's plan rejects
-//! quantized embeddings at load time, so the quantized arm below is unreachable from a
-//! valid plan and panics naming the dtype if a bug ever reaches it.
+//! Dense tables (f32, f16, bf16) convert element by element; GGUF block-quantized tables
+//! dequantize the one row through `crate::quant::dequantize_row` (never the whole table).
 
 use rayon::prelude::*;
 
@@ -51,9 +49,11 @@ pub fn row_to_f32(table: WeightMat<'_>, row: usize, out: &mut [f32]) {
                 *o = half::bf16::from_le_bytes([b[0], b[1]]).to_f32();
             }
         }
-        q => panic!(
-            "embed: {q} tables are not supported yet (quant::dequantize_row is not wired in); \
-             the plan must reject quantized embeddings"
-        ),
+        q => {
+            // The table was checked at load time (whole blocks per row), so this cannot fail.
+            if let Err(e) = crate::quant::dequantize_row(q, bytes, out) {
+                panic!("embed: {q} row {row}: {e}");
+            }
+        }
     }
 }

@@ -55,20 +55,16 @@ pub struct MatMulCase {
     pub cols: usize,
 }
 
+/// Dense weights run here; block-quantized ones in `crate::quant`.
 pub fn supports(case: &MatMulCase) -> Result<(), String> {
     match case.dtype {
         DType::F32 | DType::F16 | DType::BF16 => Ok(()),
-        other => Err(format!("matmul has no kernel for {other} weights yet")),
+        _ => crate::quant::supports(case),
     }
 }
 
-/// `silu(g) = g / (1 + exp(-g))` in f32, the formula `matmul_swiglu` applies to each gate
-/// sum. `activation::swiglu` must compute `silu(g) * u` with exactly this function for the
-/// fused and unfused paths to agree bit for bit.
-#[inline]
-pub fn silu(g: f32) -> f32 {
-    g / (1.0 + (-g).exp())
-}
+/// The one SiLU every fused and unfused path uses (see `activation::silu`).
+pub use crate::activation::silu;
 
 /// `seg.out = x · seg.wᵀ + seg.bias` for every segment. `x` is `[m, k]`.
 ///
@@ -77,7 +73,20 @@ pub fn silu(g: f32) -> f32 {
 /// not `[m, rows]`, a bias not `rows` long) or a weight dtype `supports` rejects: the
 /// orchestrator checks these when it builds the plan, so reaching one is a bug.
 pub fn matmul(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
-    matmul_with(isa::active(), x, m, segs)
+    let quantized = segs.iter().filter(|s| s.w.dtype.is_quantized()).count();
+    if quantized == 0 {
+        matmul_with(isa::active(), x, m, segs)
+    } else if quantized == segs.len() {
+        crate::quant::matmul_quant(x, m, segs)
+    } else {
+        // A merged projection mixing dense and quantized matrices: two calls, one per kind.
+        let (mut q, mut d): (Vec<MatSeg<'_, '_>>, Vec<MatSeg<'_, '_>>) = segs
+            .iter_mut()
+            .map(|s| MatSeg { w: s.w, bias: s.bias, out: &mut *s.out })
+            .partition(|s| s.w.dtype.is_quantized());
+        crate::quant::matmul_quant(x, m, &mut q);
+        matmul_with(isa::active(), x, m, &mut d)
+    }
 }
 
 /// `matmul` on a given instruction set (tests run every path in one process).
@@ -129,7 +138,11 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
 /// # Panics
 /// As `matmul`: `gate` and `up` must have the same shape and dtype.
 pub fn matmul_swiglu(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_>, out: &mut [f32]) {
-    matmul_swiglu_with(isa::active(), x, m, gate, up, out)
+    if gate.dtype.is_quantized() {
+        crate::quant::matmul_swiglu_quant(x, m, gate, up, out)
+    } else {
+        matmul_swiglu_with(isa::active(), x, m, gate, up, out)
+    }
 }
 
 /// `matmul_swiglu` on a given instruction set.

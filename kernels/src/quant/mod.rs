@@ -147,12 +147,7 @@ pub fn matmul_swiglu_quant_with(
     });
 }
 
-/// `silu(g) = g / (1 + exp(-g))` in f32. Must stay the same function as `matmul::silu` (and
-/// `activation::swiglu`) so the fused path matches matmul + swiglu bit for bit.
-#[inline]
-fn silu(g: f32) -> f32 {
-    g / (1.0 + (-g).exp())
-}
+use crate::activation::silu;
 
 fn check_weight(op: &str, what: &str, w: &WeightMat<'_>, k: usize) {
     let case = MatMulCase { dtype: w.dtype, rows: w.rows, cols: w.cols };
