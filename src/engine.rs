@@ -152,6 +152,8 @@ pub struct Stats {
 
 /// What `enqueue` needs to validate a request without waiting for a running step.
 struct ModelFacts {
+    tokenizer: Option<std::sync::Arc<crate::tokenizer::Tokenizer>>,
+    name: String,
     vocab: usize,
     eos_ids: Vec<u32>,
     kv_blocks: usize,
@@ -273,6 +275,8 @@ impl Engine {
             self.config.kv_dtype
         );
         let facts = ModelFacts {
+            tokenizer: model.tokenizer.clone(),
+            name: model.path.display().to_string(),
             vocab: cfg.vocab_size,
             eos_ids: cfg.eos_token_ids.clone(),
             kv_blocks: blocks,
@@ -313,19 +317,22 @@ impl Engine {
 
     /// Text → token ids with the model's tokenizer (`add_special`: add BOS when the model
     /// asks for it).
+    /// Safe from any thread, also during a step.
     pub fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
-        let _ = (text, add_special);
-        let core = self.core.lock().map_err(poisoned)?;
-        let c = core.as_ref().ok_or(Error::NoModel)?;
-        Err(Error::NoTokenizer(c.runner.cfg.arch.to_string()))
+        self.tokenizer()?.encode(text, add_special)
     }
 
-    /// Token ids → text with the model's tokenizer.
+    /// Token ids → text with the model's tokenizer (control tokens hidden). Safe from any
+    /// thread, also during a step.
     pub fn detokenize(&self, ids: &[u32]) -> Result<String> {
-        let _ = ids;
-        let core = self.core.lock().map_err(poisoned)?;
-        let c = core.as_ref().ok_or(Error::NoModel)?;
-        Err(Error::NoTokenizer(c.runner.cfg.arch.to_string()))
+        self.tokenizer()?.decode(ids)
+    }
+
+    /// The loaded model's tokenizer.
+    pub fn tokenizer(&self) -> Result<std::sync::Arc<crate::tokenizer::Tokenizer>> {
+        let sh = self.shared()?;
+        let f = sh.facts.as_ref().ok_or(Error::NoModel)?;
+        f.tokenizer.clone().ok_or_else(|| Error::NoTokenizer(f.name.clone()))
     }
 
     /// Validates and queues a request; returns its id.

@@ -2,6 +2,8 @@
 
 mod batch;
 mod bench;
+mod run;
+mod tokenize;
 
 use std::collections::BTreeSet;
 use std::io::Write;
@@ -44,8 +46,10 @@ enum Cmd {
         #[arg(long)]
         all_positions: bool,
     },
-    /// Generate tokens.
+    /// Generate text or tokens (streams text as it is generated).
     Run(RunArgs),
+    /// Text to token ids with the model's tokenizer.
+    Tokenize(tokenize::TokenizeArgs),
     /// Run many requests through one engine (continuous batching) and print the results.
     Batch(batch::BatchArgs),
     /// Measure prefill and decode speed.
@@ -96,18 +100,42 @@ struct RunArgs {
     #[command(flatten)]
     m: ModelArgs,
     /// Comma-separated prompt token ids.
-    #[arg(long, value_delimiter = ',')]
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompt", "chat"])]
     tokens: Option<Vec<u32>>,
-    /// Tokens to generate.
-    #[arg(short = 'n', long = "max-tokens", default_value_t = 32)]
+    /// Raw prompt text (BOS added when the model asks for it; special tokens parsed).
+    #[arg(long, conflicts_with = "chat")]
+    prompt: Option<String>,
+    /// A user message, rendered with the model's chat template.
+    #[arg(long)]
+    chat: Option<String>,
+    /// System message for --chat.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 256)]
     n: usize,
     /// Sampling temperature (0 = greedy).
-    #[arg(long, default_value_t = 0.0)]
+    #[arg(long, default_value_t = 0.8)]
     temp: f32,
+    /// Keep the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches p (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Drop tokens less likely than min_p times the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Penalize tokens already in the prompt or output (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Random seed (default: from the clock; printed with --json).
+    #[arg(long)]
+    seed: Option<u64>,
     /// Do not stop at the model's end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
-    /// Print one JSON object instead of text.
+    /// Print one JSON object instead of streaming text.
     #[arg(long)]
     json: bool,
 }
@@ -153,52 +181,9 @@ fn run(cmd: Cmd) -> Result<()> {
             let rows: Vec<&[f32]> = logits.chunks(vocab).collect();
             print_json(&serde_json::json!({ "logits": rows }))?;
         }
-        Cmd::Run(a) => {
-            let (model, mut runner) = load(&a.m)?;
-            let prompt = match &a.tokens {
-                Some(t) if !t.is_empty() => t.clone(),
-                _ => match model.config.bos_token_id {
-                    Some(bos) => vec![bos],
-                    None => {
-                        return Err(Error::invalid("tokens", "give --tokens (this model has no BOS id to start from)"))
-                    }
-                },
-            };
-            if a.temp != 0.0 {
-                return Err(Error::invalid("temp", "only greedy decoding (--temp 0) is available in `run` so far"));
-            }
-            let kv_dtype = parse_kv_dtype(&a.m.engine.kv_dtype)?;
-            let cap = prompt.len() + a.n;
-            runner.alloc_kv(cap.div_ceil(16), 16, kv_dtype)?;
-            let eos: Vec<u32> = if a.ignore_eos { Vec::new() } else { model.config.eos_token_ids.clone() };
-            let mut s = Session::new(&mut runner, cap)?;
-            let mut generated = Vec::new();
-            let mut finish = "length";
-            if a.n > 0 {
-                let mut logits = s.feed(&prompt, false)?;
-                loop {
-                    let next = crate::session::argmax(&logits);
-                    generated.push(next);
-                    if eos.contains(&next) {
-                        finish = "eos";
-                        break;
-                    }
-                    if generated.len() == a.n {
-                        break;
-                    }
-                    logits = s.feed(&[next], false)?;
-                }
-            }
-            if a.json {
-                print_json(&serde_json::json!({
-                    "prompt_ids": prompt, "generated_ids": generated, "finish_reason": finish
-                }))?;
-            } else {
-                let ids: Vec<String> = generated.iter().map(u32::to_string).collect();
-                println!("{}", ids.join(" "));
-            }
-        }
+        Cmd::Run(a) => run::run(a)?,
         Cmd::Batch(b) => batch::run(b)?,
+        Cmd::Tokenize(t) => tokenize::run(t)?,
         Cmd::Bench(b) => bench::run(b)?,
     }
     Ok(())

@@ -47,31 +47,59 @@ pub struct ModelWeights {
 }
 
 impl ModelWeights {
-    /// Total bytes of all weights (what a decode step must stream, minus unused experts).
-    pub fn total_bytes(&self) -> usize {
-        let mut n = self.embed.bytes().len() + self.norm.bytes().len();
-        if !std::ptr::eq(self.lm_head.bytes().as_ptr(), self.embed.bytes().as_ptr()) {
-            n += self.lm_head.bytes().len();
-        }
+    /// Every tensor once, in file-ish order (embedding, layers, norm, output). A tied
+    /// output (same bytes as the embedding) is listed once.
+    pub fn tensors(&self) -> Vec<&Tensor> {
+        let mut v = vec![&self.embed];
         for l in &self.layers {
-            n += [&l.attn_norm, &l.q, &l.k, &l.v, &l.o, &l.ffn_norm].iter().map(|t| t.bytes().len()).sum::<usize>();
-            n += [&l.q_bias, &l.k_bias, &l.v_bias]
-                .iter()
-                .filter_map(|t| t.as_ref())
-                .map(|t| t.bytes().len())
-                .sum::<usize>();
-            n += match &l.mlp {
-                Mlp::Dense { gate, up, down } => gate.bytes().len() + up.bytes().len() + down.bytes().len(),
+            v.extend([&l.attn_norm, &l.q, &l.k, &l.v, &l.o, &l.ffn_norm]);
+            v.extend([&l.q_bias, &l.k_bias, &l.v_bias].into_iter().flatten());
+            match &l.mlp {
+                Mlp::Dense { gate, up, down } => v.extend([gate, up, down]),
                 Mlp::Moe { router, experts } => {
-                    router.bytes().len()
-                        + experts
-                            .iter()
-                            .map(|e| e.gate.bytes().len() + e.up.bytes().len() + e.down.bytes().len())
-                            .sum::<usize>()
+                    v.push(router);
+                    for e in experts {
+                        v.extend([&e.gate, &e.up, &e.down]);
+                    }
                 }
-            };
+            }
         }
-        n
+        v.push(&self.norm);
+        if !std::ptr::eq(self.lm_head.bytes().as_ptr(), self.embed.bytes().as_ptr()) {
+            v.push(&self.lm_head);
+        }
+        v
+    }
+
+    /// Total bytes of all weights (what a dense decode step streams from memory).
+    pub fn total_bytes(&self) -> usize {
+        self.tensors().iter().map(|t| t.bytes().len()).sum()
+    }
+
+    /// Reads every page of the weights once, so the first request does not pay for page
+    /// faults, calling `progress(done, total)` in bytes along the way (progress bars, the C
+    /// ABI's load callback).
+    pub fn touch(&self, progress: &mut dyn FnMut(u64, u64)) {
+        let tensors = self.tensors();
+        let total: u64 = tensors.iter().map(|t| t.bytes().len() as u64).sum();
+        let mut done = 0u64;
+        let mut last = 0u64;
+        progress(0, total);
+        for t in tensors {
+            let b = t.bytes();
+            let mut sum = 0u8;
+            for i in (0..b.len()).step_by(4096) {
+                // SAFETY: in bounds; volatile so the page touch is not optimized away.
+                sum ^= unsafe { std::ptr::read_volatile(b.as_ptr().add(i)) };
+            }
+            std::hint::black_box(sum);
+            done += b.len() as u64;
+            if done - last >= 8 << 20 {
+                progress(done, total);
+                last = done;
+            }
+        }
+        progress(total, total);
     }
 }
 
