@@ -55,7 +55,12 @@ pub(crate) fn run(a: RunArgs) -> Result<()> {
     } else {
         match model.config.bos_token_id {
             Some(bos) => vec![bos],
-            None => return Err(Error::invalid("prompt", "give --tokens, --prompt or --chat (this model has no BOS id to start from)")),
+            None => {
+                return Err(Error::invalid(
+                    "prompt",
+                    "give --tokens, --prompt or --chat (this model has no BOS id to start from)",
+                ))
+            }
         }
     };
     if prompt.is_empty() {
@@ -104,7 +109,9 @@ pub(crate) fn run(a: RunArgs) -> Result<()> {
                     let is_eog = !a.ignore_eos && tk.is_eog(t);
                     if !is_eog {
                         let piece = d.push(tk, t)?;
-                        out.write_all(piece.as_bytes()).and_then(|_| out.flush()).map_err(|e| Error::io("stdout", e))?;
+                        out.write_all(piece.as_bytes())
+                            .and_then(|_| out.flush())
+                            .map_err(|e| Error::io("stdout", e))?;
                     }
                 }
             }

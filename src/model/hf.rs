@@ -32,7 +32,15 @@ pub fn load(dir: &Path) -> Result<Model> {
     let mut set = set;
     let weights = assemble(&config, &mut set)?;
     check_shapes_in(&config, &weights, &set, dir)?;
-    Ok(Model { path: dir.to_path_buf(), format: ModelFormat::HuggingFace, config, weights, gguf_metadata: None, tokenizer: None, chat_template: None })
+    Ok(Model {
+        path: dir.to_path_buf(),
+        format: ModelFormat::HuggingFace,
+        config,
+        weights,
+        gguf_metadata: None,
+        tokenizer: None,
+        chat_template: None,
+    })
 }
 
 /// Reads and resolves `config.json`. `qkv_bias` is set from `model_type` only; `load`

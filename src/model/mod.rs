@@ -88,14 +88,20 @@ impl Model {
     fn attach_tokenizer(&mut self) -> Result<()> {
         let (tok, tmpl) = match (&self.format, &self.gguf_metadata) {
             (ModelFormat::Gguf, Some(md)) => (Tokenizer::from_gguf(md)?, ChatTemplate::from_gguf(md)),
-            (ModelFormat::HuggingFace, _) => (Tokenizer::from_hf_dir(&self.path)?, ChatTemplate::from_hf_dir(&self.path)?),
+            (ModelFormat::HuggingFace, _) => {
+                (Tokenizer::from_hf_dir(&self.path)?, ChatTemplate::from_hf_dir(&self.path)?)
+            }
             _ => (None, None),
         };
         if let Some(t) = &tok {
             if t.vocab_size() > self.config.vocab_size {
                 return Err(Error::format(
                     &self.path,
-                    format!("the tokenizer has {} tokens but the model only {} embeddings", t.vocab_size(), self.config.vocab_size),
+                    format!(
+                        "the tokenizer has {} tokens but the model only {} embeddings",
+                        t.vocab_size(),
+                        self.config.vocab_size
+                    ),
                 ));
             }
             for &e in t.eos_ids() {

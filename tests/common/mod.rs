@@ -84,3 +84,22 @@ pub fn check_greedy(what: &str, got: &[u32], want: &[u32], margins: &[f64], seco
     }
     assert!(got.len() >= want.len(), "{what}: only {} of {} tokens", got.len(), want.len());
 }
+
+/// The demo model (Qwen2.5-Coder-0.5B-Instruct Q4_K_M): `$TBOOST_DEMO_MODEL`, else
+/// `${TBOOST_CACHE:-$HOME/.cache/tboost}/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf`. Fails (never
+/// skips) with the command that fetches it when it is missing.
+pub fn demo_model() -> PathBuf {
+    let p = match std::env::var_os("TBOOST_DEMO_MODEL") {
+        Some(p) => PathBuf::from(p),
+        None => std::env::var_os("TBOOST_CACHE")
+            .map(PathBuf::from)
+            .unwrap_or_else(|| PathBuf::from(std::env::var_os("HOME").unwrap_or_default()).join(".cache/tboost"))
+            .join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"),
+    };
+    assert!(
+        p.is_file(),
+        "demo model {} is missing: run scripts/fetch-demo-model.sh (or set TBOOST_DEMO_MODEL)",
+        p.display()
+    );
+    p
+}
