@@ -44,6 +44,8 @@ impl Drop for HostBuf {
 }
 
 pub struct CpuBackend {
+    /// Per-op (count, seconds) when `TBOOST_PROFILE` is set; printed when the backend drops.
+    profile: Option<std::collections::BTreeMap<&'static str, (u64, f64)>>,
     pool: rayon::ThreadPool,
     threads: usize,
     bufs: Vec<Option<HostBuf>>,
@@ -65,7 +67,8 @@ impl CpuBackend {
                 backend: "cpu".into(),
                 msg: format!("cannot start {threads} threads: {e}"),
             })?;
-        Ok(CpuBackend { pool, threads, bufs: Vec::new(), free_ids: Vec::new(), allocated: 0, weights: Vec::new() })
+        let profile = std::env::var_os("TBOOST_PROFILE").map(|_| Default::default());
+        Ok(CpuBackend { profile, pool, threads, bufs: Vec::new(), free_ids: Vec::new(), allocated: 0, weights: Vec::new() })
     }
 
     fn err(msg: impl Into<String>) -> Error {
@@ -253,6 +256,37 @@ impl Backend for CpuBackend {
     }
 
     fn launch(&mut self, op: &Op<'_>) -> Result<()> {
+        let t0 = self.profile.as_ref().map(|_| std::time::Instant::now());
+        let r = self.run_op(op);
+        if let (Some(t0), Some(p)) = (t0, self.profile.as_mut()) {
+            let e = p.entry(op.name()).or_default();
+            e.0 += 1;
+            e.1 += t0.elapsed().as_secs_f64();
+        }
+        r
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        Ok(())
+    }
+}
+
+impl Drop for CpuBackend {
+    fn drop(&mut self) {
+        if let Some(p) = self.profile.take() {
+            let total: f64 = p.values().map(|v| v.1).sum();
+            eprintln!("tboost profile (cpu backend, {} threads): {:.3} s in ops", self.threads, total);
+            let mut rows: Vec<_> = p.into_iter().collect();
+            rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+            for (name, (n, secs)) in rows {
+                eprintln!("  {name:<20} {n:>8} calls {:>10.3} ms {:>5.1}%", secs * 1e3, 100.0 * secs / total.max(1e-12));
+            }
+        }
+    }
+}
+
+impl CpuBackend {
+    fn run_op(&mut self, op: &Op<'_>) -> Result<()> {
         let mut vs = Views::new(self);
         match op {
             Op::Embed { ids, table, out } => {
@@ -384,7 +418,4 @@ impl Backend for CpuBackend {
         Ok(())
     }
 
-    fn synchronize(&mut self) -> Result<()> {
-        Ok(())
-    }
 }
