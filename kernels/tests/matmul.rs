@@ -110,7 +110,9 @@ fn run_one(isa: Isa, x: &[f32], m: usize, w: WeightMat<'_>, bias: Option<WeightV
 }
 
 /// Shapes around every tile and vector-width boundary: k not a multiple of 16 (or 8),
-/// n not a multiple of the 4/8 (AVX-512) or 2/4 (AVX2) tiles, m covering every remainder.
+/// n not a multiple of the 4/8 (AVX-512) or 2/4 (AVX2) tiles, m covering every remainder
+/// and both loop nests (direct below 16 rows; k-blocked with weights read in place below
+/// 32 rows, packed from 32), k spanning more than one 512-wide k block.
 const SHAPES: &[(usize, usize, usize)] = &[
     (1, 1, 1),
     (1, 9, 15),
@@ -125,6 +127,9 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (11, 13, 129),
     (13, 23, 7),
     (16, 16, 160),
+    (19, 10, 77),
+    (23, 9, 531),
+    (32, 5, 530),
     (37, 19, 83),
 ];
 

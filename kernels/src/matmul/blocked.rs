@@ -22,7 +22,7 @@
 //! are contiguous: x rows at a large power-of-two stride would all map to the same L1 sets.
 
 use super::kernel::Cols;
-use super::simd::{Lanes, WKind};
+use super::simd::{Lanes, WKind, WF32};
 use std::cell::Cell;
 
 // Block sizes: tuned on Zen 5 (48 KiB L1d, 2 MiB L2) with m=512, n=2048, k=2048; within a
@@ -34,6 +34,9 @@ const KC: usize = 512;
 const MC: usize = 12;
 /// Bytes of packed x kept in L2.
 const X_L2_BYTES: usize = 768 << 10;
+/// x rows from which weight blocks are widened once into a packed f32 buffer instead of
+/// being read in place by every x tile (measured on Zen 5).
+const PACK_W_MIN_ROWS: usize = 32;
 /// Bytes of packed (f32) weights kept in L2.
 const W_L2_BYTES: usize = 1024 << 10;
 
@@ -67,8 +70,11 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
     let cb = NRB / C::ROWS_PER_COL;
     let nc_cols = nc_rows / C::ROWS_PER_COL;
 
+    // Few x rows: read weights in place (widened in registers, prefetched) so the weight
+    // stream overlaps the arithmetic; many: widen each weight block once into `wp`.
+    let raw = i1 - i0 < PACK_W_MIN_ROWS;
     let xp_lines = mc2 * kp / 16;
-    let wp_lines = nc_rows * kp / 16;
+    let wp_lines = if raw { 0 } else { nc_rows * kp / 16 };
     let need = xp_lines + wp_lines + MC * nc_rows;
     // Taken out of the thread-local and put back (no closure: an outlined closure would
     // be compiled without the caller's target features).
@@ -87,9 +93,11 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
         while jb < j1 {
             let je = (jb + nc_cols).min(j1);
             let nsub = (je - jb).div_ceil(cb);
-            for s in 0..nsub {
-                let ws = cols.rows::<NRB>(jb + s * cb);
-                pack_w::<V, W, NRB>(&ws, k, kp, nc_rows, wp, s * NRB);
+            if !raw {
+                for s in 0..nsub {
+                    let ws = cols.rows::<NRB>(jb + s * cb);
+                    pack_w::<V, W, NRB>(&ws, k, kp, nc_rows, wp, s * NRB);
+                }
             }
             let mut ib = ib2;
             while ib < ie2 {
@@ -106,21 +114,33 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
                     // This L1 block's x rows and the weight block in packed k block k0.
                     let xk = xp.add(k0 * mc2 + (ib - ib2) * kcl);
                     let wk = wp.add(k0 * nc_rows);
+                    // Raw weights: whole 16-steps inside k, then at most one zero-padded step.
+                    let whole = (k - k0).min(kcl) / 16;
                     for s in 0..nsub {
-                        let (ws, accs) = (wk.add(s * NRB * kcl), acc.add(s * MC * NRB));
-                        for t in 0..nfull {
-                            let (xt, at) = (xk.add(t * MRB * kcl), accs.add(t * MRB * NRB));
-                            tile_acc::<V, MRB, NRB>(xt, ws, kcl, at, first);
-                        }
-                        let (xr, ar) = (xk.add(nfull * MRB * kcl), accs.add(nfull * MRB * NRB));
-                        match r {
-                            0 => {}
-                            1 => tile_acc::<V, 1, NRB>(xr, ws, kcl, ar, first),
-                            2 => tile_acc::<V, 2, NRB>(xr, ws, kcl, ar, first),
-                            3 => tile_acc::<V, 3, NRB>(xr, ws, kcl, ar, first),
-                            4 => tile_acc::<V, 4, NRB>(xr, ws, kcl, ar, first),
-                            5 => tile_acc::<V, 5, NRB>(xr, ws, kcl, ar, first),
-                            _ => unreachable!("MRB is at most 6"),
+                        let accs = acc.add(s * MC * NRB);
+                        if raw {
+                            let mut ws = cols.rows::<NRB>(jb + s * cb);
+                            let mut tail = [[0f32; 16]; NRB];
+                            let has_tail = whole * 16 < kcl;
+                            for (w, t) in ws.iter_mut().zip(tail.iter_mut()) {
+                                if has_tail {
+                                    for (l, v) in t.iter_mut().enumerate() {
+                                        let c = k0 + whole * 16 + l;
+                                        if c < k {
+                                            *v = W::get(*w, c);
+                                        }
+                                    }
+                                }
+                                *w = w.add(k0 * W::BYTES);
+                            }
+                            let tail = has_tail.then_some(&tail);
+                            tiles::<V, W, MRB, NRB, true>(xk, kcl, &ws, whole, tail, accs, (nfull, r), first);
+                        } else {
+                            let mut ws = [wk as *const u8; NRB];
+                            for (j, w) in ws.iter_mut().enumerate() {
+                                *w = wk.add((s * NRB + j) * kcl) as *const u8;
+                            }
+                            tiles::<V, WF32, MRB, NRB, false>(xk, kcl, &ws, kcl / 16, None, accs, (nfull, r), first);
                         }
                     }
                     k0 += kcl;
@@ -206,15 +226,48 @@ unsafe fn pack_w<V: Lanes, W: WKind, const NR: usize>(
     }
 }
 
+/// Runs the `nfull` full `MRB`-row tiles and the `r`-row remainder tile of one L1 block
+/// of x rows (`xk`, row stride `xs`) against one weight sub-tile.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tiles<V: Lanes, W: WKind, const MRB: usize, const NR: usize, const PF: bool>(
+    xk: *const f32,
+    xs: usize,
+    ws: &[*const u8; NR],
+    steps: usize,
+    tail: Option<&[[f32; 16]; NR]>,
+    acc: *mut V,
+    (nfull, r): (usize, usize),
+    first: bool,
+) {
+    for t in 0..nfull {
+        let (xt, at) = (xk.add(t * MRB * xs), acc.add(t * MRB * NR));
+        tile_acc::<V, W, MRB, NR, PF>(xt, xs, ws, steps, tail, at, first);
+    }
+    let (xr, ar) = (xk.add(nfull * MRB * xs), acc.add(nfull * MRB * NR));
+    match r {
+        0 => {}
+        1 => tile_acc::<V, W, 1, NR, PF>(xr, xs, ws, steps, tail, ar, first),
+        2 => tile_acc::<V, W, 2, NR, PF>(xr, xs, ws, steps, tail, ar, first),
+        3 => tile_acc::<V, W, 3, NR, PF>(xr, xs, ws, steps, tail, ar, first),
+        4 => tile_acc::<V, W, 4, NR, PF>(xr, xs, ws, steps, tail, ar, first),
+        5 => tile_acc::<V, W, 5, NR, PF>(xr, xs, ws, steps, tail, ar, first),
+        _ => unreachable!("MRB is at most 6"),
+    }
+}
+
 /// Continues (or, when `first`, starts) the chains of an `MR x NR` tile over one k
-/// block: x rows at `xp` and weight rows at `wp`, both at stride `kcl` (a multiple of 16),
-/// accumulators at `acc`.
+/// block: x rows at `xp` (stride `xs`), `steps` 16-steps of weights read from `ws` as `W`,
+/// then one more step from the zero-padded `tail` if given; accumulators at `acc`.
+/// `PF` prefetches the weight rows ahead (for weights read from memory in place).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // a[i][j] is indexed by both loops
-unsafe fn tile_acc<V: Lanes, const MR: usize, const NR: usize>(
+unsafe fn tile_acc<V: Lanes, W: WKind, const MR: usize, const NR: usize, const PF: bool>(
     xp: *const f32,
-    wp: *const f32,
-    kcl: usize,
+    xs: usize,
+    ws: &[*const u8; NR],
+    steps: usize,
+    tail: Option<&[[f32; 16]; NR]>,
     acc: *mut V,
     first: bool,
 ) {
@@ -226,19 +279,35 @@ unsafe fn tile_acc<V: Lanes, const MR: usize, const NR: usize>(
             }
         }
     }
-    let mut c = 0;
-    while c < kcl {
+    for st in 0..steps {
+        let c = st * 16;
         let mut xv = [V::zero(); MR];
         for (i, v) in xv.iter_mut().enumerate() {
-            *v = V::load_f32(xp.add(i * kcl + c));
+            *v = V::load_f32(xp.add(i * xs + c));
         }
         for j in 0..NR {
-            let wv = V::load_f32(wp.add(j * kcl + c));
+            let wp = ws[j].add(c * W::BYTES);
+            if PF {
+                V::prefetch(wp.wrapping_add(super::kernel::PF));
+            }
+            let wv = W::load::<V>(wp);
             for i in 0..MR {
                 a[i][j] = V::fma(xv[i], wv, a[i][j]);
             }
         }
-        c += 16;
+    }
+    if let Some(tail) = tail {
+        let c = steps * 16;
+        let mut xv = [V::zero(); MR];
+        for (i, v) in xv.iter_mut().enumerate() {
+            *v = V::load_f32(xp.add(i * xs + c));
+        }
+        for j in 0..NR {
+            let wv = V::load_f32(tail[j].as_ptr());
+            for i in 0..MR {
+                a[i][j] = V::fma(xv[i], wv, a[i][j]);
+            }
+        }
     }
     for (i, row) in a.iter().enumerate() {
         for (j, v) in row.iter().enumerate() {

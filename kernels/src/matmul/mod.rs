@@ -14,7 +14,6 @@
 //!   separate `matmul` calls followed by `activation::swiglu` (bit-identical result), but
 //!   reads `x` once and never writes the gate/up intermediates.
 //! - Runs on the current rayon pool.
-
 //!
 //! IMPLEMENTATION (stronger than the contract): every element is one dot product in the
 //! canonical order described in `simd` (16 lanes over `k`, fused multiply-adds, fixed tree),
@@ -23,10 +22,11 @@
 //!
 //! Speed: register tiles of 6 x-rows × 4 weight rows (AVX-512; 3×2 on AVX2) share loads;
 //! with fewer rows left the tile widens to 8 weight rows (GEMV is the 1×8 tile). bf16/f16
-//! weights are widened in registers. Rows of `x` are blocked to stay in L2 while each
-//! weight sub-tile is reused from L1, so for small `m` (batched decode) every weight row is
-//! read from memory once per call. Work items split `n` (and `m` when `n` alone gives too
-//! few items) across the current rayon pool.
+//! weights are widened in registers. Two loop nests around the tiles, chosen by the rows
+//! of a work item (`BLOCKED_MIN_ROWS`): the direct one (`kernel`, decode) runs each tile
+//! over all of `k` and reads every weight row from memory once per call; the k-blocked one
+//! (`blocked`, prefill) packs x and weight blocks so tiles work from L1. Work items split
+//! `n` (and `m` when `n` alone gives too few items) across the current rayon pool.
 
 mod blocked;
 mod kernel;
