@@ -10,8 +10,9 @@
 //! Loop nest for one work item (rows `i0..i1`, columns `j0..j1`):
 //! ```text
 //! for each L2 block of x rows (MC2 rows, packed to f32 once)
-//!   for each L2 block of weight rows (NC rows, read from memory once per x block and
-//!                                     widened to f32 once)
+//!   for each L2 block of weight rows (NC rows, read from memory once per x block; widened
+//!                                     to f32 once when the item has >= 32 rows, else read
+//!                                     in place by each tile)
 //!     for each L1 block of x rows (MC = 12)
 //!       for each k block (KC = 512)
 //!         for each weight sub-tile (NRB rows)
