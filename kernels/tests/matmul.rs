@@ -341,3 +341,13 @@ fn quantized_weights_are_not_supported_here() {
     let e = supports(&MatMulCase { dtype: DType::Q4_0, rows: 8, cols: 32 }).unwrap_err();
     assert!(e.contains("q4_0"), "{e}");
 }
+
+#[test]
+#[should_panic(expected = "segment 0: 4x8 bf16 weight has 60 bytes")]
+fn forged_weight_view_is_rejected_before_any_read() {
+    // The fields are public: a view built without `WeightMat::new` must not be trusted.
+    let bytes = [0u8; 60];
+    let w = WeightMat { dtype: DType::BF16, rows: 4, cols: 8, data: &bytes };
+    let mut out = [0f32; 4];
+    matmul::matmul(&[0.0; 8], 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
+}
