@@ -65,7 +65,6 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
 ) {
     debug_assert!(MC.is_multiple_of(MRB) && NRB.is_multiple_of(C::ROWS_PER_COL));
     let kp = k.div_ceil(16) * 16;
-    let mc2 = ((X_L2_BYTES / (4 * kp.max(16))) / MC * MC).max(MC).min((i1 - i0).div_ceil(MC) * MC);
     // Weight rows per L2 block: a whole number of sub-tiles, 16..=128 rows.
     let nc_rows = (W_L2_BYTES / (4 * kp.max(16))).clamp(16, 128) / NRB * NRB;
     let cb = NRB / C::ROWS_PER_COL;
@@ -74,9 +73,16 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
     // Few x rows: read weights in place (widened in registers, prefetched) so the weight
     // stream overlaps the arithmetic; many: widen each weight block once into `wp`.
     let raw = i1 - i0 < PACK_W_MIN_ROWS;
+    // x rows per L2 block; with weights read in place, all rows at once so that every
+    // weight row is read from memory once per call.
+    let all_rows = (i1 - i0).div_ceil(MC) * MC;
+    let mc2 = if raw { all_rows } else { ((X_L2_BYTES / (4 * kp.max(16))) / MC * MC).clamp(MC, all_rows) };
     let xp_lines = mc2 * kp / 16;
     let wp_lines = if raw { 0 } else { nc_rows * kp / 16 };
-    let need = xp_lines + wp_lines + MC * nc_rows;
+    // Accumulators: an L1 block of x rows by an L2 block of weight rows (packed), or all
+    // rows of the x block (< 32, at most 36 once rounded to MC) by one sub-tile (raw).
+    let acc_lines = if raw { mc2 * NRB } else { MC * nc_rows };
+    let need = xp_lines + wp_lines + acc_lines;
     // Taken out of the thread-local and put back (no closure: an outlined closure would
     // be compiled without the caller's target features).
     let mut buf = SCRATCH.with(Cell::take);
@@ -90,15 +96,18 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
     while ib2 < i1 {
         let ie2 = (ib2 + mc2).min(i1);
         pack_x(x, k, kp, (ib2, ie2), mc2, xp);
+        if raw {
+            raw_block::<V, W, C, MRB, NRB>(xp, mc2, k, (ib2, ie2), (j0, j1), cols, acc);
+            ib2 = ie2;
+            continue;
+        }
         let mut jb = j0;
         while jb < j1 {
             let je = (jb + nc_cols).min(j1);
             let nsub = (je - jb).div_ceil(cb);
-            if !raw {
-                for s in 0..nsub {
-                    let ws = cols.rows::<NRB>(jb + s * cb);
-                    pack_w::<V, W, NRB>(&ws, k, kp, nc_rows, wp, s * NRB);
-                }
+            for s in 0..nsub {
+                let ws = cols.rows::<NRB>(jb + s * cb);
+                pack_w::<V, W, NRB>(&ws, k, kp, nc_rows, wp, s * NRB);
             }
             let mut ib = ib2;
             while ib < ie2 {
@@ -115,34 +124,13 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
                     // This L1 block's x rows and the weight block in packed k block k0.
                     let xk = xp.add(k0 * mc2 + (ib - ib2) * kcl);
                     let wk = wp.add(k0 * nc_rows);
-                    // Raw weights: whole 16-steps inside k, then at most one zero-padded step.
-                    let whole = (k - k0).min(kcl) / 16;
                     for s in 0..nsub {
-                        let accs = acc.add(s * MC * NRB);
-                        if raw {
-                            let mut ws = cols.rows::<NRB>(jb + s * cb);
-                            let mut tail = [[0f32; 16]; NRB];
-                            let has_tail = whole * 16 < kcl;
-                            for (w, t) in ws.iter_mut().zip(tail.iter_mut()) {
-                                if has_tail {
-                                    for (l, v) in t.iter_mut().enumerate() {
-                                        let c = k0 + whole * 16 + l;
-                                        if c < k {
-                                            *v = W::get(*w, c);
-                                        }
-                                    }
-                                }
-                                *w = w.add(k0 * W::BYTES);
-                            }
-                            let tail = has_tail.then_some(&tail);
-                            tiles::<V, W, MRB, NRB, true>(xk, kcl, &ws, whole, tail, accs, (nfull, r), first);
-                        } else {
-                            let mut ws = [wk as *const u8; NRB];
-                            for (j, w) in ws.iter_mut().enumerate() {
-                                *w = wk.add((s * NRB + j) * kcl) as *const u8;
-                            }
-                            tiles::<V, WF32, MRB, NRB, false>(xk, kcl, &ws, kcl / 16, None, accs, (nfull, r), first);
+                        let mut ws = [wk as *const u8; NRB];
+                        for (j, w) in ws.iter_mut().enumerate() {
+                            *w = wk.add((s * NRB + j) * kcl) as *const u8;
                         }
+                        let accs = acc.add(s * MC * NRB);
+                        tiles::<V, WF32, MRB, NRB, false>(xk, kcl, &ws, kcl / 16, None, accs, (nfull, r), first);
                     }
                     k0 += kcl;
                 }
@@ -175,6 +163,73 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
         ib2 = ie2;
     }
     SCRATCH.with(|s| s.set(buf));
+}
+
+/// The in-place weight mode for x blocks of fewer than `PACK_W_MIN_ROWS` rows: each
+/// weight sub-tile runs over all of `k` for all rows of the packed x block (`xp`, rows
+/// `i0..i1`) before the next, so every weight row is one sequential, prefetched stream read
+/// once from memory; x comes from L2.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn raw_block<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NRB: usize>(
+    xp: *const f32,
+    mc2: usize,
+    k: usize,
+    (i0, i1): (usize, usize),
+    (j0, j1): (usize, usize),
+    cols: &C,
+    acc: *mut V,
+) {
+    let kp = k.div_ceil(16) * 16;
+    let rows = i1 - i0;
+    let (nfull, r) = (rows / MRB, rows % MRB);
+    let cb = NRB / C::ROWS_PER_COL;
+    let mut j = j0;
+    while j < j1 {
+        let base = cols.rows::<NRB>(j);
+        let mut k0 = 0;
+        while k0 < kp {
+            let kcl = KC.min(kp - k0);
+            // Whole 16-steps inside k, then at most one zero-padded step.
+            let whole = (k - k0).min(kcl) / 16;
+            let has_tail = whole * 16 < kcl;
+            let mut ws = base;
+            let mut tail = [[0f32; 16]; NRB];
+            for (w, t) in ws.iter_mut().zip(tail.iter_mut()) {
+                if has_tail {
+                    for (l, v) in t.iter_mut().enumerate() {
+                        let c = k0 + whole * 16 + l;
+                        if c < k {
+                            *v = W::get(*w, c);
+                        }
+                    }
+                }
+                *w = w.add(k0 * W::BYTES);
+            }
+            let tail = has_tail.then_some(&tail);
+            tiles::<V, W, MRB, NRB, true>(xp.add(k0 * mc2), kcl, &ws, whole, tail, acc, (nfull, r), k0 == 0);
+            k0 += kcl;
+        }
+        if kp == 0 {
+            for a in 0..rows * NRB {
+                acc.add(a).write(V::zero());
+            }
+        }
+        for t in 0..nfull {
+            flush::<V, C, MRB, NRB>(acc.add(t * MRB * NRB), cols, i0 + t * MRB, j, j1);
+        }
+        let (ir, ar) = (i0 + nfull * MRB, acc.add(nfull * MRB * NRB));
+        match r {
+            0 => {}
+            1 => flush::<V, C, 1, NRB>(ar, cols, ir, j, j1),
+            2 => flush::<V, C, 2, NRB>(ar, cols, ir, j, j1),
+            3 => flush::<V, C, 3, NRB>(ar, cols, ir, j, j1),
+            4 => flush::<V, C, 4, NRB>(ar, cols, ir, j, j1),
+            5 => flush::<V, C, 5, NRB>(ar, cols, ir, j, j1),
+            _ => unreachable!("MRB is at most 6"),
+        }
+        j += cb;
+    }
 }
 
 /// Copies x rows `i0..i1` into `xp`, zero-padded from `k` to `kp`, as one block per KC
