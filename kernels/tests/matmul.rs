@@ -110,7 +110,9 @@ fn run_one(isa: Isa, x: &[f32], m: usize, w: WeightMat<'_>, bias: Option<WeightV
 }
 
 /// Shapes around every tile and vector-width boundary: k not a multiple of 16 (or 8),
-/// n not a multiple of the 4/8 (AVX-512) or 2/4 (AVX2) tiles, m covering every remainder.
+/// n not a multiple of the 4/8 (AVX-512) or 2/4 (AVX2) tiles, m covering every remainder
+/// and both loop nests (direct below 16 rows; k-blocked with weights read in place below
+/// 32 rows, packed from 32), k spanning more than one 512-wide k block.
 const SHAPES: &[(usize, usize, usize)] = &[
     (1, 1, 1),
     (1, 9, 15),
@@ -125,6 +127,9 @@ const SHAPES: &[(usize, usize, usize)] = &[
     (11, 13, 129),
     (13, 23, 7),
     (16, 16, 160),
+    (19, 10, 77),
+    (23, 9, 531),
+    (32, 5, 530),
     (37, 19, 83),
 ];
 
@@ -335,4 +340,14 @@ fn quantized_weights_are_not_supported_here() {
     assert!(supports(&MatMulCase { dtype: DType::BF16, rows: 8, cols: 8 }).is_ok());
     let e = supports(&MatMulCase { dtype: DType::Q4_0, rows: 8, cols: 32 }).unwrap_err();
     assert!(e.contains("q4_0"), "{e}");
+}
+
+#[test]
+#[should_panic(expected = "segment 0: 4x8 bf16 weight has 60 bytes")]
+fn forged_weight_view_is_rejected_before_any_read() {
+    // The fields are public: a view built without `WeightMat::new` must not be trusted.
+    let bytes = [0u8; 60];
+    let w = WeightMat { dtype: DType::BF16, rows: 4, cols: 8, data: &bytes };
+    let mut out = [0f32; 4];
+    matmul::matmul(&[0.0; 8], 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
 }

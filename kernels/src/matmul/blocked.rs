@@ -10,8 +10,9 @@
 //! Loop nest for one work item (rows `i0..i1`, columns `j0..j1`):
 //! ```text
 //! for each L2 block of x rows (MC2 rows, packed to f32 once)
-//!   for each L2 block of weight rows (NC rows, read from memory once per x block and
-//!                                     widened to f32 once)
+//!   for each L2 block of weight rows (NC rows, read from memory once per x block; widened
+//!                                     to f32 once when the item has >= 32 rows, else read
+//!                                     in place by each tile)
 //!     for each L1 block of x rows (MC = 12)
 //!       for each k block (KC = 512)
 //!         for each weight sub-tile (NRB rows)
@@ -22,7 +23,7 @@
 //! are contiguous: x rows at a large power-of-two stride would all map to the same L1 sets.
 
 use super::kernel::Cols;
-use super::simd::{Lanes, WKind};
+use super::simd::{Lanes, WKind, WF32};
 use std::cell::Cell;
 
 // Block sizes: tuned on Zen 5 (48 KiB L1d, 2 MiB L2) with m=512, n=2048, k=2048; within a
@@ -34,6 +35,9 @@ const KC: usize = 512;
 const MC: usize = 12;
 /// Bytes of packed x kept in L2.
 const X_L2_BYTES: usize = 768 << 10;
+/// x rows from which weight blocks are widened once into a packed f32 buffer instead of
+/// being read in place by every x tile (measured on Zen 5).
+const PACK_W_MIN_ROWS: usize = 32;
 /// Bytes of packed (f32) weights kept in L2.
 const W_L2_BYTES: usize = 1024 << 10;
 
@@ -61,15 +65,24 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
 ) {
     debug_assert!(MC.is_multiple_of(MRB) && NRB.is_multiple_of(C::ROWS_PER_COL));
     let kp = k.div_ceil(16) * 16;
-    let mc2 = ((X_L2_BYTES / (4 * kp.max(16))) / MC * MC).max(MC).min((i1 - i0).div_ceil(MC) * MC);
     // Weight rows per L2 block: a whole number of sub-tiles, 16..=128 rows.
     let nc_rows = (W_L2_BYTES / (4 * kp.max(16))).clamp(16, 128) / NRB * NRB;
     let cb = NRB / C::ROWS_PER_COL;
     let nc_cols = nc_rows / C::ROWS_PER_COL;
 
+    // Few x rows: read weights in place (widened in registers, prefetched) so the weight
+    // stream overlaps the arithmetic; many: widen each weight block once into `wp`.
+    let raw = i1 - i0 < PACK_W_MIN_ROWS;
+    // x rows per L2 block; with weights read in place, all rows at once so that every
+    // weight row is read from memory once per call.
+    let all_rows = (i1 - i0).div_ceil(MC) * MC;
+    let mc2 = if raw { all_rows } else { ((X_L2_BYTES / (4 * kp.max(16))) / MC * MC).clamp(MC, all_rows) };
     let xp_lines = mc2 * kp / 16;
-    let wp_lines = nc_rows * kp / 16;
-    let need = xp_lines + wp_lines + MC * nc_rows;
+    let wp_lines = if raw { 0 } else { nc_rows * kp / 16 };
+    // Accumulators: an L1 block of x rows by an L2 block of weight rows (packed), or all
+    // rows of the x block (< 32, at most 36 once rounded to MC) by one sub-tile (raw).
+    let acc_lines = if raw { mc2 * NRB } else { MC * nc_rows };
+    let need = xp_lines + wp_lines + acc_lines;
     // Taken out of the thread-local and put back (no closure: an outlined closure would
     // be compiled without the caller's target features).
     let mut buf = SCRATCH.with(Cell::take);
@@ -83,6 +96,11 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
     while ib2 < i1 {
         let ie2 = (ib2 + mc2).min(i1);
         pack_x(x, k, kp, (ib2, ie2), mc2, xp);
+        if raw {
+            raw_block::<V, W, C, MRB, NRB>(xp, mc2, k, (ib2, ie2), (j0, j1), cols, acc);
+            ib2 = ie2;
+            continue;
+        }
         let mut jb = j0;
         while jb < j1 {
             let je = (jb + nc_cols).min(j1);
@@ -107,21 +125,12 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
                     let xk = xp.add(k0 * mc2 + (ib - ib2) * kcl);
                     let wk = wp.add(k0 * nc_rows);
                     for s in 0..nsub {
-                        let (ws, accs) = (wk.add(s * NRB * kcl), acc.add(s * MC * NRB));
-                        for t in 0..nfull {
-                            let (xt, at) = (xk.add(t * MRB * kcl), accs.add(t * MRB * NRB));
-                            tile_acc::<V, MRB, NRB>(xt, ws, kcl, at, first);
+                        let mut ws = [wk as *const u8; NRB];
+                        for (j, w) in ws.iter_mut().enumerate() {
+                            *w = wk.add((s * NRB + j) * kcl) as *const u8;
                         }
-                        let (xr, ar) = (xk.add(nfull * MRB * kcl), accs.add(nfull * MRB * NRB));
-                        match r {
-                            0 => {}
-                            1 => tile_acc::<V, 1, NRB>(xr, ws, kcl, ar, first),
-                            2 => tile_acc::<V, 2, NRB>(xr, ws, kcl, ar, first),
-                            3 => tile_acc::<V, 3, NRB>(xr, ws, kcl, ar, first),
-                            4 => tile_acc::<V, 4, NRB>(xr, ws, kcl, ar, first),
-                            5 => tile_acc::<V, 5, NRB>(xr, ws, kcl, ar, first),
-                            _ => unreachable!("MRB is at most 6"),
-                        }
+                        let accs = acc.add(s * MC * NRB);
+                        tiles::<V, WF32, MRB, NRB, false>(xk, kcl, &ws, kcl / 16, None, accs, (nfull, r), first);
                     }
                     k0 += kcl;
                 }
@@ -154,6 +163,73 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
         ib2 = ie2;
     }
     SCRATCH.with(|s| s.set(buf));
+}
+
+/// The in-place weight mode for x blocks of fewer than `PACK_W_MIN_ROWS` rows: each
+/// weight sub-tile runs over all of `k` for all rows of the packed x block (`xp`, rows
+/// `i0..i1`) before the next, so every weight row is one sequential, prefetched stream read
+/// once from memory; x comes from L2.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn raw_block<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NRB: usize>(
+    xp: *const f32,
+    mc2: usize,
+    k: usize,
+    (i0, i1): (usize, usize),
+    (j0, j1): (usize, usize),
+    cols: &C,
+    acc: *mut V,
+) {
+    let kp = k.div_ceil(16) * 16;
+    let rows = i1 - i0;
+    let (nfull, r) = (rows / MRB, rows % MRB);
+    let cb = NRB / C::ROWS_PER_COL;
+    let mut j = j0;
+    while j < j1 {
+        let base = cols.rows::<NRB>(j);
+        let mut k0 = 0;
+        while k0 < kp {
+            let kcl = KC.min(kp - k0);
+            // Whole 16-steps inside k, then at most one zero-padded step.
+            let whole = (k - k0).min(kcl) / 16;
+            let has_tail = whole * 16 < kcl;
+            let mut ws = base;
+            let mut tail = [[0f32; 16]; NRB];
+            for (w, t) in ws.iter_mut().zip(tail.iter_mut()) {
+                if has_tail {
+                    for (l, v) in t.iter_mut().enumerate() {
+                        let c = k0 + whole * 16 + l;
+                        if c < k {
+                            *v = W::get(*w, c);
+                        }
+                    }
+                }
+                *w = w.add(k0 * W::BYTES);
+            }
+            let tail = has_tail.then_some(&tail);
+            tiles::<V, W, MRB, NRB, true>(xp.add(k0 * mc2), kcl, &ws, whole, tail, acc, (nfull, r), k0 == 0);
+            k0 += kcl;
+        }
+        if kp == 0 {
+            for a in 0..rows * NRB {
+                acc.add(a).write(V::zero());
+            }
+        }
+        for t in 0..nfull {
+            flush::<V, C, MRB, NRB>(acc.add(t * MRB * NRB), cols, i0 + t * MRB, j, j1);
+        }
+        let (ir, ar) = (i0 + nfull * MRB, acc.add(nfull * MRB * NRB));
+        match r {
+            0 => {}
+            1 => flush::<V, C, 1, NRB>(ar, cols, ir, j, j1),
+            2 => flush::<V, C, 2, NRB>(ar, cols, ir, j, j1),
+            3 => flush::<V, C, 3, NRB>(ar, cols, ir, j, j1),
+            4 => flush::<V, C, 4, NRB>(ar, cols, ir, j, j1),
+            5 => flush::<V, C, 5, NRB>(ar, cols, ir, j, j1),
+            _ => unreachable!("MRB is at most 6"),
+        }
+        j += cb;
+    }
 }
 
 /// Copies x rows `i0..i1` into `xp`, zero-padded from `k` to `kp`, as one block per KC
@@ -206,15 +282,48 @@ unsafe fn pack_w<V: Lanes, W: WKind, const NR: usize>(
     }
 }
 
+/// Runs the `nfull` full `MRB`-row tiles and the `r`-row remainder tile of one L1 block
+/// of x rows (`xk`, row stride `xs`) against one weight sub-tile.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn tiles<V: Lanes, W: WKind, const MRB: usize, const NR: usize, const PF: bool>(
+    xk: *const f32,
+    xs: usize,
+    ws: &[*const u8; NR],
+    steps: usize,
+    tail: Option<&[[f32; 16]; NR]>,
+    acc: *mut V,
+    (nfull, r): (usize, usize),
+    first: bool,
+) {
+    for t in 0..nfull {
+        let (xt, at) = (xk.add(t * MRB * xs), acc.add(t * MRB * NR));
+        tile_acc::<V, W, MRB, NR, PF>(xt, xs, ws, steps, tail, at, first);
+    }
+    let (xr, ar) = (xk.add(nfull * MRB * xs), acc.add(nfull * MRB * NR));
+    match r {
+        0 => {}
+        1 => tile_acc::<V, W, 1, NR, PF>(xr, xs, ws, steps, tail, ar, first),
+        2 => tile_acc::<V, W, 2, NR, PF>(xr, xs, ws, steps, tail, ar, first),
+        3 => tile_acc::<V, W, 3, NR, PF>(xr, xs, ws, steps, tail, ar, first),
+        4 => tile_acc::<V, W, 4, NR, PF>(xr, xs, ws, steps, tail, ar, first),
+        5 => tile_acc::<V, W, 5, NR, PF>(xr, xs, ws, steps, tail, ar, first),
+        _ => unreachable!("MRB is at most 6"),
+    }
+}
+
 /// Continues (or, when `first`, starts) the chains of an `MR x NR` tile over one k
-/// block: x rows at `xp` and weight rows at `wp`, both at stride `kcl` (a multiple of 16),
-/// accumulators at `acc`.
+/// block: x rows at `xp` (stride `xs`), `steps` 16-steps of weights read from `ws` as `W`,
+/// then one more step from the zero-padded `tail` if given; accumulators at `acc`.
+/// `PF` prefetches the weight rows ahead (for weights read from memory in place).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // a[i][j] is indexed by both loops
-unsafe fn tile_acc<V: Lanes, const MR: usize, const NR: usize>(
+unsafe fn tile_acc<V: Lanes, W: WKind, const MR: usize, const NR: usize, const PF: bool>(
     xp: *const f32,
-    wp: *const f32,
-    kcl: usize,
+    xs: usize,
+    ws: &[*const u8; NR],
+    steps: usize,
+    tail: Option<&[[f32; 16]; NR]>,
     acc: *mut V,
     first: bool,
 ) {
@@ -226,19 +335,35 @@ unsafe fn tile_acc<V: Lanes, const MR: usize, const NR: usize>(
             }
         }
     }
-    let mut c = 0;
-    while c < kcl {
+    for st in 0..steps {
+        let c = st * 16;
         let mut xv = [V::zero(); MR];
         for (i, v) in xv.iter_mut().enumerate() {
-            *v = V::load_f32(xp.add(i * kcl + c));
+            *v = V::load_f32(xp.add(i * xs + c));
         }
         for j in 0..NR {
-            let wv = V::load_f32(wp.add(j * kcl + c));
+            let wp = ws[j].add(c * W::BYTES);
+            if PF {
+                V::prefetch(wp.wrapping_add(super::kernel::PF));
+            }
+            let wv = W::load::<V>(wp);
             for i in 0..MR {
                 a[i][j] = V::fma(xv[i], wv, a[i][j]);
             }
         }
-        c += 16;
+    }
+    if let Some(tail) = tail {
+        let c = steps * 16;
+        let mut xv = [V::zero(); MR];
+        for (i, v) in xv.iter_mut().enumerate() {
+            *v = V::load_f32(xp.add(i * xs + c));
+        }
+        for j in 0..NR {
+            let wv = V::load_f32(tail[j].as_ptr());
+            for i in 0..MR {
+                a[i][j] = V::fma(xv[i], wv, a[i][j]);
+            }
+        }
     }
     for (i, row) in a.iter().enumerate() {
         for (j, v) in row.iter().enumerate() {

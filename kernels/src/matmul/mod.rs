@@ -14,7 +14,6 @@
 //!   separate `matmul` calls followed by `activation::swiglu` (bit-identical result), but
 //!   reads `x` once and never writes the gate/up intermediates.
 //! - Runs on the current rayon pool.
-
 //!
 //! IMPLEMENTATION (stronger than the contract): every element is one dot product in the
 //! canonical order described in `simd` (16 lanes over `k`, fused multiply-adds, fixed tree),
@@ -23,10 +22,11 @@
 //!
 //! Speed: register tiles of 6 x-rows × 4 weight rows (AVX-512; 3×2 on AVX2) share loads;
 //! with fewer rows left the tile widens to 8 weight rows (GEMV is the 1×8 tile). bf16/f16
-//! weights are widened in registers. Rows of `x` are blocked to stay in L2 while each
-//! weight sub-tile is reused from L1, so for small `m` (batched decode) every weight row is
-//! read from memory once per call. Work items split `n` (and `m` when `n` alone gives too
-//! few items) across the current rayon pool.
+//! weights are widened in registers. Two loop nests around the tiles, chosen by the rows
+//! of a work item (`BLOCKED_MIN_ROWS`): the direct one (`kernel`, decode) runs each tile
+//! over all of `k` and reads every weight row from memory once per call; the k-blocked one
+//! (`blocked`, prefill) packs x and weight blocks so tiles work from L1. Work items split
+//! `n` (and `m` when `n` alone gives too few items) across the current rayon pool.
 
 mod blocked;
 mod kernel;
@@ -99,20 +99,28 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
     let k = first.w.cols;
     for (s, seg) in segs.iter().enumerate() {
         let w = &seg.w;
-        check_dtype(w.dtype, "matmul");
+        check_weight(w, &format!("matmul: segment {s}"));
         assert_eq!(w.cols, k, "matmul: segment {s} has {} columns but segment 0 has {k}", w.cols);
         assert_eq!(
-            seg.out.len(),
-            m * w.rows,
+            Some(seg.out.len()),
+            m.checked_mul(w.rows),
             "matmul: segment {s} output has {} values, expected [m={m}, rows={}]",
             seg.out.len(),
             w.rows
         );
         if let Some(b) = &seg.bias {
             assert_eq!(b.len, w.rows, "matmul: segment {s} bias has {} values for {} rows", b.len, w.rows);
+            // `WeightVec`'s fields are public: do not trust `len` alone.
+            assert_eq!(
+                Some(b.data.len()),
+                b.dtype.bytes_for(b.len).filter(|_| !b.dtype.is_quantized()),
+                "matmul: segment {s} bias is not {} dense {} values",
+                b.len,
+                b.dtype
+            );
         }
     }
-    assert_eq!(x.len(), m * k, "matmul: x has {} values, expected [m={m}, k={k}]", x.len());
+    assert_eq!(Some(x.len()), m.checked_mul(k), "matmul: x has {} values, expected [m={m}, k={k}]", x.len());
     if m == 0 {
         return;
     }
@@ -151,7 +159,8 @@ pub fn matmul_swiglu(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_>
 /// As `matmul_swiglu`, and when this CPU lacks `isa`.
 pub fn matmul_swiglu_with(isa: Isa, x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_>, out: &mut [f32]) {
     check_isa(isa);
-    check_dtype(gate.dtype, "matmul_swiglu");
+    check_weight(&gate, "matmul_swiglu: gate");
+    check_weight(&up, "matmul_swiglu: up");
     assert!(
         gate.dtype == up.dtype && gate.rows == up.rows && gate.cols == up.cols,
         "matmul_swiglu: gate is {}x{} {} but up is {}x{} {}",
@@ -163,8 +172,13 @@ pub fn matmul_swiglu_with(isa: Isa, x: &[f32], m: usize, gate: WeightMat<'_>, up
         up.dtype
     );
     let (n, k) = (gate.rows, gate.cols);
-    assert_eq!(x.len(), m * k, "matmul_swiglu: x has {} values, expected [m={m}, k={k}]", x.len());
-    assert_eq!(out.len(), m * n, "matmul_swiglu: out has {} values, expected [m={m}, n={n}]", out.len());
+    assert_eq!(Some(x.len()), m.checked_mul(k), "matmul_swiglu: x has {} values, expected [m={m}, k={k}]", x.len());
+    assert_eq!(
+        Some(out.len()),
+        m.checked_mul(n),
+        "matmul_swiglu: out has {} values, expected [m={m}, n={n}]",
+        out.len()
+    );
     if m == 0 || n == 0 {
         return;
     }
@@ -186,10 +200,14 @@ fn check_isa(isa: Isa) {
     assert!(isa <= have, "matmul: {} kernels requested but this CPU supports only {}", isa.name(), have.name());
 }
 
-fn check_dtype(dtype: DType, op: &str) {
-    if let Err(e) = supports(&MatMulCase { dtype, rows: 0, cols: 0 }) {
-        panic!("{op}: {e}");
+/// A supported dtype and exactly `rows * cols` elements of data: `WeightMat`'s fields are
+/// public, and the kernels read rows through raw pointers.
+fn check_weight(w: &WeightMat<'_>, what: &str) {
+    if let Err(e) = supports(&MatMulCase { dtype: w.dtype, rows: w.rows, cols: w.cols }) {
+        panic!("{what}: {e}");
     }
+    let need = w.dtype.bytes_for(w.cols).and_then(|rb| rb.checked_mul(w.rows));
+    assert_eq!(Some(w.data.len()), need, "{what}: {}x{} {} weight has {} bytes", w.rows, w.cols, w.dtype, w.data.len());
 }
 
 /// One unit of parallel work: output rows `i0..i1`, columns `j0..j1` of segment `seg`.
