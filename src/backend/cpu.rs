@@ -68,7 +68,15 @@ impl CpuBackend {
                 msg: format!("cannot start {threads} threads: {e}"),
             })?;
         let profile = std::env::var_os("TBOOST_PROFILE").map(|_| Default::default());
-        Ok(CpuBackend { profile, pool, threads, bufs: Vec::new(), free_ids: Vec::new(), allocated: 0, weights: Vec::new() })
+        Ok(CpuBackend {
+            profile,
+            pool,
+            threads,
+            bufs: Vec::new(),
+            free_ids: Vec::new(),
+            allocated: 0,
+            weights: Vec::new(),
+        })
     }
 
     fn err(msg: impl Into<String>) -> Error {
@@ -279,7 +287,11 @@ impl Drop for CpuBackend {
             let mut rows: Vec<_> = p.into_iter().collect();
             rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
             for (name, (n, secs)) in rows {
-                eprintln!("  {name:<20} {n:>8} calls {:>10.3} ms {:>5.1}%", secs * 1e3, 100.0 * secs / total.max(1e-12));
+                eprintln!(
+                    "  {name:<20} {n:>8} calls {:>10.3} ms {:>5.1}%",
+                    secs * 1e3,
+                    100.0 * secs / total.max(1e-12)
+                );
             }
         }
     }
@@ -417,5 +429,4 @@ impl CpuBackend {
         }
         Ok(())
     }
-
 }
