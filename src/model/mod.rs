@@ -87,12 +87,18 @@ impl Model {
     /// as llama.cpp does, besides the config's EOS ids.
     fn attach_tokenizer(&mut self) -> Result<()> {
         let (tok, tmpl) = match (&self.format, &self.gguf_metadata) {
-            (ModelFormat::Gguf, Some(md)) => (Tokenizer::from_gguf(md)?, ChatTemplate::from_gguf(md)),
+            (ModelFormat::Gguf, Some(md)) => (Tokenizer::from_gguf(md), ChatTemplate::from_gguf(md)),
             (ModelFormat::HuggingFace, _) => {
-                (Tokenizer::from_hf_dir(&self.path)?, ChatTemplate::from_hf_dir(&self.path)?)
+                (Tokenizer::from_hf_dir(&self.path), ChatTemplate::from_hf_dir(&self.path)?)
             }
-            _ => (None, None),
+            _ => (Ok(None), None),
         };
+        // A broken tokenizer must not stop a model that is driven by token ids: say why once
+        // and go on without it (text requests then fail with "no tokenizer").
+        let tok = tok.unwrap_or_else(|e| {
+            log::warn!("{}: tokenizer unusable, continuing without one: {e}", self.path.display());
+            None
+        });
         if let Some(t) = &tok {
             if t.vocab_size() > self.config.vocab_size {
                 return Err(Error::format(

@@ -1,0 +1,156 @@
+//! The `tboost` command line: its output formats are part of the contract, and bad input
+//! is a one-line error naming what is wrong, with a non-zero exit status.
+
+mod common;
+
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+
+fn tboost(args: &[&str]) -> (bool, String, String) {
+    let out = Command::new(env!("CARGO_BIN_EXE_tboost")).args(args).env("RUST_LOG", "warn").output().unwrap();
+    (
+        out.status.success(),
+        String::from_utf8_lossy(&out.stdout).into_owned(),
+        String::from_utf8_lossy(&out.stderr).into_owned(),
+    )
+}
+
+fn ok_json(args: &[&str]) -> Value {
+    let (ok, out, err) = tboost(args);
+    assert!(ok, "tboost {args:?} failed: {err}");
+    serde_json::from_str(&out).unwrap_or_else(|e| panic!("not JSON ({e}): {out}"))
+}
+
+fn model() -> String {
+    golden_dir("llama_gqa").display().to_string()
+}
+
+#[test]
+fn logits_prints_one_row_per_position_asked() {
+    let g = golden("llama_gqa");
+    let p7 = &g["prompts"].as_array().unwrap().iter().find(|p| p["name"] == "p7").unwrap();
+    let toks: Vec<String> = ids(&p7["token_ids"]).iter().map(u32::to_string).collect();
+    let toks = toks.join(",");
+    let last = ok_json(&["logits", "--model", &model(), "--tokens", &toks]);
+    let rows = last["logits"].as_array().unwrap();
+    assert_eq!(rows.len(), 1);
+    assert!(max_abs_diff(&floats(&rows[0]), &floats(&p7["last_logits"])) <= 1e-3);
+    let all = ok_json(&["logits", "--model", &model(), "--tokens", &toks, "--all-positions"]);
+    let rows: Vec<f32> = all["logits"].as_array().unwrap().iter().flat_map(floats).collect();
+    let want: Vec<f32> = p7["all_logits"].as_array().unwrap().iter().flat_map(floats).collect();
+    assert!(max_abs_diff(&rows, &want) <= 1e-3);
+}
+
+#[test]
+fn run_json_has_prompt_and_generated_ids() {
+    let g = golden("llama_gqa");
+    let p = &g["prompts"][1];
+    let toks: Vec<String> = ids(&p["token_ids"]).iter().map(u32::to_string).collect();
+    let v = ok_json(&[
+        "run",
+        "--model",
+        &model(),
+        "--tokens",
+        &toks.join(","),
+        "-n",
+        "16",
+        "--temp",
+        "0",
+        "--ignore-eos",
+        "--json",
+    ]);
+    assert_eq!(ids(&v["prompt_ids"]), ids(&p["token_ids"]));
+    assert_eq!(ids(&v["generated_ids"]), ids(&p["greedy"]["tokens_f64"]));
+    assert_eq!(v["finish_reason"], "length");
+}
+
+#[test]
+fn plan_json_lists_every_layer() {
+    let v = ok_json(&["plan", "--model", &golden_dir("llama_hd24").display().to_string(), "--json"]);
+    let layers = v["layers"].as_array().unwrap();
+    assert_eq!(layers.len(), 3);
+    assert_eq!(layers[2]["choices"][0]["op"], "standard_attention");
+    assert!(layers[2]["choices"][0]["reason"].as_str().unwrap().contains("head_dim=24 is not a multiple of 16"));
+}
+
+#[test]
+fn batch_prints_a_line_per_request_in_order_and_stats() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("r.jsonl");
+    std::fs::write(
+        &f,
+        "{\"tokens\": [5, 6, 7], \"max_tokens\": 4}\n{\"tokens\": [9, 10], \"max_tokens\": 2, \"temperature\": 0.7, \"seed\": 3}\n",
+    )
+    .unwrap();
+    let (ok, out, err) = tboost(&["batch", "--model", &model(), "--requests", f.to_str().unwrap(), "--kv-blocks", "8"]);
+    assert!(ok, "{err}");
+    let lines: Vec<Value> = out.lines().map(|l| serde_json::from_str(l).unwrap()).collect();
+    assert_eq!(lines.len(), 3);
+    assert_eq!(lines[0]["index"], 0);
+    assert_eq!(lines[0]["generated_ids"].as_array().unwrap().len(), 4);
+    assert_eq!(lines[1]["generated_ids"].as_array().unwrap().len(), 2);
+    assert_eq!(lines[1]["finish_reason"], "length");
+    assert_eq!(lines[2]["stats"]["finished"], 2);
+    assert_eq!(lines[2]["stats"]["kv_blocks_used"], 0);
+}
+
+#[test]
+fn bad_input_is_a_clear_error() {
+    for (args, needle) in [
+        (vec!["logits", "--model", &model(), "--tokens", "5,640"], "640 is not below the vocabulary size 640"),
+        (vec!["logits", "--model", "/nonexistent/model.gguf", "--tokens", "1"], "/nonexistent/model.gguf"),
+        (vec!["plan", "--model", &model(), "--disable", "warp"], "unknown op or fusion `warp`"),
+        (vec!["run", "--model", &model(), "--prompt", "hello"], "has no tokenizer"),
+        (vec!["bench", "--synthetic", "gpt5", "--decode", "1"], "unknown shape `gpt5`"),
+    ] {
+        let (ok, _, err) = tboost(&args);
+        assert!(!ok, "{args:?} should fail");
+        assert!(err.contains(needle), "{args:?}: stderr lacks `{needle}`: {err}");
+        assert!(!err.contains("panicked"), "{args:?} panicked: {err}");
+    }
+}
+
+#[test]
+fn tokenize_prints_ids() {
+    let v = ok_json(&[
+        "tokenize",
+        "--model",
+        &model_file("llama-2-tiny-random.gguf").display().to_string(),
+        "--text",
+        "Once upon a time",
+        "--json",
+    ]);
+    assert_eq!(ids(&v["ids"]), [1, 9038, 2501, 263, 931]);
+}
+
+#[test]
+fn bench_reports_rates_and_the_bandwidth_share() {
+    let v = ok_json(&[
+        "bench",
+        "--synthetic",
+        "small",
+        "--prefill",
+        "8",
+        "--decode",
+        "4",
+        "--repeat",
+        "1",
+        "--threads",
+        "1",
+        "--concurrency",
+        "1,2",
+        "--json",
+    ]);
+    for k in [
+        "prefill_tokens_per_s",
+        "decode_tokens_per_s",
+        "memory_bandwidth_bytes_per_s",
+        "decode_share_of_bandwidth",
+        "peak_rss_bytes",
+    ] {
+        assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
+    }
+    assert_eq!(v["concurrency"].as_array().unwrap().len(), 2);
+}
