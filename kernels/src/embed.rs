@@ -7,6 +7,12 @@ use rayon::prelude::*;
 
 use crate::{DType, WeightMat};
 
+/// Every table dtype is supported: dense rows convert, block-quantized rows dequantize.
+pub fn supports(dtype: DType) -> Result<(), String> {
+    let _ = dtype;
+    Ok(())
+}
+
 /// `out[i] = table[ids[i]]` as f32. Ids must be `< table.rows` (the orchestrator checks
 /// them against the vocabulary first and reports bad ids as a user error).
 pub fn embed(ids: &[u32], table: WeightMat<'_>, out: &mut [f32]) {

@@ -21,6 +21,14 @@ pub struct Expert<'a> {
     pub down: WeightMat<'a>,
 }
 
+/// Routing needs `1 <= k <= n_experts`.
+pub fn supports(n_experts: usize, k: usize) -> Result<(), String> {
+    if k == 0 || k > n_experts {
+        return Err(format!("top-{k} routing over {n_experts} experts"));
+    }
+    Ok(())
+}
+
 /// Top-k routing of `[tokens, n_experts]` router logits. Returns `(expert ids, weights)`,
 /// each `[tokens, k]`, ranked by weight (ties: lower expert id first).
 ///

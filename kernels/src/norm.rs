@@ -19,6 +19,14 @@ use crate::WeightVec;
 const PAR_MIN_VALUES: usize = 1 << 15;
 
 /// `out[r] = rmsnorm(x[r]) * w` for each row of `w.len` values.
+/// RMSNorm runs on f32 activations with an f32, f16 or bf16 gain vector.
+pub fn supports(gain: crate::DType) -> Result<(), String> {
+    match gain {
+        crate::DType::F32 | crate::DType::F16 | crate::DType::BF16 => Ok(()),
+        other => Err(format!("norm gains must be f32, f16 or bf16, not {other}")),
+    }
+}
+
 pub fn rmsnorm(x: &[f32], w: WeightVec<'_>, eps: f32, out: &mut [f32]) {
     rmsnorm_with(isa::active(), x, w, eps, out)
 }

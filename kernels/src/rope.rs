@@ -34,6 +34,14 @@ pub struct Llama3Scaling {
 /// above `low` are divided by `factor`, and in between blend with
 /// `smooth = (orig_max / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)`
 /// as `(1 - smooth) * inv / factor + smooth * inv`.
+/// RoPE rotates pairs: `rot_dim` must be even and at most `head_dim`.
+pub fn supports(head_dim: usize, rot_dim: usize) -> Result<(), String> {
+    if rot_dim == 0 || rot_dim % 2 != 0 || rot_dim > head_dim {
+        return Err(format!("rotary dims {rot_dim} must be even and in 2..={head_dim} (head_dim)"));
+    }
+    Ok(())
+}
+
 pub fn inv_freq(rot_dim: usize, theta: f64, scaling: Option<&Llama3Scaling>) -> Vec<f64> {
     (0..rot_dim / 2)
         .map(|i| {

@@ -209,8 +209,10 @@ impl Backend for CpuBackend {
             OpQuery::Attention(AttnKind::Flash, case) => attention::flash_supports(case),
             OpQuery::Attention(AttnKind::Standard, case) => attention::standard_supports(case),
             OpQuery::MatMul(case) => matmul::supports(case),
-            // Every dtype a tensor can have: dense rows convert, quantized rows dequantize.
-            OpQuery::Embed(_) => Ok(()),
+            OpQuery::Embed(dtype) => embed::supports(*dtype),
+            OpQuery::RmsNorm(dtype) => norm::supports(*dtype),
+            OpQuery::Rope { head_dim, rot_dim } => rope::supports(*head_dim, *rot_dim),
+            OpQuery::Moe { experts, top_k } => moe::supports(*experts, *top_k),
         }
     }
 

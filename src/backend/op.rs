@@ -54,6 +54,18 @@ pub enum OpQuery {
     MatMul(MatMulCase),
     /// Embedding lookup from a table of this dtype.
     Embed(DType),
+    /// RMSNorm with a gain vector of this dtype.
+    RmsNorm(DType),
+    /// RoPE over `rot_dim` of `head_dim` dimensions.
+    Rope {
+        head_dim: usize,
+        rot_dim: usize,
+    },
+    /// Top-k routing over `experts`.
+    Moe {
+        experts: usize,
+        top_k: usize,
+    },
 }
 
 /// One expert's weights.

@@ -114,14 +114,20 @@ fn matmul_check(be: &dyn Backend, t: &Tensor) -> Result<()> {
 
 /// Builds the plan for a model on a backend.
 pub fn build(cfg: &ModelConfig, w: &ModelWeights, be: &dyn Backend, opts: &PlanOptions) -> Result<Plan> {
-    be.supports(&OpQuery::Embed(w.embed.dtype))
-        .map_err(|why| Error::Unsupported(format!("tensor `{}`: {why}", w.embed.name)))?;
+    let check = |q: OpQuery, t: &Tensor| {
+        be.supports(&q).map_err(|why| Error::Unsupported(format!("tensor `{}`: {why}", t.name)))
+    };
+    check(OpQuery::Embed(w.embed.dtype), &w.embed)?;
+    check(OpQuery::RmsNorm(w.norm.dtype), &w.norm)?;
+    be.supports(&OpQuery::Rope { head_dim: cfg.head_dim, rot_dim: cfg.rope_dim }).map_err(Error::Unsupported)?;
     matmul_check(be, &w.lm_head)?;
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for (i, lw) in w.layers.iter().enumerate() {
         for t in [&lw.q, &lw.k, &lw.v, &lw.o] {
             matmul_check(be, t)?;
         }
+        check(OpQuery::RmsNorm(lw.attn_norm.dtype), &lw.attn_norm)?;
+        check(OpQuery::RmsNorm(lw.ffn_norm.dtype), &lw.ffn_norm)?;
         match &lw.mlp {
             Mlp::Dense { gate, up, down } => {
                 for t in [gate, up, down] {
@@ -129,6 +135,7 @@ pub fn build(cfg: &ModelConfig, w: &ModelWeights, be: &dyn Backend, opts: &PlanO
                 }
             }
             Mlp::Moe { router, experts } => {
+                check(OpQuery::Moe { experts: experts.len(), top_k: cfg.experts_per_token }, router)?;
                 matmul_check(be, router)?;
                 for e in experts {
                     for t in [&e.gate, &e.up, &e.down] {
@@ -242,6 +249,29 @@ fn plan_layer(
             false
         }
     };
+    // Which matmul kernel family the layer's projections run on, by weight type.
+    let mut mats: Vec<&Tensor> = vec![&lw.q, &lw.k, &lw.v, &lw.o];
+    match &lw.mlp {
+        Mlp::Dense { gate, up, down } => mats.extend([gate, up, down]),
+        Mlp::Moe { router, experts } => {
+            mats.push(router);
+            mats.extend(experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down]));
+        }
+    }
+    let mut dtypes: Vec<DType> = Vec::new();
+    for t in mats {
+        if !dtypes.contains(&t.dtype) {
+            dtypes.push(t.dtype);
+        }
+    }
+    let quant = dtypes.iter().any(|d| d.is_quantized());
+    let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
+    choices.push(Choice {
+        slot: "matmul",
+        op: if quant { "quant_block_matmul".into() } else { "dense_matmul".into() },
+        reason: format!("{} weights, f32 activations", names.join("/")),
+        fallback: false,
+    });
     Ok(LayerPlan { layer: i, attention, fuse_qkv, fuse_gate_up, fuse_add_norm, choices })
 }
 
