@@ -271,7 +271,7 @@ impl Engine {
         log::info!(
             "KV cache: {blocks} blocks x {bs} tokens ({} bytes per token, {} MiB, {})",
             KvPools::bytes_per_token(cfg, self.config.kv_dtype),
-            blocks * bs * KvPools::bytes_per_token(cfg, self.config.kv_dtype) >> 20,
+            (blocks * bs * KvPools::bytes_per_token(cfg, self.config.kv_dtype)) >> 20,
             self.config.kv_dtype
         );
         let facts = ModelFacts {

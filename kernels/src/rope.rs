@@ -36,7 +36,7 @@ pub struct Llama3Scaling {
 /// as `(1 - smooth) * inv / factor + smooth * inv`.
 /// RoPE rotates pairs: `rot_dim` must be even and at most `head_dim`.
 pub fn supports(head_dim: usize, rot_dim: usize) -> Result<(), String> {
-    if rot_dim == 0 || rot_dim % 2 != 0 || rot_dim > head_dim {
+    if rot_dim == 0 || !rot_dim.is_multiple_of(2) || rot_dim > head_dim {
         return Err(format!("rotary dims {rot_dim} must be even and in 2..={head_dim} (head_dim)"));
     }
     Ok(())
