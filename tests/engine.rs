@@ -296,3 +296,48 @@ fn impossible_requests_and_full_queues_are_clear_errors() {
     e.run_to_completion().unwrap();
     e.enqueue(greedy(vec![7], 4)).unwrap();
 }
+
+#[test]
+fn enqueue_cancel_and_stats_from_other_threads_while_stepping() {
+    let path = golden_dir("llama_gqa");
+    let e = std::sync::Arc::new(engine(&path, EngineConfig { queue_limit: 1000, ..cfg(256, 128) }));
+    let want = run_all(&engine(&path, cfg(64, 512)), &[greedy(vec![5, 6, 7, 8], 6)]).remove(0);
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let stepper = {
+        let (e, stop) = (e.clone(), stop.clone());
+        std::thread::spawn(move || {
+            while !stop.load(std::sync::atomic::Ordering::SeqCst) || e.has_work().unwrap() {
+                match e.step() {
+                    Ok(_) | Err(Error::Busy) => {}
+                    Err(err) => panic!("step: {err}"),
+                }
+            }
+        })
+    };
+    let workers: Vec<_> = (0..4)
+        .map(|t| {
+            let e = e.clone();
+            std::thread::spawn(move || {
+                let mut mine = Vec::new();
+                for i in 0..25 {
+                    let id = e.enqueue(greedy(vec![5, 6, 7, 8], 6)).unwrap();
+                    if i % 5 == t {
+                        let _ = e.cancel(id); // may already be finished: an error, not a crash
+                    } else {
+                        mine.push(id);
+                    }
+                    let _ = e.stats().unwrap();
+                }
+                mine
+            })
+        })
+        .collect();
+    let ids: Vec<u64> = workers.into_iter().flat_map(|w| w.join().unwrap()).collect();
+    stop.store(true, std::sync::atomic::Ordering::SeqCst);
+    stepper.join().unwrap();
+    for id in ids {
+        let out = e.output(id).unwrap();
+        assert_eq!(out.tokens, want, "request {id}");
+    }
+    assert_eq!(e.stats().unwrap().kv_blocks_used, 0);
+}
