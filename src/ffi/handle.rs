@@ -59,10 +59,4 @@ impl<T> Registry<T> {
             ),
         )
     }
-
-    /// Live handles of this kind (tests use it to check that nothing leaks).
-    #[cfg(test)]
-    pub fn len(&self) -> usize {
-        self.live().len()
-    }
 }

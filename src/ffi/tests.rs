@@ -270,8 +270,7 @@ fn cancel_between_steps_ends_the_stream() {
     let m = load("llama_gqa", null());
     let cfg = config(&[("threads", "1"), ("kv_cache_blocks", "32")]);
     let e = engine(m, cfg);
-    let mut sp = tboost_sampling_params::default();
-    sp.max_tokens = 50;
+    let sp = tboost_sampling_params { max_tokens: 50, ..Default::default() };
     let id = enqueue(e, &[5, 6, 7], &sp);
     assert_eq!(unsafe { tboost_engine_step(e, null_mut()) }, TBOOST_OK);
     assert_eq!(tboost_engine_cancel(e, id), TBOOST_OK);
@@ -282,7 +281,7 @@ fn cancel_between_steps_ends_the_stream() {
     run(e);
     let events = read_all(e, id);
     assert_eq!(events.len(), 2, "{events:?}");
-    assert_eq!(events[0].token >= 0, true);
+    assert!(events[0].token >= 0);
     assert_eq!(events[1].finish, tboost_finish_reason::TBOOST_FINISH_CANCELLED);
     assert_eq!((events[1].token, events[1].index), (-1, 1));
     assert_eq!(tboost_engine_cancel(e, 999), TBOOST_ERR_NOT_FOUND);
@@ -317,8 +316,7 @@ fn a_panic_is_a_status_and_poisons_only_its_engine() {
 fn struct_size_too_small_is_rejected() {
     let m = load("llama_gqa", null());
     let e = engine(m, null());
-    let mut sp = tboost_sampling_params::default();
-    sp.struct_size = 0;
+    let sp = tboost_sampling_params { struct_size: 0, ..Default::default() };
     let mut id = 0;
     let s = unsafe { tboost_engine_enqueue(e, [3].as_ptr(), 1, &sp, null(), null(), 0, &mut id) };
     assert_eq!(s, TBOOST_ERR_INVALID_ARGUMENT);
