@@ -29,7 +29,8 @@
  *     any thread, also while another thread steps.
  *   - A model is immutable and may be shared by threads and engines.
  *   - A config is not thread-safe: set it up on one thread, then only read it.
- *   - *_free must not race with other calls on the same handle.
+ *   - *_free must not race with other calls on the same handle (threads blocked in
+ *     tboost_engine_wait are the exception: they return TBOOST_ERR_INVALID_HANDLE).
  *   - The engine computes on its own thread pool ("threads"), never the caller's.
  *   - Panics inside tboost never unwind into the host: the call returns
  *     TBOOST_ERR_PANIC and the engine it happened in is poisoned (TBOOST_ERR_POISONED).
@@ -457,6 +458,7 @@ tboost_status tboost_config_free(struct tboost_config *cfg);
  * - `queue_limit` [1, ..]: most waiting requests; enqueue beyond it is
  *   `TBOOST_ERR_QUEUE_FULL` (default 4096)
  * - `debug_panic_at_step` [0, ..]: testing only, the n-th step panics (0 = never)
+ * - `debug_step_delay_ms` [0, 60000]: testing only, each step first sleeps this long
  *
  * An unknown key, a value out of range or a string key is `TBOOST_ERR_INVALID_ARGUMENT`
  * and leaves the config unchanged. Cross-key rules (max_batched_tokens >= max_seqs) are

@@ -21,11 +21,13 @@ pub(crate) struct Settings {
     pub backend: String,
     /// Testing only: the n-th `tboost_engine_step` call panics inside the barrier.
     pub debug_panic_at_step: u64,
+    /// Testing only: every `tboost_engine_step` call holds the engine this long first.
+    pub debug_step_delay_ms: u64,
 }
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { engine: EngineConfig::default(), backend: "auto".into(), debug_panic_at_step: 0 }
+        Settings { engine: EngineConfig::default(), backend: "auto".into(), debug_panic_at_step: 0, debug_step_delay_ms: 0 }
     }
 }
 
@@ -70,6 +72,7 @@ const KEYS: &[(&str, Kind)] = &[
     ("queue_limit", Kind::Int { min: 1, max: i64::MAX }),
     ("disabled_ops", Kind::Str),
     ("debug_panic_at_step", Kind::Int { min: 0, max: i64::MAX }),
+    ("debug_step_delay_ms", Kind::Int { min: 0, max: 60_000 }),
 ];
 
 fn key_names() -> String {
@@ -119,6 +122,7 @@ fn apply(s: &mut Settings, key: &str, v: Value<'_>) -> FfiResult {
                 PlanOptions::parse_disabled(list).map_err(|e| Failure::invalid(format!("`disabled_ops`: {e}")))?
         }
         ("debug_panic_at_step", Value::Int(v)) => s.debug_panic_at_step = v as u64,
+        ("debug_step_delay_ms", Value::Int(v)) => s.debug_step_delay_ms = v as u64,
         (k, _) => return Err(Failure::new(Status::TBOOST_ERR_INTERNAL, format!("config key `{k}` has no setter"))),
     }
     Ok(())
@@ -206,6 +210,7 @@ pub extern "C" fn tboost_config_free(cfg: *mut tboost_config) -> tboost_status {
 /// - `queue_limit` [1, ..]: most waiting requests; enqueue beyond it is
 ///   `TBOOST_ERR_QUEUE_FULL` (default 4096)
 /// - `debug_panic_at_step` [0, ..]: testing only, the n-th step panics (0 = never)
+/// - `debug_step_delay_ms` [0, 60000]: testing only, each step first sleeps this long
 ///
 /// An unknown key, a value out of range or a string key is `TBOOST_ERR_INVALID_ARGUMENT`
 /// and leaves the config unchanged. Cross-key rules (max_batched_tokens >= max_seqs) are
@@ -273,6 +278,7 @@ pub unsafe extern "C" fn tboost_config_to_json(
             "queue_limit": e.queue_limit,
             "disabled_ops": e.disabled_ops.iter().cloned().collect::<Vec<_>>().join(","),
             "debug_panic_at_step": s.debug_panic_at_step,
+            "debug_step_delay_ms": s.debug_step_delay_ms,
         });
         // SAFETY: buffer contract as documented.
         unsafe { write_str(&v.to_string(), buf, cap, needed) }

@@ -49,6 +49,7 @@ pub(crate) struct EngineInner {
     stepping: AtomicBool,
     steps: AtomicU64,
     debug_panic_at_step: u64,
+    debug_step_delay: Duration,
     plan_json: String,
 }
 
@@ -137,6 +138,7 @@ pub unsafe extern "C" fn tboost_engine_new(
             stepping: AtomicBool::new(false),
             steps: AtomicU64::new(0),
             debug_panic_at_step: s.debug_panic_at_step,
+            debug_step_delay: Duration::from_millis(s.debug_step_delay_ms),
             plan_json,
         };
         let h = ENGINES.insert(Arc::new(inner));
@@ -309,6 +311,9 @@ pub unsafe extern "C" fn tboost_engine_step(engine: *mut tboost_engine, n_events
         let n = inner.steps.fetch_add(1, Ordering::SeqCst) + 1;
         if n == inner.debug_panic_at_step {
             panic!("debug_panic_at_step: step {n} panics on purpose");
+        }
+        if !inner.debug_step_delay.is_zero() {
+            std::thread::sleep(inner.debug_step_delay);
         }
         let out = loop {
             match inner.engine.step() {
