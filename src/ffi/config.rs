@@ -27,7 +27,12 @@ pub(crate) struct Settings {
 
 impl Default for Settings {
     fn default() -> Self {
-        Settings { engine: EngineConfig::default(), backend: "auto".into(), debug_panic_at_step: 0, debug_step_delay_ms: 0 }
+        Settings {
+            engine: EngineConfig::default(),
+            backend: "auto".into(),
+            debug_panic_at_step: 0,
+            debug_step_delay_ms: 0,
+        }
     }
 }
 
