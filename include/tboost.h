@@ -567,7 +567,7 @@ tboost_status tboost_engine_has_work(const struct tboost_engine *engine, bool *o
 /**
  * Moves up to `cap` events into `events` — those of request `id`, or of every request
  * for `TBOOST_ANY_REQUEST` — oldest first; `*n_out` receives how many were written. Each
- * event is read once. `event_size` is sizeof(tboost_event) from the caller's header (the
+ * event is read once; events stay queued until read (or the engine is freed). `event_size` is sizeof(tboost_event) from the caller's header (the
  * array stride; the library fills at most that much of each). With `cap` 0, nothing is
  * removed and `*n_out` is the number of events ready (`events` may then be NULL).
  *

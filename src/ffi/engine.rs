@@ -346,7 +346,7 @@ pub unsafe extern "C" fn tboost_engine_has_work(engine: *const tboost_engine, ou
 
 /// Moves up to `cap` events into `events` — those of request `id`, or of every request
 /// for `TBOOST_ANY_REQUEST` — oldest first; `*n_out` receives how many were written. Each
-/// event is read once. `event_size` is sizeof(tboost_event) from the caller's header (the
+/// event is read once; events stay queued until read (or the engine is freed). `event_size` is sizeof(tboost_event) from the caller's header (the
 /// array stride; the library fills at most that much of each). With `cap` 0, nothing is
 /// removed and `*n_out` is the number of events ready (`events` may then be NULL).
 ///
@@ -371,10 +371,11 @@ pub unsafe extern "C" fn tboost_engine_read(
                 return Err(Failure::invalid(format!("`cap` {cap} x `event_size` {event_size} overflows")));
             }
         }
-        if id != TBOOST_ANY_REQUEST {
+        let mut q = inner.queue();
+        if id != TBOOST_ANY_REQUEST && q.count(id) == 0 {
+            // Only now ask the engine, whose records of old finished requests are bounded.
             inner.engine.output(id)?;
         }
-        let mut q = inner.queue();
         if cap == 0 {
             // SAFETY: checked non-null above.
             unsafe { write_out(n_out, q.count(id)) };
@@ -422,7 +423,7 @@ pub unsafe extern "C" fn tboost_engine_wait(
 ) -> tboost_status {
     guard("tboost_engine_wait", |ctx| {
         let inner = engine_of(ctx, engine)?;
-        if id != TBOOST_ANY_REQUEST {
+        if id != TBOOST_ANY_REQUEST && inner.queue().count(id) == 0 {
             inner.engine.output(id)?;
         }
         let deadline = Instant::now() + Duration::from_millis(timeout_ms.into());
