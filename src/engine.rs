@@ -176,6 +176,9 @@ struct Shared {
     /// Requests not yet admitted (incoming + the scheduler's waiting queue at the last step).
     waiting: usize,
     stats: Stats,
+    /// Events of cancellations applied between steps (by `cancel`), returned by the next
+    /// `step` so that a host reading the event stream sees every request's end.
+    pending_events: Vec<Event>,
 }
 
 impl Shared {
@@ -404,7 +407,8 @@ impl Engine {
     }
 
     /// Cancels a request. Idempotent while it is in flight; an unknown or finished id is an
-    /// error. Its blocks are freed at once when no step is running, else at the next step.
+    /// error. Its blocks are freed at once when no step is running, else at the next step;
+    /// either way its `Cancelled` event comes out of the next `step`.
     pub fn cancel(&self, id: RequestId) -> Result<()> {
         {
             let mut sh = self.shared()?;
@@ -430,6 +434,7 @@ impl Engine {
                     let mut events = Vec::new();
                     self.take_shared_input(c, &mut events)?;
                     self.publish(c, &events, 0.0)?;
+                    self.shared()?.pending_events.extend(events);
                 }
                 Ok(())
             }
@@ -459,7 +464,7 @@ impl Engine {
     /// True while any request is waiting or running.
     pub fn has_work(&self) -> Result<bool> {
         let sh = self.shared()?;
-        Ok(sh.waiting > 0 || sh.stats.running > 0 || !sh.cancels.is_empty())
+        Ok(sh.waiting > 0 || sh.stats.running > 0 || !sh.cancels.is_empty() || !sh.pending_events.is_empty())
     }
 
     /// Moves new requests into the scheduler and applies cancellations.
@@ -555,6 +560,9 @@ impl Engine {
             c.total_step_ms += ms;
         }
         self.publish(c, &out.events, if work.is_empty() { 0.0 } else { ms })?;
+        // Cancellations applied between steps happened before this step's events.
+        let pending = std::mem::take(&mut self.shared()?.pending_events);
+        out.events.splice(0..0, pending);
         Ok(out)
     }
 

@@ -9,6 +9,7 @@ pub mod backend;
 pub mod cli;
 pub mod engine;
 pub mod error;
+pub mod ffi;
 pub mod kv;
 pub mod model;
 pub mod plan;

@@ -1,0 +1,3 @@
+module tboost.example/embed
+
+go 1.19

@@ -1,0 +1,211 @@
+#!/usr/bin/env bash
+# The C ABI end to end, run after `cargo test`. Needs (Debian 12):
+#   apt-get install -y cmake g++ libgtest-dev golang-go libjna-java pkg-config valgrind
+#   cargo install --locked cbindgen --version 0.29.4
+# and the shared test data next to the checkout (../shared) or in $TBOOST_SHARED.
+#
+# Checks, in order (the first failure stops the run with a message saying what broke):
+#   tools, header drift (cbindgen), header as C99 and C++17, release library + its
+#   native-static-libs list, README snippet = examples/cpp/main.cpp, CMake build + ctest
+#   (gtest suite, C99 consumer, C++ example), install layout + SONAME + pkg-config,
+#   find_package consumer outside the tree (static and shared), add_subdirectory consumer,
+#   AddressSanitizer build + ctest, valgrind on the C++ example, Go and Java hosts giving
+#   the C++ host's tokens.
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+CBINDGEN_VERSION=0.29.4
+SHARED=${TBOOST_SHARED:-$ROOT/../shared}
+TARGET_DIR=${CARGO_TARGET_DIR:-$ROOT/target}
+WORK=$TARGET_DIR/embedding
+SCRATCH=$(mktemp -d /tmp/tboost-embedding.XXXXXX)
+GOLDEN=$SHARED/testdata/golden/llama_gqa
+JNA_JAR=/usr/share/java/jna.jar
+JOBS=$(nproc 2>/dev/null || echo 2)
+export TBOOST_SHARED=$SHARED CARGO_TARGET_DIR=$TARGET_DIR
+trap 'chmod -R u+w "$SCRATCH" 2>/dev/null; rm -rf "$SCRATCH"' EXIT
+
+passed=0
+CURRENT=""
+step() {
+  CURRENT=$1
+  echo
+  echo "==== [$((passed + 1))] $1"
+}
+ok() {
+  passed=$((passed + 1))
+  echo "---- ok: $CURRENT"
+}
+die() {
+  echo >&2
+  echo "test-embedding: FAILED at \"$CURRENT\": $*" >&2
+  echo "embedding: $passed passed, 1 failed"
+  exit 1
+}
+trap 'die "command failed (line $LINENO): $BASH_COMMAND"' ERR
+
+# The `request k: ...` lines every host prints, in order.
+request_lines() { grep '^request ' "$1" | sort -t: -k1,1V || true; }
+
+step "tools"
+for tool in cmake gcc g++ pkg-config go javac java valgrind readelf cargo; do
+  command -v "$tool" >/dev/null ||
+    die "$tool is missing: apt-get install -y cmake g++ libgtest-dev golang-go libjna-java pkg-config valgrind"
+done
+[ -f "$JNA_JAR" ] || die "$JNA_JAR is missing: apt-get install -y libjna-java"
+[ -f /usr/include/gtest/gtest.h ] || die "gtest is missing: apt-get install -y libgtest-dev"
+command -v cbindgen >/dev/null || die "cbindgen is missing: cargo install --locked cbindgen --version $CBINDGEN_VERSION"
+have=$(cbindgen --version | awk '{print $2}')
+[ "$have" = "$CBINDGEN_VERSION" ] ||
+  die "cbindgen $have found, $CBINDGEN_VERSION required: cargo install --locked cbindgen --version $CBINDGEN_VERSION"
+[ -d "$GOLDEN" ] || die "golden models not found at $GOLDEN: put \`shared\` next to the repository or set TBOOST_SHARED"
+mkdir -p "$WORK"
+ok
+
+step "header drift: include/tboost.h is cbindgen's output"
+(cd "$ROOT" && cbindgen --quiet --config cbindgen.toml --crate tboost --output "$SCRATCH/tboost.h")
+diff -u "$ROOT/include/tboost.h" "$SCRATCH/tboost.h" ||
+  die "include/tboost.h differs from what cbindgen $CBINDGEN_VERSION generates from src/ffi/: regenerate it with
+  cbindgen --config cbindgen.toml --crate tboost --output include/tboost.h   (and commit it)"
+ok
+
+step "header compiles as C99 and C++17 with -Wall -Wextra -Werror -pedantic"
+gcc -std=c99 -Wall -Wextra -Werror -pedantic -fsyntax-only -x c "$ROOT/include/tboost.h" ||
+  die "tboost.h does not compile as C99"
+g++ -std=c++17 -Wall -Wextra -Werror -pedantic -fsyntax-only -x c++ "$ROOT/include/tboost.h" ||
+  die "tboost.h does not compile as C++17"
+ok
+
+step "release library; its native-static-libs equal cmake/tboostNativeLibs.cmake"
+# The same cargo invocation as CMakeLists.txt's tboost_cargo target (so neither rebuilds the
+# other's output); cargo replays rustc's note on a no-op build.
+(cd "$ROOT" && cargo rustc --release --lib -- --print native-static-libs) 2>&1 | tee "$SCRATCH/cargo.log" | tail -n 3
+rustc_libs=$(sed -n 's/.*note: native-static-libs: //p' "$SCRATCH/cargo.log" | tail -n 1)
+[ -n "$rustc_libs" ] || die "cargo printed no native-static-libs line (see above)"
+listed=$(sed -n 's/^set(TBOOST_NATIVE_STATIC_LIBS \(.*\))$/\1/p' "$ROOT/cmake/tboostNativeLibs.cmake" | sed 's/\([^ ]*\)/-l\1/g')
+[ "$rustc_libs" = "$listed" ] ||
+  die "rustc says a static link needs \"$rustc_libs\" but cmake/tboostNativeLibs.cmake lists \"$listed\": update the list"
+echo "native-static-libs: $rustc_libs"
+ok
+
+step "docs/embedding.md shows examples/cpp/main.cpp verbatim"
+awk '/^```cpp$/{on=1; next} /^```$/{if (on) exit} on' "$ROOT/docs/embedding.md" >"$SCRATCH/snippet.cpp"
+diff -u "$ROOT/examples/cpp/main.cpp" "$SCRATCH/snippet.cpp" ||
+  die "the first \`\`\`cpp block of docs/embedding.md differs from examples/cpp/main.cpp: copy the example in"
+ok
+
+step "CMake build of the tree and ctest (gtest suite, C99 consumer, C++ example)"
+cmake -S "$ROOT" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DTBOOST_CARGO_TARGET_DIR="$TARGET_DIR" \
+  -DTBOOST_SHARED="$SHARED" >"$SCRATCH/configure.log" || { cat "$SCRATCH/configure.log"; die "cmake configure failed"; }
+cmake --build "$WORK/build" -j "$JOBS" || die "the CMake build failed"
+(cd "$WORK/build" && ctest --output-on-failure -j "$JOBS") || die "ctest failed (output above)"
+"$WORK/build/examples/cpp/tboost_example" "$GOLDEN" 4 2 12 >"$SCRATCH/cpp.out" || die "the C++ example failed"
+request_lines "$SCRATCH/cpp.out" >"$SCRATCH/cpp.txt"
+[ "$(wc -l <"$SCRATCH/cpp.txt")" -eq 8 ] || die "the C++ example printed $(wc -l <"$SCRATCH/cpp.txt") request lines, not 8"
+ok
+
+step "install layout, SONAME and pkg-config"
+PREFIX=$WORK/prefix
+rm -rf "$PREFIX"
+cmake --install "$WORK/build" --prefix "$PREFIX" >/dev/null || die "cmake --install failed"
+version=$(sed -n 's/^#define TBOOST_VERSION_STRING "\(.*\)"$/\1/p' "$ROOT/include/tboost.h")
+abi=$(sed -n 's/^#define TBOOST_ABI_VERSION \([0-9]*\)$/\1/p' "$ROOT/include/tboost.h")
+for f in include/tboost.h lib/libtboost.a "lib/libtboost.so.$version" "lib/libtboost.so.$abi" lib/libtboost.so \
+  lib/cmake/tboost/tboostConfig.cmake lib/cmake/tboost/tboostConfigVersion.cmake \
+  lib/cmake/tboost/tboostNativeLibs.cmake lib/pkgconfig/tboost.pc; do
+  [ -e "$PREFIX/$f" ] || die "the install prefix lacks $f"
+done
+soname=$(readelf -d "$PREFIX/lib/libtboost.so.$version" | sed -n 's/.*Library soname: \[\(.*\)\]/\1/p')
+[ "$soname" = "libtboost.so.$abi" ] || die "libtboost.so's SONAME is \"$soname\", expected libtboost.so.$abi"
+export PKG_CONFIG_PATH=$PREFIX/lib/pkgconfig
+[ "$(pkg-config --modversion tboost)" = "$version" ] || die "pkg-config reports another version"
+cflags=$(pkg-config --cflags tboost)
+[[ "$cflags" == *"-I$PREFIX/lib/pkgconfig/../../include"* ]] || die "pkg-config --cflags tboost gives \"$cflags\""
+libs=$(pkg-config --static --libs tboost)
+[[ "$libs" == *"$rustc_libs"* ]] || die "pkg-config --static --libs tboost gives \"$libs\", without $rustc_libs"
+ok
+
+step "find_package consumer outside the tree (tboost::tboost, then tboost::tboost_shared)"
+app=$SCRATCH/find-package
+mkdir -p "$app"
+cp "$ROOT/examples/cpp/main.cpp" "$app/"
+cat >"$app/CMakeLists.txt" <<'EOF'
+cmake_minimum_required(VERSION 3.16)
+project(app CXX)
+find_package(tboost CONFIG REQUIRED)
+add_executable(app main.cpp)
+target_link_libraries(app PRIVATE tboost::tboost)
+EOF
+cmake -S "$app" -B "$app/build" -DCMAKE_PREFIX_PATH="$PREFIX" >/dev/null || die "find_package(tboost) failed"
+cmake --build "$app/build" >/dev/null || die "the find_package consumer does not build"
+"$app/build/app" "$GOLDEN" 4 2 12 >"$SCRATCH/find.out" || die "the find_package consumer failed to run"
+request_lines "$SCRATCH/find.out" | diff -u "$SCRATCH/cpp.txt" - || die "the installed static library gives other tokens"
+sed -i 's/tboost::tboost)/tboost::tboost_shared)/' "$app/CMakeLists.txt"
+rm -rf "$app/build"
+cmake -S "$app" -B "$app/build" -DCMAKE_PREFIX_PATH="$PREFIX" >/dev/null && cmake --build "$app/build" >/dev/null ||
+  die "the tboost::tboost_shared consumer does not build"
+needed=$(readelf -d "$app/build/app")
+[[ "$needed" == *"Shared library: [libtboost.so.$abi]"* ]] || die "the app does not link libtboost.so.$abi"
+"$app/build/app" "$GOLDEN" 4 2 12 >"$SCRATCH/shared.out" || die "the shared-library consumer failed to run"
+request_lines "$SCRATCH/shared.out" | diff -u "$SCRATCH/cpp.txt" - || die "the installed shared library gives other tokens"
+# The version file rejects an incompatible request.
+sed -i 's/find_package(tboost CONFIG REQUIRED)/find_package(tboost 99.0 CONFIG REQUIRED)/' "$app/CMakeLists.txt"
+if cmake -S "$app" -B "$SCRATCH/find-99" -DCMAKE_PREFIX_PATH="$PREFIX" >/dev/null 2>&1; then
+  die "find_package(tboost 99.0) succeeded against version $version"
+fi
+ok
+
+step "add_subdirectory consumer (builds with cargo)"
+sub=$SCRATCH/add-subdirectory
+mkdir -p "$sub"
+cp "$ROOT/examples/cpp/main.cpp" "$sub/"
+cat >"$sub/CMakeLists.txt" <<EOF
+cmake_minimum_required(VERSION 3.16)
+project(app CXX)
+add_subdirectory("$ROOT" tboost)
+add_executable(app main.cpp)
+target_link_libraries(app PRIVATE tboost::tboost)
+EOF
+cmake -S "$sub" -B "$sub/build" -DTBOOST_CARGO_TARGET_DIR="$TARGET_DIR" >/dev/null || die "add_subdirectory configure failed"
+cmake --build "$sub/build" -j "$JOBS" >/dev/null || die "the add_subdirectory consumer does not build"
+[ ! -e "$sub/build/tboost/tests" ] || die "add_subdirectory built tboost's tests (TBOOST_BUILD_TESTS must default to OFF)"
+"$sub/build/app" "$GOLDEN" 4 2 12 >"$SCRATCH/sub.out" || die "the add_subdirectory consumer failed to run"
+request_lines "$SCRATCH/sub.out" | diff -u "$SCRATCH/cpp.txt" - || die "the add_subdirectory build gives other tokens"
+ok
+
+step "AddressSanitizer: gtest suite, C consumer and C++ example (leaks, invalid accesses)"
+cmake -S "$ROOT" -B "$WORK/build-asan" -DCMAKE_BUILD_TYPE=Debug -DTBOOST_SANITIZE=address \
+  -DTBOOST_CARGO_TARGET_DIR="$TARGET_DIR" -DTBOOST_SHARED="$SHARED" >/dev/null || die "ASan configure failed"
+cmake --build "$WORK/build-asan" -j "$JOBS" >/dev/null || die "the ASan build failed"
+symbols=$(nm "$WORK/build-asan/tests/cpp/tboost_gtest")
+[[ "$symbols" == *__asan_init* ]] || die "the ASan build is not instrumented"
+(cd "$WORK/build-asan" && ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 ctest --output-on-failure -j "$JOBS") ||
+  die "ctest under AddressSanitizer failed (report above)"
+ok
+
+step "valgrind: the C++ example (covers the Rust side, which ASan does not instrument)"
+valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,indirect --show-possibly-lost=no -q \
+  "$WORK/build/examples/cpp/tboost_example" "$GOLDEN" 4 2 12 >"$SCRATCH/vg.out" 2>"$SCRATCH/vg.err" ||
+  { cat "$SCRATCH/vg.err"; die "valgrind found errors in the C++ example"; }
+request_lines "$SCRATCH/vg.out" | diff -u "$SCRATCH/cpp.txt" - || die "the example gives other tokens under valgrind"
+ok
+
+step "Go (cgo) host gives the C++ host's tokens"
+# A fresh build cache: Go 1.19's cache does not notice that pkg-config's -L path changed.
+export GOCACHE=$SCRATCH/gocache GOPATH=$SCRATCH/gopath GOFLAGS=-buildvcs=false GOPROXY=off
+(cd "$ROOT/examples/go" && go vet . && go build -o "$SCRATCH/tboost-go" .) || die "the Go example does not build"
+LD_LIBRARY_PATH=$PREFIX/lib "$SCRATCH/tboost-go" "$GOLDEN" 4 2 12 >"$SCRATCH/go.out" || die "the Go example failed"
+request_lines "$SCRATCH/go.out" | diff -u "$SCRATCH/cpp.txt" - || die "Go's tokens differ from the C++ host's"
+ok
+
+step "Java (JNA) host gives the C++ host's tokens"
+javac -Xlint:all -Werror -cp "$JNA_JAR" -d "$SCRATCH/java" "$ROOT/examples/java/TBoostExample.java" ||
+  die "the Java example does not compile"
+java -cp "$SCRATCH/java:$JNA_JAR" -Djna.library.path="$PREFIX/lib" TBoostExample "$GOLDEN" 4 2 12 >"$SCRATCH/java.out" ||
+  die "the Java example failed"
+request_lines "$SCRATCH/java.out" | diff -u "$SCRATCH/cpp.txt" - || die "Java's tokens differ from the C++ host's"
+ok
+
+echo
+echo "C++, Go and Java hosts agree on $(wc -l <"$SCRATCH/cpp.txt") requests."
+echo "embedding: $passed passed, 0 failed"

@@ -1,0 +1,21 @@
+// tboost.h compiles as strict C++17 (-std=c++17 -pedantic -Wall -Wextra -Werror), its
+// enums have int32_t underlying types, and its structs are standard-layout C structs of
+// the sizes of their first version.
+#include "tboost.h"
+
+#include <cstdint>
+#include <type_traits>
+
+static_assert(std::is_same_v<std::underlying_type_t<tboost_status>, int32_t>);
+static_assert(std::is_same_v<std::underlying_type_t<tboost_finish_reason>, int32_t>);
+static_assert(std::is_same_v<std::underlying_type_t<tboost_log_level>, int32_t>);
+static_assert(std::is_standard_layout_v<tboost_sampling_params> && sizeof(tboost_sampling_params) == 64);
+static_assert(std::is_standard_layout_v<tboost_event> && sizeof(tboost_event) == 40);
+static_assert(std::is_standard_layout_v<tboost_stats> && sizeof(tboost_stats) == 144);
+static_assert(offsetof(tboost_event, request_id) == 8 && offsetof(tboost_stats, waiting) == 8);
+static_assert(TBOOST_ANY_REQUEST == 0);
+
+int tboost_header_check_cxx() {
+  tboost_status (*step)(tboost_engine*, size_t*) = tboost_engine_step;
+  return step != nullptr && TBOOST_OK == 0;
+}

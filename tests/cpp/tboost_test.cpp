@@ -1,0 +1,1361 @@
+// The C ABI from C++: every function in tboost.h, its error paths, its thread rules, and
+// equality with the Rust API (the `tboost batch` CLI) on the golden models.
+#include <gtest/gtest.h>
+#include <tboost.h>
+
+#include <sys/stat.h>
+#include <unistd.h>
+
+#include <algorithm>
+#include <atomic>
+#include <chrono>
+#include <cmath>
+#include <cstdio>
+#include <cstdlib>
+#include <cstring>
+#include <fstream>
+#include <functional>
+#include <map>
+#include <mutex>
+#include <random>
+#include <sstream>
+#include <string>
+#include <thread>
+#include <vector>
+
+namespace {
+
+using Tokens = std::vector<int32_t>;
+using Clock = std::chrono::steady_clock;
+
+// ---- environment ----------------------------------------------------------------------
+
+std::string SharedDir() {
+  const char* env = std::getenv("TBOOST_SHARED");
+  return env != nullptr ? env : TBOOST_SHARED_DEFAULT;
+}
+
+bool IsDir(const std::string& p) {
+  struct stat st {};
+  return stat(p.c_str(), &st) == 0 && S_ISDIR(st.st_mode);
+}
+
+bool IsFile(const std::string& p) {
+  struct stat st {};
+  return stat(p.c_str(), &st) == 0 && S_ISREG(st.st_mode);
+}
+
+std::string Golden(const std::string& name) { return SharedDir() + "/testdata/golden/" + name; }
+
+// Fails the whole run, with how to fix it, when the shared test data is missing.
+class SharedData : public ::testing::Environment {
+ public:
+  void SetUp() override {
+    ASSERT_TRUE(IsDir(Golden("llama_gqa")))
+        << "shared test data not found at " << SharedDir()
+        << ": check out `shared` next to the repository or set TBOOST_SHARED";
+  }
+};
+const auto* const kSharedData = ::testing::AddGlobalTestEnvironment(new SharedData);
+
+std::string LastError() {
+  size_t need = 0;
+  tboost_last_error(nullptr, 0, &need);
+  std::string msg(need, '\0');
+  EXPECT_EQ(tboost_last_error(msg.data(), msg.size(), nullptr), TBOOST_OK);
+  if (!msg.empty()) msg.pop_back();
+  return msg;
+}
+
+std::string Name(int32_t s) { return tboost_status_name(s); }
+
+#define EXPECT_STATUS(want, call)                                                                \
+  do {                                                                                           \
+    const tboost_status got_ = (call);                                                           \
+    EXPECT_EQ(Name(got_), Name(want)) << #call << ": " << (got_ != TBOOST_OK ? LastError() : ""); \
+  } while (0)
+#define ASSERT_OK(call)                                                           \
+  do {                                                                            \
+    const tboost_status got_ = (call);                                            \
+    ASSERT_EQ(Name(got_), "TBOOST_OK") << #call << ": " << LastError();           \
+  } while (0)
+
+// ---- RAII handles -----------------------------------------------------------------------
+
+struct Config {
+  tboost_config* p = nullptr;
+  Config() { EXPECT_EQ(tboost_config_new(&p), TBOOST_OK); }
+  Config(std::initializer_list<std::pair<const char*, const char*>> kv) : Config() {
+    for (auto& [k, v] : kv) EXPECT_STATUS(TBOOST_OK, tboost_config_set_str(p, k, v));
+  }
+  ~Config() { tboost_config_free(p); }
+  Config(const Config&) = delete;
+  Config& operator=(const Config&) = delete;
+};
+
+struct Model {
+  tboost_model* p = nullptr;
+  explicit Model(const std::string& path, const tboost_config* cfg = nullptr) {
+    EXPECT_STATUS(TBOOST_OK, tboost_model_load(path.c_str(), cfg, nullptr, nullptr, &p));
+  }
+  ~Model() { tboost_model_free(p); }
+  Model(const Model&) = delete;
+  Model& operator=(const Model&) = delete;
+};
+
+struct Engine {
+  tboost_engine* p = nullptr;
+  Engine(const tboost_model* m, const tboost_config* cfg) { EXPECT_STATUS(TBOOST_OK, tboost_engine_new(m, cfg, &p)); }
+  ~Engine() { tboost_engine_free(p); }
+  tboost_engine* release() { return std::exchange(p, nullptr); }
+  Engine(const Engine&) = delete;
+  Engine& operator=(const Engine&) = delete;
+};
+
+// Small engines: the machine is shared and the golden models are tiny.
+Config* SmallConfig() {
+  return new Config{{"threads", "1"}, {"kv_cache_blocks", "128"}, {"max_seqs", "16"}, {"max_batched_tokens", "128"}};
+}
+
+tboost_sampling_params Params(uint32_t max_tokens, float temperature = 0.0f, uint64_t seed = 0) {
+  tboost_sampling_params sp;
+  tboost_sampling_params_init(&sp);
+  sp.max_tokens = max_tokens;
+  sp.temperature = temperature;
+  sp.seed = seed;
+  sp.ignore_eos = 1;
+  return sp;
+}
+
+Tokens Prompt(int k, int len, int vocab = 500) {
+  Tokens p;
+  for (int j = 0; j < len; ++j) p.push_back(3 + (k * 37 + j * 11) % (vocab - 3));
+  return p;
+}
+
+tboost_request_id Enqueue(tboost_engine* e, const Tokens& prompt, const tboost_sampling_params& sp,
+                          const std::vector<Tokens>& stops = {}) {
+  Tokens flat;
+  std::vector<size_t> lens;
+  for (auto& s : stops) {
+    flat.insert(flat.end(), s.begin(), s.end());
+    lens.push_back(s.size());
+  }
+  tboost_request_id id = 0;
+  EXPECT_STATUS(TBOOST_OK, tboost_engine_enqueue(e, prompt.data(), prompt.size(), &sp, flat.data(), lens.data(),
+                                                 lens.size(), &id));
+  return id;
+}
+
+void RunToCompletion(tboost_engine* e) {
+  for (int i = 0; i < 100000; ++i) {
+    bool work = false;
+    ASSERT_OK(tboost_engine_has_work(e, &work));
+    if (!work) return;
+    ASSERT_OK(tboost_engine_step(e, nullptr));
+  }
+  FAIL() << "the engine did not finish within 100000 steps";
+}
+
+std::vector<tboost_event> ReadAll(tboost_engine* e, tboost_request_id id) {
+  std::vector<tboost_event> out;
+  tboost_event buf[7];
+  for (;;) {
+    size_t n = 0;
+    EXPECT_STATUS(TBOOST_OK, tboost_engine_read(e, id, buf, sizeof(tboost_event), 7, &n));
+    out.insert(out.end(), buf, buf + n);
+    if (n < 7) return out;
+  }
+}
+
+Tokens TokensOf(const std::vector<tboost_event>& evs) {
+  Tokens t;
+  for (auto& e : evs)
+    if (e.token >= 0) t.push_back(e.token);
+  return t;
+}
+
+// One request's stream is: tokens with index 0, 1, ..., then exactly one final event.
+void ExpectWellFormed(const std::vector<tboost_event>& evs, tboost_request_id id) {
+  ASSERT_FALSE(evs.empty());
+  uint32_t next = 0;
+  for (size_t i = 0; i < evs.size(); ++i) {
+    EXPECT_EQ(evs[i].request_id, id);
+    EXPECT_EQ(evs[i].struct_size, sizeof(tboost_event));
+    EXPECT_EQ(evs[i].index, next) << "event " << i;
+    if (evs[i].token >= 0) ++next;
+    EXPECT_EQ(evs[i].finish != TBOOST_FINISH_NONE, i + 1 == evs.size()) << "event " << i;
+  }
+}
+
+std::string ModelInfo(const tboost_model* m) {
+  size_t need = 0;
+  EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_model_info_json(m, nullptr, 0, &need));
+  std::string s(need, '\0');
+  EXPECT_STATUS(TBOOST_OK, tboost_model_info_json(m, s.data(), s.size(), &need));
+  s.resize(need - 1);
+  return s;
+}
+
+std::string PlanJson(const tboost_engine* e) {
+  size_t need = 0;
+  tboost_engine_plan_json(e, nullptr, 0, &need);
+  std::string s(need, '\0');
+  EXPECT_STATUS(TBOOST_OK, tboost_engine_plan_json(e, s.data(), s.size(), &need));
+  s.resize(need - 1);
+  return s;
+}
+
+std::string TempDir() {
+  char tmpl[] = "/tmp/tboost-gtest-XXXXXX";
+  const char* d = mkdtemp(tmpl);
+  EXPECT_NE(d, nullptr);
+  return d != nullptr ? d : "/tmp";
+}
+
+std::string ReadFile(const std::string& p) {
+  std::ifstream f(p, std::ios::binary);
+  std::stringstream ss;
+  ss << f.rdbuf();
+  return ss.str();
+}
+
+void WriteFile(const std::string& p, const std::string& data) {
+  std::ofstream f(p, std::ios::binary);
+  f << data;
+}
+
+// ---- version, names, last error -------------------------------------------------------
+
+TEST(Version, LibraryMatchesHeader) {
+  EXPECT_EQ(tboost_abi_version(), static_cast<uint32_t>(TBOOST_ABI_VERSION));
+  EXPECT_STREQ(tboost_version(), TBOOST_VERSION_STRING);
+  const std::string v = std::to_string(TBOOST_VERSION_MAJOR) + "." + std::to_string(TBOOST_VERSION_MINOR) + "." +
+                        std::to_string(TBOOST_VERSION_PATCH);
+  EXPECT_EQ(v, TBOOST_VERSION_STRING);
+}
+
+TEST(Names, StatusNamesAreStableAndDistinct) {
+  EXPECT_EQ(Name(TBOOST_OK), "TBOOST_OK");
+  EXPECT_EQ(Name(TBOOST_ERR_BUSY), "TBOOST_ERR_BUSY");
+  EXPECT_EQ(TBOOST_ERR_INTERNAL, 18);
+  std::vector<std::string> names;
+  for (int s = 0; s <= TBOOST_ERR_INTERNAL; ++s) names.push_back(Name(s));
+  for (auto& n : names) EXPECT_EQ(n.rfind("TBOOST_", 0), 0u) << n;
+  std::sort(names.begin(), names.end());
+  EXPECT_EQ(std::unique(names.begin(), names.end()), names.end());
+  EXPECT_EQ(Name(-1), "TBOOST_UNKNOWN_STATUS");
+  EXPECT_EQ(Name(TBOOST_ERR_INTERNAL + 1), "TBOOST_UNKNOWN_STATUS");
+}
+
+TEST(Names, FinishReasonNames) {
+  EXPECT_STREQ(tboost_finish_reason_name(TBOOST_FINISH_NONE), "none");
+  EXPECT_STREQ(tboost_finish_reason_name(TBOOST_FINISH_LENGTH), "length");
+  EXPECT_STREQ(tboost_finish_reason_name(TBOOST_FINISH_EOS), "eos");
+  EXPECT_STREQ(tboost_finish_reason_name(TBOOST_FINISH_STOP_SEQUENCE), "stop_sequence");
+  EXPECT_STREQ(tboost_finish_reason_name(TBOOST_FINISH_CANCELLED), "cancelled");
+  EXPECT_STREQ(tboost_finish_reason_name(TBOOST_FINISH_ERROR), "error");
+  EXPECT_STREQ(tboost_finish_reason_name(99), "unknown");
+}
+
+TEST(LastError, PerThreadCopiedIntoCallerBuffers) {
+  std::thread([] { EXPECT_EQ(LastError(), ""); }).join();
+  Config cfg;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_config_set_int(cfg.p, "max_seqs", -3));
+  const std::string msg = LastError();
+  EXPECT_NE(msg.find("tboost_config_set_int"), std::string::npos) << msg;
+  EXPECT_NE(msg.find("max_seqs"), std::string::npos) << msg;
+  std::thread([] { EXPECT_EQ(LastError(), "") << "another thread's failure leaked here"; }).join();
+  // Success does not clear it.
+  EXPECT_STATUS(TBOOST_OK, tboost_config_set_int(cfg.p, "max_seqs", 3));
+  EXPECT_EQ(LastError(), msg);
+  // Size query, exact buffer, truncated buffer, NULL buffer with a capacity.
+  size_t need = 0;
+  EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_last_error(nullptr, 0, &need));
+  EXPECT_EQ(need, msg.size() + 1);
+  std::vector<char> exact(need, 'x');
+  EXPECT_STATUS(TBOOST_OK, tboost_last_error(exact.data(), exact.size(), nullptr));
+  EXPECT_EQ(std::string(exact.data()), msg);
+  char small[8];
+  std::memset(small, 'x', sizeof small);
+  EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_last_error(small, sizeof small, &need));
+  EXPECT_EQ(std::string(small), msg.substr(0, 7));
+  EXPECT_STATUS(TBOOST_ERR_NULL_POINTER, tboost_last_error(nullptr, 16, nullptr));
+  EXPECT_EQ(LastError(), msg) << "tboost_last_error must not overwrite the message it reports";
+}
+
+// ---- logging ------------------------------------------------------------------------------
+
+struct LogRecord {
+  int level;
+  std::string target, message;
+};
+std::mutex g_log_mu;
+std::vector<LogRecord> g_logs;
+
+void CollectLog(tboost_log_level level, const char* target, const char* message, void* user_data) {
+  std::lock_guard<std::mutex> lock(g_log_mu);
+  ++*static_cast<int*>(user_data);
+  g_logs.push_back({static_cast<int>(level), target, message});
+}
+
+TEST(Log, CallbackGetsLevelTargetAndMessage) {
+  int calls = 0;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_log_set(CollectLog, &calls, 9));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_log_set(CollectLog, &calls, -1));
+  ASSERT_OK(tboost_log_set(CollectLog, &calls, TBOOST_LOG_INFO));
+  {
+    Model m(Golden("llama_gqa"));
+  }
+  std::vector<LogRecord> logs;
+  {
+    std::lock_guard<std::mutex> lock(g_log_mu);
+    logs.swap(g_logs);
+  }
+  EXPECT_EQ(calls, static_cast<int>(logs.size()));
+  const bool plan_line = std::any_of(logs.begin(), logs.end(), [](const LogRecord& r) {
+    return r.level == TBOOST_LOG_INFO && r.target == "tboost::plan" && r.message.find("attention") != std::string::npos;
+  });
+  EXPECT_TRUE(plan_line) << "no INFO plan line from tboost::plan among " << logs.size() << " records";
+  // Warnings only: the plan's INFO lines are filtered out.
+  ASSERT_OK(tboost_log_set(CollectLog, &calls, TBOOST_LOG_WARN));
+  {
+    Model m(Golden("llama_gqa"));
+  }
+  {
+    std::lock_guard<std::mutex> lock(g_log_mu);
+    for (auto& r : g_logs) EXPECT_LE(r.level, TBOOST_LOG_WARN) << r.message;
+    g_logs.clear();
+  }
+  // Back to stderr: the callback is never called again.
+  ASSERT_OK(tboost_log_set(nullptr, nullptr, TBOOST_LOG_WARN));
+  const int before = calls;
+  ASSERT_OK(tboost_log_set(nullptr, nullptr, TBOOST_LOG_OFF));
+  {
+    Model m(Golden("llama_gqa"));
+  }
+  EXPECT_EQ(calls, before);
+  ASSERT_OK(tboost_log_set(nullptr, nullptr, TBOOST_LOG_WARN));
+}
+
+// ---- config ------------------------------------------------------------------------------
+
+TEST(Config, KeysSetAndShowInJson) {
+  Config cfg;
+  ASSERT_OK(tboost_config_set_int(cfg.p, "threads", 3));
+  ASSERT_OK(tboost_config_set_int(cfg.p, "kv_cache_bytes", 1 << 20));
+  ASSERT_OK(tboost_config_set_int(cfg.p, "block_size", 32));
+  ASSERT_OK(tboost_config_set_int(cfg.p, "max_seqs", 8));
+  ASSERT_OK(tboost_config_set_int(cfg.p, "max_batched_tokens", 256));
+  ASSERT_OK(tboost_config_set_int(cfg.p, "prefix_caching", 0));
+  ASSERT_OK(tboost_config_set_str(cfg.p, "queue_limit", "77"));
+  ASSERT_OK(tboost_config_set_str(cfg.p, "backend", "cpu"));
+  ASSERT_OK(tboost_config_set_str(cfg.p, "kv_dtype", "bf16"));
+  ASSERT_OK(tboost_config_set_str(cfg.p, "disabled_ops", "flash_attention,fuse_qkv"));
+  size_t need = 0;
+  EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_config_to_json(cfg.p, nullptr, 0, &need));
+  std::string json(need, '\0');
+  ASSERT_OK(tboost_config_to_json(cfg.p, json.data(), json.size(), &need));
+  for (const char* part : {"\"threads\":3", "\"kv_cache_bytes\":1048576", "\"kv_cache_blocks\":null",
+                           "\"block_size\":32", "\"max_seqs\":8", "\"max_batched_tokens\":256",
+                           "\"prefix_caching\":false", "\"queue_limit\":77", "\"backend\":\"cpu\"",
+                           "\"kv_dtype\":\"bf16\"", "\"disabled_ops\":\"flash_attention,fuse_qkv\""})
+    EXPECT_NE(json.find(part), std::string::npos) << part << " not in " << json;
+  ASSERT_OK(tboost_config_set_int(cfg.p, "kv_cache_blocks", 12));
+  ASSERT_OK(tboost_config_to_json(cfg.p, json.data(), json.size(), &need));
+  EXPECT_NE(json.find("\"kv_cache_blocks\":12"), std::string::npos) << json;
+}
+
+TEST(Config, BadKeysAndValuesNameTheKeyAndChangeNothing) {
+  Config cfg;
+  size_t need = 0;
+  tboost_config_to_json(cfg.p, nullptr, 0, &need);
+  std::string before(need, '\0');
+  ASSERT_OK(tboost_config_to_json(cfg.p, before.data(), before.size(), nullptr));
+  struct Case {
+    const char* key;
+    const char* value;
+    tboost_status want;
+    const char* text;
+  };
+  for (const Case& c : std::vector<Case>{
+           {"no_such_key", "1", TBOOST_ERR_INVALID_ARGUMENT, "unknown config key `no_such_key`"},
+           {"threads", "two", TBOOST_ERR_INVALID_ARGUMENT, "`threads` = `two` is not an integer"},
+           {"threads", "-1", TBOOST_ERR_INVALID_ARGUMENT, "out of range"},
+           {"block_size", "4096", TBOOST_ERR_INVALID_ARGUMENT, "out of range"},
+           {"prefix_caching", "perhaps", TBOOST_ERR_INVALID_ARGUMENT, "flag"},
+           {"kv_dtype", "int4", TBOOST_ERR_INVALID_ARGUMENT, "`kv_dtype` = `int4`"},
+           {"disabled_ops", "flash_attention,teleport", TBOOST_ERR_INVALID_ARGUMENT, "teleport"},
+           {"backend", "ascend", TBOOST_ERR_UNSUPPORTED, "`backend` = `ascend`"},
+       }) {
+    EXPECT_STATUS(c.want, tboost_config_set_str(cfg.p, c.key, c.value));
+    EXPECT_NE(LastError().find(c.text), std::string::npos) << LastError();
+  }
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_config_set_int(cfg.p, "backend", 1));
+  EXPECT_NE(LastError().find("takes a string"), std::string::npos) << LastError();
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_config_set_int(cfg.p, "prefix_caching", 2));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_config_set_int(cfg.p, "max_seqs", 0));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_config_set_str(cfg.p, "threads", "\xff"));
+  EXPECT_STATUS(TBOOST_ERR_NULL_POINTER, tboost_config_set_int(cfg.p, nullptr, 1));
+  EXPECT_STATUS(TBOOST_ERR_NULL_POINTER, tboost_config_set_str(cfg.p, "threads", nullptr));
+  EXPECT_NE(LastError().find("`value` is NULL"), std::string::npos) << LastError();
+  std::string after(before.size(), '\0');
+  ASSERT_OK(tboost_config_to_json(cfg.p, after.data(), after.size(), nullptr));
+  EXPECT_EQ(after, before);
+  char tiny[4];
+  EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_config_to_json(cfg.p, tiny, sizeof tiny, &need));
+  EXPECT_EQ(std::string(tiny), before.substr(0, 3));
+  EXPECT_EQ(need, before.size());
+}
+
+TEST(Config, EngineChecksCrossKeyRules) {
+  Model m(Golden("llama_gqa"));
+  Config cfg{{"max_seqs", "64"}, {"max_batched_tokens", "32"}};
+  tboost_engine* e = nullptr;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_engine_new(m.p, cfg.p, &e));
+  EXPECT_NE(LastError().find("max_batched_tokens"), std::string::npos) << LastError();
+  EXPECT_EQ(e, nullptr);
+  Config tiny{{"kv_cache_bytes", "1"}};
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_engine_new(m.p, tiny.p, &e));
+  EXPECT_NE(LastError().find("kv_cache"), std::string::npos) << LastError();
+}
+
+// ---- handles and NULL pointers -------------------------------------------------------------
+
+TEST(Handles, FreedForeignAndBogusHandlesAreRejected) {
+  EXPECT_STATUS(TBOOST_OK, tboost_config_free(nullptr));
+  EXPECT_STATUS(TBOOST_OK, tboost_model_free(nullptr));
+  EXPECT_STATUS(TBOOST_OK, tboost_engine_free(nullptr));
+
+  tboost_config* cfg = nullptr;
+  ASSERT_OK(tboost_config_new(&cfg));
+  ASSERT_OK(tboost_config_free(cfg));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_config_free(cfg));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_config_set_int(cfg, "threads", 1));
+  EXPECT_NE(LastError().find("tboost_config"), std::string::npos) << LastError();
+
+  tboost_model* m = nullptr;
+  ASSERT_OK(tboost_model_load(Golden("llama_gqa").c_str(), nullptr, nullptr, nullptr, &m));
+  tboost_engine* e = nullptr;
+  ASSERT_OK(tboost_engine_new(m, nullptr, &e));
+  // A handle of one kind passed as another.
+  auto* m_as_e = reinterpret_cast<tboost_engine*>(m);
+  auto* e_as_m = reinterpret_cast<tboost_model*>(e);
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_engine_step(m_as_e, nullptr));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_model_info_json(e_as_m, nullptr, 0, nullptr));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_engine_free(m_as_e));
+  // A pointer tboost never returned is never dereferenced.
+  auto* bogus = reinterpret_cast<tboost_engine*>(uintptr_t{0x1000});
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_engine_cancel(bogus, 1));
+  // Freed handles.
+  ASSERT_OK(tboost_model_free(m));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_model_free(m));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_model_info_json(m, nullptr, 0, nullptr));
+  tboost_engine* e2 = nullptr;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_engine_new(m, nullptr, &e2));
+  ASSERT_OK(tboost_engine_step(e, nullptr));  // the engine outlives its model
+  ASSERT_OK(tboost_engine_free(e));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_engine_free(e));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_engine_step(e, nullptr));
+  bool work = false;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_engine_has_work(e, &work));
+}
+
+TEST(NullPointers, EveryRequiredPointerIsChecked) {
+  Model m(Golden("llama_gqa"));
+  Engine e(m.p, nullptr);
+  const Tokens prompt{5, 6, 7};
+  tboost_sampling_params sp = Params(2);
+  tboost_request_id id = 0;
+  size_t n = 0;
+  bool work = false;
+  tboost_event ev[2];
+  tboost_stats st{};
+  st.struct_size = sizeof st;
+  tboost_sampling_params_init(nullptr);  // ignored, no crash
+  std::vector<std::pair<std::string, tboost_status>> calls = {
+      {"config_new", tboost_config_new(nullptr)},
+      {"config_set_int", tboost_config_set_int(nullptr, "threads", 1)},
+      {"config_set_str", tboost_config_set_str(nullptr, "threads", "1")},
+      {"config_to_json", tboost_config_to_json(nullptr, nullptr, 0, nullptr)},
+      {"model_load path", tboost_model_load(nullptr, nullptr, nullptr, nullptr, &m.p)},
+      {"model_load out", tboost_model_load(Golden("llama_gqa").c_str(), nullptr, nullptr, nullptr, nullptr)},
+      {"model_info_json", tboost_model_info_json(nullptr, nullptr, 0, nullptr)},
+      {"engine_new model", tboost_engine_new(nullptr, nullptr, &e.p)},
+      {"engine_new out", tboost_engine_new(m.p, nullptr, nullptr)},
+      {"enqueue engine", tboost_engine_enqueue(nullptr, prompt.data(), 3, &sp, nullptr, nullptr, 0, &id)},
+      {"enqueue prompt", tboost_engine_enqueue(e.p, nullptr, 3, &sp, nullptr, nullptr, 0, &id)},
+      {"enqueue id_out", tboost_engine_enqueue(e.p, prompt.data(), 3, &sp, nullptr, nullptr, 0, nullptr)},
+      {"enqueue stop_lens", tboost_engine_enqueue(e.p, prompt.data(), 3, &sp, prompt.data(), nullptr, 1, &id)},
+      {"cancel", tboost_engine_cancel(nullptr, 1)},
+      {"step", tboost_engine_step(nullptr, &n)},
+      {"has_work engine", tboost_engine_has_work(nullptr, &work)},
+      {"has_work out", tboost_engine_has_work(e.p, nullptr)},
+      {"read engine", tboost_engine_read(nullptr, 0, ev, sizeof(tboost_event), 2, &n)},
+      {"read events", tboost_engine_read(e.p, 0, nullptr, sizeof(tboost_event), 2, &n)},
+      {"read n_out", tboost_engine_read(e.p, 0, ev, sizeof(tboost_event), 2, nullptr)},
+      {"wait", tboost_engine_wait(nullptr, 0, 0, &n)},
+      {"output", tboost_engine_output(nullptr, 1, nullptr, 0, &n, nullptr)},
+      {"request_error", tboost_engine_request_error(nullptr, 1, nullptr, 0, &n)},
+      {"stats engine", tboost_engine_stats(nullptr, &st)},
+      {"stats out", tboost_engine_stats(e.p, nullptr)},
+      {"plan_json", tboost_engine_plan_json(nullptr, nullptr, 0, &n)},
+      {"tokenize engine", tboost_engine_tokenize(nullptr, "a", 1, false, nullptr, 0, &n)},
+      {"tokenize text", tboost_engine_tokenize(e.p, nullptr, 3, false, nullptr, 0, &n)},
+      {"tokenize n_out", tboost_engine_tokenize(e.p, "a", 1, false, nullptr, 0, nullptr)},
+      {"detokenize engine", tboost_engine_detokenize(nullptr, prompt.data(), 3, nullptr, 0, &n)},
+      {"detokenize tokens", tboost_engine_detokenize(e.p, nullptr, 3, nullptr, 0, &n)},
+  };
+  for (auto& [what, status] : calls) EXPECT_EQ(Name(status), "TBOOST_ERR_NULL_POINTER") << what;
+  // A NULL buffer with a nonzero capacity.
+  EXPECT_STATUS(TBOOST_ERR_NULL_POINTER, tboost_engine_plan_json(e.p, nullptr, 10, &n));
+  EXPECT_NE(LastError().find("`buf` is NULL"), std::string::npos) << LastError();
+}
+
+// ---- model load ----------------------------------------------------------------------------
+
+TEST(ModelLoad, ProgressRisesToOneAndCanCancel) {
+  std::vector<float> seen;
+  auto record = [](float p, void* ud) -> bool {
+    static_cast<std::vector<float>*>(ud)->push_back(p);
+    return true;
+  };
+  tboost_model* m = nullptr;
+  ASSERT_OK(tboost_model_load(Golden("llama_gqa").c_str(), nullptr, record, &seen, &m));
+  ASSERT_GE(seen.size(), 2u);
+  EXPECT_EQ(seen.front(), 0.0f);
+  EXPECT_EQ(seen.back(), 1.0f);
+  EXPECT_TRUE(std::is_sorted(seen.begin(), seen.end()));
+  ASSERT_OK(tboost_model_free(m));
+
+  auto stop_midway = [](float p, void*) -> bool { return p < 0.5f; };
+  m = nullptr;
+  EXPECT_STATUS(TBOOST_ERR_CANCELLED, tboost_model_load(Golden("llama_gqa").c_str(), nullptr, stop_midway, nullptr, &m));
+  EXPECT_EQ(m, nullptr);
+  EXPECT_NE(LastError().find("cancelled by the progress callback"), std::string::npos) << LastError();
+}
+
+TEST(ModelLoad, MissingTruncatedAndCorruptFilesNameTheFile) {
+  tboost_model* m = nullptr;
+  const std::string missing = "/nonexistent/tboost/model-dir";
+  EXPECT_STATUS(TBOOST_ERR_IO, tboost_model_load(missing.c_str(), nullptr, nullptr, nullptr, &m));
+  EXPECT_NE(LastError().find(missing), std::string::npos) << LastError();
+
+  // A Hugging Face directory whose safetensors file is cut in half.
+  const std::string dir = TempDir();
+  const std::string cfg_json = ReadFile(Golden("llama_gqa") + "/config.json");
+  const std::string weights = ReadFile(Golden("llama_gqa") + "/model.safetensors");
+  ASSERT_GT(weights.size(), 1000u);
+  WriteFile(dir + "/config.json", cfg_json);
+  WriteFile(dir + "/model.safetensors", weights.substr(0, weights.size() / 2));
+  EXPECT_STATUS(TBOOST_ERR_MODEL_FORMAT, tboost_model_load(dir.c_str(), nullptr, nullptr, nullptr, &m));
+  EXPECT_NE(LastError().find(dir + "/model.safetensors"), std::string::npos) << LastError();
+
+  // A safetensors header that claims more bytes than the file has.
+  std::string corrupt = weights;
+  for (int i = 0; i < 8; ++i) corrupt[i] = static_cast<char>(0x7f);
+  WriteFile(dir + "/model.safetensors", corrupt);
+  EXPECT_STATUS(TBOOST_ERR_MODEL_FORMAT, tboost_model_load(dir.c_str(), nullptr, nullptr, nullptr, &m));
+  EXPECT_NE(LastError().find(dir + "/model.safetensors"), std::string::npos) << LastError();
+
+  // config.json that is not JSON.
+  WriteFile(dir + "/model.safetensors", weights);
+  WriteFile(dir + "/config.json", "{ not json");
+  EXPECT_STATUS(TBOOST_ERR_MODEL_FORMAT, tboost_model_load(dir.c_str(), nullptr, nullptr, nullptr, &m));
+  EXPECT_NE(LastError().find(dir + "/config.json"), std::string::npos) << LastError();
+
+  // A GGUF file cut short.
+  const std::string gguf = SharedDir() + "/models/llama-2-tiny-random.gguf";
+  ASSERT_TRUE(IsFile(gguf)) << gguf << " is missing: it ships in ../shared/models";
+  const std::string cut = dir + "/cut.gguf";
+  WriteFile(cut, ReadFile(gguf).substr(0, 4096));
+  EXPECT_STATUS(TBOOST_ERR_MODEL_FORMAT, tboost_model_load(cut.c_str(), nullptr, nullptr, nullptr, &m));
+  EXPECT_NE(LastError().find(cut), std::string::npos) << LastError();
+  EXPECT_EQ(m, nullptr);
+
+  for (const char* f : {"/config.json", "/model.safetensors", "/cut.gguf"}) std::remove((dir + f).c_str());
+  rmdir(dir.c_str());
+}
+
+TEST(ModelLoad, InfoJsonDescribesModelAndPlan) {
+  Model m(Golden("llama_gqa"));
+  const std::string info = ModelInfo(m.p);
+  for (const char* part : {"\"architecture\":\"llama\"", "\"vocab_size\":640", "\"context_length\":512",
+                           "\"eos_token_ids\":[2]", "\"bos_token_id\":1", "\"num_layers\":2", "\"head_dim\":16",
+                           "\"format\":\"huggingface\"", "\"plan\":{", "\"flash_attention\""})
+    EXPECT_NE(info.find(part), std::string::npos) << part << " not in " << info;
+  // head_dim 24 cannot use FlashAttention: the plan says so.
+  Model hd24(Golden("llama_hd24"));
+  const std::string info24 = ModelInfo(hd24.p);
+  EXPECT_NE(info24.find("\"standard_attention\""), std::string::npos) << info24;
+  EXPECT_NE(info24.find("\"fallback\":true"), std::string::npos) << info24;
+  // The config's disabled ops shape the model's plan.
+  Config cfg{{"disabled_ops", "fuse_gate_up"}};
+  Model m2(Golden("llama_gqa"), cfg.p);
+  EXPECT_NE(ModelInfo(m2.p).find("fuse_gate_up disabled by the user"), std::string::npos);
+  char small[10];
+  size_t need = 0;
+  EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_model_info_json(m.p, small, sizeof small, &need));
+  EXPECT_EQ(need, info.size() + 1);
+  EXPECT_EQ(std::string(small), info.substr(0, 9));
+}
+
+// ---- engine: requests and events -------------------------------------------------------------
+
+TEST(Engine, SamplingParamsInitSetsDefaults) {
+  tboost_sampling_params sp;
+  std::memset(&sp, 0xab, sizeof sp);
+  tboost_sampling_params_init(&sp);
+  EXPECT_EQ(sp.struct_size, sizeof sp);
+  EXPECT_EQ(sp.max_tokens, 16u);
+  EXPECT_EQ(sp.temperature, 0.0f);
+  EXPECT_EQ(sp.top_k, 0);
+  EXPECT_EQ(sp.top_p, 1.0f);
+  EXPECT_EQ(sp.min_p, 0.0f);
+  EXPECT_EQ(sp.repetition_penalty, 1.0f);
+  EXPECT_EQ(sp.presence_penalty, 0.0f);
+  EXPECT_EQ(sp.frequency_penalty, 0.0f);
+  EXPECT_EQ(sp.logprobs, -1);
+  EXPECT_EQ(sp.priority, 0);
+  EXPECT_EQ(sp.ignore_eos, 0u);
+  EXPECT_EQ(sp.seed, 0u);
+  EXPECT_EQ(sp.user_tag, 0u);
+}
+
+TEST(Engine, EnqueueRejectsBadRequestsByName) {
+  Model m(Golden("llama_gqa"));
+  Config cfg{{"threads", "1"}, {"kv_cache_blocks", "8"}, {"queue_limit", "3"}};
+  Engine e(m.p, cfg.p);
+  const Tokens ok{5, 6, 7};
+  const size_t one = 1;
+  tboost_request_id id = 0;
+  auto enqueue = [&](const Tokens& p, const tboost_sampling_params& sp, const Tokens& stop_tokens = {},
+                     const std::vector<size_t>& stop_lens = {}) {
+    return tboost_engine_enqueue(e.p, p.data(), p.size(), &sp, stop_tokens.data(), stop_lens.data(),
+                                 stop_lens.size(), &id);
+  };
+  auto with = [](std::function<void(tboost_sampling_params&)> f) {
+    tboost_sampling_params sp = Params(4);
+    f(sp);
+    return sp;
+  };
+  struct Case {
+    std::string what;
+    std::function<tboost_status()> call;
+    tboost_status want;
+    std::string text;  // the message names the parameter
+  };
+  const std::vector<Case> cases = {
+      {"empty prompt", [&] { return enqueue({}, Params(4)); }, TBOOST_ERR_INVALID_ARGUMENT, "`prompt`"},
+      {"negative token", [&] { return enqueue({5, -2}, Params(4)); }, TBOOST_ERR_INVALID_ARGUMENT,
+       "`prompt[1]` = -2 is negative"},
+      {"token >= vocab", [&] { return enqueue({5, 640}, Params(4)); }, TBOOST_ERR_INVALID_ARGUMENT,
+       "vocabulary size 640"},
+      {"max_tokens 0", [&] { return enqueue(ok, Params(0)); }, TBOOST_ERR_INVALID_ARGUMENT, "max_tokens"},
+      {"temperature", [&] { return enqueue(ok, with([](auto& p) { p.temperature = -1; })); },
+       TBOOST_ERR_INVALID_ARGUMENT, "temperature"},
+      {"temperature nan", [&] { return enqueue(ok, with([](auto& p) { p.temperature = NAN; })); },
+       TBOOST_ERR_INVALID_ARGUMENT, "temperature"},
+      {"top_k", [&] { return enqueue(ok, with([](auto& p) { p.top_k = -1; })); }, TBOOST_ERR_INVALID_ARGUMENT,
+       "top_k"},
+      {"top_p", [&] { return enqueue(ok, with([](auto& p) { p.top_p = 0; })); }, TBOOST_ERR_INVALID_ARGUMENT,
+       "top_p"},
+      {"min_p", [&] { return enqueue(ok, with([](auto& p) { p.min_p = 2; })); }, TBOOST_ERR_INVALID_ARGUMENT,
+       "min_p"},
+      {"repetition", [&] { return enqueue(ok, with([](auto& p) { p.repetition_penalty = 0; })); },
+       TBOOST_ERR_INVALID_ARGUMENT, "repetition_penalty"},
+      {"presence", [&] { return enqueue(ok, with([](auto& p) { p.presence_penalty = 3; })); },
+       TBOOST_ERR_INVALID_ARGUMENT, "presence_penalty"},
+      {"frequency", [&] { return enqueue(ok, with([](auto& p) { p.frequency_penalty = -3; })); },
+       TBOOST_ERR_INVALID_ARGUMENT, "frequency_penalty"},
+      {"logprobs", [&] { return enqueue(ok, with([](auto& p) { p.logprobs = -2; })); }, TBOOST_ERR_INVALID_ARGUMENT,
+       "logprobs"},
+      {"struct_size", [&] { return enqueue(ok, with([](auto& p) { p.struct_size = 8; })); },
+       TBOOST_ERR_INVALID_ARGUMENT, "struct_size"},
+      {"empty stop", [&] { return enqueue(ok, Params(4), {}, {0}); }, TBOOST_ERR_INVALID_ARGUMENT, "stop_lens[0]"},
+      {"negative stop", [&] { return enqueue(ok, Params(4), {4, -9}, {2}); }, TBOOST_ERR_INVALID_ARGUMENT,
+       "`stop_tokens[1]` = -9"},
+      {"stop tokens NULL", [&] { return tboost_engine_enqueue(e.p, ok.data(), 3, nullptr, nullptr, &one, 1, &id); },
+       TBOOST_ERR_NULL_POINTER, "`stop_tokens` is NULL"},
+      {"kv capacity", [&] { return enqueue(ok, Params(200)); }, TBOOST_ERR_KV_CAPACITY, "whole KV cache has 8"},
+  };
+  for (auto& c : cases) {
+    EXPECT_STATUS(c.want, c.call());
+    EXPECT_NE(LastError().find(c.text), std::string::npos) << c.what << ": " << LastError();
+  }
+  // NULL params means the defaults.
+  ASSERT_OK(tboost_engine_enqueue(e.p, ok.data(), ok.size(), nullptr, nullptr, nullptr, 0, &id));
+  ASSERT_OK(enqueue(ok, Params(4)));
+  ASSERT_OK(enqueue(ok, Params(4)));
+  EXPECT_STATUS(TBOOST_ERR_QUEUE_FULL, enqueue(ok, Params(4)));
+  EXPECT_NE(LastError().find("queue is full"), std::string::npos) << LastError();
+  RunToCompletion(e.p);
+  ASSERT_OK(enqueue(ok, Params(4)));  // room again
+}
+
+TEST(Engine, StreamsTokensWithTagsIndexesAndLogprobs) {
+  Model m(Golden("llama_gqa"));
+  std::unique_ptr<Config> cfg(SmallConfig());
+  Engine e(m.p, cfg->p);
+  tboost_sampling_params sp = Params(7, 0.7f, 42);
+  sp.user_tag = 0xfeedULL;
+  sp.logprobs = 0;
+  sp.priority = 5;
+  const tboost_request_id a = Enqueue(e.p, Prompt(1, 9), sp);
+  const tboost_request_id b = Enqueue(e.p, Prompt(2, 3), Params(5));
+  EXPECT_GT(b, a);
+  size_t n = 0;
+  ASSERT_OK(tboost_engine_step(e.p, &n));
+  EXPECT_EQ(n, 2u) << "both prompts fit one step and each yields its first token";
+  // cap 0: how many are ready, nothing removed.
+  size_t ready = 0;
+  ASSERT_OK(tboost_engine_read(e.p, TBOOST_ANY_REQUEST, nullptr, sizeof(tboost_event), 0, &ready));
+  EXPECT_EQ(ready, 2u);
+  ASSERT_OK(tboost_engine_read(e.p, a, nullptr, sizeof(tboost_event), 0, &ready));
+  EXPECT_EQ(ready, 1u);
+  RunToCompletion(e.p);
+  const auto ev_a = ReadAll(e.p, a);
+  ExpectWellFormed(ev_a, a);
+  ASSERT_EQ(ev_a.size(), 7u);
+  for (auto& ev : ev_a) {
+    EXPECT_EQ(ev.user_tag, 0xfeedULL);
+    EXPECT_TRUE(std::isfinite(ev.logprob) && ev.logprob <= 0.0f) << ev.logprob;
+    EXPECT_EQ(ev.error, TBOOST_OK);
+  }
+  EXPECT_EQ(ev_a.back().finish, TBOOST_FINISH_LENGTH);
+  const auto ev_b = ReadAll(e.p, TBOOST_ANY_REQUEST);  // only b's are left
+  ExpectWellFormed(ev_b, b);
+  EXPECT_TRUE(std::isnan(ev_b[0].logprob)) << "no logprobs unless asked";
+  // The same tokens through tboost_engine_output.
+  size_t count = 0;
+  tboost_finish_reason finish = TBOOST_FINISH_NONE;
+  EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_engine_output(e.p, a, nullptr, 0, &count, &finish));
+  EXPECT_EQ(count, 7u);
+  Tokens out(count);
+  ASSERT_OK(tboost_engine_output(e.p, a, out.data(), out.size(), &count, &finish));
+  EXPECT_EQ(out, TokensOf(ev_a));
+  EXPECT_EQ(finish, TBOOST_FINISH_LENGTH);
+  EXPECT_STATUS(TBOOST_ERR_NOT_FOUND, tboost_engine_output(e.p, 9999, out.data(), out.size(), &count, &finish));
+  // Requests that did not fail have no error text.
+  size_t need = 0;
+  char text[8] = "x";
+  ASSERT_OK(tboost_engine_request_error(e.p, a, text, sizeof text, &need));
+  EXPECT_EQ(need, 1u);
+  EXPECT_STREQ(text, "");
+  EXPECT_STATUS(TBOOST_ERR_NOT_FOUND, tboost_engine_request_error(e.p, 4242, text, sizeof text, &need));
+}
+
+TEST(Engine, ReadRulesEventSizeCapAndUnknownIds) {
+  Model m(Golden("llama_gqa"));
+  std::unique_ptr<Config> cfg(SmallConfig());
+  Engine e(m.p, cfg->p);
+  const tboost_request_id id = Enqueue(e.p, Prompt(3, 4), Params(3));
+  RunToCompletion(e.p);
+  size_t n = 0;
+  tboost_event ev[4];
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_engine_read(e.p, id, ev, 16, 4, &n));
+  EXPECT_NE(LastError().find("event_size"), std::string::npos) << LastError();
+  EXPECT_STATUS(TBOOST_ERR_NOT_FOUND, tboost_engine_read(e.p, 777, ev, sizeof(tboost_event), 4, &n));
+  // A caller whose tboost_event is larger (a newer header) gets our fields at its stride.
+  struct Bigger {
+    tboost_event ev;
+    uint64_t future[3];
+  } big[4];
+  std::memset(big, 0xcd, sizeof big);
+  ASSERT_OK(tboost_engine_read(e.p, id, &big[0].ev, sizeof(Bigger), 1, &n));
+  ASSERT_EQ(n, 1u);
+  EXPECT_EQ(big[0].ev.struct_size, sizeof(tboost_event));
+  EXPECT_EQ(big[0].ev.index, 0u);
+  EXPECT_EQ(big[0].future[0], 0xcdcdcdcdcdcdcdcdULL) << "bytes past our struct are left alone";
+  ASSERT_OK(tboost_engine_read(e.p, id, &big[0].ev, sizeof(Bigger), 4, &n));
+  ASSERT_EQ(n, 2u);
+  EXPECT_EQ(big[1].ev.index, 2u);
+  EXPECT_EQ(big[1].ev.finish, TBOOST_FINISH_LENGTH);
+  ASSERT_OK(tboost_engine_read(e.p, id, ev, sizeof(tboost_event), 4, &n));
+  EXPECT_EQ(n, 0u) << "each event is read once";
+}
+
+TEST(Engine, StopSequencesEndTheRequest) {
+  Model m(Golden("llama_gqa"));
+  std::unique_ptr<Config> cfg(SmallConfig());
+  Engine e(m.p, cfg->p);
+  const Tokens prompt = Prompt(4, 6);
+  const tboost_request_id free_run = Enqueue(e.p, prompt, Params(10));
+  RunToCompletion(e.p);
+  const Tokens full = TokensOf(ReadAll(e.p, free_run));
+  ASSERT_EQ(full.size(), 10u);
+  const Tokens stop{full[3], full[4]};
+  size_t end = 0;  // where the stop sequence first completes
+  for (size_t i = 1; i < full.size(); ++i)
+    if (full[i - 1] == stop[0] && full[i] == stop[1]) {
+      end = i + 1;
+      break;
+    }
+  const tboost_request_id stopped = Enqueue(e.p, prompt, Params(10), {Tokens{999 % 640}, stop});
+  RunToCompletion(e.p);
+  const auto evs = ReadAll(e.p, stopped);
+  ExpectWellFormed(evs, stopped);
+  EXPECT_EQ(TokensOf(evs), Tokens(full.begin(), full.begin() + static_cast<long>(end)));
+  EXPECT_EQ(evs.back().finish, TBOOST_FINISH_STOP_SEQUENCE);
+}
+
+TEST(Engine, HasWorkStatsAndPlan) {
+  Model m(Golden("llama_gqa"));
+  Config cfg{{"threads", "1"}, {"kv_cache_blocks", "64"}, {"disabled_ops", "flash_attention"}};
+  Engine e(m.p, cfg.p);
+  bool work = true;
+  ASSERT_OK(tboost_engine_has_work(e.p, &work));
+  EXPECT_FALSE(work);
+  size_t n = 99;
+  ASSERT_OK(tboost_engine_step(e.p, &n));
+  EXPECT_EQ(n, 0u) << "a step with nothing to do";
+  Enqueue(e.p, Prompt(5, 20), Params(6));
+  Enqueue(e.p, Prompt(6, 3), Params(4));
+  ASSERT_OK(tboost_engine_has_work(e.p, &work));
+  EXPECT_TRUE(work);
+  RunToCompletion(e.p);
+  ASSERT_OK(tboost_engine_has_work(e.p, &work));
+  EXPECT_FALSE(work);
+  tboost_stats st{};
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_engine_stats(e.p, &st));
+  EXPECT_NE(LastError().find("struct_size"), std::string::npos) << LastError();
+  st.struct_size = sizeof st;
+  ASSERT_OK(tboost_engine_stats(e.p, &st));
+  EXPECT_EQ(st.struct_size, sizeof st);
+  EXPECT_EQ(st.block_size, 16u);
+  EXPECT_EQ(st.kv_blocks_total, 64u);
+  EXPECT_EQ(st.kv_blocks_used, 0u);
+  EXPECT_EQ(st.prompt_tokens, 23u);
+  EXPECT_EQ(st.generated_tokens, 10u);
+  EXPECT_EQ(st.finished, 2u);
+  EXPECT_EQ(st.waiting + st.running, 0u);
+  EXPECT_GE(st.steps, 6u);
+  EXPECT_EQ(st.events_pending, 10u);
+  EXPECT_GT(st.total_step_ms, 0.0);
+  const std::string plan = PlanJson(e.p);
+  EXPECT_NE(plan.find("\"disabled\":[\"flash_attention\"]"), std::string::npos) << plan;
+  EXPECT_NE(plan.find("\"op\":\"standard_attention\""), std::string::npos) << plan;
+  char small[5];
+  size_t need = 0;
+  EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_engine_plan_json(e.p, small, sizeof small, &need));
+  EXPECT_EQ(need, plan.size() + 1);
+}
+
+TEST(Engine, TokenizerlessModelsSayNoTokenizer) {
+  Model m(Golden("llama_gqa"));
+  Engine e(m.p, nullptr);
+  size_t n = 0;
+  int32_t ids[8];
+  EXPECT_STATUS(TBOOST_ERR_NO_TOKENIZER, tboost_engine_tokenize(e.p, "hello", 5, true, ids, 8, &n));
+  EXPECT_NE(LastError().find("no tokenizer"), std::string::npos) << LastError();
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_engine_tokenize(e.p, "\xff\xfe", 2, false, ids, 8, &n));
+  EXPECT_NE(LastError().find("UTF-8"), std::string::npos) << LastError();
+  const int32_t toks[] = {5, 6};
+  char text[16];
+  EXPECT_STATUS(TBOOST_ERR_NO_TOKENIZER, tboost_engine_detokenize(e.p, toks, 2, text, sizeof text, &n));
+  const int32_t bad[] = {5, -1};
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_engine_detokenize(e.p, bad, 2, text, sizeof text, &n));
+  EXPECT_NE(LastError().find("`tokens[1]` = -1"), std::string::npos) << LastError();
+}
+
+// ---- cancel --------------------------------------------------------------------------------
+
+TEST(Cancel, BeforeDuringAndAfterGeneration) {
+  Model m(Golden("llama_gqa"));
+  std::unique_ptr<Config> cfg(SmallConfig());
+  Engine e(m.p, cfg->p);
+  // Before any step.
+  const tboost_request_id before = Enqueue(e.p, Prompt(7, 5), Params(20));
+  ASSERT_OK(tboost_engine_cancel(e.p, before));
+  ASSERT_OK(tboost_engine_cancel(e.p, before));  // idempotent
+  bool work = false;
+  ASSERT_OK(tboost_engine_has_work(e.p, &work));
+  EXPECT_TRUE(work) << "the cancellation still has to be reported";
+  RunToCompletion(e.p);
+  auto evs = ReadAll(e.p, before);
+  ASSERT_EQ(evs.size(), 1u);
+  EXPECT_EQ(evs[0].token, -1);
+  EXPECT_EQ(evs[0].index, 0u);
+  EXPECT_EQ(evs[0].finish, TBOOST_FINISH_CANCELLED);
+
+  // During: after three tokens; its blocks are freed at once.
+  const tboost_request_id during = Enqueue(e.p, Prompt(8, 40), Params(30));
+  for (int i = 0; i < 3; ++i) ASSERT_OK(tboost_engine_step(e.p, nullptr));
+  tboost_stats st{};
+  st.struct_size = sizeof st;
+  ASSERT_OK(tboost_engine_stats(e.p, &st));
+  EXPECT_GT(st.kv_blocks_used, 0u);
+  ASSERT_OK(tboost_engine_cancel(e.p, during));
+  ASSERT_OK(tboost_engine_stats(e.p, &st));
+  EXPECT_EQ(st.kv_blocks_used, 0u);
+  RunToCompletion(e.p);
+  evs = ReadAll(e.p, during);
+  ExpectWellFormed(evs, during);
+  EXPECT_EQ(TokensOf(evs).size(), 3u);
+  EXPECT_EQ(evs.back().finish, TBOOST_FINISH_CANCELLED);
+  ASSERT_OK(tboost_engine_stats(e.p, &st));
+  EXPECT_EQ(st.cancelled, 2u);
+
+  // After: a finished request cannot be cancelled; unknown ids neither.
+  const tboost_request_id after = Enqueue(e.p, Prompt(9, 5), Params(2));
+  RunToCompletion(e.p);
+  EXPECT_STATUS(TBOOST_ERR_NOT_FOUND, tboost_engine_cancel(e.p, after));
+  EXPECT_NE(LastError().find("already finished (length)"), std::string::npos) << LastError();
+  EXPECT_STATUS(TBOOST_ERR_NOT_FOUND, tboost_engine_cancel(e.p, 123456));
+  EXPECT_EQ(TokensOf(ReadAll(e.p, after)).size(), 2u);
+}
+
+TEST(Cancel, WhileAnotherThreadStepsEveryStreamEndsOnce) {
+  Model m(Golden("llama_gqa"));
+  std::unique_ptr<Config> cfg(SmallConfig());
+  Engine e(m.p, cfg->p);
+  std::vector<tboost_request_id> ids;
+  for (int k = 0; k < 12; ++k) ids.push_back(Enqueue(e.p, Prompt(k, 5 + k), Params(40)));
+  std::atomic<bool> done{false};
+  std::thread stepper([&] {
+    while (!done.load()) {
+      const tboost_status s = tboost_engine_step(e.p, nullptr);
+      EXPECT_EQ(Name(s), "TBOOST_OK") << LastError();
+    }
+  });
+  for (size_t i = 0; i < ids.size(); i += 2) {
+    std::this_thread::sleep_for(std::chrono::milliseconds(2));
+    const tboost_status s = tboost_engine_cancel(e.p, ids[i]);
+    EXPECT_TRUE(s == TBOOST_OK || s == TBOOST_ERR_NOT_FOUND) << Name(s);
+  }
+  for (;;) {
+    bool work = false;
+    ASSERT_OK(tboost_engine_has_work(e.p, &work));
+    if (!work) break;
+    std::this_thread::sleep_for(std::chrono::milliseconds(1));
+  }
+  done = true;
+  stepper.join();
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto evs = ReadAll(e.p, ids[i]);
+    ExpectWellFormed(evs, ids[i]);
+    const auto f = evs.back().finish;
+    if (i % 2 == 1) {
+      EXPECT_EQ(f, TBOOST_FINISH_LENGTH);
+    } else {
+      EXPECT_TRUE(f == TBOOST_FINISH_CANCELLED || f == TBOOST_FINISH_LENGTH) << f;
+    }
+  }
+  tboost_stats st{};
+  st.struct_size = sizeof st;
+  ASSERT_OK(tboost_engine_stats(e.p, &st));
+  EXPECT_EQ(st.kv_blocks_used, 0u);
+}
+
+// ---- threads -------------------------------------------------------------------------------
+
+TEST(Threads, ConcurrentStepIsBusy) {
+  Model m(Golden("llama_gqa"));
+  Config cfg{{"threads", "1"}, {"debug_step_delay_ms", "400"}};
+  Engine e(m.p, cfg.p);
+  std::atomic<bool> entering{false};
+  tboost_status first = TBOOST_ERR_INTERNAL;
+  std::thread slow([&] {
+    entering = true;
+    first = tboost_engine_step(e.p, nullptr);
+  });
+  while (!entering.load()) std::this_thread::yield();
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  EXPECT_STATUS(TBOOST_ERR_BUSY, tboost_engine_step(e.p, nullptr));
+  EXPECT_NE(LastError().find("another thread is stepping"), std::string::npos) << LastError();
+  // Other calls go on while the step runs.
+  tboost_request_id id = Enqueue(e.p, Prompt(1, 4), Params(2));
+  EXPECT_STATUS(TBOOST_OK, tboost_engine_cancel(e.p, id));
+  slow.join();
+  EXPECT_EQ(Name(first), "TBOOST_OK");
+}
+
+TEST(Threads, EnqueueFromEightThreadsWhileOneSteps) {
+  Model m(Golden("llama_gqa"));
+  Config cfg{{"threads", "1"}, {"kv_cache_blocks", "256"}, {"max_seqs", "12"}, {"max_batched_tokens", "48"}};
+  Engine e(m.p, cfg.p);
+  constexpr int kThreads = 8, kPerThread = 4;
+  std::atomic<int> submitting{kThreads};
+  std::mutex mu;
+  std::map<int, tboost_request_id> ids;  // k -> id
+  std::thread stepper([&] {
+    for (;;) {
+      const int left = submitting.load();
+      bool work = false;
+      ASSERT_OK(tboost_engine_has_work(e.p, &work));
+      if (work) ASSERT_OK(tboost_engine_step(e.p, nullptr));
+      else if (left == 0) return;
+      else std::this_thread::yield();
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t)
+    threads.emplace_back([&, t] {
+      for (int i = 0; i < kPerThread; ++i) {
+        const int k = t * kPerThread + i;
+        tboost_sampling_params sp = Params(6, k % 3 == 0 ? 0.9f : 0.0f, 17 + k);
+        sp.user_tag = k;
+        const tboost_request_id id = Enqueue(e.p, Prompt(k, 3 + k % 9), sp);
+        std::lock_guard<std::mutex> lock(mu);
+        ids[k] = id;
+      }
+      submitting.fetch_sub(1);
+    });
+  for (auto& t : threads) t.join();
+  stepper.join();
+  ASSERT_EQ(ids.size(), static_cast<size_t>(kThreads * kPerThread));
+  // Each request alone on a fresh engine gives the same tokens (request-level determinism).
+  Config ref_cfg{{"threads", "1"}, {"kv_cache_blocks", "64"}};
+  Engine ref(m.p, ref_cfg.p);
+  for (auto& [k, id] : ids) {
+    const auto evs = ReadAll(e.p, id);
+    ExpectWellFormed(evs, id);
+    for (auto& ev : evs) EXPECT_EQ(ev.user_tag, static_cast<uint64_t>(k));
+    const tboost_request_id rid = Enqueue(ref.p, Prompt(k, 3 + k % 9), Params(6, k % 3 == 0 ? 0.9f : 0.0f, 17 + k));
+    RunToCompletion(ref.p);
+    EXPECT_EQ(TokensOf(evs), TokensOf(ReadAll(ref.p, rid))) << "request " << k;
+  }
+}
+
+TEST(Threads, WaitTimesOutWakesOnEventsAndReturnsWhenFreed) {
+  Model m(Golden("llama_gqa"));
+  std::unique_ptr<Config> cfg(SmallConfig());
+  Engine e(m.p, cfg->p);
+  size_t n = 99;
+  const auto t0 = Clock::now();
+  ASSERT_OK(tboost_engine_wait(e.p, TBOOST_ANY_REQUEST, 60, &n));
+  EXPECT_EQ(n, 0u);
+  EXPECT_GE(Clock::now() - t0, std::chrono::milliseconds(55));
+  EXPECT_STATUS(TBOOST_ERR_NOT_FOUND, tboost_engine_wait(e.p, 5555, 10, &n));
+
+  const tboost_request_id id = Enqueue(e.p, Prompt(2, 5), Params(3));
+  size_t woke = 0;
+  tboost_status ws = TBOOST_ERR_INTERNAL;
+  auto t1 = Clock::now();
+  std::thread waiter([&] { ws = tboost_engine_wait(e.p, id, 20000, &woke); });
+  std::this_thread::sleep_for(std::chrono::milliseconds(50));
+  ASSERT_OK(tboost_engine_step(e.p, nullptr));
+  waiter.join();
+  EXPECT_EQ(Name(ws), "TBOOST_OK");
+  EXPECT_EQ(woke, 1u);
+  EXPECT_LT(Clock::now() - t1, std::chrono::seconds(10));
+
+  // A thread blocked in wait returns when the engine is freed.
+  tboost_engine* raw = e.release();
+  tboost_status freed = TBOOST_OK;
+  std::atomic<bool> started{false};
+  std::thread blocked([&] {
+    started = true;
+    freed = tboost_engine_wait(raw, TBOOST_ANY_REQUEST + 0, 20000, nullptr);
+  });
+  while (!started.load()) std::this_thread::yield();
+  // Drain what is ready so the waiter really blocks.
+  ReadAll(raw, TBOOST_ANY_REQUEST);
+  std::this_thread::sleep_for(std::chrono::milliseconds(100));
+  t1 = Clock::now();
+  ASSERT_OK(tboost_engine_free(raw));
+  blocked.join();
+  EXPECT_TRUE(freed == TBOOST_ERR_INVALID_HANDLE || freed == TBOOST_OK) << Name(freed);
+  EXPECT_LT(Clock::now() - t1, std::chrono::seconds(10));
+}
+
+TEST(Lifecycle, DestroyWithRequestsInFlight) {
+  Model m(Golden("llama_gqa"));
+  std::unique_ptr<Config> cfg(SmallConfig());
+  for (int round = 0; round < 3; ++round) {
+    tboost_engine* e = nullptr;
+    ASSERT_OK(tboost_engine_new(m.p, cfg->p, &e));
+    for (int k = 0; k < 10; ++k) Enqueue(e, Prompt(k, 10 + k), Params(50));
+    for (int s = 0; s < round * 2; ++s) ASSERT_OK(tboost_engine_step(e, nullptr));
+    ASSERT_OK(tboost_engine_free(e));  // waiting, running and unread events all go
+    EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_engine_step(e, nullptr));
+  }
+  // Many engines on one model, freed in any order.
+  std::vector<tboost_engine*> engines(4, nullptr);
+  for (auto& e : engines) ASSERT_OK(tboost_engine_new(m.p, cfg->p, &e));
+  for (auto* e : engines) Enqueue(e, Prompt(1, 5), Params(3));
+  ASSERT_OK(tboost_engine_free(engines[2]));
+  ASSERT_OK(tboost_engine_free(engines[0]));
+  RunToCompletion(engines[1]);
+  ASSERT_OK(tboost_engine_free(engines[3]));
+  ASSERT_OK(tboost_engine_free(engines[1]));
+}
+
+TEST(Lifecycle, PanicIsAStatusAndPoisonsOnlyItsEngine) {
+  Model m(Golden("llama_gqa"));
+  Config cfg{{"threads", "1"}, {"kv_cache_blocks", "32"}, {"debug_panic_at_step", "2"}};
+  Engine bad(m.p, cfg.p);
+  Engine good(m.p, nullptr);
+  const tboost_request_id id = Enqueue(bad.p, Prompt(1, 4), Params(5));
+  ASSERT_OK(tboost_engine_step(bad.p, nullptr));
+  EXPECT_STATUS(TBOOST_ERR_PANIC, tboost_engine_step(bad.p, nullptr));
+  EXPECT_NE(LastError().find("panics on purpose"), std::string::npos) << LastError();
+  EXPECT_NE(LastError().find("poisoned"), std::string::npos) << LastError();
+  const Tokens p{3, 4};
+  tboost_sampling_params sp = Params(2);
+  tboost_request_id id2 = 0;
+  size_t n = 0;
+  bool work = false;
+  tboost_event ev[2];
+  tboost_stats st{};
+  st.struct_size = sizeof st;
+  char buf[64];
+  int32_t toks[4];
+  for (tboost_status s : {tboost_engine_step(bad.p, nullptr),
+                          tboost_engine_enqueue(bad.p, p.data(), 2, &sp, nullptr, nullptr, 0, &id2),
+                          tboost_engine_cancel(bad.p, id), tboost_engine_has_work(bad.p, &work),
+                          tboost_engine_read(bad.p, id, ev, sizeof(tboost_event), 2, &n),
+                          tboost_engine_wait(bad.p, id, 0, &n), tboost_engine_output(bad.p, id, toks, 4, &n, nullptr),
+                          tboost_engine_request_error(bad.p, id, buf, sizeof buf, &n),
+                          tboost_engine_stats(bad.p, &st), tboost_engine_plan_json(bad.p, buf, sizeof buf, &n),
+                          tboost_engine_tokenize(bad.p, "a", 1, false, toks, 4, &n),
+                          tboost_engine_detokenize(bad.p, toks, 0, buf, sizeof buf, &n)})
+    EXPECT_EQ(Name(s), "TBOOST_ERR_POISONED");
+  Enqueue(good.p, Prompt(1, 4), Params(5));
+  RunToCompletion(good.p);
+  ASSERT_OK(tboost_engine_free(bad.release()));
+}
+
+// ---- equality with the Rust API ------------------------------------------------------------
+
+struct CliResult {
+  Tokens tokens;
+  std::string finish;
+};
+
+// Runs `tboost batch` (the Rust API) on JSONL requests and parses its per-request lines.
+std::vector<CliResult> RunCli(const std::string& model, const std::vector<std::string>& lines) {
+  const char* env = std::getenv("TBOOST_CLI");
+  const std::string cli = env != nullptr ? env : TBOOST_CLI_DEFAULT;
+  EXPECT_TRUE(IsFile(cli)) << cli << " is missing: build it with `cargo build --bin tboost` or set TBOOST_CLI";
+  const std::string dir = TempDir();
+  const std::string req = dir + "/requests.jsonl";
+  std::string body;
+  for (auto& l : lines) body += l + "\n";
+  WriteFile(req, body);
+  const std::string cmd =
+      cli + " batch --model '" + model + "' --requests '" + req + "' --kv-blocks 256 --threads 2 --max-batched-tokens 64";
+  std::vector<CliResult> out;
+  FILE* f = popen(cmd.c_str(), "r");
+  EXPECT_NE(f, nullptr) << cmd;
+  if (f == nullptr) return out;
+  char line[1 << 16];
+  while (std::fgets(line, sizeof line, f) != nullptr) {
+    const std::string s(line);
+    const auto ids = s.find("\"generated_ids\":[");
+    if (ids == std::string::npos) continue;
+    CliResult r;
+    std::stringstream nums(s.substr(ids + 17, s.find(']', ids) - ids - 17));
+    std::string tok;
+    while (std::getline(nums, tok, ','))
+      if (!tok.empty()) r.tokens.push_back(std::stoi(tok));
+    const auto fr = s.find("\"finish_reason\":\"");
+    r.finish = s.substr(fr + 17, s.find('"', fr + 17) - fr - 17);
+    out.push_back(r);
+  }
+  EXPECT_EQ(pclose(f), 0) << cmd;
+  std::remove(req.c_str());
+  rmdir(dir.c_str());
+  return out;
+}
+
+TEST(RustApi, SameTokensAsTheRustEngineOnGoldenModels) {
+  struct Req {
+    Tokens prompt;
+    tboost_sampling_params sp;
+    std::vector<Tokens> stops;
+    std::string json;
+  };
+  for (const char* name : {"llama_gqa", "llama_hd24", "mistral", "qwen2"}) {
+    SCOPED_TRACE(name);
+    std::vector<Req> reqs;
+    for (int k = 0; k < 6; ++k) {
+      Req r;
+      r.prompt = Prompt(k, 3 + 5 * k);
+      r.sp = Params(8 + k);
+      // The CLI's default temperature is 1 (the Rust SamplingParams default): say 0 for greedy.
+      std::string extra = ",\"temperature\":0";
+      if (k % 3 == 1) {
+        r.sp.temperature = 0.9f;
+        r.sp.seed = 100 + k;
+        r.sp.top_k = 40;
+        r.sp.top_p = 0.9f;
+        extra = ",\"temperature\":0.9,\"seed\":" + std::to_string(100 + k) + ",\"top_k\":40,\"top_p\":0.9";
+      } else if (k % 3 == 2) {
+        r.sp.temperature = 1.0f;
+        r.sp.seed = 7;
+        r.sp.min_p = 0.05f;
+        r.sp.repetition_penalty = 1.3f;
+        r.sp.presence_penalty = 0.5f;
+        r.sp.frequency_penalty = 0.25f;
+        extra =
+            ",\"temperature\":1.0,\"seed\":7,\"min_p\":0.05,\"repetition_penalty\":1.3,"
+            "\"presence_penalty\":0.5,\"frequency_penalty\":0.25";
+      }
+      if (k == 3) {
+        r.stops = {Tokens{11, 12}, Tokens{r.prompt[0]}};
+        extra += ",\"stop\":[[11,12],[" + std::to_string(r.prompt[0]) + "]]";
+      }
+      std::string toks;
+      for (size_t j = 0; j < r.prompt.size(); ++j) toks += (j ? "," : "") + std::to_string(r.prompt[j]);
+      r.json = "{\"tokens\":[" + toks + "],\"max_tokens\":" + std::to_string(8 + k) + ",\"ignore_eos\":true" + extra + "}";
+      reqs.push_back(r);
+    }
+    std::vector<std::string> lines;
+    for (auto& r : reqs) lines.push_back(r.json);
+    const auto want = RunCli(Golden(name), lines);
+    ASSERT_EQ(want.size(), reqs.size());
+
+    Model m(Golden(name));
+    Config cfg{{"threads", "2"}, {"kv_cache_blocks", "256"}, {"max_batched_tokens", "64"}};
+    Engine e(m.p, cfg.p);
+    std::vector<tboost_request_id> ids;
+    for (auto& r : reqs) ids.push_back(Enqueue(e.p, r.prompt, r.sp, r.stops));
+    RunToCompletion(e.p);
+    for (size_t i = 0; i < reqs.size(); ++i) {
+      const auto evs = ReadAll(e.p, ids[i]);
+      ExpectWellFormed(evs, ids[i]);
+      EXPECT_EQ(TokensOf(evs), want[i].tokens) << "request " << i;
+      EXPECT_EQ(tboost_finish_reason_name(evs.back().finish), want[i].finish) << "request " << i;
+    }
+  }
+}
+
+// ---- random calls from several threads -----------------------------------------------------
+
+// A bounded, seeded random mix of valid and invalid calls from several threads (one of them
+// stepping) on shared handles. Whatever happens, every call returns a known status and the
+// process neither crashes nor (under ASan) touches memory it should not.
+TEST(Fuzz, SeededRandomCallsNeverCrash) {
+  Model m(Golden("llama_gqa"));
+  Config cfg{{"threads", "1"}, {"kv_cache_blocks", "48"}, {"max_seqs", "8"}, {"max_batched_tokens", "32"},
+             {"queue_limit", "24"}};
+  Engine e(m.p, cfg.p);
+  tboost_engine* dead = nullptr;
+  ASSERT_OK(tboost_engine_new(m.p, cfg.p, &dead));
+  ASSERT_OK(tboost_engine_free(dead));  // a freed handle, used below on purpose
+  std::atomic<uint64_t> max_id{1};
+  std::atomic<int> calls{0};
+  constexpr int kThreads = 4, kOps = 1500;
+  auto known = [](tboost_status s) { return s >= TBOOST_OK && s <= TBOOST_ERR_INTERNAL; };
+  auto worker = [&](int t) {
+    std::mt19937_64 rng(0x7b005700ULL + static_cast<uint64_t>(t));
+    auto pick = [&](int n) { return static_cast<int>(rng() % static_cast<uint64_t>(n)); };
+    for (int op = 0; op < kOps; ++op) {
+      tboost_engine* target = pick(20) == 0 ? dead : e.p;
+      const tboost_request_id id = rng() % (max_id.load() + 3);
+      tboost_status s = TBOOST_OK;
+      switch (pick(11)) {
+        case 0: {
+          Tokens prompt(static_cast<size_t>(pick(40)));
+          for (auto& tok : prompt) tok = pick(10) == 0 ? 700 - pick(1400) : pick(640);
+          tboost_sampling_params sp = Params(static_cast<uint32_t>(pick(30)), pick(3) == 0 ? -1.0f : 0.7f, rng());
+          sp.top_k = pick(8) - 1;
+          sp.logprobs = pick(4) - 2;
+          if (pick(10) == 0) sp.struct_size = static_cast<uint32_t>(pick(80));
+          Tokens stop(static_cast<size_t>(pick(3)), static_cast<int32_t>(pick(640)));
+          std::vector<size_t> lens;
+          if (!stop.empty()) lens.push_back(stop.size());
+          tboost_request_id got = 0;
+          s = tboost_engine_enqueue(target, prompt.data(), prompt.size(), pick(10) == 0 ? nullptr : &sp, stop.data(),
+                                    lens.data(), lens.size(), &got);
+          if (s == TBOOST_OK) {
+            uint64_t cur = max_id.load();
+            while (got > cur && !max_id.compare_exchange_weak(cur, got)) {
+            }
+          }
+          break;
+        }
+        case 1:
+          s = tboost_engine_cancel(target, id);
+          break;
+        case 2: {
+          const size_t cap = static_cast<size_t>(pick(5));
+          const size_t size = pick(8) == 0 ? static_cast<size_t>(pick(64)) : sizeof(tboost_event);
+          std::vector<unsigned char> buf(cap * std::max<size_t>(size, 1));
+          size_t n = 0;
+          s = tboost_engine_read(target, pick(2) ? TBOOST_ANY_REQUEST : id,
+                                 cap ? reinterpret_cast<tboost_event*>(buf.data()) : nullptr, size, cap, &n);
+          if (s == TBOOST_OK && cap) {
+            EXPECT_LE(n, cap);
+          }
+          break;
+        }
+        case 3: {
+          size_t n = 0;
+          s = tboost_engine_wait(target, pick(2) ? TBOOST_ANY_REQUEST : id, static_cast<uint32_t>(pick(3)), &n);
+          break;
+        }
+        case 4: {
+          tboost_stats st{};
+          st.struct_size = pick(6) == 0 ? 4 : sizeof st;
+          s = tboost_engine_stats(target, &st);
+          break;
+        }
+        case 5: {
+          const size_t cap = static_cast<size_t>(pick(12));
+          std::vector<int32_t> toks(cap);
+          size_t n = 0;
+          tboost_finish_reason f;
+          s = tboost_engine_output(target, id, cap ? toks.data() : nullptr, cap, &n, &f);
+          break;
+        }
+        case 6: {
+          const size_t cap = static_cast<size_t>(pick(300));
+          std::vector<char> buf(cap);
+          size_t need = 0;
+          s = pick(2) ? tboost_engine_plan_json(target, cap ? buf.data() : nullptr, cap, &need)
+                      : tboost_engine_request_error(target, id, cap ? buf.data() : nullptr, cap, &need);
+          if (cap && s != TBOOST_ERR_INVALID_HANDLE) {
+            EXPECT_LT(std::strlen(buf.data()), cap);
+          }
+          break;
+        }
+        case 7: {
+          bool work = false;
+          s = tboost_engine_has_work(target, &work);
+          break;
+        }
+        case 8: {
+          size_t n = 0;
+          int32_t toks[4];
+          s = pick(2) ? tboost_engine_tokenize(target, "abc", 3, true, toks, 4, &n)
+                      : tboost_engine_detokenize(target, toks, 0, nullptr, 0, &n);
+          break;
+        }
+        case 9: {
+          size_t need = 0;
+          char buf[16];
+          s = tboost_last_error(pick(2) ? buf : nullptr, pick(2) ? sizeof buf : 0, &need);
+          break;
+        }
+        default:
+          s = tboost_engine_step(target, nullptr);  // mostly BUSY against the stepper
+          break;
+      }
+      EXPECT_TRUE(known(s)) << "status " << s;
+      ++calls;
+    }
+  };
+  std::atomic<bool> stop{false};
+  std::thread stepper([&] {
+    while (!stop.load()) {
+      const tboost_status s = tboost_engine_step(e.p, nullptr);
+      EXPECT_TRUE(s == TBOOST_OK || s == TBOOST_ERR_BUSY) << Name(s) << ": " << LastError();
+    }
+  });
+  std::vector<std::thread> threads;
+  for (int t = 0; t < kThreads; ++t) threads.emplace_back(worker, t);
+  for (auto& t : threads) t.join();
+  stop = true;
+  stepper.join();
+  EXPECT_EQ(calls.load(), kThreads * kOps);
+  RunToCompletion(e.p);
+  tboost_stats st{};
+  st.struct_size = sizeof st;
+  ASSERT_OK(tboost_engine_stats(e.p, &st));
+  EXPECT_EQ(st.kv_blocks_used, 0u);
+  EXPECT_EQ(st.waiting + st.running, 0u);
+}
+
+}  // namespace
