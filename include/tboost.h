@@ -70,6 +70,8 @@
  */
 #define TBOOST_ABI_VERSION 1
 
+#define SPACE U'\U00002581'
+
 /**
  * What a call returned. The numbers are stable: new codes are only ever appended.
  */
@@ -680,8 +682,8 @@ tboost_status tboost_log_set(tboost_log_fn cb, void *user_data, int32_t max_leve
  * or a GGUF file. `cfg` (may be NULL) supplies `backend`, `threads`, `kv_dtype` and
  * `disabled_ops` for the operator plan reported by `tboost_model_info_json`.
  *
- * `progress` (may be NULL) is called on this thread with increasing values ending at 1;
- * returning false aborts with `TBOOST_ERR_CANCELLED`.
+ * `progress` (may be NULL) is called on this thread with increasing values ending at 1
+ * while the weights are read in; returning false aborts with `TBOOST_ERR_CANCELLED`.
  *
  * Returns `TBOOST_ERR_IO` for a missing or unreadable file, `TBOOST_ERR_MODEL_FORMAT` for a
  * truncated, corrupt or inconsistent one, `TBOOST_ERR_UNSUPPORTED` for an architecture or

@@ -26,10 +26,11 @@ pub(crate) fn load_with_progress(path: &std::path::Path) -> Result<Model> {
         model.weights.touch(&mut |done, total| {
             bar.set_length(total);
             bar.set_position(done);
+            true
         });
         bar.finish_and_clear();
     } else {
-        model.weights.touch(&mut |_, _| {});
+        model.weights.touch(&mut |_, _| true);
     }
     Ok(model)
 }

@@ -56,8 +56,8 @@ fn info_json(m: &Model, plan: &Plan) -> String {
 /// or a GGUF file. `cfg` (may be NULL) supplies `backend`, `threads`, `kv_dtype` and
 /// `disabled_ops` for the operator plan reported by `tboost_model_info_json`.
 ///
-/// `progress` (may be NULL) is called on this thread with increasing values ending at 1;
-/// returning false aborts with `TBOOST_ERR_CANCELLED`.
+/// `progress` (may be NULL) is called on this thread with increasing values ending at 1
+/// while the weights are read in; returning false aborts with `TBOOST_ERR_CANCELLED`.
 ///
 /// Returns `TBOOST_ERR_IO` for a missing or unreadable file, `TBOOST_ERR_MODEL_FORMAT` for a
 /// truncated, corrupt or inconsistent one, `TBOOST_ERR_UNSUPPORTED` for an architecture or
@@ -99,7 +99,22 @@ pub unsafe extern "C" fn tboost_model_load(
         };
         report(0.0)?;
         let model = Model::load(Path::new(path)).map_err(|e| named(e.into()))?;
-        report(0.8)?;
+        // Reading the weights once is the slow part of a load: report it per 8 MiB, and let
+        // the host stop it.
+        let mut stopped = None;
+        let complete = model.weights.touch(&mut |done, total| {
+            let p = 0.05 + 0.85 * done as f32 / total.max(1) as f32;
+            match report(p) {
+                Ok(()) => true,
+                Err(f) => {
+                    stopped = Some(f);
+                    false
+                }
+            }
+        });
+        if let (false, Some(f)) = (complete, stopped) {
+            return Err(f);
+        }
         let opts = PlanOptions { disabled: s.engine.disabled_ops.clone(), kv_dtype: s.engine.kv_dtype }
             .with_env()
             .map_err(Failure::from)?;

@@ -78,13 +78,15 @@ impl ModelWeights {
 
     /// Reads every page of the weights once, so the first request does not pay for page
     /// faults, calling `progress(done, total)` in bytes along the way (progress bars, the C
-    /// ABI's load callback).
-    pub fn touch(&self, progress: &mut dyn FnMut(u64, u64)) {
+    /// ABI's load callback). Stops early, returning false, when `progress` returns false.
+    pub fn touch(&self, progress: &mut dyn FnMut(u64, u64) -> bool) -> bool {
         let tensors = self.tensors();
         let total: u64 = tensors.iter().map(|t| t.bytes().len() as u64).sum();
         let mut done = 0u64;
         let mut last = 0u64;
-        progress(0, total);
+        if !progress(0, total) {
+            return false;
+        }
         for t in tensors {
             let b = t.bytes();
             let mut sum = 0u8;
@@ -95,11 +97,13 @@ impl ModelWeights {
             std::hint::black_box(sum);
             done += b.len() as u64;
             if done - last >= 8 << 20 {
-                progress(done, total);
+                if !progress(done, total) {
+                    return false;
+                }
                 last = done;
             }
         }
-        progress(total, total);
+        progress(total, total)
     }
 }
 

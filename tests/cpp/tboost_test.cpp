@@ -1166,7 +1166,7 @@ TEST(RustApi, SameTokensAsTheRustEngineOnGoldenModels) {
     std::vector<Tokens> stops;
     std::string json;
   };
-  for (const char* name : {"llama_gqa", "llama_hd24", "mistral", "qwen2"}) {
+  for (const char* name : {"llama_gqa", "llama_hd24", "mistral", "mixtral", "qwen2"}) {
     SCOPED_TRACE(name);
     std::vector<Req> reqs;
     for (int k = 0; k < 6; ++k) {
