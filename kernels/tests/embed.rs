@@ -34,11 +34,25 @@ fn embed_copies_rows_for_each_dense_dtype() {
 }
 
 #[test]
-#[should_panic(expected = "embed: q8_0 tables are not supported yet")]
-fn quantized_tables_panic_with_their_dtype() {
-    let bytes = vec![0u8; 2 * 34];
-    let t = WeightMat::new(DType::Q8_0, 2, 32, &bytes).unwrap();
-    embed(&[1], t, &mut [0.0; 32]);
+fn quantized_tables_dequantize_exactly_the_rows_asked_for() {
+    use tboost_kernels::quant::{dequantize_row, quantize_row_reference};
+    let (rows, cols) = (5, 64);
+    for dtype in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
+        let vals: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();
+        let mut bytes = Vec::new();
+        for r in vals.chunks(cols) {
+            bytes.extend(quantize_row_reference(dtype, r).unwrap());
+        }
+        let t = WeightMat::new(dtype, rows, cols, &bytes).unwrap();
+        let ids = [4u32, 0, 4, 2];
+        let mut out = vec![0.0f32; ids.len() * cols];
+        embed(&ids, t, &mut out);
+        for (i, &id) in ids.iter().enumerate() {
+            let mut want = vec![0.0f32; cols];
+            dequantize_row(dtype, t.row(id as usize), &mut want).unwrap();
+            assert_eq!(&out[i * cols..(i + 1) * cols], &want[..], "{dtype} id {id}");
+        }
+    }
 }
 
 #[test]
