@@ -335,11 +335,27 @@ fn segments_with_different_k_are_rejected() {
 }
 
 #[test]
-fn quantized_weights_are_not_supported_here() {
+fn quantized_weights_route_to_the_quant_kernels() {
     use tboost_kernels::matmul::{supports, MatMulCase};
+    use tboost_kernels::quant::{matmul_quant, quantize_row_reference};
     assert!(supports(&MatMulCase { dtype: DType::BF16, rows: 8, cols: 8 }).is_ok());
-    let e = supports(&MatMulCase { dtype: DType::Q4_0, rows: 8, cols: 32 }).unwrap_err();
-    assert!(e.contains("q4_0"), "{e}");
+    assert!(supports(&MatMulCase { dtype: DType::Q4_0, rows: 8, cols: 32 }).is_ok());
+    let e = supports(&MatMulCase { dtype: DType::Q4_0, rows: 8, cols: 40 }).unwrap_err();
+    assert!(e.contains("q4_0") && e.contains("40"), "{e}");
+
+    // A merged projection mixing a quantized and a dense matrix gives, per segment, exactly
+    // what the kernel of its own kind gives.
+    let (m, k, n) = (3, 64, 5);
+    let x: Vec<f32> = (0..m * k).map(|i| ((i * 13 % 29) as f32 - 14.0) / 7.0).collect();
+    let wd: Vec<f32> = (0..n * k).map(|i| ((i * 7 % 31) as f32 - 15.0) / 40.0).collect();
+    let wq: Vec<u8> = wd.chunks(k).flat_map(|r| quantize_row_reference(DType::Q8_0, r).unwrap()).collect();
+    let (qmat, dmat) = (WeightMat::new(DType::Q8_0, n, k, &wq).unwrap(), WeightMat::from_f32(&wd, n, k).unwrap());
+    let (mut yq, mut yd) = (vec![0.0; m * n], vec![0.0; m * n]);
+    matmul::matmul(&x, m, &mut [MatSeg { w: qmat, bias: None, out: &mut yq }, MatSeg { w: dmat, bias: None, out: &mut yd }]);
+    let (mut wantq, mut wantd) = (vec![0.0; m * n], vec![0.0; m * n]);
+    matmul_quant(&x, m, &mut [MatSeg { w: qmat, bias: None, out: &mut wantq }]);
+    matmul::matmul(&x, m, &mut [MatSeg { w: dmat, bias: None, out: &mut wantd }]);
+    assert_eq!((yq, yd), (wantq, wantd));
 }
 
 #[test]
