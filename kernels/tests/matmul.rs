@@ -351,7 +351,11 @@ fn quantized_weights_route_to_the_quant_kernels() {
     let wq: Vec<u8> = wd.chunks(k).flat_map(|r| quantize_row_reference(DType::Q8_0, r).unwrap()).collect();
     let (qmat, dmat) = (WeightMat::new(DType::Q8_0, n, k, &wq).unwrap(), WeightMat::from_f32(&wd, n, k).unwrap());
     let (mut yq, mut yd) = (vec![0.0; m * n], vec![0.0; m * n]);
-    matmul::matmul(&x, m, &mut [MatSeg { w: qmat, bias: None, out: &mut yq }, MatSeg { w: dmat, bias: None, out: &mut yd }]);
+    matmul::matmul(
+        &x,
+        m,
+        &mut [MatSeg { w: qmat, bias: None, out: &mut yq }, MatSeg { w: dmat, bias: None, out: &mut yd }],
+    );
     let (mut wantq, mut wantd) = (vec![0.0; m * n], vec![0.0; m * n]);
     matmul_quant(&x, m, &mut [MatSeg { w: qmat, bias: None, out: &mut wantq }]);
     matmul::matmul(&x, m, &mut [MatSeg { w: dmat, bias: None, out: &mut wantd }]);
