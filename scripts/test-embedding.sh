@@ -88,10 +88,40 @@ listed=$(sed -n 's/^set(TBOOST_NATIVE_STATIC_LIBS \(.*\))$/\1/p' "$ROOT/cmake/tb
 echo "native-static-libs: $rustc_libs"
 ok
 
-step "docs/embedding.md shows examples/cpp/main.cpp verbatim"
-awk '/^```cpp$/{on=1; next} /^```$/{if (on) exit} on' "$ROOT/docs/embedding.md" >"$SCRATCH/snippet.cpp"
-diff -u "$ROOT/examples/cpp/main.cpp" "$SCRATCH/snippet.cpp" ||
-  die "the first \`\`\`cpp block of docs/embedding.md differs from examples/cpp/main.cpp: copy the example in"
+step "README's Embedding snippets are the tested examples (C++ whole, CMake, Go and Java excerpts verbatim)"
+python3 - "$ROOT" <<'PY' || die "a snippet in README.md's Embedding section differs from the example it quotes: copy it in again"
+import re, sys
+root = sys.argv[1]
+readme = open(f"{root}/README.md").read()
+section = readme[readme.index("## Embedding"):]
+section = section[:section.index("\n## ", 1)] if "\n## " in section[1:] else section
+blocks = re.findall(r"^```(\w+)\n(.*?)^```$", section, flags=re.S | re.M)
+sources = {
+    "go": open(f"{root}/examples/go/main.go").read(),
+    "java": open(f"{root}/examples/java/TBoostExample.java").read(),
+    "cmake": open(f"{root}/scripts/test-embedding.sh").read(),
+}
+cpp = [b for lang, b in blocks if lang == "cpp"]
+ok = bool(cpp) and cpp[0] == open(f"{root}/examples/cpp/main.cpp").read()
+if not ok:
+    print("the first cpp block is not examples/cpp/main.cpp")
+for lang in ("go", "java"):
+    found = [b for l, b in blocks if l == lang]
+    if not found:
+        ok = False
+        print(f"no {lang} snippet")
+    for b in found:
+        if b not in sources[lang]:
+            ok = False
+            print(f"a {lang} snippet is not in the example:\n{b}")
+for b in (b for l, b in blocks if l == "cmake"):
+    for line in b.splitlines():
+        stmt = line.split("#")[0].strip()
+        if stmt.startswith(("find_package", "target_link_libraries")) and stmt not in sources["cmake"]:
+            ok = False
+            print(f"cmake line not exercised by a consumer build: {stmt}")
+sys.exit(0 if ok else 1)
+PY
 ok
 
 step "CMake build of the tree and ctest (gtest suite, C99 consumer, C++ example)"

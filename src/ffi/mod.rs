@@ -1,7 +1,7 @@
 //! The C ABI: `include/tboost.h` is generated from this module by cbindgen (pinned version,
 //! see `cbindgen.toml`) and checked in; `scripts/test-embedding.sh` fails when it drifts.
 //!
-//! Shape (see docs/embedding.md for the host's view):
+//! Shape (see README.md, "Embedding", for the host's view):
 //! - Opaque handles (`tboost_config`, `tboost_model`, `tboost_engine`) live in per-kind
 //!   registries (`handle`): a call looks the handle up and holds its own reference for the
 //!   call's duration, so an unknown, freed or wrong-kind handle is an error, never a wild read.
