@@ -103,6 +103,10 @@ fn bad_input_is_a_clear_error() {
         (vec!["logits", "--model", "/nonexistent/model.gguf", "--tokens", "1"], "/nonexistent/model.gguf"),
         (vec!["plan", "--model", &model(), "--disable", "warp"], "unknown op or fusion `warp`"),
         (vec!["run", "--model", &model(), "--prompt", "hello"], "has no tokenizer"),
+        (
+            vec!["run", "--model", &model_file("llama-2-tiny-random.gguf").display().to_string(), "--chat", "hi"],
+            "has no chat template",
+        ),
         (vec!["bench", "--synthetic", "gpt5", "--decode", "1"], "unknown shape `gpt5`"),
     ] {
         let (ok, _, err) = tboost(&args);
