@@ -246,9 +246,31 @@ impl ModelRunner {
         };
         let (t, r) = (b.tokens.len(), b.logit_rows.len());
         self.ensure_acts(t, r)?;
-        let c = &self.cfg;
-        let a = self.acts.as_ref().ok_or_else(|| Error::invalid("acts", "activation buffers missing"))?;
-        let be = self.backend.as_mut();
+        let ModelRunner { cfg, plan, backend, ids, inv_freq, acts, .. } = self;
+        let a = acts.as_ref().ok_or_else(|| Error::invalid("acts", "activation buffers missing"))?;
+        let g = Graph { c: cfg, plan, ids, inv_freq, a, kv_layers: &kv_layers, b };
+        // One stream for the whole pass: on the CPU, every op then runs on the pool's own
+        // threads instead of paying a cross-thread hand-off per op.
+        backend.with_stream(&mut |be| g.launch(be, logits))
+    }
+}
+
+/// Everything one forward pass reads, so the op sequence can run as one stream.
+struct Graph<'g> {
+    c: &'g ModelConfig,
+    plan: &'g Plan,
+    ids: &'g WeightIds,
+    inv_freq: &'g [f64],
+    a: &'g Acts,
+    kv_layers: &'g [KvLayer],
+    b: &'g StepBatch<'g>,
+}
+
+impl Graph<'_> {
+    /// Launches the plan's ops for the batch; `logits` receives the wanted rows.
+    fn launch(&self, be: &mut dyn Backend, logits: &mut Vec<f32>) -> Result<()> {
+        let Graph { c, plan, ids, inv_freq, a, kv_layers, b } = *self;
+        let (t, r) = (b.tokens.len(), b.logit_rows.len());
         let (hid, hd) = (c.hidden_size, c.head_dim);
         let (qd, kvd) = (c.num_heads * hd, c.num_kv_heads * hd);
         let inter = c.intermediate_size;
@@ -265,8 +287,8 @@ impl ModelRunner {
             scale: 1.0 / (hd as f32).sqrt(),
         };
 
-        be.launch(&Op::Embed { ids: b.tokens, table: self.ids.embed, out: h })?;
-        be.launch(&Op::RopeTables { positions: b.positions, inv_freq: &self.inv_freq, cos, sin })?;
+        be.launch(&Op::Embed { ids: b.tokens, table: ids.embed, out: h })?;
+        be.launch(&Op::RopeTables { positions: b.positions, inv_freq, cos, sin })?;
         let mut pending_residual = false; // `o` holds a sublayer output not yet added into `h`
         let norm = |be: &mut dyn Backend, lp: &LayerPlan, pending: bool, w: WeightId| -> Result<()> {
             if !pending {
@@ -278,7 +300,7 @@ impl ModelRunner {
                 be.launch(&Op::RmsNorm { x: h, w, eps, out: xn })
             }
         };
-        for ((lw, lp), cache) in self.ids.layers.iter().zip(&self.plan.layers).zip(&kv_layers) {
+        for ((lw, lp), cache) in ids.layers.iter().zip(&plan.layers).zip(kv_layers) {
             // Attention block.
             norm(be, lp, pending_residual, lw.attn_norm)?;
             let segs = [(lw.q, lw.q_bias, q), (lw.k, lw.k_bias, k), (lw.v, lw.v_bias, vv)]
@@ -319,13 +341,13 @@ impl ModelRunner {
         }
         // Final norm (the last residual add fused in as the plan says), then the LM head on
         // the wanted rows only.
-        let last = self.plan.layers.last().ok_or_else(|| Error::invalid("model", "no layers"))?;
-        norm(be, last, pending_residual, self.ids.norm)?;
+        let last = plan.layers.last().ok_or_else(|| Error::invalid("model", "no layers"))?;
+        norm(be, last, pending_residual, ids.norm)?;
         if r > 0 {
             let sel = v(a.sel, r * hid);
             let lg = v(a.logits, r * c.vocab_size);
             be.launch(&Op::GatherRows { x: xn, cols: hid, rows: b.logit_rows, out: sel })?;
-            be.launch(&Op::MatMul { x: sel, m: r, segs: &[MatSegOp { w: self.ids.lm_head, bias: None, out: lg }] })?;
+            be.launch(&Op::MatMul { x: sel, m: r, segs: &[MatSegOp { w: ids.lm_head, bias: None, out: lg }] })?;
             be.synchronize()?;
             logits.resize(r * c.vocab_size, 0.0);
             be.read(lg, logits)?;

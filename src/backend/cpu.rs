@@ -46,7 +46,7 @@ impl Drop for HostBuf {
 pub struct CpuBackend {
     /// Per-op (count, seconds) when `TBOOST_PROFILE` is set; printed when the backend drops.
     profile: Option<std::collections::BTreeMap<&'static str, (u64, f64)>>,
-    pool: rayon::ThreadPool,
+    pool: std::sync::Arc<rayon::ThreadPool>,
     threads: usize,
     bufs: Vec<Option<HostBuf>>,
     free_ids: Vec<u32>,
@@ -70,7 +70,7 @@ impl CpuBackend {
         let profile = std::env::var_os("TBOOST_PROFILE").map(|_| Default::default());
         Ok(CpuBackend {
             profile,
-            pool,
+            pool: std::sync::Arc::new(pool),
             threads,
             bufs: Vec::new(),
             free_ids: Vec::new(),
@@ -274,6 +274,13 @@ impl Backend for CpuBackend {
             e.1 += t0.elapsed().as_secs_f64();
         }
         r
+    }
+
+    fn with_stream(&mut self, work: &mut (dyn FnMut(&mut dyn Backend) -> Result<()> + Send)) -> Result<()> {
+        let pool = self.pool.clone();
+        // Inside `install` this thread is one of the pool's workers, so the ops' own
+        // `install` calls run inline and their parallel loops use the whole pool.
+        pool.install(|| work(self))
     }
 
     fn synchronize(&mut self) -> Result<()> {

@@ -62,4 +62,9 @@ pub trait Backend: Send {
 
     /// Waits until every launched op has completed.
     fn synchronize(&mut self) -> Result<()>;
+
+    /// Runs `work`, which launches a sequence of ops, as one stream: a backend may set up
+    /// its execution context once for the whole sequence (the CPU backend runs it on its own
+    /// pool, so each op starts without a cross-thread hand-off).
+    fn with_stream(&mut self, work: &mut (dyn FnMut(&mut dyn Backend) -> Result<()> + Send)) -> Result<()>;
 }
