@@ -24,6 +24,7 @@ fn check_case(case: &str) {
         let logits = s.feed(&prompt, true).unwrap();
         let last = &logits[(prompt.len() - 1) * vocab..];
         let d = max_abs_diff(last, &floats(&p["last_logits"]));
+        eprintln!("{case}/{name}: last_logits max abs diff {d:.2e}");
         assert!(d <= TOL, "{case}/{name}: last_logits max abs diff {d}");
         if let Some(all) = p.get("all_logits").filter(|v| !v.is_null()) {
             let want: Vec<f32> = all.as_array().unwrap().iter().flat_map(floats).collect();
