@@ -469,12 +469,14 @@ impl Engine {
 
     /// Moves new requests into the scheduler and applies cancellations.
     fn take_shared_input(&self, c: &mut Core, events: &mut Vec<Event>) -> Result<()> {
-        let (incoming, cancels) = {
+        let (incoming, cancels, tags) = {
             let mut sh = self.shared()?;
-            (std::mem::take(&mut sh.incoming), std::mem::take(&mut sh.cancels))
+            let incoming = std::mem::take(&mut sh.incoming);
+            let tags: Vec<u64> = incoming.iter().map(|s| sh.outputs.get(&s.id).map_or(0, |o| o.tag)).collect();
+            (incoming, std::mem::take(&mut sh.cancels), tags)
         };
-        for s in incoming {
-            c.tags.insert(s.id, self.shared()?.outputs.get(&s.id).map_or(0, |o| o.tag));
+        for (s, tag) in incoming.into_iter().zip(tags) {
+            c.tags.insert(s.id, tag);
             c.sched.add(s);
         }
         for id in cancels {

@@ -3,7 +3,7 @@
 use std::path::{Path, PathBuf};
 
 use tboost::model::gguf::{self, Value};
-use tboost::model::weights::{LayerWeights, Mlp, ModelWeights};
+use tboost::model::weights::{LayerWeights, Mlp};
 use tboost::model::{Arch, Model, ModelFormat, Tensor};
 use tboost::Error;
 use tboost_kernels::rope::RopeStyle;
@@ -242,24 +242,6 @@ fn assert_has(msg: &str, parts: &[&str]) {
     }
 }
 
-fn all_tensors(w: &ModelWeights) -> Vec<&Tensor> {
-    let mut v = vec![&w.embed, &w.norm, &w.lm_head];
-    for l in &w.layers {
-        v.extend([&l.attn_norm, &l.q, &l.k, &l.v, &l.o, &l.ffn_norm]);
-        v.extend([&l.q_bias, &l.k_bias, &l.v_bias].into_iter().flatten());
-        match &l.mlp {
-            Mlp::Dense { gate, up, down } => v.extend([gate, up, down]),
-            Mlp::Moe { router, experts } => {
-                v.push(router);
-                for e in experts {
-                    v.extend([&e.gate, &e.up, &e.down]);
-                }
-            }
-        }
-    }
-    v
-}
-
 // ---------------------------------------------------------------------------------------
 // Real files.
 
@@ -289,7 +271,7 @@ fn llama2_tiny_gguf_loads_with_readme_config() {
     assert_eq!(w.layers[0].q.dtype, DType::F16);
     assert_eq!(w.layers[0].attn_norm.dtype, DType::F32);
     assert_eq!(w.norm.dtype, DType::F32);
-    for t in all_tensors(w) {
+    for t in w.tensors() {
         assert!(t.is_mapped(), "{} is copied", t.name);
     }
     // The views are the file's bytes at the directory's offsets.
@@ -314,7 +296,7 @@ fn stories260k_gguf_loads_with_readme_config() {
     assert_eq!(c.gqa_group(), 2);
     assert_eq!(c.rope_style, RopeStyle::Adjacent);
     assert!(!c.tie_word_embeddings, "output.weight is written out explicitly");
-    let ts = all_tensors(&m.weights);
+    let ts = m.weights.tensors();
     assert_eq!(ts.len(), 48);
     for t in ts {
         assert!(t.is_mapped(), "{}", t.name);
@@ -347,7 +329,7 @@ fn tiny_gguf_loads_with_converted_shapes() {
     assert_eq!(l.k.shape, [16, 32]);
     assert_eq!(l.k.bytes(), &g.tensors.iter().find(|t| t.name == "blk.1.attn_k.weight").unwrap().data[..]);
     assert_eq!(m.weights.embed.shape, [16, 32]);
-    assert!(all_tensors(&m.weights).iter().all(|t| t.is_mapped()));
+    assert!(m.weights.tensors().iter().all(|t| t.is_mapped()));
 
     // Without a vocabulary the size comes from `{arch}.vocab_size`, else the embedding rows.
     let mut g = tiny_gguf();
