@@ -78,3 +78,18 @@ impl KvPools {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The figures the README quotes.
+    #[test]
+    fn bytes_per_token_of_named_shapes() {
+        let tiny = crate::model::synthetic::config("tinyllama-1.1b").unwrap();
+        assert_eq!(KvPools::bytes_per_token(&tiny, DType::F32), 45_056);
+        assert_eq!(KvPools::bytes_per_token(&tiny, DType::F16), 22_528);
+        assert_eq!(KvPools::bytes_per_token(&tiny, DType::BF16), 22_528);
+        assert_eq!((1usize << 30) / 45_056, 23_831);
+    }
+}
