@@ -7,33 +7,25 @@ use std::path::PathBuf;
 use tboost::model::gguf::{read_metadata, Metadata};
 use tboost::tokenizer::Tokenizer;
 
-/// /work/shared when the worktree is /work/wt/<name>; also tries the main checkout layout.
+// One place knows where the shared data and the demo model live (`TBOOST_SHARED`,
+// `TBOOST_DEMO_MODEL`, the cache): the integration tests' common module.
+#[path = "../common/mod.rs"]
+mod base;
+
+/// A file under the shared test data directory (`../shared`, or `TBOOST_SHARED`).
 pub fn shared_file(rel: &str) -> PathBuf {
-    let candidates = [
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../shared").join(rel),
-        PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../shared").join(rel),
-    ];
-    for c in &candidates {
-        if c.exists() {
-            return c.clone();
-        }
-    }
-    panic!("test data {rel} not found in ../shared or ../../shared (relative to the crate): it ships in the shared/ directory beside the repository")
+    let p = base::shared_dir().join(rel);
+    assert!(p.exists(), "test data {} not found: it ships in the shared/ directory beside the repository", p.display());
+    p
 }
 
 pub fn llama2_tiny_path() -> PathBuf {
     shared_file("models/llama-2-tiny-random.gguf")
 }
 
-/// `$TBOOST_DEMO_MODEL`, else `${TBOOST_CACHE:-$HOME/.cache/tboost}/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf`.
+/// The demo model; fails (does not skip) with the fetch command when it is missing.
 pub fn demo_model_path() -> PathBuf {
-    if let Ok(p) = std::env::var("TBOOST_DEMO_MODEL") {
-        return PathBuf::from(p);
-    }
-    let cache = std::env::var("TBOOST_CACHE")
-        .map(PathBuf::from)
-        .unwrap_or_else(|_| PathBuf::from(std::env::var("HOME").unwrap_or_default()).join(".cache/tboost"));
-    cache.join("qwen2.5-coder-0.5b-instruct-q4_k_m.gguf")
+    base::demo_model()
 }
 
 /// Metadata of the demo model; fails (does not skip) when the file is missing.
