@@ -145,16 +145,7 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
                     for t in 0..nfull {
                         flush::<V, C, MRB, NRB>(accs.add(t * MRB * NRB), cols, ib + t * MRB, jj, je);
                     }
-                    let (ir, ar) = (ib + nfull * MRB, accs.add(nfull * MRB * NRB));
-                    match r {
-                        0 => {}
-                        1 => flush::<V, C, 1, NRB>(ar, cols, ir, jj, je),
-                        2 => flush::<V, C, 2, NRB>(ar, cols, ir, jj, je),
-                        3 => flush::<V, C, 3, NRB>(ar, cols, ir, jj, je),
-                        4 => flush::<V, C, 4, NRB>(ar, cols, ir, jj, je),
-                        5 => flush::<V, C, 5, NRB>(ar, cols, ir, jj, je),
-                        _ => unreachable!("MRB is at most 6"),
-                    }
+                    flush_tail::<V, C, NRB>(r, accs.add(nfull * MRB * NRB), cols, ib + nfull * MRB, jj, je);
                 }
                 ib = ie;
             }
@@ -218,16 +209,7 @@ unsafe fn raw_block<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NRB: us
         for t in 0..nfull {
             flush::<V, C, MRB, NRB>(acc.add(t * MRB * NRB), cols, i0 + t * MRB, j, j1);
         }
-        let (ir, ar) = (i0 + nfull * MRB, acc.add(nfull * MRB * NRB));
-        match r {
-            0 => {}
-            1 => flush::<V, C, 1, NRB>(ar, cols, ir, j, j1),
-            2 => flush::<V, C, 2, NRB>(ar, cols, ir, j, j1),
-            3 => flush::<V, C, 3, NRB>(ar, cols, ir, j, j1),
-            4 => flush::<V, C, 4, NRB>(ar, cols, ir, j, j1),
-            5 => flush::<V, C, 5, NRB>(ar, cols, ir, j, j1),
-            _ => unreachable!("MRB is at most 6"),
-        }
+        flush_tail::<V, C, NRB>(r, acc.add(nfull * MRB * NRB), cols, i0 + nfull * MRB, j, j1);
         j += cb;
     }
 }
@@ -369,6 +351,27 @@ unsafe fn tile_acc<V: Lanes, W: WKind, const MR: usize, const NR: usize, const P
         for (j, v) in row.iter().enumerate() {
             acc.add(i * NR + j).write(*v);
         }
+    }
+}
+
+/// `flush` for the last `r < MRB` rows of a row block (the row count must be a constant).
+#[inline(always)]
+unsafe fn flush_tail<V: Lanes, C: Cols, const NR: usize>(
+    r: usize,
+    acc: *const V,
+    cols: &C,
+    i: usize,
+    j: usize,
+    je: usize,
+) {
+    match r {
+        0 => {}
+        1 => flush::<V, C, 1, NR>(acc, cols, i, j, je),
+        2 => flush::<V, C, 2, NR>(acc, cols, i, j, je),
+        3 => flush::<V, C, 3, NR>(acc, cols, i, j, je),
+        4 => flush::<V, C, 4, NR>(acc, cols, i, j, je),
+        5 => flush::<V, C, 5, NR>(acc, cols, i, j, je),
+        _ => unreachable!("MRB is at most 6"),
     }
 }
 
