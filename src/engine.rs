@@ -12,7 +12,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 use tboost_kernels::attention::SeqSpan;
-use tboost_kernels::DType;
+use tboost_ops::DType;
 
 use crate::backend::cpu::CpuBackend;
 use crate::kv::{BlockManager, KvPools};

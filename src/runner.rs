@@ -3,7 +3,8 @@
 //! buffers and KV pools; the scheduler and KV manager above it decide what goes in a batch.
 
 use tboost_kernels::attention::{AttnParams, SeqSpan};
-use tboost_kernels::{rope, DType};
+use tboost_kernels::rope;
+use tboost_ops::DType;
 
 use crate::backend::op::{ExpertIds, MatSegOp};
 use crate::backend::{Backend, BufId, KvLayer, Op, View, WeightId};

@@ -6,8 +6,8 @@ use tboost::model::gguf::{self, Value};
 use tboost::model::weights::{LayerWeights, Mlp};
 use tboost::model::{Arch, Model, ModelFormat, Tensor};
 use tboost::Error;
-use tboost_kernels::rope::RopeStyle;
-use tboost_kernels::DType;
+use tboost_ops::DType;
+use tboost_ops::RopeStyle;
 
 fn models_dir() -> PathBuf {
     PathBuf::from("/work/shared/models")

@@ -9,8 +9,8 @@ use serde_json::{json, Value};
 use tboost::model::weights::Mlp;
 use tboost::model::{hf, Arch, Model, ModelConfig};
 use tboost::Error;
-use tboost_kernels::rope::RopeStyle;
-use tboost_kernels::DType;
+use tboost_ops::DType;
+use tboost_ops::RopeStyle;
 
 const CASES: [&str; 6] = ["llama_gqa", "llama_gqa_bf16", "llama_hd24", "mistral", "mixtral", "qwen2"];
 

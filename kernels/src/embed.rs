@@ -8,7 +8,7 @@ use rayon::prelude::*;
 use crate::{DType, WeightMat};
 
 /// Every table dtype is supported: dense rows convert, block-quantized rows dequantize.
-pub fn supports(dtype: DType) -> Result<(), String> {
+pub fn supports(dtype: DType) -> Result<(), tboost_ops::Unsupported> {
     let _ = dtype;
     Ok(())
 }

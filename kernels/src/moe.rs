@@ -22,9 +22,9 @@ pub struct Expert<'a> {
 }
 
 /// Routing needs `1 <= k <= n_experts`.
-pub fn supports(n_experts: usize, k: usize) -> Result<(), String> {
+pub fn supports(n_experts: usize, k: usize) -> Result<(), tboost_ops::Unsupported> {
     if k == 0 || k > n_experts {
-        return Err(format!("top-{k} routing over {n_experts} experts"));
+        return Err(tboost_ops::Unsupported::new("top_k", k, format!("in 1..={n_experts} (experts)")));
     }
     Ok(())
 }

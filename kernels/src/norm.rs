@@ -20,10 +20,10 @@ const PAR_MIN_VALUES: usize = 1 << 15;
 
 /// `out[r] = rmsnorm(x[r]) * w` for each row of `w.len` values.
 /// RMSNorm runs on f32 activations with an f32, f16 or bf16 gain vector.
-pub fn supports(gain: crate::DType) -> Result<(), String> {
+pub fn supports(gain: crate::DType) -> Result<(), tboost_ops::Unsupported> {
     match gain {
         crate::DType::F32 | crate::DType::F16 | crate::DType::BF16 => Ok(()),
-        other => Err(format!("norm gains must be f32, f16 or bf16, not {other}")),
+        other => Err(tboost_ops::Unsupported::new("gain_dtype", other, "f32, f16 or bf16")),
     }
 }
 

@@ -11,62 +11,16 @@
 
 use rayon::prelude::*;
 
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub enum RopeStyle {
-    HalfSplit,
-    Adjacent,
-}
+pub use tboost_ops::rope::inv_freq;
+use tboost_ops::Unsupported;
+pub use tboost_ops::{Llama3Scaling, RopeStyle};
 
-/// llama3 frequency scaling (transformers `_compute_llama3_parameters`).
-#[derive(Clone, Copy, Debug, PartialEq)]
-pub struct Llama3Scaling {
-    pub factor: f64,
-    pub low_freq_factor: f64,
-    pub high_freq_factor: f64,
-    pub original_max_position_embeddings: f64,
-}
-
-/// Inverse frequencies `theta^(-2i/rot_dim)` for `i in 0..rot_dim/2`, adjusted by the
-/// scaling if given. Computed in f64.
-///
-/// llama3: with `wavelen = 2π / inv`, `low = orig_max / low_freq_factor` and
-/// `high = orig_max / high_freq_factor`: wavelengths below `high` keep their frequency,
-/// above `low` are divided by `factor`, and in between blend with
-/// `smooth = (orig_max / wavelen - low_freq_factor) / (high_freq_factor - low_freq_factor)`
-/// as `(1 - smooth) * inv / factor + smooth * inv`.
 /// RoPE rotates pairs: `rot_dim` must be even and at most `head_dim`.
-pub fn supports(head_dim: usize, rot_dim: usize) -> Result<(), String> {
+pub fn supports(head_dim: usize, rot_dim: usize) -> Result<(), Unsupported> {
     if rot_dim == 0 || !rot_dim.is_multiple_of(2) || rot_dim > head_dim {
-        return Err(format!("rotary dims {rot_dim} must be even and in 2..={head_dim} (head_dim)"));
+        return Err(Unsupported::new("rope_dim", rot_dim, format!("even and in 2..={head_dim} (head_dim)")));
     }
     Ok(())
-}
-
-pub fn inv_freq(rot_dim: usize, theta: f64, scaling: Option<&Llama3Scaling>) -> Vec<f64> {
-    (0..rot_dim / 2)
-        .map(|i| {
-            let inv = 1.0 / theta.powf((2 * i) as f64 / rot_dim as f64);
-            match scaling {
-                None => inv,
-                Some(s) => llama3(inv, s),
-            }
-        })
-        .collect()
-}
-
-fn llama3(inv: f64, s: &Llama3Scaling) -> f64 {
-    let orig = s.original_max_position_embeddings;
-    let low_freq_wavelen = orig / s.low_freq_factor;
-    let high_freq_wavelen = orig / s.high_freq_factor;
-    let wavelen = 2.0 * std::f64::consts::PI / inv;
-    if wavelen < high_freq_wavelen {
-        inv
-    } else if wavelen > low_freq_wavelen {
-        inv / s.factor
-    } else {
-        let smooth = (orig / wavelen - s.low_freq_factor) / (s.high_freq_factor - s.low_freq_factor);
-        (1.0 - smooth) * inv / s.factor + smooth * inv
-    }
 }
 
 /// cos/sin tables `[positions.len(), inv_freq.len()]` (angles computed in f64, stored f32).

@@ -186,18 +186,24 @@ fn write_kv_rounds_to_nearest_even_and_places_slots() {
 
 #[test]
 fn capability_checks_say_why() {
-    let case = |head_dim, n_heads, kv_heads, kv_dtype| AttentionCase { head_dim, n_heads, kv_heads, kv_dtype };
-    assert_eq!(flash_supports(&case(24, 8, 2, DType::F16)), Err("head_dim=24 is not a multiple of 16".to_string()));
+    let case = |head_dim, n_heads, kv_heads, kv_dtype| AttentionCase {
+        phase: tboost_ops::AttnPhase::Prefill,
+        head_dim,
+        n_heads,
+        kv_heads,
+        act_dtype: DType::F32,
+        kv_dtype,
+        block_size: 16,
+        max_context: 4096,
+    };
+    let why = |r: Result<(), tboost_ops::Unsupported>| r.map_err(|u| (u.param.to_string(), u.value));
+    assert_eq!(why(flash_supports(&case(24, 8, 2, DType::F16))), Err(("head_dim".into(), "24".into())));
     assert_eq!(flash_supports(&case(128, 32, 8, DType::BF16)), Ok(()));
     assert_eq!(standard_supports(&case(24, 8, 2, DType::F16)), Ok(()));
-    assert_eq!(
-        standard_supports(&case(64, 6, 4, DType::F32)),
-        Err("n_heads=6 is not a multiple of kv_heads=4".to_string())
-    );
-    assert_eq!(
-        flash_supports(&case(64, 8, 8, DType::Q8_0)),
-        Err("kv cache dtype q8_0 is not supported (f32, f16, bf16)".to_string())
-    );
+    assert_eq!(why(standard_supports(&case(64, 6, 4, DType::F32))), Err(("n_heads".into(), "6".into())));
+    assert_eq!(why(flash_supports(&case(64, 8, 8, DType::Q8_0))), Err(("kv_dtype".into(), "q8_0".into())));
+    let f16_act = AttentionCase { act_dtype: DType::F16, ..case(64, 8, 8, DType::F16) };
+    assert_eq!(why(flash_supports(&f16_act)), Err(("act_dtype".into(), "f16".into())));
 }
 
 #[test]

@@ -338,10 +338,11 @@ fn segments_with_different_k_are_rejected() {
 fn quantized_weights_route_to_the_quant_kernels() {
     use tboost_kernels::matmul::{supports, MatMulCase};
     use tboost_kernels::quant::{matmul_quant, quantize_row_reference};
-    assert!(supports(&MatMulCase { dtype: DType::BF16, rows: 8, cols: 8 }).is_ok());
-    assert!(supports(&MatMulCase { dtype: DType::Q4_0, rows: 8, cols: 32 }).is_ok());
-    let e = supports(&MatMulCase { dtype: DType::Q4_0, rows: 8, cols: 40 }).unwrap_err();
-    assert!(e.contains("q4_0") && e.contains("40"), "{e}");
+    assert!(supports(&MatMulCase::f32(DType::BF16, 8, 8)).is_ok());
+    assert!(supports(&MatMulCase::f32(DType::Q4_0, 8, 32)).is_ok());
+    let e = supports(&MatMulCase::f32(DType::Q4_0, 8, 40)).unwrap_err();
+    assert_eq!((e.param.as_ref(), e.value.as_str()), ("cols", "40"), "{e}");
+    assert!(e.need.contains("q4_0"), "{e}");
 
     // A merged projection mixing a quantized and a dense matrix gives, per segment, exactly
     // what the kernel of its own kind gives.

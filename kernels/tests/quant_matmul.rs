@@ -263,11 +263,12 @@ fn empty_shapes_do_nothing() {
 
 #[test]
 fn supports_names_the_problem() {
-    assert!(quant::supports(&MatMulCase { dtype: DType::Q6K, rows: 896, cols: 4864 }).is_ok());
-    let e = quant::supports(&MatMulCase { dtype: DType::Q4K, rows: 896, cols: 896 }).unwrap_err();
-    assert!(e.contains("896 columns is not a whole number of q4_k blocks"), "{e}");
-    let e = quant::supports(&MatMulCase { dtype: DType::F16, rows: 8, cols: 8 }).unwrap_err();
-    assert!(e.contains("not f16"), "{e}");
+    assert!(quant::supports(&MatMulCase::f32(DType::Q6K, 896, 4864)).is_ok());
+    let e = quant::supports(&MatMulCase::f32(DType::Q4K, 896, 896)).unwrap_err();
+    assert_eq!((e.param.as_ref(), e.value.as_str()), ("cols", "896"), "{e}");
+    assert!(e.need.contains("q4_k"), "{e}");
+    let e = quant::supports(&MatMulCase::f32(DType::F16, 8, 8)).unwrap_err();
+    assert_eq!((e.param.as_ref(), e.value.as_str()), ("weight_dtype", "f16"), "{e}");
 }
 
 #[test]
@@ -279,7 +280,7 @@ fn wrong_x_length_panics_with_shape() {
 }
 
 #[test]
-#[should_panic(expected = "matmul_quant: segment 0: matmul_quant needs block-quantized weights, not f32")]
+#[should_panic(expected = "matmul_quant: segment 0: weight_dtype=f32 is not a block-quantized type")]
 fn dense_weights_panic_with_dtype() {
     let wb = vec![0u8; 4 * 32];
     let w = WeightMat::new(DType::F32, 1, 32, &wb).unwrap();

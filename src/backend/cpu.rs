@@ -204,7 +204,7 @@ impl Backend for CpuBackend {
         self.threads
     }
 
-    fn supports(&self, query: &OpQuery) -> Result<(), String> {
+    fn supports(&self, query: &OpQuery) -> Result<(), tboost_ops::Unsupported> {
         match query {
             OpQuery::Attention(AttnKind::Flash, case) => attention::flash_supports(case),
             OpQuery::Attention(AttnKind::Standard, case) => attention::standard_supports(case),

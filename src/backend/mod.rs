@@ -13,7 +13,7 @@ pub mod cpu;
 pub mod op;
 
 pub use op::{AttnKind, KvLayer, Op, OpQuery, View};
-use tboost_kernels::DType;
+use tboost_ops::DType;
 
 use crate::model::Tensor;
 use crate::Result;
@@ -37,7 +37,7 @@ pub trait Backend: Send {
     fn threads(&self) -> usize;
 
     /// Whether the backend has an operator for this case, and if not, why.
-    fn supports(&self, query: &OpQuery) -> Result<(), String>;
+    fn supports(&self, query: &OpQuery) -> Result<(), tboost_ops::Unsupported>;
 
     /// Allocates a zero-filled buffer of `len` elements of `dtype`.
     fn alloc(&mut self, dtype: DType, len: usize) -> Result<BufId>;

@@ -1,9 +1,7 @@
 //! The ops a backend executes, naming buffers and weights, never holding elements.
 
-use tboost_kernels::attention::{AttentionCase, AttnParams, SeqSpan};
-use tboost_kernels::matmul::MatMulCase;
-use tboost_kernels::rope::RopeStyle;
-use tboost_kernels::DType;
+use tboost_kernels::attention::SeqSpan;
+use tboost_ops::{AttentionCase, AttnParams, DType, MatMulCase, RopeStyle};
 
 use super::{BufId, WeightId};
 

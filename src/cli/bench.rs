@@ -6,7 +6,8 @@ use std::time::Instant;
 
 use clap::Args;
 use serde_json::json;
-use tboost_kernels::{membw, DType};
+use tboost_kernels::membw;
+use tboost_ops::DType;
 
 use super::{parse_kv_dtype, print_json, EngineArgs};
 use crate::backend::cpu::CpuBackend;

@@ -10,7 +10,7 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use tboost_kernels::DType;
+use tboost_ops::DType;
 
 use crate::backend::cpu::CpuBackend;
 use crate::model::Model;

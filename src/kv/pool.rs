@@ -1,7 +1,7 @@
 //! Device-side KV pools: for every layer one K and one V buffer of
 //! `[num_blocks, block_size, kv_heads, head_dim]` elements of the cache dtype.
 
-use tboost_kernels::DType;
+use tboost_ops::DType;
 
 use crate::backend::{Backend, KvLayer};
 use crate::model::ModelConfig;

@@ -1,6 +1,6 @@
 //! Resolved model hyper-parameters, whatever file format they came from.
 
-use tboost_kernels::rope::{Llama3Scaling, RopeStyle};
+use tboost_ops::{Llama3Scaling, RopeStyle};
 
 use super::Arch;
 use crate::{Error, Result};

@@ -8,8 +8,8 @@
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
 
-use tboost_kernels::rope::{Llama3Scaling, RopeStyle};
-use tboost_kernels::DType;
+use tboost_ops::DType;
+use tboost_ops::{Llama3Scaling, RopeStyle};
 
 use super::tensor::Storage;
 use super::weights::{check_shapes_in, ExpertWeights, LayerWeights, Mlp, ModelWeights, TensorSet};

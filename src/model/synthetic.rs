@@ -4,8 +4,8 @@
 
 use std::path::PathBuf;
 
-use tboost_kernels::rope::RopeStyle;
-use tboost_kernels::DType;
+use tboost_ops::DType;
+use tboost_ops::RopeStyle;
 
 use super::weights::{ExpertWeights, LayerWeights, Mlp, ModelWeights};
 use super::{Arch, Model, ModelConfig, ModelFormat, Tensor};

@@ -3,7 +3,8 @@
 use std::sync::Arc;
 
 use memmap2::Mmap;
-use tboost_kernels::{DType, WeightMat, WeightVec};
+use tboost_kernels::{WeightMat, WeightVec};
+use tboost_ops::DType;
 
 /// Bytes that back one or more tensors.
 #[derive(Clone)]

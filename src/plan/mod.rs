@@ -14,9 +14,8 @@ use std::collections::BTreeSet;
 use std::fmt::Write as _;
 
 use serde::Serialize;
-use tboost_kernels::attention::AttentionCase;
-use tboost_kernels::matmul::MatMulCase;
-use tboost_kernels::DType;
+use tboost_ops::DType;
+use tboost_ops::{AttentionCase, AttnPhase, MatMulCase};
 
 use crate::backend::{AttnKind, Backend, OpQuery};
 use crate::model::{Mlp, ModelConfig, ModelWeights, Tensor};
@@ -108,7 +107,7 @@ pub struct Plan {
 
 fn matmul_check(be: &dyn Backend, t: &Tensor) -> Result<()> {
     let (rows, cols) = t.rows_cols();
-    be.supports(&OpQuery::MatMul(MatMulCase { dtype: t.dtype, rows, cols }))
+    be.supports(&OpQuery::MatMul(MatMulCase::f32(t.dtype, rows, cols)))
         .map_err(|why| Error::Unsupported(format!("tensor `{}` ({} {:?}): {why}", t.name, t.dtype, t.shape)))
 }
 
@@ -119,7 +118,8 @@ pub fn build(cfg: &ModelConfig, w: &ModelWeights, be: &dyn Backend, opts: &PlanO
     };
     check(OpQuery::Embed(w.embed.dtype), &w.embed)?;
     check(OpQuery::RmsNorm(w.norm.dtype), &w.norm)?;
-    be.supports(&OpQuery::Rope { head_dim: cfg.head_dim, rot_dim: cfg.rope_dim }).map_err(Error::Unsupported)?;
+    be.supports(&OpQuery::Rope { head_dim: cfg.head_dim, rot_dim: cfg.rope_dim })
+        .map_err(|why| Error::Unsupported(why.to_string()))?;
     matmul_check(be, &w.lm_head)?;
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for (i, lw) in w.layers.iter().enumerate() {
@@ -167,10 +167,14 @@ fn plan_layer(
 
     // Attention: FlashAttention first, standard attention as the fallback.
     let case = AttentionCase {
+        phase: AttnPhase::Prefill,
         head_dim: cfg.head_dim,
         n_heads: cfg.num_heads,
         kv_heads: cfg.num_kv_heads,
+        act_dtype: DType::F32,
         kv_dtype: opts.kv_dtype,
+        block_size: 16,
+        max_context: cfg.max_position_embeddings,
     };
     let mut rejected: Vec<String> = Vec::new();
     let mut attention = None;
@@ -194,7 +198,7 @@ fn plan_layer(
                 attention = Some(kind);
                 break;
             }
-            Err(why) => rejected.push(why),
+            Err(why) => rejected.push(why.to_string()),
         }
     }
     let attention = attention.ok_or_else(|| {

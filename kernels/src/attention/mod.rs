@@ -76,48 +76,45 @@ pub struct SeqSpan<'a> {
     pub block_table: &'a [u32],
 }
 
-#[derive(Clone, Copy, Debug)]
-pub struct AttentionCase {
-    pub head_dim: usize,
-    pub n_heads: usize,
-    pub kv_heads: usize,
-    pub kv_dtype: DType,
-}
-
-/// Shape parameters shared by both kernels.
-#[derive(Clone, Copy, Debug)]
-pub struct AttnParams {
-    pub n_heads: usize,
-    pub kv_heads: usize,
-    pub head_dim: usize,
-    pub scale: f32,
-}
+use tboost_ops::Unsupported;
+pub use tboost_ops::{AttentionCase, AttnParams};
 
 /// FlashAttention supports head_dim a multiple of 16 (the ops-transformer rule; it is also
 /// one AVX-512 register of f32).
-pub fn flash_supports(case: &AttentionCase) -> Result<(), String> {
-    common_supports(case)?;
-    if !case.head_dim.is_multiple_of(16) {
-        return Err(format!("head_dim={} is not a multiple of 16", case.head_dim));
+pub fn flash_supports(case: &AttentionCase) -> Result<(), Unsupported> {
+    shape_supports(case.head_dim, case.n_heads, case.kv_heads, case.kv_dtype)?;
+    if case.act_dtype != DType::F32 {
+        return Err(Unsupported::new("act_dtype", case.act_dtype, "f32"));
+    }
+    flash_head_dim(case.head_dim)
+}
+
+fn flash_head_dim(head_dim: usize) -> Result<(), Unsupported> {
+    if !head_dim.is_multiple_of(16) {
+        return Err(Unsupported::new("head_dim", head_dim, "a multiple of 16"));
     }
     Ok(())
 }
 
 /// Standard attention supports any head_dim.
-pub fn standard_supports(case: &AttentionCase) -> Result<(), String> {
-    common_supports(case)
+pub fn standard_supports(case: &AttentionCase) -> Result<(), Unsupported> {
+    shape_supports(case.head_dim, case.n_heads, case.kv_heads, case.kv_dtype)?;
+    if case.act_dtype != DType::F32 {
+        return Err(Unsupported::new("act_dtype", case.act_dtype, "f32"));
+    }
+    Ok(())
 }
 
-fn common_supports(case: &AttentionCase) -> Result<(), String> {
-    if case.head_dim == 0 {
-        return Err("head_dim=0".into());
+fn shape_supports(head_dim: usize, n_heads: usize, kv_heads: usize, kv_dtype: DType) -> Result<(), Unsupported> {
+    if head_dim == 0 {
+        return Err(Unsupported::new("head_dim", 0, "at least 1"));
     }
-    if case.n_heads == 0 || case.kv_heads == 0 || !case.n_heads.is_multiple_of(case.kv_heads) {
-        return Err(format!("n_heads={} is not a multiple of kv_heads={}", case.n_heads, case.kv_heads));
+    if n_heads == 0 || kv_heads == 0 || !n_heads.is_multiple_of(kv_heads) {
+        return Err(Unsupported::new("n_heads", n_heads, format!("a non-zero multiple of kv_heads={kv_heads}")));
     }
-    match case.kv_dtype {
+    match kv_dtype {
         DType::F32 | DType::F16 | DType::BF16 => Ok(()),
-        other => Err(format!("kv cache dtype {other} is not supported (f32, f16, bf16)")),
+        other => Err(Unsupported::new("kv_dtype", other, "f32, f16 or bf16")),
     }
 }
 
@@ -206,8 +203,7 @@ pub fn flash_attention_with(
     p: &AttnParams,
     out: &mut [f32],
 ) {
-    let case = AttentionCase { head_dim: p.head_dim, n_heads: p.n_heads, kv_heads: p.kv_heads, kv_dtype: pool.dtype };
-    if let Err(e) = flash_supports(&case) {
+    if let Err(e) = shape_supports(p.head_dim, p.n_heads, p.kv_heads, pool.dtype).and(flash_head_dim(p.head_dim)) {
         panic!("flash_attention: {e}");
     }
     check_isa(isa);
@@ -217,8 +213,7 @@ pub fn flash_attention_with(
 
 /// Standard attention (materialized scores; any head_dim).
 pub fn standard_attention(q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], p: &AttnParams, out: &mut [f32]) {
-    let case = AttentionCase { head_dim: p.head_dim, n_heads: p.n_heads, kv_heads: p.kv_heads, kv_dtype: pool.dtype };
-    if let Err(e) = standard_supports(&case) {
+    if let Err(e) = shape_supports(p.head_dim, p.n_heads, p.kv_heads, pool.dtype) {
         panic!("standard_attention: {e}");
     }
     check_call("standard_attention", q, pool, seqs, p, out);

@@ -47,19 +47,16 @@ pub struct MatSeg<'a, 'o> {
     pub out: &'o mut [f32],
 }
 
-/// Case a caller asks `supports` about.
-#[derive(Clone, Copy, Debug)]
-pub struct MatMulCase {
-    pub dtype: DType,
-    pub rows: usize,
-    pub cols: usize,
-}
+pub use tboost_ops::MatMulCase;
+use tboost_ops::Unsupported;
 
-/// Dense weights run here; block-quantized ones in `crate::quant`.
-pub fn supports(case: &MatMulCase) -> Result<(), String> {
+/// Dense weights run here; block-quantized ones in `crate::quant`. Activations are f32.
+pub fn supports(case: &MatMulCase) -> Result<(), Unsupported> {
     match case.dtype {
-        DType::F32 | DType::F16 | DType::BF16 => Ok(()),
-        _ => crate::quant::supports(case),
+        DType::F32 | DType::F16 | DType::BF16 if case.act_dtype == DType::F32 => Ok(()),
+        DType::F32 | DType::F16 | DType::BF16 => Err(Unsupported::new("act_dtype", case.act_dtype, "f32")),
+        d if d.is_quantized() => crate::quant::supports(case),
+        other => Err(Unsupported::new("weight_dtype", other, "f32, f16, bf16 or a GGUF block type")),
     }
 }
 
@@ -203,7 +200,7 @@ fn check_isa(isa: Isa) {
 /// A supported dtype and exactly `rows * cols` elements of data: `WeightMat`'s fields are
 /// public, and the kernels read rows through raw pointers.
 fn check_weight(w: &WeightMat<'_>, what: &str) {
-    if let Err(e) = supports(&MatMulCase { dtype: w.dtype, rows: w.rows, cols: w.cols }) {
+    if let Err(e) = supports(&MatMulCase::f32(w.dtype, w.rows, w.cols)) {
         panic!("{what}: {e}");
     }
     let need = w.dtype.bytes_for(w.cols).and_then(|rb| rb.checked_mul(w.rows));

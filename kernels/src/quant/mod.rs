@@ -30,19 +30,22 @@ use rayon::prelude::*;
 use crate::isa::{self, Isa};
 use crate::matmul::{MatMulCase, MatSeg};
 use crate::{WeightMat, WeightVec};
+use tboost_ops::Unsupported;
 
 /// Whether `matmul_quant` has a kernel for this weight matrix.
-pub fn supports(case: &MatMulCase) -> Result<(), String> {
+pub fn supports(case: &MatMulCase) -> Result<(), Unsupported> {
     if !case.dtype.is_quantized() {
-        return Err(format!("matmul_quant needs block-quantized weights, not {}", case.dtype));
+        return Err(Unsupported::new("weight_dtype", case.dtype, "a block-quantized type"));
     }
     if !case.cols.is_multiple_of(case.dtype.block_elems()) {
-        return Err(format!(
-            "{} columns is not a whole number of {} blocks ({} values each)",
+        return Err(Unsupported::new(
+            "cols",
             case.cols,
-            case.dtype,
-            case.dtype.block_elems()
+            format!("a multiple of the {} block ({} values)", case.dtype, case.dtype.block_elems()),
         ));
+    }
+    if case.act_dtype != crate::DType::F32 {
+        return Err(Unsupported::new("act_dtype", case.act_dtype, "f32"));
     }
     Ok(())
 }
@@ -150,7 +153,7 @@ pub fn matmul_swiglu_quant_with(
 use crate::activation::silu;
 
 fn check_weight(op: &str, what: &str, w: &WeightMat<'_>, k: usize) {
-    let case = MatMulCase { dtype: w.dtype, rows: w.rows, cols: w.cols };
+    let case = MatMulCase::f32(w.dtype, w.rows, w.cols);
     if let Err(e) = supports(&case) {
         panic!("{op}: {what}: {e}");
     }

@@ -111,7 +111,7 @@ pub(crate) fn dequantize_block(dtype: DType, b: &[u8], y: &mut [f32]) {
                 }
             }
         }
-        DType::F32 | DType::F16 | DType::BF16 => unreachable!("dequantize_block is only called for block types"),
+        _ => unreachable!("dequantize_block is only called for block types"),
     }
 }
 
@@ -180,7 +180,7 @@ pub fn quantize_row_reference(dtype: DType, x: &[f32]) -> Result<Vec<u8>, String
             DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => quantize_block_0(dtype, blk, &mut out),
             DType::Q4K | DType::Q5K => quantize_block_k(dtype, blk, &mut out),
             DType::Q6K => quantize_block_q6k(blk, &mut out),
-            DType::F32 | DType::F16 | DType::BF16 => unreachable!("checked above"),
+            _ => unreachable!("checked above: {dtype} is block-quantized"),
         }
     }
     Ok(out)

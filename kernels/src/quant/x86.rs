@@ -712,7 +712,7 @@ pub(super) unsafe fn dots(avx512: bool, dtype: DType, job: &Job) {
                 DType::Q4K => $f::<Q4K>(job, tile),
                 DType::Q5K => $f::<Q5K>(job, tile),
                 DType::Q6K => $f::<Q6K>(job, tile),
-                DType::F32 | DType::F16 | DType::BF16 => unreachable!("checked by matmul_quant"),
+                _ => unreachable!("checked by matmul_quant"),
             }
         };
     }

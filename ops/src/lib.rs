@@ -1,0 +1,18 @@
+//! tboost-ops: the op vocabulary, owned by the orchestrator.
+//!
+//! The orchestrator (`tboost`) decides which operator runs where; backends and kernel
+//! crates implement operators. Both sides need the same words for what an operator is asked
+//! to do: element types ([`DType`]), the *case* a capability check is asked about
+//! ([`AttentionCase`], [`MatMulCase`], ...), the op parameters that define the math
+//! ([`AttnParams`], [`RopeParams`]) and the structured answer of a check ([`Unsupported`]).
+//! They live here, in a crate with no kernels in it, so that a device backend depends on
+//! the vocabulary and never on the CPU kernel crate; kernel crates depend on this crate,
+//! never the reverse.
+
+pub mod case;
+pub mod dtype;
+pub mod rope;
+
+pub use case::{AttentionCase, AttnParams, AttnPhase, MatMulCase, Precision, Unsupported};
+pub use dtype::DType;
+pub use rope::{Llama3Scaling, RopeParams, RopeStyle};
