@@ -70,6 +70,11 @@
  */
 #define TBOOST_ABI_VERSION 1
 
+/**
+ * Block ids past the end of a sequence's table in `StepLayout::block_tables`.
+ */
+#define NO_BLOCK UINT32_MAX
+
 #define SPACE U'\U00002581'
 
 /**
@@ -540,11 +545,13 @@ tboost_status tboost_engine_enqueue(struct tboost_engine *engine,
                                     tboost_request_id *id_out);
 
 /**
- * Cancels a request. It ends with a `TBOOST_FINISH_CANCELLED` event from the next step;
- * its KV blocks are freed at once when no step is running, else by the next step.
- * Idempotent: cancelling a request that is already cancelled returns `TBOOST_OK`. An
- * unknown id, or a request that already finished otherwise, is `TBOOST_ERR_NOT_FOUND`
- * (not fatal: it may have finished just before). Thread-safe.
+ * Cancels a request. `TBOOST_OK` means its events end with a `TBOOST_FINISH_CANCELLED`
+ * event, from the next step (also when the step running at that moment would have
+ * finished it: its last token then comes with the cancelled finish); its KV blocks are
+ * freed by that step. Idempotent: cancelling a request that is already cancelled (or whose
+ * cancel is pending) returns `TBOOST_OK`. An unknown id, or a request that already
+ * finished otherwise, is `TBOOST_ERR_NOT_FOUND` (not fatal: it may have finished just
+ * before). Thread-safe.
  */
 tboost_status tboost_engine_cancel(struct tboost_engine *engine, tboost_request_id id);
 

@@ -58,6 +58,10 @@ pub enum Error {
     #[error("the engine is poisoned by an earlier internal panic; create a new one")]
     Poisoned,
 
+    /// The host interrupted the engine (it is being freed): the work in progress stopped.
+    #[error("interrupted: the engine is shutting down")]
+    Interrupted,
+
     #[error("backend {backend}: {msg}")]
     Backend { backend: String, msg: String },
 }

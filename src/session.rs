@@ -1,15 +1,18 @@
-//! A single sequence run directly on a `ModelRunner`, with its blocks laid out in order:
-//! what `tboost logits` uses to get teacher-forced logits at every position, and the
-//! reference the engine's batched results are compared with.
+//! A single sequence run directly on a `ModelRunner`: what `tboost logits` uses to get
+//! teacher-forced logits at every position, and the reference the engine's batched results
+//! are compared with. Its blocks come from a KV manager of its own over the runner's pools.
 
-use tboost_kernels::attention::SeqSpan;
-
+use crate::kv::{KvManager, SeqWork, StepLayout};
 use crate::runner::{ModelRunner, StepBatch};
 use crate::{Error, Result};
 
+/// The session's sequence in its KV manager.
+const SEQ: u64 = 0;
+
 pub struct Session<'r> {
     runner: &'r mut ModelRunner,
-    block_table: Vec<u32>,
+    kv: KvManager,
+    layout: StepLayout,
     capacity: usize,
     len: usize,
 }
@@ -17,15 +20,15 @@ pub struct Session<'r> {
 impl<'r> Session<'r> {
     /// A session that can hold `capacity` positions; uses the runner's KV pools from block 0.
     pub fn new(runner: &'r mut ModelRunner, capacity: usize) -> Result<Session<'r>> {
-        let kv = runner.kv().ok_or_else(|| Error::invalid("kv cache", "no KV cache allocated"))?;
-        let blocks = capacity.div_ceil(kv.block_size);
-        if blocks > kv.num_blocks {
+        let (blocks, bs) = runner.kv_geometry().ok_or_else(|| Error::invalid("kv cache", "no KV cache allocated"))?;
+        let mut kv = KvManager::new(blocks, bs, false);
+        if !kv.grow(SEQ, capacity) {
             return Err(Error::invalid(
                 "capacity",
-                format!("{capacity} positions need {blocks} blocks but the cache has {}", kv.num_blocks),
+                format!("{capacity} positions need {} blocks but the cache has {blocks}", capacity.div_ceil(bs)),
             ));
         }
-        Ok(Session { runner, block_table: (0..blocks as u32).collect(), capacity, len: 0 })
+        Ok(Session { runner, kv, layout: StepLayout::default(), capacity, len: 0 })
     }
 
     /// Positions filled so far.
@@ -49,17 +52,10 @@ impl<'r> Session<'r> {
                 format!("{end} positions exceed the session capacity {}", self.capacity),
             ));
         }
-        let bs = self.runner.kv().map(|k| k.block_size).unwrap_or(1);
-        let positions: Vec<u32> = (self.len as u32..end as u32).collect();
-        let slots: Vec<u32> =
-            positions.iter().map(|&p| self.block_table[p as usize / bs] * bs as u32 + p % bs as u32).collect();
+        self.kv.layout(&[SeqWork { seq: SEQ, start: self.len, n: tokens.len() }], &mut self.layout);
         let rows: Vec<u32> = if all { (0..tokens.len() as u32).collect() } else { vec![tokens.len() as u32 - 1] };
-        let seqs = [SeqSpan { q_start: 0, q_len: tokens.len(), ctx_len: end, block_table: &self.block_table }];
         let mut logits = Vec::new();
-        self.runner.forward(
-            &StepBatch { tokens, positions: &positions, slots: &slots, seqs: &seqs, logit_rows: &rows },
-            &mut logits,
-        )?;
+        self.runner.forward(&StepBatch { tokens, layout: &self.layout, logit_rows: &rows }, &mut logits)?;
         self.len = end;
         Ok(logits)
     }

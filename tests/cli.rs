@@ -71,8 +71,34 @@ fn plan_json_lists_every_layer() {
     let v = ok_json(&["plan", "--model", &golden_dir("llama_hd24").display().to_string(), "--json"]);
     let layers = v["layers"].as_array().unwrap();
     assert_eq!(layers.len(), 3);
-    assert_eq!(layers[2]["choices"][0]["op"], "standard_attention");
-    assert!(layers[2]["choices"][0]["reason"].as_str().unwrap().contains("head_dim=24 is not a multiple of 16"));
+    for l in layers {
+        let d = l["decisions"].as_array().unwrap();
+        let pre = d.iter().find(|d| d["slot"] == "attention_prefill").unwrap();
+        assert_eq!(pre["choice"], "standard_attention");
+        assert_eq!(pre["fallback"], true);
+        // Candidates tried, the one chosen, and the structured reason of each rejection.
+        let tried = pre["tried"].as_array().unwrap();
+        assert_eq!(tried[0]["candidate"], "flash_attention");
+        assert_eq!(tried[0]["verdict"], "rejected");
+        assert_eq!(tried[0]["why"]["param"], "head_dim");
+        assert_eq!(tried[0]["why"]["value"], "24");
+        assert_eq!(tried[0]["why"]["need"], "a multiple of 16");
+        assert_eq!(tried[0]["query"]["op"], "attention");
+        assert_eq!(tried.last().unwrap()["verdict"], "chosen");
+        for slot in ["attn_norm", "qkv", "rope", "kv_write", "attention_decode", "o_proj", "ffn_norm", "mlp"] {
+            assert!(d.iter().any(|x| x["slot"] == slot), "no {slot} in {l}");
+        }
+    }
+    assert_eq!(v["act_dtype"], "f32");
+    assert_eq!(v["device"]["backend"], "cpu");
+}
+
+#[test]
+fn an_unknown_backend_is_an_error_naming_the_known_ones() {
+    let (ok, _, err) =
+        tboost(&["plan", "--model", &golden_dir("llama_hd24").display().to_string(), "--backend", "nosuch"]);
+    assert!(!ok);
+    assert!(err.contains("unknown backend `nosuch`") && err.contains("cpu") && err.contains("ascend"), "{err}");
 }
 
 #[test]

@@ -174,10 +174,16 @@ fn cancellation_frees_blocks_and_bad_ids_are_errors() {
     }
     assert!(e.stats().unwrap().kv_blocks_used > idle);
     e.cancel(id).unwrap();
-    assert_eq!(e.stats().unwrap().kv_blocks_used, idle, "blocks not freed at cancel");
+    e.cancel(id).unwrap(); // idempotent while pending
+    let ev = e.step().unwrap().events;
+    assert!(ev.iter().any(|v| v.id == id && v.finish == Some(FinishReason::Cancelled)), "{ev:?}");
+    assert_eq!(e.stats().unwrap().kv_blocks_used, idle, "blocks not freed by the step after the cancel");
     let out = e.output(id).unwrap();
     assert_eq!(out.finish, Some(FinishReason::Cancelled));
-    assert!(matches!(e.cancel(id), Err(Error::NotFound(m)) if m.contains("already finished")));
+    e.cancel(id).unwrap(); // and once cancelled
+    let done = e.enqueue(greedy(vec![5, 6], 1)).unwrap();
+    e.run_to_completion().unwrap();
+    assert!(matches!(e.cancel(done), Err(Error::NotFound(m)) if m.contains("already finished")));
     assert!(matches!(e.cancel(987654), Err(Error::NotFound(m)) if m.contains("unknown")));
     // The engine keeps working.
     let id2 = e.enqueue(greedy(vec![5, 6, 7], 3)).unwrap();
@@ -207,7 +213,7 @@ fn ten_thousand_random_requests_with_random_cancels_leave_no_blocks() {
         rng
     };
     let mut live = Vec::new();
-    let mut cancelled = 0;
+    let mut cancelled = std::collections::HashSet::new();
     for i in 0..10_000u32 {
         let len = 1 + (next() % 40) as usize;
         let prompt: Vec<u32> = (0..len).map(|_| 3 + (next() % 509) as u32).collect();
@@ -222,7 +228,7 @@ fn ten_thousand_random_requests_with_random_cancels_leave_no_blocks() {
             let recent = live.len().min(16) as u64;
             let victim = live[live.len() - 1 - (next() % recent) as usize];
             if e.cancel(victim).is_ok() {
-                cancelled += 1;
+                cancelled.insert(victim);
             }
         }
     }
@@ -231,6 +237,7 @@ fn ten_thousand_random_requests_with_random_cancels_leave_no_blocks() {
     assert_eq!(st.kv_blocks_used, 0, "{st:?}");
     assert_eq!((st.running, st.waiting), (0, 0));
     assert_eq!(st.finished + st.cancelled, 10_000);
+    let cancelled = cancelled.len() as u64;
     assert!(cancelled > 500 && st.cancelled == cancelled, "{cancelled} cancels, stats {st:?}");
 }
 

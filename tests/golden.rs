@@ -5,9 +5,9 @@
 mod common;
 
 use common::*;
+use tboost::kv::{KvManager, SeqWork, StepLayout};
 use tboost::runner::StepBatch;
 use tboost::session::{argmax, Session};
-use tboost_kernels::attention::SeqSpan;
 
 const TOL: f32 = 1e-3;
 
@@ -62,33 +62,19 @@ fn check_case(case: &str) {
     if let Some(b) = g.get("batch").filter(|v| !v.is_null()) {
         let prompts: Vec<Vec<u32>> = b["token_ids"].as_array().unwrap().iter().map(ids).collect();
         let tokens: Vec<u32> = prompts.concat();
-        let mut positions = Vec::new();
-        let mut slots = Vec::new();
-        let mut tables = Vec::new();
-        let mut next_block = 0u32;
-        for p in &prompts {
-            let blocks = p.len().div_ceil(16) as u32;
-            tables.push((next_block..next_block + blocks).collect::<Vec<u32>>());
-            for i in 0..p.len() as u32 {
-                positions.push(i);
-                slots.push(next_block * 16 + i);
-            }
-            next_block += blocks;
-        }
-        let mut seqs = Vec::new();
+        let (blocks, bs) = r.kv_geometry().unwrap();
+        let mut kv = KvManager::new(blocks, bs, false);
+        let mut work = Vec::new();
         let mut rows = Vec::new();
-        let mut start = 0;
-        for (p, t) in prompts.iter().zip(&tables) {
-            seqs.push(SeqSpan { q_start: start, q_len: p.len(), ctx_len: p.len(), block_table: t });
-            start += p.len();
-            rows.push(start as u32 - 1);
+        for (i, p) in prompts.iter().enumerate() {
+            assert!(kv.grow(i as u64, p.len()), "{case}: the batch fits the cache");
+            work.push(SeqWork { seq: i as u64, start: 0, n: p.len() });
+            rows.push(work.iter().map(|w| w.n).sum::<usize>() as u32 - 1);
         }
+        let mut layout = StepLayout::default();
+        kv.layout(&work, &mut layout);
         let mut logits = Vec::new();
-        r.forward(
-            &StepBatch { tokens: &tokens, positions: &positions, slots: &slots, seqs: &seqs, logit_rows: &rows },
-            &mut logits,
-        )
-        .unwrap();
+        r.forward(&StepBatch { tokens: &tokens, layout: &layout, logit_rows: &rows }, &mut logits).unwrap();
         for (i, want) in b["last_logits"].as_array().unwrap().iter().enumerate() {
             let d = max_abs_diff(&logits[i * vocab..(i + 1) * vocab], &floats(want));
             assert!(d <= TOL, "{case}/batch[{i}]: last_logits max abs diff {d}");

@@ -6,7 +6,7 @@ mod common;
 use std::sync::Mutex;
 
 use common::*;
-use tboost::plan::PlanOptions;
+use tboost::plan::{Choice, Decision, PlanOptions, Slot, Verdict};
 use tboost::session::Session;
 
 /// Captures log records so tests can assert on what a user would read.
@@ -40,68 +40,115 @@ fn last_logits(case: &str, o: &PlanOptions, tokens: &[u32]) -> Vec<f32> {
     s.feed(tokens, true).unwrap()
 }
 
+fn decision(r: &tboost::runner::ModelRunner, layer: usize, slot: Slot) -> Decision {
+    r.plan.layers[layer].get(slot).unwrap_or_else(|| panic!("layer {layer} has no {slot:?}")).clone()
+}
+
 #[test]
 fn head_dim_24_falls_back_to_standard_attention_and_says_so() {
     captured();
     let r = runner(&golden_dir("llama_hd24"));
-    let line = "attention: fallback to standard attention (head_dim=24 is not a multiple of 16)";
-    assert!(r.plan.summary_lines().iter().any(|l| l.ends_with(line)), "{:?}", r.plan.summary_lines());
+    let line = "attention_prefill: fallback to standard attention on cpu (flash_attention on cpu: head_dim=24 is not a multiple of 16)";
+    assert!(r.plan.summary_lines().iter().any(|l| l.ends_with(line)), "{:#?}", r.plan.summary_lines());
     let logs = captured();
-    assert!(logs.iter().any(|l| l.contains(line)), "log lacks `{line}`: {logs:?}");
-    for l in &r.plan.layers {
-        assert_eq!(l.choices[0].op, "standard_attention");
-        assert!(l.choices[0].fallback);
+    assert!(logs.iter().any(|l| l.starts_with("WARN") && l.contains(line)), "log lacks `{line}`: {logs:#?}");
+    for l in 0..r.plan.layers.len() {
+        for slot in [Slot::AttentionPrefill, Slot::AttentionDecode] {
+            let d = decision(&r, l, slot);
+            assert_eq!(d.choice, Choice::StandardAttention, "{slot:?}");
+            assert!(d.fallback);
+            // The structured reason: which candidate, which parameter, which value.
+            let rejected: Vec<(Choice, String, String)> = d
+                .tried
+                .iter()
+                .filter_map(|t| match &t.verdict {
+                    Verdict::Rejected { why, .. } => Some((t.candidate, why.param.to_string(), why.value.clone())),
+                    _ => None,
+                })
+                .collect();
+            assert!(rejected.contains(&(Choice::FlashAttention, "head_dim".into(), "24".into())), "{rejected:?}");
+        }
     }
 }
 
 #[test]
-fn head_dim_64_uses_flash_attention_and_logs_it() {
+fn head_dim_64_uses_flash_attention_for_prefill_and_paged_decode_and_logs_it() {
     captured();
     let r = runner(&golden_dir("mistral"));
     let logs = captured();
-    assert!(logs.iter().any(|l| l.contains("attention: flash_attention (head_dim=64)")), "{logs:?}");
-    assert!(r.plan.layers.iter().all(|l| l.choices[0].op == "flash_attention"));
+    assert!(logs.iter().any(|l| l.contains("attention_prefill: flash_attention on cpu (head_dim=64)")), "{logs:#?}");
+    for l in 0..r.plan.layers.len() {
+        assert_eq!(decision(&r, l, Slot::AttentionPrefill).choice, Choice::FlashAttention);
+        assert_eq!(decision(&r, l, Slot::AttentionDecode).choice, Choice::PagedDecodeAttention);
+        assert!(!decision(&r, l, Slot::AttentionPrefill).fallback);
+    }
     let json = r.plan.to_json();
-    assert_eq!(json["layers"][0]["choices"][0]["op"], "flash_attention");
+    let slots = json["layers"][0]["decisions"].as_array().unwrap();
+    let pre = slots.iter().find(|d| d["slot"] == "attention_prefill").unwrap();
+    assert_eq!(pre["choice"], "flash_attention");
+    assert_eq!(pre["tried"][0]["verdict"], "chosen");
+}
+
+#[test]
+fn every_slot_of_every_layer_is_decided() {
+    for case in ["llama_gqa", "mixtral", "qwen2"] {
+        let r = runner(&golden_dir(case));
+        for l in &r.plan.layers {
+            let mut want = vec![Slot::AttnNorm, Slot::Qkv, Slot::Rope, Slot::KvWrite, Slot::AttentionPrefill];
+            want.extend([Slot::AttentionDecode, Slot::OProj, Slot::FfnNorm, Slot::Mlp]);
+            if case == "mixtral" {
+                want.push(Slot::MoeRouting);
+            }
+            for s in want {
+                assert!(l.get(s).is_some(), "{case} layer {}: no {s:?}", l.layer);
+            }
+        }
+        for s in [Slot::Embed, Slot::RopeTables, Slot::FinalNorm, Slot::LmHead] {
+            assert!(r.plan.model_slot(s).is_some(), "{case}: no {s:?}");
+        }
+    }
 }
 
 #[test]
 fn forbidding_flash_attention_gives_the_same_logits() {
     let tokens: Vec<u32> = (0..40).map(|i| 3 + (i * 37) % 500).collect();
     let flash = last_logits("mistral", &PlanOptions::default(), &tokens);
-    let std = last_logits("mistral", &opts(&["flash_attention"]), &tokens);
+    let std = last_logits("mistral", &opts(&["flash_attention", "paged_decode_attention"]), &tokens);
     let d = max_abs_diff(&flash, &std);
     assert!(d <= 1e-4, "flash vs standard attention: max abs diff {d}");
-    assert!(d > 0.0 || flash == std);
 }
 
 #[test]
-fn forbidding_fusions_changes_no_bits() {
+fn forbidding_fusions_and_grouped_moe_changes_no_bits() {
     let tokens: Vec<u32> = (0..23).map(|i| 3 + (i * 53) % 500).collect();
     for case in ["llama_gqa", "qwen2", "mixtral"] {
         let fused = last_logits(case, &PlanOptions::default(), &tokens);
-        let unfused = last_logits(case, &opts(&["fuse_qkv", "fuse_gate_up", "fuse_add_norm"]), &tokens);
+        let unfused = last_logits(case, &opts(&["fuse_qkv", "fuse_gate_up", "fuse_add_norm", "moe_grouped"]), &tokens);
         assert_eq!(fused, unfused, "{case}: fusions must not change results");
     }
 }
 
 #[test]
 fn forbidden_fusions_are_recorded_as_such() {
-    let r = runner_with(&golden_dir("llama_gqa"), &opts(&["fuse_qkv"]), 1, 4);
-    let c = &r.plan.layers[0].choices;
-    let qkv = c.iter().find(|c| c.slot == "qkv_projection").unwrap();
-    assert_eq!(qkv.op, "separate_q_k_v_matmuls");
-    assert!(qkv.reason.contains("fuse_qkv disabled"), "{qkv:?}");
+    let r = runner_with(&golden_dir("mixtral"), &opts(&["fuse_qkv", "moe_grouped", "fuse_add_norm"]), 1, 4);
+    let qkv = decision(&r, 0, Slot::Qkv);
+    assert_eq!(qkv.choice, Choice::SeparateQkvMatmuls);
+    assert!(qkv.fallback);
+    assert_eq!(qkv.tried[0].verdict, Verdict::Disabled { name: "fuse_qkv" });
+    assert!(qkv.reason.contains("fuse_qkv"), "{qkv:?}");
+    assert_eq!(decision(&r, 0, Slot::Mlp).choice, Choice::MoePerExpert);
+    assert_eq!(decision(&r, 1, Slot::AttnNorm).choice, Choice::AddThenRmsNorm);
+    assert_eq!(decision(&r, 0, Slot::AttnNorm).choice, Choice::RmsNorm, "layer 0 has no residual to add");
 }
 
 #[test]
 fn forbidding_every_attention_op_is_a_clear_error() {
     let model = tboost::model::Model::load(&golden_dir("llama_hd24")).unwrap();
     let be = Box::new(tboost::backend::cpu::CpuBackend::new(1).unwrap());
-    let err = tboost::runner::ModelRunner::new(&model, be, &opts(&["standard_attention"])).err().expect("must fail");
+    let err = tboost::runner::ModelRunner::new(&model, be, &opts(&["standard_attention"]), 1).err().expect("must fail");
     let msg = err.to_string();
     assert!(
-        msg.contains("no attention operator")
+        msg.contains("layer 0: no backend can run attention_prefill")
             && msg.contains("head_dim=24")
             && msg.contains("standard_attention disabled"),
         "{msg}"

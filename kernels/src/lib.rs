@@ -15,6 +15,7 @@
 
 pub mod activation;
 pub mod attention;
+pub mod convert;
 pub mod dtype;
 pub mod embed;
 pub mod isa;

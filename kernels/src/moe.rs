@@ -141,9 +141,31 @@ pub fn moe_ffn(
         }
     }
 
+    combine(&ys, weights, k, hidden, out);
+}
+
+/// `out[t] = Σ_r weights[t, r] * ys[t * k + r]`, rows of `hidden` values, summed in rank
+/// order from zero: the one combine both MoE paths (grouped and per expert) use.
+///
+/// # Panics
+/// When `ys` is not `[out rows * k, hidden]` or `weights` not `[out rows, k]`.
+pub fn combine(ys: &[f32], weights: &[f32], k: usize, hidden: usize, out: &mut [f32]) {
     if hidden == 0 {
         return;
     }
+    let tokens = out.len() / hidden;
+    assert_eq!(
+        ys.len(),
+        tokens * k * hidden,
+        "moe combine: ys has {} values, expected [{tokens} x {k}, {hidden}]",
+        ys.len()
+    );
+    assert_eq!(
+        weights.len(),
+        tokens * k,
+        "moe combine: weights has {} values, expected [{tokens}, {k}]",
+        weights.len()
+    );
     out.par_chunks_mut(hidden).enumerate().for_each(|(t, o)| {
         o.fill(0.0);
         for r in 0..k {

@@ -37,6 +37,26 @@ pub fn cos_sin(positions: &[u32], inv_freq: &[f64]) -> (Vec<f32>, Vec<f32>) {
     (cos, sin)
 }
 
+/// [`cos_sin`] into caller buffers (`[positions.len(), inv_freq.len()]` each).
+///
+/// # Panics
+/// When `cos` or `sin` do not have that size.
+pub fn cos_sin_into(positions: &[u32], inv_freq: &[f64], cos: &mut [f32], sin: &mut [f32]) {
+    let n = positions.len() * inv_freq.len();
+    assert!(cos.len() == n && sin.len() == n, "rope tables: {} and {} values, expected {n}", cos.len(), sin.len());
+    if inv_freq.is_empty() {
+        return;
+    }
+    let rows = cos.chunks_exact_mut(inv_freq.len()).zip(sin.chunks_exact_mut(inv_freq.len()));
+    for ((c, s), &p) in rows.zip(positions) {
+        for ((c, s), &f) in c.iter_mut().zip(s.iter_mut()).zip(inv_freq) {
+            let (sv, cv) = (p as f64 * f).sin_cos();
+            *c = cv as f32;
+            *s = sv as f32;
+        }
+    }
+}
+
 /// Rotates `x` (`[rows, heads, head_dim]`, row `r` at the position whose tables are row `r`
 /// of `cos`/`sin`) in place. Only the first `2 * cos-row-len` dims of each head rotate.
 pub fn apply(x: &mut [f32], heads: usize, head_dim: usize, cos: &[f32], sin: &[f32], style: RopeStyle) {

@@ -1,70 +1,155 @@
 //! Backends: where ops run.
 //!
-//! A backend owns *device-resident* buffers and executes an ordered stream of ops on them
-//! (`launch` enqueues, `synchronize` waits), so that a device backend — Ascend's
-//! aclrtMalloc'd memory and aclnn ops on an aclrtStream with the GetWorkspaceSize → execute
-//! protocol — fits the same trait. The CPU backend is one implementation: its buffers are
-//! host memory and `launch` runs the kernel at once on the engine's own thread pool.
+//! A backend owns *device-resident* buffers and executes an ordered stream of work on them:
+//! `launch` enqueues an op, `write_async`/`read_async` enqueue copies, `record_event` marks a
+//! point in the stream and `wait_event`/`synchronize` block the host until the stream got
+//! there. That is the shape of a device — Ascend's aclrtMalloc'd memory, aclnn ops on an
+//! aclrtStream with the GetWorkspaceSize → execute protocol — and the CPU backend is one
+//! implementation of it: host buffers, and a queue of work it runs on its own thread pool
+//! when the host waits.
 //!
-//! The orchestrator only ever names buffers (`View`) and weights (`WeightId`) in ops; it
-//! never touches their elements, except for reading logits back with `read`.
+//! What the orchestrator gives a backend:
+//! - weights once at load (`upload_weight`, converted by the plan's choice where needed);
+//! - per step, the step's index arrays once (`set_step`: token ids, positions, slot mapping,
+//!   sequence lengths, block tables), which ops then name by view;
+//! - ops ([`Op`]) that name buffers ([`View`]) and weights ([`WeightId`]), never elements.
+//!
+//! The vocabulary (dtypes, cases, rejections) comes from `tboost-ops`, which the kernel
+//! crates share; only `backend/cpu` knows the CPU kernels.
 
 pub mod cpu;
+mod ext;
 pub mod op;
+pub mod select;
 
-pub use op::{AttnKind, KvLayer, Op, OpQuery, View};
-use tboost_ops::DType;
+pub use ext::BackendExt;
+pub use op::{AttnKind, ExpertSet, KvLayer, MatSegOp, Op, OpQuery, Segs, SeqRange, StepViews, View};
+pub use select::{open, BackendKind, BackendSpec};
+pub use tboost_ops::{DType, Unsupported};
+
+use std::sync::atomic::AtomicBool;
+use std::sync::Arc;
 
 use crate::model::Tensor;
 use crate::Result;
 
 /// A buffer on the backend's device.
-#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct BufId(pub(crate) u32);
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct BufId(pub u32);
 
 /// A weight tensor made resident on the device (zero-copy on the CPU).
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
-pub struct WeightId(pub(crate) u32);
+pub struct WeightId(pub u32);
+
+/// A point in a backend's stream (`record_event`).
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub struct EventId(pub u64);
+
+/// An enqueued device-to-host copy; its bytes are taken with `finish_read`.
+#[derive(Debug)]
+#[must_use = "a pending read holds staged bytes until finish_read takes them"]
+pub struct PendingRead {
+    pub(crate) id: u64,
+    pub(crate) bytes: usize,
+}
+
+/// What the plan report says about the device.
+#[derive(Clone, Debug, Default, PartialEq, Eq, serde::Serialize)]
+pub struct DeviceInfo {
+    /// `cpu`, `ascend`, ... (the backend's name).
+    pub backend: String,
+    /// The device model (CPU ISA and threads, or the SoC name).
+    pub device: String,
+    /// Runtime version where there is one (the CANN version).
+    pub runtime_version: Option<String>,
+}
+
+/// The host's copy of this step's index arrays, handed to `Backend::set_step` together
+/// with the views the backend must hold them in.
+#[derive(Clone, Copy, Debug)]
+pub struct StepHost<'a> {
+    pub ids: &'a [u32],
+    pub positions: &'a [u32],
+    pub slots: &'a [u32],
+    /// Per sequence: `[q_start, q_len, ctx_len]`.
+    pub seqs: &'a [[u32; 3]],
+    /// `seqs.len() * max_blocks` block ids, row-major; unused tails hold `u32::MAX`.
+    pub block_tables: &'a [u32],
+    pub logit_rows: &'a [u32],
+}
 
 pub trait Backend: Send {
-    /// Short name for logs and the plan ("cpu", "ascend").
+    /// Short name for logs and the plan (`cpu`, `ascend`).
     fn name(&self) -> &'static str;
 
-    /// A description of the device and the kernel variant in use (e.g. "cpu avx512 x2 threads").
-    fn describe(&self) -> String;
+    /// What the device is, for the plan report and the init log.
+    fn device(&self) -> DeviceInfo;
 
-    /// Compute threads this backend uses.
-    fn threads(&self) -> usize;
+    /// Whether the backend has an operator for this case, and if not, which parameter of the
+    /// case it cannot take.
+    fn supports(&self, query: &OpQuery) -> Result<(), Unsupported>;
 
-    /// Whether the backend has an operator for this case, and if not, why.
-    fn supports(&self, query: &OpQuery) -> Result<(), tboost_ops::Unsupported>;
+    /// Element types this backend computes activations in, best first (the plan takes the
+    /// first one every op of the model accepts).
+    fn activation_dtypes(&self) -> &'static [DType];
+
+    /// Element types its KV cache can hold, best first.
+    fn kv_dtypes(&self) -> &'static [DType];
 
     /// Allocates a zero-filled buffer of `len` elements of `dtype`.
     fn alloc(&mut self, dtype: DType, len: usize) -> Result<BufId>;
 
-    /// Frees a buffer. Freeing an unknown id is a no-op.
+    /// Frees a buffer after the work using it completed. Freeing an unknown id is a no-op.
     fn free(&mut self, buf: BufId);
+
+    /// Element type and length of a live buffer.
+    fn buffer(&self, buf: BufId) -> Option<(DType, usize)>;
 
     /// Bytes currently allocated in buffers (not counting weights).
     fn allocated_bytes(&self) -> usize;
 
-    /// Makes a weight tensor resident and returns its handle.
+    /// Makes a weight tensor resident as it is (no conversion) and returns its handle. Ids
+    /// are handed out consecutively in upload order (the experts of an MoE layer are named
+    /// by their first id).
     fn upload_weight(&mut self, tensor: &Tensor) -> Result<WeightId>;
 
-    /// Copies host f32 values into an f32 buffer view (`data.len() == view.len`).
-    fn write(&mut self, view: View, data: &[f32]) -> Result<()>;
+    /// Copies `src` (exactly the view's bytes in its buffer's dtype) into `dst`, after the
+    /// work already enqueued; returns when `src` may be reused.
+    fn write(&mut self, dst: View, src: &[u8]) -> Result<()>;
 
-    /// Copies an f32 buffer view back to the host, after the ops before it completed.
-    fn read(&mut self, view: View, out: &mut [f32]) -> Result<()>;
+    /// Enqueues the copy of `src` into `dst` on the stream. The backend stages the bytes, so
+    /// `src` may be dropped at once.
+    fn write_async(&mut self, dst: View, src: &[u8]) -> Result<()>;
 
-    /// Enqueues one op on the stream.
-    fn launch(&mut self, op: &Op<'_>) -> Result<()>;
+    /// Copies `src` to the host after the work already enqueued completed.
+    fn read(&mut self, src: View, dst: &mut [u8]) -> Result<()>;
 
-    /// Waits until every launched op has completed.
+    /// Enqueues a copy of `src` to host staging; `finish_read` waits for it and hands the
+    /// bytes over.
+    fn read_async(&mut self, src: View) -> Result<PendingRead>;
+
+    /// Waits for a `read_async` and copies its bytes into `dst` (`dst.len()` = its size).
+    fn finish_read(&mut self, read: PendingRead, dst: &mut [u8]) -> Result<()>;
+
+    /// Makes this step's index arrays resident in the views of `views` (one copy each) and
+    /// keeps whatever host copy its ops need (aclnn takes sequence lengths on the host).
+    fn set_step(&mut self, host: &StepHost<'_>, views: &StepViews) -> Result<()>;
+
+    /// Enqueues one op on the stream. An op's errors may surface here or at the next wait.
+    fn launch(&mut self, op: &Op) -> Result<()>;
+
+    /// Marks the current end of the stream.
+    fn record_event(&mut self) -> Result<EventId>;
+
+    /// Blocks until the stream reached `event`.
+    fn wait_event(&mut self, event: EventId) -> Result<()>;
+
+    /// Blocks until every enqueued piece of work has completed.
     fn synchronize(&mut self) -> Result<()>;
 
-    /// Runs `work`, which launches a sequence of ops, as one stream: a backend may set up
-    /// its execution context once for the whole sequence (the CPU backend runs it on its own
-    /// pool, so each op starts without a cross-thread hand-off).
-    fn with_stream(&mut self, work: &mut (dyn FnMut(&mut dyn Backend) -> Result<()> + Send)) -> Result<()>;
+    /// A flag the host sets to stop work in progress: once it is set the backend stops at
+    /// the next op and fails the stream with `Error::Interrupted`.
+    fn set_interrupt(&mut self, flag: Arc<AtomicBool>) {
+        let _ = flag;
+    }
 }

@@ -8,7 +8,7 @@ use clap::Args;
 use serde::Deserialize;
 use serde_json::{json, Value};
 
-use super::{parse_kv_dtype, EngineArgs};
+use super::EngineArgs;
 use crate::engine::{Engine, EngineConfig, KvSize};
 use crate::sample::{FinishReason, SamplingParams};
 use crate::sched::Request;
@@ -111,15 +111,13 @@ pub(crate) fn run(a: BatchArgs) -> Result<()> {
         }
     }
     let config = EngineConfig {
-        threads: a.engine.threads,
         kv_size: a.kv_blocks.map(KvSize::Blocks).unwrap_or(EngineConfig::default().kv_size),
         block_size: a.block_size,
-        kv_dtype: parse_kv_dtype(&a.engine.kv_dtype)?,
         max_seqs: a.max_seqs,
         max_batched_tokens: a.max_batched_tokens,
         prefix_caching: !a.no_prefix_cache,
         queue_limit: requests.len().max(1),
-        disabled_ops: crate::plan::PlanOptions::parse_disabled(&a.engine.disable)?,
+        ..a.engine.engine_config()?
     };
     let engine = Engine::new(config)?;
     engine.load(&a.model)?;

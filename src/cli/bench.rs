@@ -6,12 +6,10 @@ use std::time::Instant;
 
 use clap::Args;
 use serde_json::json;
-use tboost_kernels::membw;
 use tboost_ops::DType;
 
-use super::{parse_kv_dtype, print_json, EngineArgs};
-use crate::backend::cpu::CpuBackend;
-use crate::backend::Backend;
+use super::{print_json, EngineArgs};
+use crate::backend::cpu::measure_bandwidth;
 use crate::engine::{Engine, EngineConfig, KvSize};
 use crate::model::{synthetic, Model};
 use crate::runner::ModelRunner;
@@ -55,18 +53,15 @@ pub(crate) struct BenchArgs {
 /// Aggregate decode tokens/s of `n` requests decoding `decode` tokens together: the clock
 /// starts once every request has its first token (all prefills done) and stops when the
 /// last one finishes.
-fn concurrent_decode(model: &Model, a: &BenchArgs, kv_dtype: DType, n: usize) -> Result<f64> {
+fn concurrent_decode(model: &Model, a: &BenchArgs, n: usize) -> Result<f64> {
     let decode = a.decode.max(2);
     let per_seq = a.concurrency_prompt + decode;
     let cfg = EngineConfig {
-        threads: a.engine.threads,
         kv_size: KvSize::Blocks(n * per_seq.div_ceil(16) + 1),
-        kv_dtype,
         max_seqs: n.max(1),
         max_batched_tokens: (n * a.concurrency_prompt).max(n).max(16),
         prefix_caching: false,
-        disabled_ops: crate::plan::PlanOptions::parse_disabled(&a.engine.disable)?,
-        ..EngineConfig::default()
+        ..a.engine.engine_config()?
     };
     let engine = Engine::new(cfg)?;
     engine.load_model(model)?;
@@ -109,33 +104,12 @@ pub(crate) fn peak_rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
-/// Streaming-read bandwidth on `threads` threads over a buffer far larger than the caches:
-/// the best of several runs, since a limit is what the machine can reach, and a shared,
-/// noisy machine only ever makes a run slower.
-pub(crate) fn measure_bandwidth(threads: usize) -> Result<f64> {
-    let pool = rayon::ThreadPoolBuilder::new()
-        .num_threads(threads)
-        .build()
-        .map_err(|e| Error::invalid("threads", e.to_string()))?;
-    // 256 MiB: far beyond any L3, small enough not to dominate peak memory.
-    let buf = vec![1u8; 256 << 20];
-    let mut best = 0.0f64;
-    let mut sink = 0u64;
-    for _ in 0..7 {
-        let t = Instant::now();
-        sink = sink.wrapping_add(pool.install(|| membw::stream_read(&buf)));
-        best = best.max(buf.len() as f64 / t.elapsed().as_secs_f64());
-    }
-    std::hint::black_box(sink);
-    Ok(best)
-}
-
 pub(crate) fn run(a: BenchArgs) -> Result<()> {
     if a.repeat == 0 || a.prefill == 0 {
         return Err(Error::invalid("bench", "--repeat and --prefill must be at least 1"));
     }
-    let opts = a.engine.plan_options()?;
-    let kv_dtype = parse_kv_dtype(&a.engine.kv_dtype)?;
+    let ecfg = a.engine.engine_config()?;
+    let opts = ecfg.plan_options()?;
     let (model, label) = match (&a.synthetic, &a.model) {
         (Some(name), None) => {
             let dtype = match a.dtype.as_str() {
@@ -149,13 +123,15 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         (None, Some(path)) => (Model::load(path)?, path.display().to_string()),
         _ => return Err(Error::invalid("bench", "give --synthetic NAME or --model PATH")),
     };
-    let backend = Box::new(CpuBackend::new(a.engine.threads)?);
-    let threads = backend.threads();
-    let mut runner = ModelRunner::new(&model, backend, &opts)?;
+    let backend = a.engine.open_backend()?;
+    let threads =
+        if ecfg.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { ecfg.threads };
+    let mut runner = ModelRunner::new(&model, backend, &opts, ecfg.threads)?;
+    let kv_dtype = runner.plan.kv_dtype;
     let cfg = model.config.clone();
-    let bs = 16;
+    let bs = runner.plan.block_size;
     let cap = a.prefill + a.decode;
-    runner.alloc_kv(cap.div_ceil(bs), bs, kv_dtype)?;
+    runner.alloc_kv(cap.div_ceil(bs), bs)?;
     let weight_bytes = runner.weight_bytes() as f64;
     let bandwidth = measure_bandwidth(threads)?;
     reset_peak_rss();
@@ -181,15 +157,14 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let decode_tps = if dec.is_empty() { 0.0 } else { median(dec) };
     let decode_bw = weight_bytes * decode_tps;
     let peak = peak_rss_bytes();
-    let backend = runner.backend().describe();
+    let backend = runner.backend().device().device;
     drop(runner);
     let mut conc = Vec::new();
     for &n in &a.concurrency {
         if n == 0 {
             return Err(Error::invalid("concurrency", "0 requests"));
         }
-        let runs: Vec<f64> =
-            (0..a.repeat).map(|_| concurrent_decode(&model, &a, kv_dtype, n)).collect::<Result<_>>()?;
+        let runs: Vec<f64> = (0..a.repeat).map(|_| concurrent_decode(&model, &a, n)).collect::<Result<_>>()?;
         conc.push((n, median(runs)));
     }
     if a.json {

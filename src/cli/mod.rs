@@ -5,19 +5,17 @@ mod bench;
 mod run;
 mod tokenize;
 
-use std::collections::BTreeSet;
 use std::io::Write;
 use std::path::PathBuf;
 
-use clap::{Args, Parser, Subcommand};
-use tboost_ops::DType;
-
-use crate::backend::cpu::CpuBackend;
+use crate::backend::{self, Backend, BackendKind, BackendSpec};
+use crate::engine::{parse_kv_dtype, parse_precision, EngineConfig};
 use crate::model::Model;
 use crate::plan::PlanOptions;
 use crate::runner::ModelRunner;
 use crate::session::Session;
 use crate::{Error, Result};
+use clap::{Args, Parser, Subcommand};
 
 #[derive(Parser)]
 #[command(name = "tboost", version, about = "Embeddable LLM inference engine")]
@@ -67,31 +65,44 @@ pub(crate) struct ModelArgs {
 
 #[derive(Args, Clone)]
 pub(crate) struct EngineArgs {
-    /// Compute threads (0 = one per core).
+    /// Where ops run: auto, cpu, ascend or ascend:N (auto: a device when its runtime
+    /// loads, else the CPU; TBOOST_BACKEND sets it when this is auto).
+    #[arg(long, default_value = "auto")]
+    backend: String,
+    /// CPU compute threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// Ops or fusions to forbid, comma-separated (also TBOOST_DISABLE):
-    /// flash_attention, standard_attention, fuse_qkv, fuse_gate_up, fuse_add_norm.
+    /// Ops or fusions to forbid, comma-separated (also TBOOST_DISABLE): flash_attention,
+    /// paged_decode_attention, standard_attention, moe_grouped, convert_weights, fuse_qkv,
+    /// fuse_gate_up, fuse_add_norm.
     #[arg(long, default_value = "")]
     disable: String,
-    /// KV cache element type: f32, f16 or bf16.
-    #[arg(long, default_value = "f32")]
+    /// KV cache element type: auto, f32, f16 or bf16 (auto: the backend's choice).
+    #[arg(long, default_value = "auto")]
     kv_dtype: String,
+    /// Matmul activation precision: exact (f32 activations) or fast (8-bit activations
+    /// with integer dot products where the backend has them).
+    #[arg(long, default_value = "exact")]
+    precision: String,
 }
 
 impl EngineArgs {
-    pub(crate) fn plan_options(&self) -> Result<PlanOptions> {
-        let disabled: BTreeSet<String> = PlanOptions::parse_disabled(&self.disable)?;
-        PlanOptions { disabled, kv_dtype: parse_kv_dtype(&self.kv_dtype)? }.with_env()
+    /// The engine settings these flags ask for (other fields at their defaults).
+    pub(crate) fn engine_config(&self) -> Result<EngineConfig> {
+        Ok(EngineConfig {
+            backend: BackendKind::parse(&self.backend)?,
+            threads: self.threads,
+            kv_dtype: parse_kv_dtype(&self.kv_dtype)?,
+            precision: parse_precision(&self.precision)?,
+            disabled_ops: PlanOptions::parse_disabled(&self.disable)?,
+            ..EngineConfig::default()
+        })
     }
-}
 
-pub(crate) fn parse_kv_dtype(s: &str) -> Result<DType> {
-    match s {
-        "f32" => Ok(DType::F32),
-        "f16" => Ok(DType::F16),
-        "bf16" => Ok(DType::BF16),
-        other => Err(Error::invalid("kv-dtype", format!("`{other}` is not one of f32, f16, bf16"))),
+    /// The backend these flags name.
+    pub(crate) fn open_backend(&self) -> Result<Box<dyn Backend>> {
+        let c = self.engine_config()?;
+        backend::open(BackendSpec { kind: c.backend, threads: c.threads })
     }
 }
 
@@ -141,19 +152,18 @@ struct RunArgs {
 }
 
 fn load(m: &ModelArgs) -> Result<(Model, ModelRunner)> {
-    let opts = m.engine.plan_options()?;
+    let c = m.engine.engine_config()?;
+    let backend = m.engine.open_backend()?;
     let model = Model::load(&m.model)?;
-    let backend = Box::new(CpuBackend::new(m.engine.threads)?);
-    let runner = ModelRunner::new(&model, backend, &opts)?;
+    let runner = ModelRunner::new(&model, backend, &c.plan_options()?, c.threads)?;
     Ok((model, runner))
 }
 
 /// Loads a model with a single-sequence KV cache of `capacity` positions.
 fn session_runner(m: &ModelArgs, capacity: usize) -> Result<(Model, ModelRunner)> {
     let (model, mut runner) = load(m)?;
-    let kv_dtype = parse_kv_dtype(&m.engine.kv_dtype)?;
-    let bs = 16;
-    runner.alloc_kv(capacity.div_ceil(bs).max(1), bs, kv_dtype)?;
+    let bs = runner.plan.block_size;
+    runner.alloc_kv(capacity.div_ceil(bs).max(1), bs)?;
     Ok((model, runner))
 }
 

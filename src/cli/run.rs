@@ -5,7 +5,7 @@ use std::time::Instant;
 
 use serde_json::json;
 
-use super::{parse_kv_dtype, print_json, RunArgs};
+use super::{print_json, RunArgs};
 use crate::engine::{Engine, EngineConfig, KvSize};
 use crate::model::Model;
 use crate::sample::{FinishReason, SamplingParams};
@@ -81,14 +81,11 @@ pub(crate) fn run(a: RunArgs) -> Result<()> {
     };
     let bs = 16;
     let engine = Engine::new(EngineConfig {
-        threads: a.m.engine.threads,
         kv_size: KvSize::Blocks((prompt.len() + a.n).div_ceil(bs)),
         block_size: bs,
-        kv_dtype: parse_kv_dtype(&a.m.engine.kv_dtype)?,
         max_seqs: 1,
         max_batched_tokens: 512,
-        disabled_ops: crate::plan::PlanOptions::parse_disabled(&a.m.engine.disable)?,
-        ..EngineConfig::default()
+        ..a.m.engine.engine_config()?
     })?;
     engine.load_model(&model)?;
     let id = engine.enqueue(Request { sampling, ignore_eos: a.ignore_eos, ..Request::new(prompt.clone(), a.n) })?;

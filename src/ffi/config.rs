@@ -11,29 +11,18 @@ use super::log_bridge::ensure_logger;
 use super::status::{guard, tboost_status, Failure, FfiResult, Status};
 use super::types::tboost_config;
 use super::util::{read_cstr, require, write_out, write_str};
-use crate::engine::{EngineConfig, KvSize};
+use crate::backend::BackendKind;
+use crate::engine::{parse_kv_dtype, parse_precision, EngineConfig, KvSize};
 use crate::plan::PlanOptions;
 
 /// What a config holds: the engine's settings plus the ABI-level ones.
-#[derive(Clone, Debug)]
+#[derive(Clone, Debug, Default)]
 pub(crate) struct Settings {
     pub engine: EngineConfig,
-    pub backend: String,
     /// Testing only: the n-th `tboost_engine_step` call panics inside the barrier.
     pub debug_panic_at_step: u64,
     /// Testing only: every `tboost_engine_step` call holds the engine this long first.
     pub debug_step_delay_ms: u64,
-}
-
-impl Default for Settings {
-    fn default() -> Self {
-        Settings {
-            engine: EngineConfig::default(),
-            backend: "auto".into(),
-            debug_panic_at_step: 0,
-            debug_step_delay_ms: 0,
-        }
-    }
 }
 
 pub(crate) struct ConfigInner {
@@ -71,6 +60,8 @@ const KEYS: &[(&str, Kind)] = &[
     ("kv_cache_blocks", Kind::Int { min: 1, max: i64::MAX }),
     ("block_size", Kind::Int { min: 1, max: 1024 }),
     ("kv_dtype", Kind::Str),
+    ("precision", Kind::Str),
+    ("finished_records", Kind::Int { min: 1, max: i64::MAX }),
     ("max_seqs", Kind::Int { min: 1, max: i64::MAX }),
     ("max_batched_tokens", Kind::Int { min: 1, max: i64::MAX }),
     ("prefix_caching", Kind::Bool),
@@ -101,23 +92,22 @@ enum Value<'a> {
 fn apply(s: &mut Settings, key: &str, v: Value<'_>) -> FfiResult {
     let usize_of = |v: i64| usize::try_from(v).map_err(|_| Failure::invalid(format!("`{key}` = {v} is too large")));
     match (key, v) {
-        ("backend", Value::Str(b)) => match b {
-            "auto" | "cpu" => s.backend = b.to_string(),
-            other => {
-                return Err(Failure::new(
-                    Status::TBOOST_ERR_UNSUPPORTED,
-                    format!("`backend` = `{other}` is not available in this build; available: auto, cpu"),
-                ))
-            }
-        },
+        ("backend", Value::Str(b)) => {
+            s.engine.backend = BackendKind::parse(b).map_err(|e| Failure::invalid(format!("`backend`: {e}")))?
+        }
         ("threads", Value::Int(v)) => s.engine.threads = usize_of(v)?,
         ("kv_cache_bytes", Value::Int(v)) => s.engine.kv_size = KvSize::Bytes(usize_of(v)?),
         ("kv_cache_blocks", Value::Int(v)) => s.engine.kv_size = KvSize::Blocks(usize_of(v)?),
         ("block_size", Value::Int(v)) => s.engine.block_size = usize_of(v)?,
         ("kv_dtype", Value::Str(d)) => {
-            s.engine.kv_dtype = crate::cli::parse_kv_dtype(d)
-                .map_err(|_| Failure::invalid(format!("`kv_dtype` = `{d}` is not one of f32, f16, bf16")))?
+            s.engine.kv_dtype = parse_kv_dtype(d)
+                .map_err(|_| Failure::invalid(format!("`kv_dtype` = `{d}` is not one of auto, f32, f16, bf16")))?
         }
+        ("precision", Value::Str(p)) => {
+            s.engine.precision = parse_precision(p)
+                .map_err(|_| Failure::invalid(format!("`precision` = `{p}` is not one of exact, fast")))?
+        }
+        ("finished_records", Value::Int(v)) => s.engine.finished_records = usize_of(v)?,
         ("max_seqs", Value::Int(v)) => s.engine.max_seqs = usize_of(v)?,
         ("max_batched_tokens", Value::Int(v)) => s.engine.max_batched_tokens = usize_of(v)?,
         ("prefix_caching", Value::Bool(b)) => s.engine.prefix_caching = b,
@@ -271,12 +261,14 @@ pub unsafe extern "C" fn tboost_config_to_json(
             KvSize::Blocks(b) => (None, Some(b)),
         };
         let v = json!({
-            "backend": s.backend,
+            "backend": e.backend.to_string(),
             "threads": e.threads,
             "kv_cache_bytes": kv_bytes,
             "kv_cache_blocks": kv_blocks,
             "block_size": e.block_size,
-            "kv_dtype": e.kv_dtype.to_string(),
+            "kv_dtype": e.kv_dtype.map_or("auto", |d| d.name()),
+            "precision": e.precision.name(),
+            "finished_records": e.finished_records,
             "max_seqs": e.max_seqs,
             "max_batched_tokens": e.max_batched_tokens,
             "prefix_caching": e.prefix_caching,

@@ -1,5 +1,6 @@
-//! `tboost_engine`: the Rust `Engine` plus an event queue that any thread can read or wait
-//! on, a poison flag, and the one-stepper rule.
+//! `tboost_engine`: the Rust `Engine` plus the event queue any thread can read or wait on,
+//! and a poison flag. The engine's own core lock is the one-stepper rule (a second stepper
+//! gets `TBOOST_ERR_BUSY`).
 
 use std::collections::{HashMap, VecDeque};
 use std::os::raw::c_char;
@@ -45,8 +46,6 @@ pub(crate) struct EngineInner {
     poisoned: AtomicBool,
     /// Set by `tboost_engine_free`, so that threads blocked in `wait` return.
     closed: AtomicBool,
-    /// A thread is inside `tboost_engine_step`.
-    stepping: AtomicBool,
     steps: AtomicU64,
     debug_panic_at_step: u64,
     debug_step_delay: Duration,
@@ -135,7 +134,6 @@ pub unsafe extern "C" fn tboost_engine_new(
             ready: Condvar::new(),
             poisoned: AtomicBool::new(false),
             closed: AtomicBool::new(false),
-            stepping: AtomicBool::new(false),
             steps: AtomicU64::new(0),
             debug_panic_at_step: s.debug_panic_at_step,
             debug_step_delay: Duration::from_millis(s.debug_step_delay_ms),
@@ -161,6 +159,9 @@ pub extern "C" fn tboost_engine_free(engine: *mut tboost_engine) -> tboost_statu
         }
         let inner = ENGINES.remove(engine, "engine")?;
         inner.closed.store(true, Ordering::SeqCst);
+        // A step running on another thread stops at its next op; the engine goes when it
+        // returns (it holds the last reference).
+        inner.engine.interrupt();
         let _q = inner.queue();
         inner.ready.notify_all();
         Ok(())
@@ -264,32 +265,19 @@ pub unsafe extern "C" fn tboost_engine_enqueue(
     })
 }
 
-/// Cancels a request. It ends with a `TBOOST_FINISH_CANCELLED` event from the next step;
-/// its KV blocks are freed at once when no step is running, else by the next step.
-/// Idempotent: cancelling a request that is already cancelled returns `TBOOST_OK`. An
-/// unknown id, or a request that already finished otherwise, is `TBOOST_ERR_NOT_FOUND`
-/// (not fatal: it may have finished just before). Thread-safe.
+/// Cancels a request. `TBOOST_OK` means its events end with a `TBOOST_FINISH_CANCELLED`
+/// event, from the next step (also when the step running at that moment would have
+/// finished it: its last token then comes with the cancelled finish); its KV blocks are
+/// freed by that step. Idempotent: cancelling a request that is already cancelled (or whose
+/// cancel is pending) returns `TBOOST_OK`. An unknown id, or a request that already
+/// finished otherwise, is `TBOOST_ERR_NOT_FOUND` (not fatal: it may have finished just
+/// before). Thread-safe.
 #[no_mangle]
 pub extern "C" fn tboost_engine_cancel(engine: *mut tboost_engine, id: tboost_request_id) -> tboost_status {
     guard("tboost_engine_cancel", |ctx| {
         let inner = engine_of(ctx, engine)?;
-        match inner.engine.cancel(id) {
-            Err(Error::NotFound(msg)) => match inner.engine.output(id) {
-                Ok(o) if o.finish == Some(FinishReason::Cancelled) => Ok(()),
-                _ => Err(Failure::from(Error::NotFound(msg))),
-            },
-            r => Ok(r?),
-        }
+        Ok(inner.engine.cancel(id)?)
     })
-}
-
-/// Resets the stepping flag however `tboost_engine_step` leaves.
-struct Stepping<'a>(&'a AtomicBool);
-
-impl Drop for Stepping<'_> {
-    fn drop(&mut self) {
-        self.0.store(false, Ordering::SeqCst);
-    }
 }
 
 /// Runs one continuous-batching iteration: admits waiting requests, runs one batch of
@@ -304,10 +292,6 @@ impl Drop for Stepping<'_> {
 pub unsafe extern "C" fn tboost_engine_step(engine: *mut tboost_engine, n_events_out: *mut usize) -> tboost_status {
     guard("tboost_engine_step", |ctx| {
         let inner = engine_of(ctx, engine)?;
-        if inner.stepping.swap(true, Ordering::SeqCst) {
-            return Err(Error::Busy.into());
-        }
-        let _stepping = Stepping(&inner.stepping);
         let n = inner.steps.fetch_add(1, Ordering::SeqCst) + 1;
         if n == inner.debug_panic_at_step {
             panic!("debug_panic_at_step: step {n} panics on purpose");
@@ -315,14 +299,7 @@ pub unsafe extern "C" fn tboost_engine_step(engine: *mut tboost_engine, n_events
         if !inner.debug_step_delay.is_zero() {
             std::thread::sleep(inner.debug_step_delay);
         }
-        let out = loop {
-            match inner.engine.step() {
-                // Only this thread steps (the flag above); the engine is held for a moment by
-                // a cancel applying itself, so try again.
-                Err(Error::Busy) => std::thread::yield_now(),
-                r => break r?,
-            }
-        };
+        let out = inner.engine.step()?;
         let n = inner.push(out.events);
         // SAFETY: NULL or valid per the contract.
         unsafe { write_out(n_events_out, n) };

@@ -13,8 +13,9 @@ use super::status::{guard, tboost_status, Failure, FfiResult, Status};
 use super::types::{tboost_config, tboost_model, tboost_progress_fn};
 use super::util::{read_cstr, require, write_out, write_str};
 use crate::backend::cpu::CpuBackend;
+use crate::backend::{self, Backend, BackendSpec};
 use crate::model::{Model, ModelFormat};
-use crate::plan::{self, Plan, PlanOptions};
+use crate::plan::{self, Plan};
 
 pub(crate) struct ModelInner {
     pub model: Model,
@@ -115,11 +116,17 @@ pub unsafe extern "C" fn tboost_model_load(
         if let (false, Some(f)) = (complete, stopped) {
             return Err(f);
         }
-        let opts = PlanOptions { disabled: s.engine.disabled_ops.clone(), kv_dtype: s.engine.kv_dtype }
-            .with_env()
-            .map_err(Failure::from)?;
-        let backend = CpuBackend::new(s.engine.threads)?;
-        let plan = plan::build(&model.config, &model.weights, &backend, &opts).map_err(|e| named(e.into()))?;
+        let opts = s.engine.plan_options().map_err(Failure::from)?;
+        let backend = backend::open(BackendSpec { kind: s.engine.backend, threads: s.engine.threads })?;
+        let cpu = if backend.name() == "cpu" { None } else { Some(CpuBackend::new(s.engine.threads)?) };
+        let plan = plan::build(
+            &model.config,
+            &model.weights,
+            backend.as_ref(),
+            cpu.as_ref().map(|c| c as &dyn Backend),
+            &opts,
+        )
+        .map_err(|e| named(e.into()))?;
         let info = info_json(&model, &plan);
         report(1.0)?;
         let h = MODELS.insert(Arc::new(ModelInner { model, info }));

@@ -119,6 +119,8 @@ impl From<Error> for Failure {
             Error::KvCapacity(_) => Status::TBOOST_ERR_KV_CAPACITY,
             Error::QueueFull(_) => Status::TBOOST_ERR_QUEUE_FULL,
             Error::Busy => Status::TBOOST_ERR_BUSY,
+            // Work stopped because the host is freeing the engine.
+            Error::Interrupted => Status::TBOOST_ERR_CANCELLED,
             Error::Poisoned => Status::TBOOST_ERR_POISONED,
             Error::Backend { .. } => Status::TBOOST_ERR_BACKEND,
         };

@@ -48,6 +48,7 @@ impl KvPools {
                     k,
                     v,
                     dtype,
+                    num_blocks,
                     block_size,
                     kv_heads: cfg.num_kv_heads,
                     head_dim: cfg.head_dim,

@@ -3,7 +3,6 @@
 use std::sync::Arc;
 
 use memmap2::Mmap;
-use tboost_kernels::{WeightMat, WeightVec};
 use tboost_ops::DType;
 
 /// Bytes that back one or more tensors.
@@ -93,15 +92,6 @@ impl Tensor {
             [n] => (1, *n),
             [.., c] => (self.numel() / c.max(&1), *c),
         }
-    }
-
-    pub fn as_mat(&self) -> WeightMat<'_> {
-        let (r, c) = self.rows_cols();
-        WeightMat { dtype: self.dtype, rows: r, cols: c, data: self.bytes() }
-    }
-
-    pub fn as_vec(&self) -> WeightVec<'_> {
-        WeightVec { dtype: self.dtype, len: self.numel(), data: self.bytes() }
     }
 
     /// Sub-tensor `i` along the outermost dimension (one expert of a stacked `[E, rows, cols]`

@@ -1,41 +1,68 @@
-//! The operator mapping table: at load time, every layer's ops are chosen by asking each
-//! candidate, in order of preference, whether the backend supports this case; the first
-//! that does wins, and the choice and its reason are recorded (ATB's question "was the fused
-//! op chosen, and if not, why"). Users can forbid ops and fusions by name to isolate a
-//! performance or accuracy problem (`PlanOptions::disabled`, `TBOOST_DISABLE`).
+//! The operator mapping table: at load time every slot of every layer (and of the model
+//! around the layers) gets its operator by asking each candidate, in order of preference,
+//! whether the backend supports the full case; the first that does wins. Every decision
+//! records the candidates tried, which were rejected and the structured reason
+//! (`Unsupported`: parameter, value, what the op needs) — ATB's three questions: was the
+//! fused op chosen, on what, and were the ops around it fused.
 //!
-//! Names users can forbid (see README "Operator plan"):
-//! - ops: `flash_attention`, `standard_attention`
-//! - fusions: `fuse_qkv` (one matmul call for the Q, K and V projections),
-//!   `fuse_gate_up` (gate and up projections and SwiGLU in one kernel),
-//!   `fuse_add_norm` (residual add inside the following RMSNorm)
+//! When the backend takes no candidate of a slot, the slot runs on the CPU backend beside
+//! it (its inputs and outputs copied each step; the plan records the bytes per token) — the
+//! load fails only when no backend can run it, with an error naming layer, slot and case.
+//! Weights a backend cannot take natively may be converted at upload (e.g. a GGUF block type
+//! to f16) when it takes the converted case.
+//!
+//! Users can forbid ops and fusions by name (`PlanOptions::disabled`, `TBOOST_DISABLE`); see
+//! [`KNOWN_NAMES`].
+
+mod report;
+mod table;
 
 use std::collections::BTreeSet;
-use std::fmt::Write as _;
 
 use serde::Serialize;
-use tboost_ops::DType;
-use tboost_ops::{AttentionCase, AttnPhase, MatMulCase};
+use tboost_ops::{DType, Precision, Unsupported};
 
-use crate::backend::{AttnKind, Backend, OpQuery};
-use crate::model::{Mlp, ModelConfig, ModelWeights, Tensor};
+use crate::backend::{Backend, DeviceInfo, OpQuery};
+use crate::model::{ModelConfig, ModelWeights};
 use crate::{Error, Result};
 
-/// Every name `PlanOptions::disabled` accepts.
-pub const KNOWN_NAMES: &[&str] =
-    &["flash_attention", "standard_attention", "fuse_qkv", "fuse_gate_up", "fuse_add_norm"];
+pub use table::{Choice, Slot};
 
-/// What the user forbids, and the engine settings the choice depends on.
+/// Every name `PlanOptions::disabled` accepts: ops, then fusions.
+pub const KNOWN_NAMES: &[&str] = &[
+    "flash_attention",
+    "paged_decode_attention",
+    "standard_attention",
+    "moe_grouped",
+    "convert_weights",
+    "fuse_qkv",
+    "fuse_gate_up",
+    "fuse_add_norm",
+];
+
+/// What the user asks for, and the engine settings the choice depends on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanOptions {
     pub disabled: BTreeSet<String>,
-    /// Element type of the KV cache the attention ops read.
-    pub kv_dtype: DType,
+    /// Element type of the KV cache; `None` = the attention backend's first choice.
+    pub kv_dtype: Option<DType>,
+    /// Element type of activations; `None` = the backend's first choice.
+    pub act_dtype: Option<DType>,
+    /// Activation precision for matmuls (per weight type where the backend takes it).
+    pub precision: Precision,
+    /// Tokens per KV block.
+    pub block_size: usize,
 }
 
 impl Default for PlanOptions {
     fn default() -> Self {
-        PlanOptions { disabled: BTreeSet::new(), kv_dtype: DType::F32 }
+        PlanOptions {
+            disabled: BTreeSet::new(),
+            kv_dtype: None,
+            act_dtype: None,
+            precision: Precision::Exact,
+            block_size: 16,
+        }
     }
 }
 
@@ -69,283 +96,130 @@ impl PlanOptions {
     }
 }
 
-/// One decision of the mapping table.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
-pub struct Choice {
-    /// The op slot ("attention", "qkv_projection", ...).
-    pub slot: &'static str,
-    /// The op or fusion that runs ("flash_attention", "fused", "separate", ...).
-    pub op: String,
-    /// Why, in words (the candidate's own capability text for fallbacks).
-    pub reason: String,
-    /// True when a preferred candidate was rejected or forbidden.
-    pub fallback: bool,
+/// Where a slot's ops run.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Placement {
+    /// The engine's backend.
+    Primary,
+    /// The CPU backend beside a device backend that took no candidate.
+    Cpu,
 }
 
-/// The ops of one decoder layer.
-#[derive(Clone, Debug, PartialEq, Eq, Serialize)]
+/// How one candidate's weights reach its backend.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(tag = "mode", content = "to", rename_all = "snake_case")]
+pub enum WeightMode {
+    /// As stored in the file.
+    Native,
+    /// Converted to this dtype once at upload (dequantized for block types).
+    Convert(DType),
+}
+
+/// What became of one candidate.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+#[serde(tag = "verdict", rename_all = "snake_case")]
+pub enum Verdict {
+    Chosen,
+    /// The backend answered no for this part of the case.
+    Rejected {
+        query: OpQuery,
+        why: Unsupported,
+    },
+    /// Forbidden by the user (`disable` names it).
+    Disabled {
+        name: &'static str,
+    },
+}
+
+/// One candidate asked on one backend.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Tried {
+    pub candidate: Choice,
+    pub backend: String,
+    #[serde(flatten)]
+    pub verdict: Verdict,
+}
+
+/// One decision of the mapping table.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Decision {
+    pub slot: Slot,
+    pub choice: Choice,
+    /// The backend it runs on (its name), and whether that is the primary or the CPU beside it.
+    pub backend: String,
+    pub placement: Placement,
+    pub weights: WeightMode,
+    pub precision: Precision,
+    /// True when a preferred candidate was rejected or forbidden, or the slot left the
+    /// primary backend.
+    pub fallback: bool,
+    /// Bytes copied between the backends per token when `placement` is `Cpu`.
+    pub copy_bytes_per_token: usize,
+    /// One line for people: the case ("head_dim=64") or the fallback and its cause.
+    pub reason: String,
+    /// Every candidate asked, in order, with its verdict.
+    pub tried: Vec<Tried>,
+}
+
+/// The decisions of one decoder layer.
+#[derive(Clone, Debug, PartialEq, Serialize)]
 pub struct LayerPlan {
     pub layer: usize,
-    #[serde(skip)]
-    pub attention: AttnKind,
-    #[serde(skip)]
-    pub fuse_qkv: bool,
-    #[serde(skip)]
-    pub fuse_gate_up: bool,
-    #[serde(skip)]
-    pub fuse_add_norm: bool,
-    pub choices: Vec<Choice>,
+    pub decisions: Vec<Decision>,
+}
+
+impl LayerPlan {
+    /// The decision for `slot`, if the layer has that slot.
+    pub fn get(&self, slot: Slot) -> Option<&Decision> {
+        self.decisions.iter().find(|d| d.slot == slot)
+    }
 }
 
 #[derive(Clone, Debug, Serialize)]
 pub struct Plan {
-    pub backend: String,
+    pub device: DeviceInfo,
     pub architecture: String,
     pub disabled: Vec<String>,
+    pub act_dtype: DType,
+    pub kv_dtype: DType,
+    pub block_size: usize,
+    /// The precision asked for (each matmul decision says what it got).
+    pub precision: Precision,
+    /// Slots outside the layers: embedding, RoPE tables, final norm, LM head.
+    pub model: Vec<Decision>,
     pub layers: Vec<LayerPlan>,
-}
-
-fn matmul_check(be: &dyn Backend, t: &Tensor) -> Result<()> {
-    let (rows, cols) = t.rows_cols();
-    be.supports(&OpQuery::MatMul(MatMulCase::f32(t.dtype, rows, cols)))
-        .map_err(|why| Error::Unsupported(format!("tensor `{}` ({} {:?}): {why}", t.name, t.dtype, t.shape)))
-}
-
-/// Builds the plan for a model on a backend.
-pub fn build(cfg: &ModelConfig, w: &ModelWeights, be: &dyn Backend, opts: &PlanOptions) -> Result<Plan> {
-    let check = |q: OpQuery, t: &Tensor| {
-        be.supports(&q).map_err(|why| Error::Unsupported(format!("tensor `{}`: {why}", t.name)))
-    };
-    check(OpQuery::Embed(w.embed.dtype), &w.embed)?;
-    check(OpQuery::RmsNorm(w.norm.dtype), &w.norm)?;
-    be.supports(&OpQuery::Rope { head_dim: cfg.head_dim, rot_dim: cfg.rope_dim })
-        .map_err(|why| Error::Unsupported(why.to_string()))?;
-    matmul_check(be, &w.lm_head)?;
-    let mut layers = Vec::with_capacity(cfg.num_layers);
-    for (i, lw) in w.layers.iter().enumerate() {
-        for t in [&lw.q, &lw.k, &lw.v, &lw.o] {
-            matmul_check(be, t)?;
-        }
-        check(OpQuery::RmsNorm(lw.attn_norm.dtype), &lw.attn_norm)?;
-        check(OpQuery::RmsNorm(lw.ffn_norm.dtype), &lw.ffn_norm)?;
-        match &lw.mlp {
-            Mlp::Dense { gate, up, down } => {
-                for t in [gate, up, down] {
-                    matmul_check(be, t)?;
-                }
-            }
-            Mlp::Moe { router, experts } => {
-                check(OpQuery::Moe { experts: experts.len(), top_k: cfg.experts_per_token }, router)?;
-                matmul_check(be, router)?;
-                for e in experts {
-                    for t in [&e.gate, &e.up, &e.down] {
-                        matmul_check(be, t)?;
-                    }
-                }
-            }
-        }
-        layers.push(plan_layer(i, cfg, lw, be, opts)?);
-    }
-    let plan = Plan {
-        backend: be.describe(),
-        architecture: cfg.arch.to_string(),
-        disabled: opts.disabled.iter().cloned().collect(),
-        layers,
-    };
-    plan.log();
-    Ok(plan)
-}
-
-fn plan_layer(
-    i: usize,
-    cfg: &ModelConfig,
-    lw: &crate::model::LayerWeights,
-    be: &dyn Backend,
-    opts: &PlanOptions,
-) -> Result<LayerPlan> {
-    let mut choices = Vec::new();
-
-    // Attention: FlashAttention first, standard attention as the fallback.
-    let case = AttentionCase {
-        phase: AttnPhase::Prefill,
-        head_dim: cfg.head_dim,
-        n_heads: cfg.num_heads,
-        kv_heads: cfg.num_kv_heads,
-        act_dtype: DType::F32,
-        kv_dtype: opts.kv_dtype,
-        block_size: 16,
-        max_context: cfg.max_position_embeddings,
-    };
-    let mut rejected: Vec<String> = Vec::new();
-    let mut attention = None;
-    let candidates = [
-        (AttnKind::Flash, "flash_attention", "flash attention"),
-        (AttnKind::Standard, "standard_attention", "standard attention"),
-    ];
-    for (kind, name, words) in candidates {
-        if !opts.allows(name) {
-            rejected.push(format!("{name} disabled by the user"));
-            continue;
-        }
-        match be.supports(&OpQuery::Attention(kind, case)) {
-            Ok(()) => {
-                let reason = if rejected.is_empty() {
-                    format!("head_dim={}", cfg.head_dim)
-                } else {
-                    format!("fallback to {words} ({})", rejected.join("; "))
-                };
-                choices.push(Choice { slot: "attention", op: name.into(), reason, fallback: !rejected.is_empty() });
-                attention = Some(kind);
-                break;
-            }
-            Err(why) => rejected.push(why.to_string()),
-        }
-    }
-    let attention = attention.ok_or_else(|| {
-        Error::Unsupported(format!("layer {i}: no attention operator is left: {}", rejected.join("; ")))
-    })?;
-
-    // Fusions: chosen when allowed and when their parts have the same input (always true
-    // here: they are data-flow fusions that need no weight copy).
-    let mut fusion = |slot: &'static str, name: &str, fused_op: &str, separate_op: &str, what: &str| -> bool {
-        if opts.allows(name) {
-            choices.push(Choice { slot, op: fused_op.into(), reason: what.into(), fallback: false });
-            true
-        } else {
-            choices.push(Choice {
-                slot,
-                op: separate_op.into(),
-                reason: format!("{name} disabled by the user"),
-                fallback: true,
-            });
-            false
-        }
-    };
-    let fuse_qkv = fusion(
-        "qkv_projection",
-        "fuse_qkv",
-        "fused_qkv_matmul",
-        "separate_q_k_v_matmuls",
-        "one matmul call reads the normed input once for Q, K and V",
-    );
-    let fuse_add_norm = fusion(
-        "residual_norm",
-        "fuse_add_norm",
-        "add_rmsnorm",
-        "add_then_rmsnorm",
-        "residual add fused into the following RMSNorm",
-    );
-    let fuse_gate_up = match &lw.mlp {
-        Mlp::Dense { .. } => fusion(
-            "mlp",
-            "fuse_gate_up",
-            "fused_gate_up_swiglu",
-            "gate_up_matmuls_then_swiglu",
-            "gate and up projections and SwiGLU in one kernel",
-        ),
-        Mlp::Moe { experts, .. } => {
-            choices.push(Choice {
-                slot: "mlp",
-                op: "moe_grouped".into(),
-                reason: format!("{} experts, top-{}, tokens grouped per expert", experts.len(), cfg.experts_per_token),
-                fallback: false,
-            });
-            false
-        }
-    };
-    // Which matmul kernel family the layer's projections run on, by weight type.
-    let mut mats: Vec<&Tensor> = vec![&lw.q, &lw.k, &lw.v, &lw.o];
-    match &lw.mlp {
-        Mlp::Dense { gate, up, down } => mats.extend([gate, up, down]),
-        Mlp::Moe { router, experts } => {
-            mats.push(router);
-            mats.extend(experts.iter().flat_map(|e| [&e.gate, &e.up, &e.down]));
-        }
-    }
-    let mut dtypes: Vec<DType> = Vec::new();
-    for t in mats {
-        if !dtypes.contains(&t.dtype) {
-            dtypes.push(t.dtype);
-        }
-    }
-    let quant = dtypes.iter().any(|d| d.is_quantized());
-    let names: Vec<&str> = dtypes.iter().map(|d| d.name()).collect();
-    choices.push(Choice {
-        slot: "matmul",
-        op: if quant { "quant_block_matmul".into() } else { "dense_matmul".into() },
-        reason: format!("{} weights, f32 activations", names.join("/")),
-        fallback: false,
-    });
-    Ok(LayerPlan { layer: i, attention, fuse_qkv, fuse_gate_up, fuse_add_norm, choices })
+    /// Bytes copied between backends per token, over every decision placed on the CPU.
+    pub copy_bytes_per_token: usize,
 }
 
 impl Plan {
-    /// One log line per distinct decision, with the layers it applies to.
-    pub fn log(&self) {
-        for line in self.summary_lines() {
-            if line.contains("fallback") || line.contains("disabled") {
-                log::warn!("{line}");
-            } else {
-                log::info!("{line}");
-            }
-        }
+    /// The model-level decision for `slot`.
+    pub fn model_slot(&self, slot: Slot) -> Option<&Decision> {
+        self.model.iter().find(|d| d.slot == slot)
     }
 
-    /// `layers 0-21: attention: flash_attention (head_dim=64)` style lines.
-    pub fn summary_lines(&self) -> Vec<String> {
-        let mut groups: Vec<(&Choice, Vec<usize>)> = Vec::new();
-        for l in &self.layers {
-            for c in &l.choices {
-                match groups.iter_mut().find(|(g, _)| *g == c) {
-                    Some((_, ls)) => ls.push(l.layer),
-                    None => groups.push((c, vec![l.layer])),
-                }
-            }
-        }
-        groups
-            .into_iter()
-            .map(|(c, ls)| {
-                let layers = ranges(&ls);
-                if c.reason.starts_with("fallback") {
-                    format!("layers {layers}: {}: {}", c.slot, c.reason)
-                } else {
-                    format!("layers {layers}: {}: {} ({})", c.slot, c.op, c.reason)
-                }
-            })
-            .collect()
+    /// Every decision, model-level first.
+    pub fn decisions(&self) -> impl Iterator<Item = &Decision> {
+        self.model.iter().chain(self.layers.iter().flat_map(|l| l.decisions.iter()))
     }
 
-    /// Human-readable table for `tboost plan`.
-    pub fn to_text(&self) -> String {
-        let mut s = format!("backend: {}\narchitecture: {}\n", self.backend, self.architecture);
-        if !self.disabled.is_empty() {
-            let _ = writeln!(s, "disabled: {}", self.disabled.join(", "));
-        }
-        for l in &self.layers {
-            let _ = writeln!(s, "layer {}:", l.layer);
-            for c in &l.choices {
-                let _ = writeln!(s, "  {:<16} {:<30} {}", c.slot, c.op, c.reason);
-            }
-        }
-        s
-    }
-
-    pub fn to_json(&self) -> serde_json::Value {
-        serde_json::to_value(self).unwrap_or(serde_json::Value::Null)
+    /// Whether any slot runs on the CPU beside the primary backend.
+    pub fn uses_cpu_fallback(&self) -> bool {
+        self.decisions().any(|d| d.placement == Placement::Cpu)
     }
 }
 
-/// `[0,1,2,5]` → `"0-2,5"`.
-fn ranges(v: &[usize]) -> String {
-    let mut out = Vec::new();
-    let mut i = 0;
-    while i < v.len() {
-        let mut j = i;
-        while j + 1 < v.len() && v[j + 1] == v[j] + 1 {
-            j += 1;
-        }
-        out.push(if i == j { v[i].to_string() } else { format!("{}-{}", v[i], v[j]) });
-        i = j + 1;
-    }
-    out.join(",")
+/// Builds the plan for a model on `primary`, with `cpu` (when given) as the backend of last
+/// resort for slots `primary` cannot run. Logs one line per distinct decision.
+pub fn build(
+    cfg: &ModelConfig,
+    w: &ModelWeights,
+    primary: &dyn Backend,
+    cpu: Option<&dyn Backend>,
+    opts: &PlanOptions,
+) -> Result<Plan> {
+    let plan = table::Planner::new(cfg, w, primary, cpu, opts)?.build()?;
+    plan.log();
+    Ok(plan)
 }

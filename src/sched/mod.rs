@@ -23,7 +23,7 @@ mod request;
 
 pub use request::{Request, RequestId};
 
-use crate::kv::{BlockHash, BlockManager};
+use crate::kv::{KvManager, SeqWork};
 use crate::sample::{Sampler, StopCriteria};
 
 /// Scheduler limits.
@@ -33,7 +33,8 @@ pub struct SchedLimits {
     pub max_batched_tokens: usize,
 }
 
-/// A request as the scheduler tracks it.
+/// A request as the scheduler tracks it. Where its K/V live is the KV manager's business
+/// (keyed by `id`).
 pub struct Seq {
     pub id: RequestId,
     pub priority: i32,
@@ -44,24 +45,44 @@ pub struct Seq {
     pub tokens: Vec<u32>,
     pub prompt_len: usize,
     pub computed: usize,
-    pub block_table: Vec<u32>,
-    /// Full blocks registered in the prefix cache, and the hash of the last of them.
-    pub hashed_blocks: usize,
-    pub last_hash: Option<BlockHash>,
     pub sampler: Sampler,
     pub stop: StopCriteria,
     pub preemptions: u32,
     /// Prefix-cache hits are counted at the first admission only.
     pub ever_admitted: bool,
+    /// Prompt tokens computed so far that count as prompt work (not recomputation after a
+    /// preemption), for the engine's `prompt_tokens` stat.
+    pub prompt_counted: usize,
 }
 
 impl Seq {
-    pub fn generated(&self) -> &[u32] {
-        &self.tokens[self.prompt_len..]
+    /// A waiting sequence for a validated request.
+    pub fn new(
+        id: RequestId,
+        arrival: u64,
+        prompt: Vec<u32>,
+        priority: i32,
+        sampler: Sampler,
+        stop: StopCriteria,
+    ) -> Seq {
+        Seq {
+            id,
+            priority,
+            arrival,
+            admitted: 0,
+            prompt_len: prompt.len(),
+            tokens: prompt,
+            computed: 0,
+            sampler,
+            stop,
+            preemptions: 0,
+            ever_admitted: false,
+            prompt_counted: 0,
+        }
     }
 
-    fn blocks_for(&self, positions: usize, bs: usize) -> usize {
-        positions.div_ceil(bs).saturating_sub(self.block_table.len())
+    pub fn generated(&self) -> &[u32] {
+        &self.tokens[self.prompt_len..]
     }
 }
 
@@ -108,13 +129,10 @@ impl Scheduler {
     }
 
     /// Frees a sequence's blocks and sends it back to wait, keeping its tokens.
-    fn preempt(&mut self, index: usize, blocks: &mut BlockManager) {
+    fn preempt(&mut self, index: usize, kv: &mut KvManager) {
         let mut s = self.running.remove(index);
-        blocks.release(&s.block_table);
-        s.block_table.clear();
+        kv.release(s.id);
         s.computed = 0;
-        s.hashed_blocks = 0;
-        s.last_hash = None;
         s.preemptions += 1;
         self.counters.preemptions += 1;
         log::debug!("preempted request {} ({} tokens to recompute)", s.id, s.tokens.len());
@@ -122,10 +140,10 @@ impl Scheduler {
     }
 
     /// Removes a sequence wherever it is, releasing its blocks.
-    pub fn remove(&mut self, id: RequestId, blocks: &mut BlockManager) -> Option<Seq> {
+    pub fn remove(&mut self, id: RequestId, kv: &mut KvManager) -> Option<Seq> {
         if let Some(i) = self.running.iter().position(|s| s.id == id) {
             let s = self.running.remove(i);
-            blocks.release(&s.block_table);
+            kv.release(id);
             return Some(s);
         }
         let i = self.waiting.iter().position(|s| s.id == id)?;
@@ -142,25 +160,17 @@ impl Scheduler {
         positions: usize,
         out: &mut Vec<Scheduled>,
         budget: &mut usize,
-        blocks: &mut BlockManager,
+        kv: &mut KvManager,
     ) -> bool {
-        let bs = blocks.block_size();
         loop {
-            let need = self.running[i].blocks_for(positions, bs);
-            if need <= blocks.available() {
-                for _ in 0..need {
-                    // Cannot fail: `available` counted it.
-                    if let Some(b) = blocks.allocate() {
-                        self.running[i].block_table.push(b);
-                    }
-                }
+            if kv.grow(self.running[i].id, positions) {
                 return true;
             }
             let victim = self.running.len() - 1;
             if let Some(k) = out.iter().position(|s| s.index == victim) {
                 *budget += out.swap_remove(k).n;
             }
-            self.preempt(victim, blocks);
+            self.preempt(victim, kv);
             if victim == i {
                 return false;
             }
@@ -168,8 +178,8 @@ impl Scheduler {
     }
 
     /// Chooses this step's work. Sequences in the result are in `running`, by index.
-    pub fn schedule(&mut self, limits: SchedLimits, blocks: &mut BlockManager) -> Vec<Scheduled> {
-        let bs = blocks.block_size();
+    pub fn schedule(&mut self, limits: SchedLimits, kv: &mut KvManager) -> Vec<Scheduled> {
+        let bs = kv.block_size();
         let mut budget = limits.max_batched_tokens;
         let mut out: Vec<Scheduled> = Vec::new();
         // Passes 1 and 2 over the running set: decodes, then unfinished prefills.
@@ -183,7 +193,7 @@ impl Scheduler {
                 }
                 let n = behind.min(budget);
                 let positions = self.running[i].computed + n;
-                if self.reserve(i, positions, &mut out, &mut budget, blocks) {
+                if self.reserve(i, positions, &mut out, &mut budget, kv) {
                     out.push(Scheduled { index: i, n });
                     budget -= n;
                 }
@@ -193,30 +203,23 @@ impl Scheduler {
         // Pass 3: admit waiting sequences while blocks, budget and max_seqs allow, without
         // preempting anyone.
         while budget > 0 && self.running.len() < limits.max_seqs && !self.waiting.is_empty() {
-            let s = &mut self.waiting[0];
+            let s = &self.waiting[0];
             // Prefix cache: reuse full blocks of the longest cached prefix, but always leave
             // the last token to compute (its logits are needed).
             let max_blocks = (s.tokens.len() - 1) / bs;
-            let (hit, last) = blocks.lookup_prefix(&s.tokens, max_blocks);
-            let n = (s.tokens.len() - hit.len() * bs).min(budget);
-            let need = (hit.len() * bs + n).div_ceil(bs) - hit.len();
-            if need > blocks.available() {
-                blocks.release(&hit); // try again next step
-                break;
+            let hit = kv.lookup_prefix(&s.tokens, max_blocks);
+            let cached = hit.tokens(bs);
+            let n = (s.tokens.len() - cached).min(budget);
+            if !kv.admit(s.id, hit, cached + n) {
+                break; // try again next step
             }
             let mut s = self.waiting.remove(0);
             if !s.ever_admitted {
-                self.counters.prefix_hit_tokens += (hit.len() * bs) as u64;
+                self.counters.prefix_hit_tokens += cached as u64;
+                // Cached prompt tokens count as prompt work done once.
+                s.prompt_counted = cached.min(s.prompt_len);
             }
-            s.computed = hit.len() * bs;
-            s.hashed_blocks = hit.len();
-            s.last_hash = last;
-            s.block_table = hit;
-            for _ in 0..need {
-                if let Some(b) = blocks.allocate() {
-                    s.block_table.push(b);
-                }
-            }
+            s.computed = cached;
             s.ever_admitted = true;
             self.clock += 1;
             s.admitted = self.clock;
@@ -233,19 +236,27 @@ impl Scheduler {
         out
     }
 
+    /// The KV manager's view of this step's work, in the same order.
+    pub fn work(&self, work: &[Scheduled], out: &mut Vec<SeqWork>) {
+        out.clear();
+        out.extend(work.iter().map(|w| {
+            let s = &self.running[w.index];
+            SeqWork { seq: s.id, start: s.computed, n: w.n }
+        }));
+    }
+
     /// After the forward pass: advances `computed` and registers newly full blocks in the
-    /// prefix cache.
-    pub fn commit(&mut self, work: &[Scheduled], blocks: &mut BlockManager) {
-        let bs = blocks.block_size();
+    /// prefix cache. Returns the prompt tokens computed for the first time.
+    pub fn commit(&mut self, work: &[Scheduled], kv: &mut KvManager) -> u64 {
+        let mut prompt = 0;
         for w in work {
             let s = &mut self.running[w.index];
             s.computed += w.n;
-            while s.hashed_blocks < s.computed / bs {
-                let b = s.hashed_blocks;
-                let h = blocks.register_full(s.block_table[b], s.last_hash, &s.tokens[b * bs..(b + 1) * bs]);
-                s.last_hash = Some(h);
-                s.hashed_blocks += 1;
-            }
+            let first_time = s.computed.min(s.prompt_len).saturating_sub(s.prompt_counted);
+            s.prompt_counted += first_time;
+            prompt += first_time as u64;
+            kv.commit(s.id, &s.tokens, s.computed);
         }
+        prompt
     }
 }

@@ -43,9 +43,9 @@ pub fn golden(case: &str) -> Value {
 
 pub fn runner_with(path: &std::path::Path, opts: &PlanOptions, threads: usize, kv_blocks: usize) -> ModelRunner {
     let model = Model::load(path).unwrap_or_else(|e| panic!("load {}: {e}", path.display()));
-    let mut r = ModelRunner::new(&model, Box::new(CpuBackend::new(threads).unwrap()), opts)
+    let mut r = ModelRunner::new(&model, Box::new(CpuBackend::new(threads).unwrap()), opts, threads)
         .unwrap_or_else(|e| panic!("plan {}: {e}", path.display()));
-    r.alloc_kv(kv_blocks, 16, opts.kv_dtype).unwrap();
+    r.alloc_kv(kv_blocks, opts.block_size).unwrap();
     r
 }
 

@@ -1,0 +1,505 @@
+//! The CPU backend: host buffers, zero-copy weights, and a stream that is a queue: `launch`
+//! and `write_async` append work, and the queue runs on the engine's own rayon pool (never
+//! the host's global pool) when the host waits (`synchronize`, `read`, `wait_event`). A
+//! whole forward pass therefore runs in one `install` on the pool, so no op pays a
+//! cross-thread hand-off.
+//!
+//! This is the only module that knows the CPU kernels (`tboost-kernels`).
+
+mod run;
+mod views;
+mod weights;
+
+use std::alloc::{alloc_zeroed, dealloc, Layout};
+use std::collections::BTreeMap;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::Arc;
+
+use tboost_kernels::{attention, convert, embed, isa, matmul, moe, norm, rope};
+use tboost_ops::{AttnPhase, DType, Precision, Unsupported};
+
+use super::op::{AttnKind, Op, OpQuery, StepViews, View};
+use super::{Backend, BufId, DeviceInfo, EventId, PendingRead, StepHost, WeightId};
+use crate::model::Tensor;
+use crate::{Error, Result};
+
+pub use weights::convert_weight;
+
+/// Streaming-read bandwidth on `threads` threads over a buffer far larger than the caches
+/// (the yardstick `tboost bench` reports decode speed against): the best of several runs,
+/// since a limit is what the machine can reach, and a shared, noisy machine only ever makes
+/// a run slower.
+pub fn measure_bandwidth(threads: usize) -> Result<f64> {
+    let pool = rayon::ThreadPoolBuilder::new()
+        .num_threads(threads)
+        .build()
+        .map_err(|e| Error::invalid("threads", e.to_string()))?;
+    // 256 MiB: far beyond any L3, small enough not to dominate peak memory.
+    let buf = vec![1u8; 256 << 20];
+    let mut best = 0.0f64;
+    let mut sink = 0u64;
+    for _ in 0..7 {
+        let t = std::time::Instant::now();
+        sink = sink.wrapping_add(pool.install(|| tboost_kernels::membw::stream_read(&buf)));
+        best = best.max(buf.len() as f64 / t.elapsed().as_secs_f64());
+    }
+    std::hint::black_box(sink);
+    Ok(best)
+}
+
+/// A zero-filled, 64-byte aligned host allocation.
+struct HostBuf {
+    ptr: *mut u8,
+    bytes: usize,
+    dtype: DType,
+    len: usize,
+}
+
+// SAFETY: HostBuf uniquely owns its allocation.
+unsafe impl Send for HostBuf {}
+
+impl HostBuf {
+    fn new(dtype: DType, len: usize) -> Option<HostBuf> {
+        let bytes = dtype.bytes_for(len)?;
+        let layout = Layout::from_size_align(bytes.max(64), 64).ok()?;
+        // SAFETY: layout has non-zero size.
+        let ptr = unsafe { alloc_zeroed(layout) };
+        if ptr.is_null() {
+            return None;
+        }
+        Some(HostBuf { ptr, bytes, dtype, len })
+    }
+}
+
+impl Drop for HostBuf {
+    fn drop(&mut self) {
+        // SAFETY: allocated in `new` with this layout.
+        unsafe { dealloc(self.ptr, Layout::from_size_align_unchecked(self.bytes.max(64), 64)) }
+    }
+}
+
+/// One queued piece of work.
+enum Work {
+    Op(Op),
+    /// Copy `len` staged bytes at `at` of the staging arena into `dst`.
+    Write {
+        dst: View,
+        at: usize,
+        len: usize,
+    },
+    /// Copy `src` into staged read `id`.
+    Read {
+        src: View,
+        id: u64,
+    },
+}
+
+pub struct CpuBackend {
+    /// Per-op (count, seconds) when `TBOOST_PROFILE` is set; printed when the backend drops.
+    profile: Option<BTreeMap<&'static str, (u64, f64)>>,
+    pool: Arc<rayon::ThreadPool>,
+    threads: usize,
+    bufs: Vec<Option<HostBuf>>,
+    free_ids: Vec<u32>,
+    allocated: usize,
+    weights: Vec<Tensor>,
+    queue: Vec<Work>,
+    /// Bytes of queued `write_async` calls (reused: no allocation in a steady step).
+    staging: Vec<u8>,
+    /// Finished `read_async` copies by id.
+    reads: Vec<(u64, Vec<u8>)>,
+    next_read: u64,
+    /// Work items enqueued / completed since creation (events are positions in this count).
+    enqueued: u64,
+    completed: u64,
+    interrupt: Option<Arc<AtomicBool>>,
+}
+
+impl CpuBackend {
+    /// A backend with its own pool of `threads` compute threads (0 = one per core).
+    pub fn new(threads: usize) -> Result<CpuBackend> {
+        let threads =
+            if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
+        let pool = rayon::ThreadPoolBuilder::new()
+            .num_threads(threads)
+            .thread_name(|i| format!("tboost-cpu-{i}"))
+            .build()
+            .map_err(|e| Self::err(format!("cannot start {threads} threads: {e}")))?;
+        let profile = std::env::var_os("TBOOST_PROFILE").map(|_| Default::default());
+        Ok(CpuBackend {
+            profile,
+            pool: Arc::new(pool),
+            threads,
+            bufs: Vec::new(),
+            free_ids: Vec::new(),
+            allocated: 0,
+            weights: Vec::new(),
+            queue: Vec::new(),
+            staging: Vec::new(),
+            reads: Vec::new(),
+            next_read: 0,
+            enqueued: 0,
+            completed: 0,
+            interrupt: None,
+        })
+    }
+
+    /// Compute threads of this backend's pool.
+    pub fn threads(&self) -> usize {
+        self.threads
+    }
+
+    /// The SIMD level the kernels use (`avx512`, `avx2`, `scalar`).
+    pub fn isa_name() -> &'static str {
+        isa::active().name()
+    }
+
+    fn err(msg: impl Into<String>) -> Error {
+        Error::Backend { backend: "cpu".into(), msg: msg.into() }
+    }
+
+    fn buf(&self, id: BufId) -> Result<&HostBuf> {
+        self.bufs
+            .get(id.0 as usize)
+            .and_then(|b| b.as_ref())
+            .ok_or_else(|| Self::err(format!("unknown buffer {}", id.0)))
+    }
+
+    fn weight(&self, id: WeightId) -> Result<&Tensor> {
+        self.weights.get(id.0 as usize).ok_or_else(|| Self::err(format!("unknown weight {}", id.0)))
+    }
+
+    /// Runs every queued piece of work, in order, on the pool. The first failure drops the
+    /// rest of the queue (as a device stream stops at a failed kernel) and is returned.
+    fn flush(&mut self) -> Result<()> {
+        if self.queue.is_empty() {
+            return Ok(());
+        }
+        let queue = std::mem::take(&mut self.queue);
+        let n = queue.len() as u64;
+        let pool = self.pool.clone();
+        let mut result = Ok(());
+        // Inside `install` this thread is one of the pool's workers, so the kernels' own
+        // parallel loops use the whole pool without a hand-off per op.
+        pool.install(|| {
+            for w in &queue {
+                if self.interrupt.as_ref().is_some_and(|f| f.load(Ordering::Relaxed)) {
+                    result = Err(Error::Interrupted);
+                    break;
+                }
+                let r = match w {
+                    Work::Op(op) => self.timed(op),
+                    Work::Write { dst, at, len } => self.copy_in(*dst, *at, *len),
+                    Work::Read { src, id } => self.copy_out(*src, *id),
+                };
+                if let Err(e) = r {
+                    result = Err(e);
+                    break;
+                }
+            }
+        });
+        // Give the queue's allocation back for the next step.
+        let mut queue = queue;
+        queue.clear();
+        self.queue = queue;
+        self.staging.clear();
+        self.completed += n;
+        result
+    }
+
+    fn timed(&mut self, op: &Op) -> Result<()> {
+        let t0 = self.profile.as_ref().map(|_| std::time::Instant::now());
+        let r = self.run_op(op);
+        if let (Some(t0), Some(p)) = (t0, self.profile.as_mut()) {
+            let e = p.entry(op.name()).or_default();
+            e.0 += 1;
+            e.1 += t0.elapsed().as_secs_f64();
+        }
+        r.map_err(|e| match e {
+            Error::Backend { backend, msg } => Error::Backend { backend, msg: format!("{}: {msg}", op.name()) },
+            other => other,
+        })
+    }
+
+    fn copy_in(&mut self, dst: View, at: usize, len: usize) -> Result<()> {
+        let mut vs = views::Views::new(self);
+        let d = vs.bytes_mut(dst)?;
+        if d.len() != len {
+            return Err(Self::err(format!("write of {len} bytes into a view of {} bytes", d.len())));
+        }
+        d.copy_from_slice(&self.staging[at..at + len]);
+        Ok(())
+    }
+
+    fn copy_out(&mut self, src: View, id: u64) -> Result<()> {
+        let bytes = views::Views::new(self).bytes(src)?.to_vec();
+        self.reads.push((id, bytes));
+        Ok(())
+    }
+
+    fn view_bytes(&self, v: View) -> Result<usize> {
+        let hb = self.buf(v.buf)?;
+        hb.dtype
+            .bytes_for(v.len)
+            .ok_or_else(|| Self::err(format!("a view of {} elements is not whole {} blocks", v.len, hb.dtype)))
+    }
+}
+
+fn f32_act(act: DType) -> Result<(), Unsupported> {
+    if act != DType::F32 {
+        return Err(Unsupported::new("act_dtype", act, "f32"));
+    }
+    Ok(())
+}
+
+fn exact(p: Precision) -> Result<(), Unsupported> {
+    if p != Precision::Exact {
+        return Err(Unsupported::new("precision", p.name(), "exact (f32 activations)"));
+    }
+    Ok(())
+}
+
+impl Backend for CpuBackend {
+    fn name(&self) -> &'static str {
+        "cpu"
+    }
+
+    fn device(&self) -> DeviceInfo {
+        DeviceInfo {
+            backend: "cpu".into(),
+            device: format!("cpu {} x{} threads", isa::active().name(), self.threads),
+            runtime_version: None,
+        }
+    }
+
+    fn supports(&self, query: &OpQuery) -> Result<(), Unsupported> {
+        match *query {
+            OpQuery::Embed { table, act } => f32_act(act).and(embed::supports(table)),
+            OpQuery::RmsNorm { gain, act, .. } => f32_act(act).and(norm::supports(gain)),
+            OpQuery::Add { act } | OpQuery::SwiGlu { act } | OpQuery::GatherRows { act } => f32_act(act),
+            OpQuery::MoeScatterCombine { act } => f32_act(act),
+            OpQuery::MatMul(case) => exact(case.precision).and(matmul::supports(&case)),
+            OpQuery::MatMulFused { cases } => {
+                let mut cols = None;
+                for case in cases.iter().flatten() {
+                    exact(case.precision).and(matmul::supports(case))?;
+                    if *cols.get_or_insert(case.cols) != case.cols {
+                        return Err(Unsupported::new("cols", case.cols, "equal for every fused weight"));
+                    }
+                }
+                Ok(())
+            }
+            OpQuery::MatMulSwiGlu { gate, up } => {
+                for c in [&gate, &up] {
+                    exact(c.precision).and(matmul::supports(c))?;
+                }
+                if gate.dtype != up.dtype || (gate.rows, gate.cols) != (up.rows, up.cols) {
+                    return Err(Unsupported::new(
+                        "up",
+                        format!("{} {}x{}", up.dtype, up.rows, up.cols),
+                        "gate's dtype and shape",
+                    ));
+                }
+                Ok(())
+            }
+            OpQuery::RopeTables { rope } => {
+                if rope.dim == 0 || !rope.dim.is_multiple_of(2) {
+                    return Err(Unsupported::new("rope_dim", rope.dim, "even and positive"));
+                }
+                Ok(())
+            }
+            OpQuery::Rope { head_dim, rot_dim, act, .. } => f32_act(act).and(rope::supports(head_dim, rot_dim)),
+            OpQuery::WriteKv { act, kv_dtype, .. } => {
+                f32_act(act)?;
+                if !kv_dtype.is_float() {
+                    return Err(Unsupported::new("kv_dtype", kv_dtype, "f32, f16 or bf16"));
+                }
+                Ok(())
+            }
+            OpQuery::Attention { kind, case } => match kind {
+                // The flash kernel serves both phases; its decode path reads each K/V row once
+                // for the whole GQA group.
+                AttnKind::Flash => attention::flash_supports(&case),
+                AttnKind::PagedDecode => {
+                    if case.phase != AttnPhase::Decode {
+                        return Err(Unsupported::new("phase", "prefill", "decode (one query row per sequence)"));
+                    }
+                    attention::flash_supports(&case)
+                }
+                AttnKind::Standard => attention::standard_supports(&case),
+            },
+            OpQuery::MoeRoute { experts, top_k } => moe::supports(experts, top_k),
+            OpQuery::MoeGrouped { experts, top_k, gate, down } => {
+                moe::supports(experts, top_k)?;
+                exact(gate.precision).and(matmul::supports(&gate)).and(matmul::supports(&down))
+            }
+            OpQuery::Convert { from, to } => convert::supports(from, to),
+        }
+    }
+
+    fn activation_dtypes(&self) -> &'static [DType] {
+        &[DType::F32]
+    }
+
+    fn kv_dtypes(&self) -> &'static [DType] {
+        &[DType::F32, DType::F16, DType::BF16]
+    }
+
+    fn alloc(&mut self, dtype: DType, len: usize) -> Result<BufId> {
+        let hb = HostBuf::new(dtype, len).ok_or_else(|| Self::err(format!("cannot allocate {len} x {dtype}")))?;
+        self.allocated += hb.bytes;
+        let id = match self.free_ids.pop() {
+            Some(id) => {
+                self.bufs[id as usize] = Some(hb);
+                id
+            }
+            None => {
+                self.bufs.push(Some(hb));
+                (self.bufs.len() - 1) as u32
+            }
+        };
+        Ok(BufId(id))
+    }
+
+    fn free(&mut self, buf: BufId) {
+        // Queued work may still name the buffer: complete it first. A failure here belongs
+        // to the work that failed, which its own wait reports; freeing goes on.
+        if !self.queue.is_empty() {
+            let _ = self.flush();
+        }
+        if let Some(slot) = self.bufs.get_mut(buf.0 as usize) {
+            if let Some(hb) = slot.take() {
+                self.allocated -= hb.bytes;
+                self.free_ids.push(buf.0);
+            }
+        }
+    }
+
+    fn buffer(&self, buf: BufId) -> Option<(DType, usize)> {
+        self.bufs.get(buf.0 as usize).and_then(|b| b.as_ref()).map(|b| (b.dtype, b.len))
+    }
+
+    fn allocated_bytes(&self) -> usize {
+        self.allocated
+    }
+
+    fn upload_weight(&mut self, tensor: &Tensor) -> Result<WeightId> {
+        // Zero-copy: the tensor keeps its memory map (or owned buffer) alive.
+        self.weights.push(tensor.clone());
+        Ok(WeightId((self.weights.len() - 1) as u32))
+    }
+
+    fn write(&mut self, dst: View, src: &[u8]) -> Result<()> {
+        self.write_async(dst, src)?;
+        self.flush()
+    }
+
+    fn write_async(&mut self, dst: View, src: &[u8]) -> Result<()> {
+        let want = self.view_bytes(dst)?;
+        if src.len() != want {
+            return Err(Self::err(format!("write of {} bytes into a view of {want} bytes", src.len())));
+        }
+        let at = self.staging.len();
+        self.staging.extend_from_slice(src);
+        self.queue.push(Work::Write { dst, at, len: src.len() });
+        self.enqueued += 1;
+        Ok(())
+    }
+
+    fn read(&mut self, src: View, dst: &mut [u8]) -> Result<()> {
+        self.flush()?;
+        let mut vs = views::Views::new(self);
+        let s = vs.bytes(src)?;
+        if s.len() != dst.len() {
+            return Err(Self::err(format!("read of a view of {} bytes into {} bytes", s.len(), dst.len())));
+        }
+        dst.copy_from_slice(s);
+        Ok(())
+    }
+
+    fn read_async(&mut self, src: View) -> Result<PendingRead> {
+        let bytes = self.view_bytes(src)?;
+        let id = self.next_read;
+        self.next_read += 1;
+        self.queue.push(Work::Read { src, id });
+        self.enqueued += 1;
+        Ok(PendingRead { id, bytes })
+    }
+
+    fn finish_read(&mut self, read: PendingRead, dst: &mut [u8]) -> Result<()> {
+        if dst.len() != read.bytes {
+            return Err(Self::err(format!("finish_read of {} bytes into {} bytes", read.bytes, dst.len())));
+        }
+        if !self.reads.iter().any(|(id, _)| *id == read.id) {
+            self.flush()?;
+        }
+        let at = self
+            .reads
+            .iter()
+            .position(|(id, _)| *id == read.id)
+            .ok_or_else(|| Self::err(format!("read {} was never enqueued or already taken", read.id)))?;
+        let (_, bytes) = self.reads.swap_remove(at);
+        dst.copy_from_slice(&bytes);
+        Ok(())
+    }
+
+    fn set_step(&mut self, host: &StepHost<'_>, v: &StepViews) -> Result<()> {
+        let seqs: &[u32] = host.seqs.as_flattened();
+        for (view, data) in [
+            (v.ids, host.ids),
+            (v.positions, host.positions),
+            (v.slots, host.slots),
+            (v.seqs, seqs),
+            (v.block_tables, host.block_tables),
+            (v.logit_rows, host.logit_rows),
+        ] {
+            if view.len > 0 {
+                super::BackendExt::write_typed_async(self, view, data)?;
+            }
+        }
+        Ok(())
+    }
+
+    fn launch(&mut self, op: &Op) -> Result<()> {
+        self.queue.push(Work::Op(*op));
+        self.enqueued += 1;
+        Ok(())
+    }
+
+    fn record_event(&mut self) -> Result<EventId> {
+        Ok(EventId(self.enqueued))
+    }
+
+    fn wait_event(&mut self, event: EventId) -> Result<()> {
+        if self.completed < event.0 {
+            self.flush()?;
+        }
+        Ok(())
+    }
+
+    fn synchronize(&mut self) -> Result<()> {
+        self.flush()
+    }
+
+    fn set_interrupt(&mut self, flag: Arc<AtomicBool>) {
+        self.interrupt = Some(flag);
+    }
+}
+
+impl Drop for CpuBackend {
+    fn drop(&mut self) {
+        if let Some(p) = self.profile.take() {
+            let total: f64 = p.values().map(|v| v.1).sum();
+            eprintln!("tboost profile (cpu backend, {} threads): {:.3} s in ops", self.threads, total);
+            let mut rows: Vec<_> = p.into_iter().collect();
+            rows.sort_by(|a, b| b.1 .1.total_cmp(&a.1 .1));
+            for (name, (n, secs)) in rows {
+                eprintln!(
+                    "  {name:<24} {n:>8} calls {:>10.3} ms {:>5.1}%",
+                    secs * 1e3,
+                    100.0 * secs / total.max(1e-12)
+                );
+            }
+        }
+    }
+}

@@ -1,0 +1,111 @@
+//! The one place backends are created: `--backend`, the `backend` config key and
+//! `TBOOST_BACKEND` all end here.
+//!
+//! - `cpu`: the CPU backend.
+//! - `ascend` / `ascend:N`: the Ascend NPU `N` (default 0) through CANN, loaded at run time;
+//!   compiled in with the `ascend` cargo feature.
+//! - `auto` (the default): a device backend when its runtime loads, else the CPU, with one
+//!   info line saying why.
+//!
+//! An explicit choice wins; `auto` defers to `TBOOST_BACKEND` when that is set.
+
+use std::fmt;
+use std::sync::Once;
+
+use super::cpu::CpuBackend;
+use super::Backend;
+use crate::{Error, Result};
+
+/// Every name `BackendKind::parse` accepts (for error messages).
+pub const KNOWN: &[&str] = &["auto", "cpu", "ascend", "ascend:N"];
+
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum BackendKind {
+    #[default]
+    Auto,
+    Cpu,
+    Ascend {
+        device: u32,
+    },
+}
+
+impl BackendKind {
+    pub fn parse(s: &str) -> Result<BackendKind> {
+        let s = s.trim();
+        let bad = || Error::invalid("backend", format!("unknown backend `{s}`; known backends: {}", KNOWN.join(", ")));
+        match s {
+            "auto" => Ok(BackendKind::Auto),
+            "cpu" => Ok(BackendKind::Cpu),
+            "ascend" => Ok(BackendKind::Ascend { device: 0 }),
+            _ => match s.strip_prefix("ascend:") {
+                Some(n) => n.parse().map(|device| BackendKind::Ascend { device }).map_err(|_| bad()),
+                None => Err(bad()),
+            },
+        }
+    }
+
+    /// `self`, or the `TBOOST_BACKEND` choice when `self` is `auto`.
+    pub fn with_env(self) -> Result<BackendKind> {
+        match (self, std::env::var("TBOOST_BACKEND")) {
+            (BackendKind::Auto, Ok(v)) if !v.trim().is_empty() => {
+                BackendKind::parse(&v).map_err(|e| Error::invalid("TBOOST_BACKEND", e.to_string()))
+            }
+            _ => Ok(self),
+        }
+    }
+}
+
+impl fmt::Display for BackendKind {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            BackendKind::Auto => f.write_str("auto"),
+            BackendKind::Cpu => f.write_str("cpu"),
+            BackendKind::Ascend { device } => write!(f, "ascend:{device}"),
+        }
+    }
+}
+
+/// What to open: which backend, and the CPU's thread count (also used by the CPU that runs
+/// per-op fallbacks beside a device).
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct BackendSpec {
+    pub kind: BackendKind,
+    /// CPU compute threads (0 = one per core).
+    pub threads: usize,
+}
+
+/// Opens the backend `spec` names (after `TBOOST_BACKEND` for `auto`).
+pub fn open(spec: BackendSpec) -> Result<Box<dyn Backend>> {
+    match spec.kind.with_env()? {
+        BackendKind::Cpu => Ok(Box::new(CpuBackend::new(spec.threads)?)),
+        BackendKind::Ascend { device } => open_ascend(device),
+        BackendKind::Auto => match open_ascend(0) {
+            Ok(be) => Ok(be),
+            Err(why) => {
+                static ONCE: Once = Once::new();
+                ONCE.call_once(|| log::info!("backend auto: using the CPU ({why})"));
+                Ok(Box::new(CpuBackend::new(spec.threads)?))
+            }
+        },
+    }
+}
+
+fn open_ascend(device: u32) -> Result<Box<dyn Backend>> {
+    let _ = device;
+    Err(Error::Unsupported("the ascend backend is not compiled into this build (cargo feature `ascend`)".into()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn names_parse_and_unknown_names_list_the_known() {
+        assert_eq!(BackendKind::parse("cpu").unwrap(), BackendKind::Cpu);
+        assert_eq!(BackendKind::parse("ascend:3").unwrap(), BackendKind::Ascend { device: 3 });
+        assert_eq!(BackendKind::parse(" auto ").unwrap(), BackendKind::Auto);
+        let e = BackendKind::parse("nosuch").unwrap_err().to_string();
+        assert!(e.contains("nosuch") && e.contains("cpu") && e.contains("ascend:N"), "{e}");
+        assert!(BackendKind::parse("ascend:x").is_err());
+    }
+}

@@ -1,0 +1,124 @@
+//! What an engine is configured with, and its validation.
+
+use std::collections::BTreeSet;
+
+use tboost_ops::{DType, Precision};
+
+use crate::backend::BackendKind;
+use crate::plan::PlanOptions;
+use crate::{Error, Result};
+
+/// How much memory the KV cache gets.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum KvSize {
+    Bytes(usize),
+    Blocks(usize),
+}
+
+#[derive(Clone, Debug)]
+pub struct EngineConfig {
+    /// Where ops run (`auto`: a device backend when its runtime loads, else the CPU).
+    pub backend: BackendKind,
+    /// CPU compute threads (0 = one per core); also the CPU beside a device backend.
+    pub threads: usize,
+    pub kv_size: KvSize,
+    /// Tokens per KV block.
+    pub block_size: usize,
+    /// KV cache element type; `None` = the backend's first choice (f32 on the CPU).
+    pub kv_dtype: Option<DType>,
+    /// Matmul activation precision (`Fast` only where the backend has it per weight type).
+    pub precision: Precision,
+    /// Most sequences running at once.
+    pub max_seqs: usize,
+    /// Most tokens computed in one step (decodes + prefill chunks).
+    pub max_batched_tokens: usize,
+    pub prefix_caching: bool,
+    /// Most requests waiting to start; `enqueue` fails beyond it.
+    pub queue_limit: usize,
+    /// Finished requests whose records `output` and `cancel` still answer for (oldest
+    /// forgotten first). Every result is also in the step's events, so a host that reads
+    /// events loses nothing however small this is.
+    pub finished_records: usize,
+    /// Ops and fusions to forbid (plan names; `TBOOST_DISABLE` adds to them).
+    pub disabled_ops: BTreeSet<String>,
+}
+
+impl Default for EngineConfig {
+    fn default() -> Self {
+        EngineConfig {
+            backend: BackendKind::Auto,
+            threads: 0,
+            kv_size: KvSize::Bytes(512 << 20),
+            block_size: 16,
+            kv_dtype: None,
+            precision: Precision::Exact,
+            max_seqs: 64,
+            max_batched_tokens: 512,
+            prefix_caching: true,
+            queue_limit: 4096,
+            finished_records: 65536,
+            disabled_ops: BTreeSet::new(),
+        }
+    }
+}
+
+impl EngineConfig {
+    pub fn validate(&self) -> Result<()> {
+        let bad = |p: &str, m: String| Err(Error::invalid(p, m));
+        if self.block_size == 0 || self.block_size > 1024 {
+            return bad("block_size", format!("{} is not in 1..=1024", self.block_size));
+        }
+        if self.max_seqs == 0 {
+            return bad("max_seqs", "must be at least 1".into());
+        }
+        if self.max_batched_tokens < self.max_seqs {
+            return bad(
+                "max_batched_tokens",
+                format!(
+                    "{} is below max_seqs {}: every running decode must fit in a step",
+                    self.max_batched_tokens, self.max_seqs
+                ),
+            );
+        }
+        if self.queue_limit == 0 {
+            return bad("queue_limit", "must be at least 1".into());
+        }
+        if let Some(d) = self.kv_dtype {
+            if !d.is_float() {
+                return bad("kv_dtype", format!("{d} is not one of f32, f16, bf16"));
+            }
+        }
+        match self.kv_size {
+            KvSize::Blocks(0) | KvSize::Bytes(0) => bad("kv_cache", "the KV cache cannot be empty".into()),
+            _ => Ok(()),
+        }
+    }
+
+    /// The plan options this config asks for (`TBOOST_DISABLE` added).
+    pub fn plan_options(&self) -> Result<PlanOptions> {
+        PlanOptions {
+            disabled: self.disabled_ops.clone(),
+            kv_dtype: self.kv_dtype,
+            act_dtype: None,
+            precision: self.precision,
+            block_size: self.block_size,
+        }
+        .with_env()
+    }
+}
+
+/// Parses a KV cache dtype name (`auto` = the backend's choice).
+pub fn parse_kv_dtype(s: &str) -> Result<Option<DType>> {
+    match s {
+        "auto" => Ok(None),
+        "f32" => Ok(Some(DType::F32)),
+        "f16" => Ok(Some(DType::F16)),
+        "bf16" => Ok(Some(DType::BF16)),
+        other => Err(Error::invalid("kv_dtype", format!("`{other}` is not one of auto, f32, f16, bf16"))),
+    }
+}
+
+/// Parses a precision name.
+pub fn parse_precision(s: &str) -> Result<Precision> {
+    Precision::parse(s).ok_or_else(|| Error::invalid("precision", format!("`{s}` is not one of exact, fast")))
+}

@@ -1,0 +1,466 @@
+//! The engine: load a model, enqueue requests, `step()` in a loop, read tokens.
+//!
+//! Threads: `step` runs on one thread at a time (a concurrent call gets `Error::Busy`; the
+//! core lock is the one stepping guard and nothing else takes it while requests run);
+//! `enqueue`, `cancel`, `stats`, `output` and `plan` may be called from any thread, also
+//! while a step runs: they touch only the `shared` state, which a step locks briefly at its
+//! start (to take new requests and cancellations) and at its end (to publish tokens).
+//!
+//! Cancellation contract: `cancel` returning Ok means the request's events end with a
+//! `Cancelled` finish — also when the step running at that moment would have finished it
+//! (its last token is still delivered, with the `Cancelled` finish) — and cancelling it again
+//! returns Ok.
+
+mod config;
+mod core;
+
+use std::collections::{HashMap, VecDeque};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex, MutexGuard, TryLockError};
+use std::time::Instant;
+
+use serde::Serialize;
+
+pub use config::{parse_kv_dtype, parse_precision, EngineConfig, KvSize};
+
+use self::core::Core;
+use crate::backend::{self, BackendSpec};
+use crate::kv::{KvManager, KvPools};
+use crate::model::{Model, ModelConfig};
+use crate::plan::Plan;
+use crate::runner::ModelRunner;
+use crate::sample::{FinishReason, Sampler, StopCriteria};
+use crate::sched::{Request, RequestId, SchedLimits, Seq};
+use crate::{Error, Result};
+
+/// A request's output so far, readable from any thread.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct RequestOutput {
+    pub id: RequestId,
+    pub tag: u64,
+    pub tokens: Vec<u32>,
+    pub finish: Option<FinishReason>,
+    pub error: Option<String>,
+}
+
+/// What happened to one request in one step.
+#[derive(Clone, Debug, PartialEq, Serialize)]
+pub struct Event {
+    pub id: RequestId,
+    pub tag: u64,
+    /// The new token, if one was generated.
+    pub token: Option<u32>,
+    pub logprob: Option<f32>,
+    /// Top alternatives `(token, logprob)` when the request asked for logprobs.
+    pub top_logprobs: Vec<(u32, f32)>,
+    pub finish: Option<FinishReason>,
+    /// Why the request failed (`finish == Some(Error)`).
+    pub error: Option<String>,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct StepOutput {
+    pub events: Vec<Event>,
+    /// Tokens computed this step (decodes + prefill chunks).
+    pub batched_tokens: usize,
+}
+
+#[derive(Clone, Debug, Default, PartialEq, Serialize)]
+pub struct Stats {
+    pub waiting: usize,
+    pub running: usize,
+    /// Waiting requests that were preempted and will be recomputed.
+    pub preempted: usize,
+    pub preemptions_total: u64,
+    pub kv_blocks_total: usize,
+    pub kv_blocks_used: usize,
+    pub kv_blocks_cached: usize,
+    pub block_size: usize,
+    pub prefix_cache_hit_tokens: u64,
+    /// Prompt tokens computed (each once: not the recomputation after a preemption, not
+    /// prefix-cache hits).
+    pub prompt_tokens: u64,
+    pub generated_tokens: u64,
+    /// Every token computed, recomputations included.
+    pub computed_tokens: u64,
+    pub steps: u64,
+    pub last_step_ms: f64,
+    pub total_step_ms: f64,
+    pub finished: u64,
+    pub cancelled: u64,
+    /// Bytes copied between the backend and the CPU beside it (per-op fallbacks).
+    pub fallback_copied_bytes: u64,
+}
+
+/// What `enqueue` needs to validate a request, and what readers ask about the model,
+/// without waiting for a running step.
+struct ModelFacts {
+    tokenizer: Option<Arc<crate::tokenizer::Tokenizer>>,
+    name: String,
+    config: ModelConfig,
+    plan: Plan,
+    eos_ids: Vec<u32>,
+    kv_blocks: usize,
+    block_size: usize,
+}
+
+#[derive(Default)]
+struct Shared {
+    facts: Option<ModelFacts>,
+    next_id: RequestId,
+    arrivals: u64,
+    incoming: Vec<(Seq, u64)>,
+    /// Cancels accepted since the last step began.
+    cancels: Vec<RequestId>,
+    outputs: HashMap<RequestId, RequestOutput>,
+    finished_order: VecDeque<RequestId>,
+    /// Requests not yet admitted (incoming + the scheduler's waiting queue at the last step).
+    waiting: usize,
+    stats: Stats,
+}
+
+impl Shared {
+    fn record_finish(&mut self, id: RequestId, keep: usize) {
+        self.finished_order.push_back(id);
+        while self.finished_order.len() > keep {
+            if let Some(old) = self.finished_order.pop_front() {
+                self.outputs.remove(&old);
+            }
+        }
+    }
+}
+
+pub struct Engine {
+    config: EngineConfig,
+    shared: Mutex<Shared>,
+    core: Mutex<Option<Core>>,
+    /// Set by `interrupt`: the running step stops at its next op and fails its batch.
+    interrupted: Arc<AtomicBool>,
+}
+
+fn poisoned<T>(_: T) -> Error {
+    Error::Poisoned
+}
+
+impl Engine {
+    pub fn new(config: EngineConfig) -> Result<Engine> {
+        config.validate()?;
+        Ok(Engine {
+            config,
+            shared: Mutex::new(Shared { next_id: 1, ..Default::default() }),
+            core: Mutex::new(None),
+            interrupted: Arc::new(AtomicBool::new(false)),
+        })
+    }
+
+    pub fn config(&self) -> &EngineConfig {
+        &self.config
+    }
+
+    fn shared(&self) -> Result<MutexGuard<'_, Shared>> {
+        self.shared.lock().map_err(poisoned)
+    }
+
+    /// Loads a model file or directory (replacing a previous model when idle).
+    pub fn load(&self, path: &Path) -> Result<()> {
+        let model = Model::load(path)?;
+        self.load_model(&model)
+    }
+
+    /// Plans and places an already loaded model (e.g. a synthetic one) on the configured
+    /// backend.
+    pub fn load_model(&self, model: &Model) -> Result<()> {
+        let spec = BackendSpec { kind: self.config.backend, threads: self.config.threads };
+        self.load_model_on(model, backend::open(spec)?)
+    }
+
+    /// Plans and places a model on a given backend (tests, hosts with their own backend).
+    pub fn load_model_on(&self, model: &Model, be: Box<dyn backend::Backend>) -> Result<()> {
+        let mut core = self.core.lock().map_err(poisoned)?;
+        if core.as_ref().is_some_and(|c| !c.is_idle()) {
+            return Err(Error::invalid(
+                "load",
+                "requests are in flight; cancel them or wait before loading another model",
+            ));
+        }
+        let cfg = &model.config;
+        let mut runner = ModelRunner::new(model, be, &self.config.plan_options()?, self.config.threads)?;
+        runner.set_interrupt(self.interrupted.clone());
+        let bs = self.config.block_size;
+        let kv_dtype = runner.plan.kv_dtype;
+        let per_token = KvPools::bytes_per_token(cfg, kv_dtype);
+        let blocks = match self.config.kv_size {
+            KvSize::Blocks(n) => n,
+            KvSize::Bytes(b) => b / (bs * per_token).max(1),
+        };
+        if blocks == 0 {
+            return Err(Error::invalid(
+                "kv_cache",
+                format!("{:?} holds no block of {bs} tokens ({per_token} bytes per token)", self.config.kv_size),
+            ));
+        }
+        runner.alloc_kv(blocks, bs)?;
+        log::info!(
+            "KV cache: {blocks} blocks x {bs} tokens ({per_token} bytes per token, {} MiB, {kv_dtype})",
+            (blocks * bs * per_token) >> 20,
+        );
+        let facts = ModelFacts {
+            tokenizer: model.tokenizer.clone(),
+            name: model.path.display().to_string(),
+            config: cfg.clone(),
+            plan: runner.plan.clone(),
+            eos_ids: cfg.eos_token_ids.clone(),
+            kv_blocks: blocks,
+            block_size: bs,
+        };
+        *core = Some(Core::new(runner, KvManager::new(blocks, bs, self.config.prefix_caching)));
+        let mut sh = self.shared()?;
+        sh.facts = Some(facts);
+        sh.stats = Stats { kv_blocks_total: blocks, block_size: bs, ..Default::default() };
+        Ok(())
+    }
+
+    fn facts<T>(&self, f: impl FnOnce(&ModelFacts) -> T) -> Result<T> {
+        let sh = self.shared()?;
+        sh.facts.as_ref().map(f).ok_or(Error::NoModel)
+    }
+
+    /// The loaded model's config.
+    pub fn model_config(&self) -> Result<ModelConfig> {
+        self.facts(|f| f.config.clone())
+    }
+
+    /// The loaded model's operator plan.
+    pub fn plan(&self) -> Result<Plan> {
+        self.facts(|f| f.plan.clone())
+    }
+
+    /// Text → token ids with the model's tokenizer (`add_special`: add BOS when the model
+    /// asks for it). Safe from any thread, also during a step.
+    pub fn tokenize(&self, text: &str, add_special: bool) -> Result<Vec<u32>> {
+        self.tokenizer()?.encode(text, add_special)
+    }
+
+    /// Token ids → text with the model's tokenizer (control tokens hidden). Safe from any
+    /// thread, also during a step.
+    pub fn detokenize(&self, ids: &[u32]) -> Result<String> {
+        self.tokenizer()?.decode(ids)
+    }
+
+    /// The loaded model's tokenizer.
+    pub fn tokenizer(&self) -> Result<Arc<crate::tokenizer::Tokenizer>> {
+        let sh = self.shared()?;
+        let f = sh.facts.as_ref().ok_or(Error::NoModel)?;
+        f.tokenizer.clone().ok_or_else(|| Error::NoTokenizer(f.name.clone()))
+    }
+
+    /// Validates and queues a request; returns its id.
+    pub fn enqueue(&self, req: Request) -> Result<RequestId> {
+        let mut sh = self.shared()?;
+        let f = sh.facts.as_ref().ok_or(Error::NoModel)?;
+        let vocab = f.config.vocab_size;
+        if req.prompt.is_empty() {
+            return Err(Error::invalid("prompt", "is empty"));
+        }
+        if let Some((i, &t)) = req.prompt.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
+            return Err(Error::invalid(
+                "prompt",
+                format!("token {t} at index {i} is not below the vocabulary size {vocab}"),
+            ));
+        }
+        if req.max_tokens == 0 {
+            return Err(Error::invalid("max_tokens", "must be at least 1"));
+        }
+        req.sampling.validate()?;
+        let eos_ids = req.eos_ids.clone().unwrap_or_else(|| f.eos_ids.clone());
+        for (what, ids) in
+            [("eos_ids", &eos_ids)].into_iter().chain(req.stop_sequences.iter().map(|s| ("stop_sequences", s)))
+        {
+            if let Some(&t) = ids.iter().find(|&&t| t as usize >= vocab) {
+                return Err(Error::invalid(what, format!("token {t} is not below the vocabulary size {vocab}")));
+            }
+        }
+        let stop = StopCriteria {
+            max_tokens: req.max_tokens,
+            eos_ids,
+            ignore_eos: req.ignore_eos,
+            stop_sequences: req.stop_sequences.clone(),
+        };
+        stop.validate()?;
+        let total = req.prompt.len().saturating_add(req.max_tokens);
+        let need = total.div_ceil(f.block_size);
+        if need > f.kv_blocks {
+            return Err(Error::KvCapacity(format!(
+                "prompt {} + max_tokens {} = {total} tokens need {need} blocks of {} but the whole KV cache has {}",
+                req.prompt.len(),
+                req.max_tokens,
+                f.block_size,
+                f.kv_blocks
+            )));
+        }
+        let max_positions = f.config.max_position_embeddings;
+        if total > max_positions {
+            log::warn!("request of {total} tokens goes beyond the model's {max_positions} trained positions");
+        }
+        if sh.waiting >= self.config.queue_limit {
+            return Err(Error::QueueFull(self.config.queue_limit));
+        }
+        let sampler = Sampler::new(req.sampling.clone())?;
+        let id = sh.next_id;
+        sh.next_id += 1;
+        sh.arrivals += 1;
+        let seq = Seq::new(id, sh.arrivals, req.prompt, req.priority, sampler, stop);
+        sh.outputs.insert(id, RequestOutput { id, tag: req.tag, tokens: Vec::new(), finish: None, error: None });
+        sh.incoming.push((seq, req.tag));
+        sh.waiting += 1;
+        Ok(id)
+    }
+
+    /// Cancels a request (see the module doc for the contract). An unknown id, or one that
+    /// finished otherwise, is `NotFound`. Its blocks are freed by the next step, whose events
+    /// carry its `Cancelled` finish.
+    pub fn cancel(&self, id: RequestId) -> Result<()> {
+        let mut sh = self.shared()?;
+        match sh.outputs.get(&id) {
+            None => Err(Error::NotFound(format!("request {id} is unknown"))),
+            Some(o) if o.finish == Some(FinishReason::Cancelled) => Ok(()),
+            Some(o) if o.finish.is_some() => {
+                Err(Error::NotFound(format!("request {id} already finished ({})", o.finish.map_or("", |f| f.as_str()))))
+            }
+            Some(_) => {
+                if !sh.cancels.contains(&id) {
+                    sh.cancels.push(id);
+                }
+                Ok(())
+            }
+        }
+    }
+
+    /// A request's tokens and state so far.
+    pub fn output(&self, id: RequestId) -> Result<RequestOutput> {
+        let sh = self.shared()?;
+        sh.outputs.get(&id).cloned().ok_or_else(|| Error::NotFound(format!("request {id} is unknown")))
+    }
+
+    pub fn stats(&self) -> Result<Stats> {
+        Ok(self.shared()?.stats.clone())
+    }
+
+    /// For each running request: (id, positions in the cache, blocks held). Lets tests and
+    /// operators check that a sequence never holds more than one partially filled block.
+    /// Waits for a running step.
+    pub fn kv_usage(&self) -> Result<Vec<(RequestId, usize, usize)>> {
+        let core = self.core.lock().map_err(poisoned)?;
+        let c = core.as_ref().ok_or(Error::NoModel)?;
+        Ok(c.sched.running.iter().map(|s| (s.id, s.computed, c.kv.blocks_of(s.id))).collect())
+    }
+
+    /// True while any request is waiting or running, or a cancellation is to be reported.
+    pub fn has_work(&self) -> Result<bool> {
+        let sh = self.shared()?;
+        Ok(sh.waiting > 0 || sh.stats.running > 0 || !sh.cancels.is_empty())
+    }
+
+    /// Stops a running step at its next op (its batch fails with an error event) and makes
+    /// every later step fail at once: for hosts tearing the engine down.
+    pub fn interrupt(&self) {
+        self.interrupted.store(true, Ordering::SeqCst);
+    }
+
+    /// Publishes a step's events and the stats; applies the cancellation contract to
+    /// requests that finished in a step a cancel raced with.
+    fn publish(&self, c: &mut Core, events: &mut [Event], step_ms: f64) -> Result<()> {
+        let mut sh = self.shared()?;
+        for e in events.iter_mut() {
+            if e.finish.is_some() && e.finish != Some(FinishReason::Cancelled) {
+                if let Some(i) = sh.cancels.iter().position(|&id| id == e.id) {
+                    // The cancel was accepted while this step ran: it wins.
+                    sh.cancels.swap_remove(i);
+                    e.finish = Some(FinishReason::Cancelled);
+                    e.error = None;
+                }
+            }
+            match e.finish {
+                Some(FinishReason::Cancelled) => c.cancelled += 1,
+                Some(_) => c.finished += 1,
+                None => {}
+            }
+            let keep = self.config.finished_records;
+            if let Some(o) = sh.outputs.get_mut(&e.id) {
+                if let Some(t) = e.token {
+                    o.tokens.push(t);
+                }
+                if e.finish.is_some() {
+                    o.finish = e.finish;
+                    o.error.clone_from(&e.error);
+                }
+            }
+            if e.finish.is_some() {
+                sh.record_finish(e.id, keep);
+            }
+        }
+        let waiting = c.sched.waiting.len() + sh.incoming.len();
+        sh.waiting = waiting;
+        let prev_ms = sh.stats.last_step_ms;
+        sh.stats = Stats {
+            waiting,
+            running: c.sched.running.len(),
+            preempted: c.sched.waiting.iter().filter(|s| s.preemptions > 0).count(),
+            preemptions_total: c.sched.counters.preemptions,
+            kv_blocks_total: c.kv.total(),
+            kv_blocks_used: c.kv.used(),
+            kv_blocks_cached: c.kv.cached(),
+            block_size: c.kv.block_size(),
+            prefix_cache_hit_tokens: c.sched.counters.prefix_hit_tokens,
+            prompt_tokens: c.prompt_tokens,
+            generated_tokens: c.generated_tokens,
+            computed_tokens: c.computed_tokens,
+            steps: c.steps,
+            last_step_ms: if step_ms > 0.0 { step_ms } else { prev_ms },
+            total_step_ms: c.total_step_ms,
+            finished: c.finished,
+            cancelled: c.cancelled,
+            fallback_copied_bytes: c.runner.fallback_copied_bytes(),
+        };
+        Ok(())
+    }
+
+    /// One continuous-batching iteration. Returns `Error::Busy` if another thread is
+    /// stepping. Per-request failures are events (`finish == Error`), not errors.
+    pub fn step(&self) -> Result<StepOutput> {
+        let mut guard = match self.core.try_lock() {
+            Ok(g) => g,
+            Err(TryLockError::WouldBlock) => return Err(Error::Busy),
+            Err(TryLockError::Poisoned(_)) => return Err(Error::Poisoned),
+        };
+        let c = guard.as_mut().ok_or(Error::NoModel)?;
+        let t0 = Instant::now();
+        let mut out = StepOutput::default();
+        let (incoming, cancels) = {
+            let mut sh = self.shared()?;
+            (std::mem::take(&mut sh.incoming), std::mem::take(&mut sh.cancels))
+        };
+        c.admit(incoming);
+        c.cancel(&cancels, &mut out.events);
+        let limits = SchedLimits { max_seqs: self.config.max_seqs, max_batched_tokens: self.config.max_batched_tokens };
+        let ran = c.run(limits, &mut out)?;
+        let ms = t0.elapsed().as_secs_f64() * 1e3;
+        if ran {
+            c.steps += 1;
+            c.total_step_ms += ms;
+        }
+        self.publish(c, &mut out.events, if ran { ms } else { 0.0 })?;
+        Ok(out)
+    }
+
+    /// Steps until no request is waiting or running; returns every event in order.
+    pub fn run_to_completion(&self) -> Result<Vec<Event>> {
+        let mut all = Vec::new();
+        while self.has_work()? {
+            let out = self.step()?;
+            all.extend(out.events);
+        }
+        Ok(all)
+    }
+}

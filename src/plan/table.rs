@@ -1,0 +1,677 @@
+//! The slots of a decoder model, their candidates in order of preference, the full case
+//! each candidate asks of a backend, and the search over candidates, weight modes and
+//! backends.
+
+use serde::Serialize;
+use tboost_ops::{AttentionCase, AttnPhase, DType, MatMulCase, Precision, RopeParams, Unsupported};
+
+use super::{Decision, LayerPlan, Placement, Plan, PlanOptions, Tried, Verdict, WeightMode};
+use crate::backend::{AttnKind, Backend, OpQuery};
+use crate::model::{LayerWeights, Mlp, ModelConfig, ModelWeights, Tensor};
+use crate::{Error, Result};
+
+/// A place in the model that one operator (or a fixed sequence of them) fills.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Slot {
+    Embed,
+    RopeTables,
+    FinalNorm,
+    LmHead,
+    AttnNorm,
+    Qkv,
+    Rope,
+    KvWrite,
+    AttentionPrefill,
+    AttentionDecode,
+    OProj,
+    FfnNorm,
+    MoeRouting,
+    Mlp,
+}
+
+impl Slot {
+    pub fn name(self) -> &'static str {
+        match self {
+            Slot::Embed => "embed",
+            Slot::RopeTables => "rope_tables",
+            Slot::FinalNorm => "final_norm",
+            Slot::LmHead => "lm_head",
+            Slot::AttnNorm => "attn_norm",
+            Slot::Qkv => "qkv",
+            Slot::Rope => "rope",
+            Slot::KvWrite => "kv_write",
+            Slot::AttentionPrefill => "attention_prefill",
+            Slot::AttentionDecode => "attention_decode",
+            Slot::OProj => "o_proj",
+            Slot::FfnNorm => "ffn_norm",
+            Slot::MoeRouting => "moe_routing",
+            Slot::Mlp => "mlp",
+        }
+    }
+}
+
+/// An operator (or a fixed composition of ops) that can fill a slot.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum Choice {
+    Embed,
+    RopeTables,
+    RmsNorm,
+    /// Residual add fused into the following RMSNorm.
+    AddRmsNorm,
+    /// Residual add, then RMSNorm.
+    AddThenRmsNorm,
+    /// One matmul call reads the normed input once for Q, K and V.
+    FusedQkvMatmul,
+    SeparateQkvMatmuls,
+    Rope,
+    WriteKv,
+    FlashAttention,
+    PagedDecodeAttention,
+    StandardAttention,
+    Matmul,
+    /// Gate and up projections and SwiGLU in one kernel.
+    FusedGateUpSwiglu,
+    GateUpMatmulsThenSwiglu,
+    /// Tokens grouped per expert, one call for the whole MoE block.
+    MoeGrouped,
+    /// Every expert as a dense MLP over every token of the step, then scatter and combine.
+    MoePerExpert,
+    MoeTopkSoftmax,
+    /// Gather the rows whose logits are wanted, then the output projection.
+    GatherThenMatmul,
+}
+
+impl Choice {
+    pub fn name(self) -> &'static str {
+        match self {
+            Choice::Embed => "embed",
+            Choice::RopeTables => "rope_tables",
+            Choice::RmsNorm => "rmsnorm",
+            Choice::AddRmsNorm => "add_rmsnorm",
+            Choice::AddThenRmsNorm => "add_then_rmsnorm",
+            Choice::FusedQkvMatmul => "fused_qkv_matmul",
+            Choice::SeparateQkvMatmuls => "separate_qkv_matmuls",
+            Choice::Rope => "rope",
+            Choice::WriteKv => "write_kv",
+            Choice::FlashAttention => "flash_attention",
+            Choice::PagedDecodeAttention => "paged_decode_attention",
+            Choice::StandardAttention => "standard_attention",
+            Choice::Matmul => "matmul",
+            Choice::FusedGateUpSwiglu => "fused_gate_up_swiglu",
+            Choice::GateUpMatmulsThenSwiglu => "gate_up_matmuls_then_swiglu",
+            Choice::MoeGrouped => "moe_grouped",
+            Choice::MoePerExpert => "moe_per_expert",
+            Choice::MoeTopkSoftmax => "moe_topk_softmax",
+            Choice::GatherThenMatmul => "gather_then_matmul",
+        }
+    }
+
+    /// Words for the "fallback to ..." line.
+    fn words(self) -> &'static str {
+        match self {
+            Choice::FlashAttention => "flash attention",
+            Choice::PagedDecodeAttention => "paged decode attention",
+            Choice::StandardAttention => "standard attention",
+            Choice::AddThenRmsNorm => "a separate add and rmsnorm",
+            Choice::SeparateQkvMatmuls => "separate q/k/v matmuls",
+            Choice::GateUpMatmulsThenSwiglu => "separate gate/up matmuls and swiglu",
+            Choice::MoePerExpert => "moe per expert",
+            other => other.name(),
+        }
+    }
+
+    /// The `disable` name that forbids this candidate.
+    pub fn disable_name(self) -> Option<&'static str> {
+        match self {
+            Choice::FlashAttention => Some("flash_attention"),
+            Choice::PagedDecodeAttention => Some("paged_decode_attention"),
+            Choice::StandardAttention => Some("standard_attention"),
+            Choice::FusedQkvMatmul => Some("fuse_qkv"),
+            Choice::FusedGateUpSwiglu => Some("fuse_gate_up"),
+            Choice::AddRmsNorm => Some("fuse_add_norm"),
+            Choice::MoeGrouped => Some("moe_grouped"),
+            _ => None,
+        }
+    }
+
+    pub fn attn_kind(self) -> Option<AttnKind> {
+        match self {
+            Choice::FlashAttention => Some(AttnKind::Flash),
+            Choice::PagedDecodeAttention => Some(AttnKind::PagedDecode),
+            Choice::StandardAttention => Some(AttnKind::Standard),
+            _ => None,
+        }
+    }
+}
+
+/// The weights a slot's candidates use (their dtypes and shapes make the matmul cases).
+enum SlotWeights<'w> {
+    None,
+    Gain(&'w Tensor),
+    Embed(&'w Tensor),
+    Qkv(&'w LayerWeights),
+    One(&'w Tensor),
+    Mlp(&'w Mlp),
+    Router(&'w Tensor),
+}
+
+/// What a backend is asked with: its activation and KV dtypes, the weight mode and the
+/// precision under evaluation.
+#[derive(Clone, Copy)]
+struct Ask {
+    act: DType,
+    kv: DType,
+    mode: WeightMode,
+    precision: Precision,
+}
+
+fn mm(t: &Tensor, a: Ask) -> MatMulCase {
+    let (rows, cols) = t.rows_cols();
+    let dtype = match a.mode {
+        WeightMode::Convert(to) => to,
+        WeightMode::Native => t.dtype,
+    };
+    MatMulCase { dtype, rows, cols, act_dtype: a.act, precision: a.precision }
+}
+
+fn gain_dtype(t: &Tensor, a: Ask) -> DType {
+    match a.mode {
+        WeightMode::Convert(to) => to,
+        WeightMode::Native => t.dtype,
+    }
+}
+
+pub(super) struct Planner<'a> {
+    cfg: &'a ModelConfig,
+    w: &'a ModelWeights,
+    primary: &'a dyn Backend,
+    cpu: Option<&'a dyn Backend>,
+    opts: &'a PlanOptions,
+    act: DType,
+    kv: DType,
+}
+
+impl<'a> Planner<'a> {
+    pub fn new(
+        cfg: &'a ModelConfig,
+        w: &'a ModelWeights,
+        primary: &'a dyn Backend,
+        cpu: Option<&'a dyn Backend>,
+        opts: &'a PlanOptions,
+    ) -> Result<Planner<'a>> {
+        let act = match opts.act_dtype {
+            Some(d) => d,
+            None => *primary
+                .activation_dtypes()
+                .first()
+                .ok_or_else(|| Error::Unsupported(format!("backend {} names no activation dtype", primary.name())))?,
+        };
+        let kv = match opts.kv_dtype {
+            Some(d) => d,
+            None => primary.kv_dtypes().first().copied().unwrap_or(DType::F32),
+        };
+        Ok(Planner { cfg, w, primary, cpu, opts, act, kv })
+    }
+
+    fn rope(&self) -> RopeParams {
+        let c = self.cfg;
+        RopeParams { dim: c.rope_dim, theta: c.rope_theta, scaling: c.rope_scaling, style: c.rope_style }
+    }
+
+    fn attention_case(&self, phase: AttnPhase, a: Ask) -> AttentionCase {
+        let c = self.cfg;
+        AttentionCase {
+            phase,
+            head_dim: c.head_dim,
+            n_heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            act_dtype: a.act,
+            kv_dtype: a.kv,
+            block_size: self.opts.block_size,
+            max_context: c.max_position_embeddings,
+        }
+    }
+
+    /// The queries candidate `choice` makes for its slot under `a`.
+    fn queries(&self, choice: Choice, sw: &SlotWeights<'_>, a: Ask) -> Vec<OpQuery> {
+        let c = self.cfg;
+        let norm = |t: &Tensor, fused_add| OpQuery::RmsNorm { gain: gain_dtype(t, a), act: a.act, fused_add };
+        match (choice, sw) {
+            (Choice::Embed, SlotWeights::Embed(t)) => vec![OpQuery::Embed { table: gain_dtype(t, a), act: a.act }],
+            (Choice::RopeTables, _) => vec![OpQuery::RopeTables { rope: self.rope() }],
+            (Choice::RmsNorm, SlotWeights::Gain(t)) => vec![norm(t, false)],
+            (Choice::AddRmsNorm, SlotWeights::Gain(t)) => vec![norm(t, true)],
+            (Choice::AddThenRmsNorm, SlotWeights::Gain(t)) => vec![OpQuery::Add { act: a.act }, norm(t, false)],
+            (Choice::FusedQkvMatmul, SlotWeights::Qkv(l)) => {
+                vec![OpQuery::MatMulFused { cases: [Some(mm(&l.q, a)), Some(mm(&l.k, a)), Some(mm(&l.v, a))] }]
+            }
+            (Choice::SeparateQkvMatmuls, SlotWeights::Qkv(l)) => {
+                [&l.q, &l.k, &l.v].iter().map(|t| OpQuery::MatMul(mm(t, a))).collect()
+            }
+            (Choice::Rope, _) => {
+                vec![OpQuery::Rope { head_dim: c.head_dim, rot_dim: c.rope_dim, style: c.rope_style, act: a.act }]
+            }
+            (Choice::WriteKv, _) => vec![OpQuery::WriteKv {
+                act: a.act,
+                kv_dtype: a.kv,
+                block_size: self.opts.block_size,
+                kv_heads: c.num_kv_heads,
+                head_dim: c.head_dim,
+            }],
+            (Choice::FlashAttention | Choice::PagedDecodeAttention | Choice::StandardAttention, SlotWeights::None) => {
+                // The phase is the slot's; the caller passes it through `a` below.
+                unreachable!("attention queries are built by `attention_queries`")
+            }
+            (Choice::Matmul, SlotWeights::One(t)) => vec![OpQuery::MatMul(mm(t, a))],
+            (Choice::FusedGateUpSwiglu, SlotWeights::Mlp(Mlp::Dense { gate, up, down })) => {
+                vec![OpQuery::MatMulSwiGlu { gate: mm(gate, a), up: mm(up, a) }, OpQuery::MatMul(mm(down, a))]
+            }
+            (Choice::GateUpMatmulsThenSwiglu, SlotWeights::Mlp(Mlp::Dense { gate, up, down })) => vec![
+                OpQuery::MatMul(mm(gate, a)),
+                OpQuery::MatMul(mm(up, a)),
+                OpQuery::SwiGlu { act: a.act },
+                OpQuery::MatMul(mm(down, a)),
+            ],
+            (Choice::MoeGrouped, SlotWeights::Mlp(Mlp::Moe { experts, .. })) => match experts.first() {
+                Some(e) => vec![OpQuery::MoeGrouped {
+                    experts: experts.len(),
+                    top_k: c.experts_per_token,
+                    gate: mm(&e.gate, a),
+                    down: mm(&e.down, a),
+                }],
+                None => vec![],
+            },
+            // Every expert has the shape and dtype of the first (checked at load).
+            (Choice::MoePerExpert, SlotWeights::Mlp(Mlp::Moe { experts, .. })) => match experts.first() {
+                Some(e) => vec![
+                    OpQuery::MatMul(mm(&e.gate, a)),
+                    OpQuery::MatMul(mm(&e.up, a)),
+                    OpQuery::SwiGlu { act: a.act },
+                    OpQuery::MatMul(mm(&e.down, a)),
+                    OpQuery::MoeScatterCombine { act: a.act },
+                ],
+                None => vec![],
+            },
+            (Choice::MoeTopkSoftmax, SlotWeights::Router(r)) => vec![
+                OpQuery::MatMul(mm(r, a)),
+                OpQuery::MoeRoute { experts: c.num_experts, top_k: c.experts_per_token },
+            ],
+            (Choice::GatherThenMatmul, SlotWeights::One(t)) => {
+                let mut q = vec![OpQuery::GatherRows { act: a.act }, OpQuery::MatMul(mm(t, a))];
+                if a.act != DType::F32 {
+                    q.push(OpQuery::Convert { from: a.act, to: DType::F32 });
+                }
+                q
+            }
+            (choice, _) => unreachable!("candidate {} asked with the weights of another slot", choice.name()),
+        }
+    }
+
+    fn attention_queries(&self, choice: Choice, phase: AttnPhase, a: Ask) -> Vec<OpQuery> {
+        match choice.attn_kind() {
+            Some(kind) => vec![OpQuery::Attention { kind, case: self.attention_case(phase, a) }],
+            None => unreachable!("{} is not an attention candidate", choice.name()),
+        }
+    }
+
+    /// The dtypes of the weights candidate `choice` reads (for weight-mode choices).
+    fn weight_dtypes(sw: &SlotWeights<'_>) -> Vec<DType> {
+        let mut v: Vec<DType> = match sw {
+            SlotWeights::None => vec![],
+            SlotWeights::Gain(t) | SlotWeights::Embed(t) | SlotWeights::One(t) | SlotWeights::Router(t) => {
+                vec![t.dtype]
+            }
+            SlotWeights::Qkv(l) => vec![l.q.dtype, l.k.dtype, l.v.dtype],
+            SlotWeights::Mlp(Mlp::Dense { gate, up, down }) => vec![gate.dtype, up.dtype, down.dtype],
+            SlotWeights::Mlp(Mlp::Moe { experts, .. }) => {
+                experts.first().map(|e| vec![e.gate.dtype, e.up.dtype, e.down.dtype]).unwrap_or_default()
+            }
+        };
+        v.dedup();
+        v
+    }
+
+    /// The weight modes to try on backend `be`, native first. Conversion targets are the
+    /// float types, the backend's activation types first; a target equal to every weight's
+    /// own dtype is just "native".
+    fn modes(&self, be: &dyn Backend, sw: &SlotWeights<'_>) -> Vec<WeightMode> {
+        let mut modes = vec![WeightMode::Native];
+        let dtypes = Self::weight_dtypes(sw);
+        if dtypes.is_empty() || !self.opts.allows("convert_weights") {
+            return modes;
+        }
+        let mut targets: Vec<DType> = be.activation_dtypes().to_vec();
+        for d in [DType::F16, DType::BF16, DType::F32] {
+            if !targets.contains(&d) {
+                targets.push(d);
+            }
+        }
+        for t in targets {
+            if dtypes.iter().any(|&d| d != t) && t.is_float() {
+                modes.push(WeightMode::Convert(t));
+            }
+        }
+        modes
+    }
+
+    /// Asks `be` about `choice`: the first (mode, precision) it takes all queries of, or the
+    /// answer to the first, preferred attempt.
+    fn evaluate(
+        &self,
+        be: &dyn Backend,
+        act: DType,
+        choice: Choice,
+        build: &dyn Fn(Ask) -> Vec<OpQuery>,
+        sw: &SlotWeights<'_>,
+    ) -> Result<(WeightMode, Precision), Box<(OpQuery, Unsupported)>> {
+        let mut first_no = None;
+        let mut precisions = vec![self.opts.precision];
+        if self.opts.precision != Precision::Exact {
+            precisions.push(Precision::Exact);
+        }
+        for mode in self.modes(be, sw) {
+            for &precision in &precisions {
+                let a = Ask { act, kv: self.kv, mode, precision };
+                match build(a).into_iter().try_for_each(|q| be.supports(&q).map_err(|why| Box::new((q, why)))) {
+                    Ok(()) => return Ok((mode, precision)),
+                    Err(no) => {
+                        first_no.get_or_insert(no);
+                    }
+                }
+            }
+        }
+        let _ = choice;
+        Err(first_no.unwrap_or_else(|| {
+            Box::new((OpQuery::Add { act }, Unsupported::new("candidate", choice.name(), "some query to ask")))
+        }))
+    }
+
+    /// The backends to try, in order, each with the activation dtype it computes in.
+    fn backends(&self) -> Vec<(&'a dyn Backend, Placement, DType)> {
+        let mut v = vec![(self.primary, Placement::Primary, self.act)];
+        if let Some(cpu) = self.cpu {
+            v.push((cpu, Placement::Cpu, DType::F32));
+        }
+        v
+    }
+
+    /// Decides one slot: every candidate on the primary backend, then on the CPU (`only`
+    /// restricts it to one of them).
+    #[allow(clippy::too_many_arguments)]
+    fn decide(
+        &self,
+        layer: Option<usize>,
+        slot: Slot,
+        candidates: &[Choice],
+        sw: &SlotWeights<'_>,
+        build: &dyn Fn(Choice, Ask) -> Vec<OpQuery>,
+        detail: String,
+        only: Option<Placement>,
+    ) -> Result<Decision> {
+        let mut tried = Vec::new();
+        for (be, placement, act) in self.backends() {
+            if only.is_some_and(|p| p != placement) {
+                continue;
+            }
+            for &choice in candidates {
+                if let Some(name) = choice.disable_name().filter(|n| !self.opts.allows(n)) {
+                    tried.push(Tried {
+                        candidate: choice,
+                        backend: be.name().into(),
+                        verdict: Verdict::Disabled { name },
+                    });
+                    continue;
+                }
+                match self.evaluate(be, act, choice, &|a| build(choice, a), sw) {
+                    Ok((weights, precision)) => {
+                        tried.push(Tried { candidate: choice, backend: be.name().into(), verdict: Verdict::Chosen });
+                        let fallback = tried.len() > 1 || placement != Placement::Primary;
+                        let reason = if fallback { fallback_reason(choice, &tried) } else { detail };
+                        let copy = if placement == Placement::Cpu { self.copy_bytes(slot) } else { 0 };
+                        return Ok(Decision {
+                            slot,
+                            choice,
+                            backend: be.name().into(),
+                            placement,
+                            weights,
+                            precision,
+                            fallback,
+                            copy_bytes_per_token: copy,
+                            reason,
+                            tried,
+                        });
+                    }
+                    Err(no) => tried.push(Tried {
+                        candidate: choice,
+                        backend: be.name().into(),
+                        verdict: Verdict::Rejected { query: no.0, why: no.1 },
+                    }),
+                }
+            }
+        }
+        let at = layer.map_or("model".to_string(), |l| format!("layer {l}"));
+        let why: Vec<String> = tried.iter().map(tried_text).collect();
+        Err(Error::Unsupported(format!(
+            "{at}: no backend can run {} ({}): {}",
+            slot.name(),
+            self.case_text(),
+            why.join("; ")
+        )))
+    }
+
+    fn case_text(&self) -> String {
+        let c = self.cfg;
+        format!(
+            "head_dim={} heads={} kv_heads={} act={} kv={} block_size={}",
+            c.head_dim, c.num_heads, c.num_kv_heads, self.act, self.kv, self.opts.block_size
+        )
+    }
+
+    /// Bytes a slot's inputs and outputs take per token when it runs away from its
+    /// neighbours (copied there and back every step).
+    fn copy_bytes(&self, slot: Slot) -> usize {
+        let c = self.cfg;
+        let e = self.act.block_bytes();
+        let (h, qd, kvd) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
+        let elems = match slot {
+            Slot::Embed => h,
+            Slot::RopeTables => c.rope_dim,
+            Slot::AttnNorm | Slot::FfnNorm | Slot::FinalNorm => 4 * h,
+            Slot::Qkv => h + qd + 2 * kvd,
+            Slot::Rope => 2 * (qd + kvd) + c.rope_dim,
+            Slot::KvWrite => 2 * kvd,
+            Slot::AttentionPrefill | Slot::AttentionDecode => 3 * qd,
+            Slot::OProj => qd + h,
+            Slot::MoeRouting => h + 2 * c.experts_per_token,
+            Slot::Mlp => 2 * h + 2 * c.experts_per_token,
+            Slot::LmHead => h + c.vocab_size,
+        };
+        elems * e + 4 // + the u32 index (id, position or slot) the slot reads
+    }
+
+    pub fn build(&self) -> Result<Plan> {
+        let c = self.cfg;
+        let w = self.w;
+        let q = |choice, sw: &SlotWeights<'_>, a| self.queries(choice, sw, a);
+        let mut model = Vec::new();
+        let sw = SlotWeights::Embed(&w.embed);
+        model.push(self.decide(
+            None,
+            Slot::Embed,
+            &[Choice::Embed],
+            &sw,
+            &|ch, a| q(ch, &sw, a),
+            format!("{} table", w.embed.dtype),
+            None,
+        )?);
+        let sw = SlotWeights::None;
+        let rope = self.rope();
+        model.push(self.decide(
+            None,
+            Slot::RopeTables,
+            &[Choice::RopeTables],
+            &sw,
+            &|ch, a| q(ch, &sw, a),
+            format!("rope_dim={} theta={}", rope.dim, rope.theta),
+            None,
+        )?);
+
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for (i, lw) in w.layers.iter().enumerate() {
+            let mut d = Vec::new();
+            let one = |slot, cands: &[Choice], sw: SlotWeights<'_>, detail: String| -> Result<Decision> {
+                self.decide(Some(i), slot, cands, &sw, &|ch, a| q(ch, &sw, a), detail, None)
+            };
+            let norms: &[Choice] =
+                if i == 0 { &[Choice::RmsNorm] } else { &[Choice::AddRmsNorm, Choice::AddThenRmsNorm] };
+            d.push(one(Slot::AttnNorm, norms, SlotWeights::Gain(&lw.attn_norm), format!("eps={}", c.rms_eps))?);
+            d.push(one(
+                Slot::Qkv,
+                &[Choice::FusedQkvMatmul, Choice::SeparateQkvMatmuls],
+                SlotWeights::Qkv(lw),
+                matmul_detail(&[&lw.q, &lw.k, &lw.v], self.act),
+            )?);
+            d.push(one(
+                Slot::Rope,
+                &[Choice::Rope],
+                SlotWeights::None,
+                format!("{:?}, rope_dim={}", c.rope_style, c.rope_dim),
+            )?);
+            d.extend(self.attention_group(i)?);
+            d.push(one(Slot::OProj, &[Choice::Matmul], SlotWeights::One(&lw.o), matmul_detail(&[&lw.o], self.act))?);
+            d.push(one(
+                Slot::FfnNorm,
+                &[Choice::AddRmsNorm, Choice::AddThenRmsNorm],
+                SlotWeights::Gain(&lw.ffn_norm),
+                format!("eps={}", c.rms_eps),
+            )?);
+            match &lw.mlp {
+                Mlp::Dense { gate, up, down } => d.push(one(
+                    Slot::Mlp,
+                    &[Choice::FusedGateUpSwiglu, Choice::GateUpMatmulsThenSwiglu],
+                    SlotWeights::Mlp(&lw.mlp),
+                    matmul_detail(&[gate, up, down], self.act),
+                )?),
+                Mlp::Moe { router, experts } => {
+                    d.push(one(
+                        Slot::MoeRouting,
+                        &[Choice::MoeTopkSoftmax],
+                        SlotWeights::Router(router),
+                        format!("top-{} of {} experts, renormalized", c.experts_per_token, experts.len()),
+                    )?);
+                    let first: Vec<&Tensor> =
+                        experts.first().map(|e| vec![&e.gate, &e.up, &e.down]).unwrap_or_default();
+                    d.push(one(
+                        Slot::Mlp,
+                        &[Choice::MoeGrouped, Choice::MoePerExpert],
+                        SlotWeights::Mlp(&lw.mlp),
+                        format!(
+                            "{} experts, top-{}; {}",
+                            experts.len(),
+                            c.experts_per_token,
+                            matmul_detail(&first, self.act)
+                        ),
+                    )?);
+                }
+            }
+            layers.push(LayerPlan { layer: i, decisions: d });
+        }
+
+        let sw = SlotWeights::Gain(&w.norm);
+        model.push(self.decide(
+            None,
+            Slot::FinalNorm,
+            &[Choice::AddRmsNorm, Choice::AddThenRmsNorm],
+            &sw,
+            &|ch, a| q(ch, &sw, a),
+            format!("eps={}", c.rms_eps),
+            None,
+        )?);
+        let sw = SlotWeights::One(&w.lm_head);
+        model.push(self.decide(
+            None,
+            Slot::LmHead,
+            &[Choice::GatherThenMatmul],
+            &sw,
+            &|ch, a| q(ch, &sw, a),
+            matmul_detail(&[&w.lm_head], self.act),
+            None,
+        )?);
+
+        let mut plan = Plan {
+            device: self.primary.device(),
+            architecture: c.arch.to_string(),
+            disabled: self.opts.disabled.iter().cloned().collect(),
+            act_dtype: self.act,
+            kv_dtype: self.kv,
+            block_size: self.opts.block_size,
+            precision: self.opts.precision,
+            model,
+            layers,
+            copy_bytes_per_token: 0,
+        };
+        plan.copy_bytes_per_token = plan.decisions().map(|d| d.copy_bytes_per_token).sum();
+        Ok(plan)
+    }
+
+    /// KV write and both attention phases: they share the KV pools, so they run on the same
+    /// backend — the primary when it takes all three, else the CPU.
+    fn attention_group(&self, i: usize) -> Result<Vec<Decision>> {
+        let sw = SlotWeights::None;
+        let hd = format!("head_dim={}", self.cfg.head_dim);
+        let kv = |ch, a| self.queries(ch, &sw, a);
+        let pre = |ch, a| self.attention_queries(ch, AttnPhase::Prefill, a);
+        let dec = |ch, a| self.attention_queries(ch, AttnPhase::Decode, a);
+        let prefill = [Choice::FlashAttention, Choice::StandardAttention];
+        let decode = [Choice::PagedDecodeAttention, Choice::FlashAttention, Choice::StandardAttention];
+        let group = |only| -> Result<Vec<Decision>> {
+            Ok(vec![
+                self.decide(Some(i), Slot::KvWrite, &[Choice::WriteKv], &sw, &kv, format!("{} cache", self.kv), only)?,
+                self.decide(Some(i), Slot::AttentionPrefill, &prefill, &sw, &pre, hd.clone(), only)?,
+                self.decide(Some(i), Slot::AttentionDecode, &decode, &sw, &dec, hd.clone(), only)?,
+            ])
+        };
+        match group(Some(Placement::Primary)) {
+            Ok(d) => Ok(d),
+            Err(on_primary) => match self.cpu {
+                None => Err(on_primary),
+                Some(_) => {
+                    let mut d = group(Some(Placement::Cpu)).map_err(|_| on_primary)?;
+                    for x in &mut d {
+                        x.fallback = true;
+                        x.reason = format!("{} (the primary backend cannot run the whole attention group)", x.reason);
+                    }
+                    Ok(d)
+                }
+            },
+        }
+    }
+}
+
+fn matmul_detail(ts: &[&Tensor], act: DType) -> String {
+    let mut dtypes: Vec<&str> = ts.iter().map(|t| t.dtype.name()).collect();
+    dtypes.dedup();
+    format!("{} weights, {act} activations", dtypes.join("/"))
+}
+
+fn tried_text(t: &Tried) -> String {
+    match &t.verdict {
+        Verdict::Chosen => format!("{} on {}: chosen", t.candidate.name(), t.backend),
+        Verdict::Disabled { name } => format!("{} disabled by the user ({name})", t.candidate.name()),
+        Verdict::Rejected { why, .. } => format!("{} on {}: {why}", t.candidate.name(), t.backend),
+    }
+}
+
+/// "fallback to standard attention (flash_attention on cpu: head_dim=24 is not a multiple
+/// of 16)".
+fn fallback_reason(choice: Choice, tried: &[Tried]) -> String {
+    let why: Vec<String> = tried.iter().filter(|t| t.verdict != Verdict::Chosen).map(tried_text).collect();
+    let chosen = tried.last().map_or("", |t| t.backend.as_str());
+    if why.is_empty() {
+        format!("fallback to {} on {chosen}", choice.words())
+    } else {
+        format!("fallback to {} on {chosen} ({})", choice.words(), why.join("; "))
+    }
+}

@@ -1,0 +1,226 @@
+//! The decoder's op sequence for one step, as the plan chose it:
+//! embed → [norm → qkv → rope → kv write → attention (decodes | prefill chunks) → o_proj →
+//! norm → mlp | moe] × N → norm → gather → lm_head.
+
+use tboost_ops::{AttnParams, RopeParams};
+
+use super::buffers::Buffers;
+use super::exec::Exec;
+use super::weights::{LayerIds, MlpIds};
+use crate::backend::{BufId, KvLayer, MatSegOp, Op, Segs, SeqRange, StepViews, View, WeightId};
+use crate::kv::StepLayout;
+use crate::model::ModelConfig;
+use crate::plan::{Choice, Decision, Plan, Slot};
+use crate::{Error, Result};
+
+/// Everything one forward pass reads.
+pub(super) struct Graph<'g> {
+    pub c: &'g ModelConfig,
+    pub plan: &'g Plan,
+    pub ids: &'g super::weights::WeightIds,
+    pub bufs: &'g Buffers,
+    pub caches: &'g [KvLayer],
+    pub views: &'g StepViews,
+    pub layout: &'g StepLayout,
+    pub tokens: usize,
+    pub rows: usize,
+}
+
+fn need(d: Option<&Decision>, s: Slot) -> Result<&Decision> {
+    d.ok_or_else(|| Error::invalid("plan", format!("no decision for slot {}", s.name())))
+}
+
+/// The step's sequences split into runs of one attention phase (decodes: one new token).
+fn phase_runs(layout: &StepLayout) -> Vec<(bool, usize, usize)> {
+    let mut runs: Vec<(bool, usize, usize)> = Vec::new();
+    for (i, s) in layout.seqs.iter().enumerate() {
+        let decode = s[1] == 1;
+        match runs.last_mut() {
+            Some((d, _, n)) if *d == decode => *n += 1,
+            _ => runs.push((decode, i, 1)),
+        }
+    }
+    runs
+}
+
+impl Graph<'_> {
+    /// Launches the ops; returns the view the f32 logits are in.
+    pub fn launch(&self, ex: &mut Exec<'_>) -> Result<View> {
+        let Graph { c, plan, ids, bufs: a, caches, views, layout, tokens: t, rows: r } = *self;
+        let (hid, hd) = (c.hidden_size, c.head_dim);
+        let (qd, kvd) = (c.num_heads * hd, c.num_kv_heads * hd);
+        let v = |buf: BufId, len: usize| View::new(buf, 0, len);
+        let (h, xn, o) = (v(a.h, t * hid), v(a.xn, t * hid), v(a.o, t * hid));
+        let (q, k, vv, attn) = (v(a.q, t * qd), v(a.k, t * kvd), v(a.v, t * kvd), v(a.attn, t * qd));
+        let half = c.rope_dim / 2;
+        let (cos, sin) = (v(a.cos, t * half), v(a.sin, t * half));
+        let eps = c.rms_eps as f32;
+        let params = AttnParams {
+            n_heads: c.num_heads,
+            kv_heads: c.num_kv_heads,
+            head_dim: hd,
+            scale: 1.0 / (hd as f32).sqrt(),
+        };
+        let rope = RopeParams { dim: c.rope_dim, theta: c.rope_theta, scaling: c.rope_scaling, style: c.rope_style };
+        let model = |s| need(plan.model_slot(s), s);
+
+        let d = model(Slot::Embed)?;
+        ex.launch(d.placement, &Op::Embed { ids: views.ids, table: ids.embed, out: h })?;
+        let d = model(Slot::RopeTables)?;
+        ex.launch(d.placement, &Op::RopeTables { positions: views.positions, rope, cos, sin })?;
+
+        // `o` holds a sublayer output not yet added into `h` (after the first sublayer).
+        let norm = |ex: &mut Exec<'_>, d: &Decision, w: WeightId| -> Result<()> {
+            let p = d.placement;
+            match d.choice {
+                Choice::RmsNorm => ex.launch(p, &Op::RmsNorm { x: h, w, eps, out: xn }),
+                Choice::AddRmsNorm => ex.launch(p, &Op::AddRmsNorm { residual: h, x: o, w, eps, out: xn }),
+                Choice::AddThenRmsNorm => {
+                    ex.launch(p, &Op::Add { dst: h, src: o })?;
+                    ex.launch(p, &Op::RmsNorm { x: h, w, eps, out: xn })
+                }
+                other => Err(Error::invalid("plan", format!("{} cannot fill a norm slot", other.name()))),
+            }
+        };
+        let runs = phase_runs(layout);
+        for ((lw, lp), &cache) in ids.layers.iter().zip(&plan.layers).zip(caches) {
+            let d = |s| need(lp.get(s), s);
+            norm(ex, d(Slot::AttnNorm)?, lw.attn_norm)?;
+            self.qkv(ex, d(Slot::Qkv)?, lw, xn, [q, k, vv])?;
+            let dr = d(Slot::Rope)?;
+            let style = c.rope_style;
+            ex.launch(dr.placement, &Op::Rope { x: q, heads: c.num_heads, head_dim: hd, cos, sin, style })?;
+            ex.launch(dr.placement, &Op::Rope { x: k, heads: c.num_kv_heads, head_dim: hd, cos, sin, style })?;
+            ex.launch(d(Slot::KvWrite)?.placement, &Op::WriteKv { k, v: vv, slots: views.slots, cache })?;
+            for &(decode, first, count) in &runs {
+                let da = d(if decode { Slot::AttentionDecode } else { Slot::AttentionPrefill })?;
+                let kind = da
+                    .choice
+                    .attn_kind()
+                    .ok_or_else(|| Error::invalid("plan", format!("{} is not attention", da.choice.name())))?;
+                let row_start = layout.seqs[first][0] as usize;
+                let last = layout.seqs[first + count - 1];
+                let seqs = SeqRange {
+                    seqs: views.seqs.sub(first * 3, count * 3),
+                    block_tables: views.block_tables.sub(first * views.max_blocks, count * views.max_blocks),
+                    max_blocks: views.max_blocks,
+                    first,
+                    count,
+                    row_start,
+                    rows: (last[0] + last[1]) as usize - row_start,
+                };
+                ex.launch(da.placement, &Op::Attention { kind, q, cache, seqs, params, out: attn })?;
+            }
+            let dp = d(Slot::OProj)?;
+            let seg = MatSegOp { w: lw.o, bias: None, out: o };
+            ex.launch(dp.placement, &Op::MatMul { x: attn, m: t, segs: Segs::one(seg), precision: dp.precision })?;
+
+            norm(ex, d(Slot::FfnNorm)?, lw.ffn_norm)?;
+            match &lw.mlp {
+                MlpIds::Dense { gate, up, down } => self.dense_mlp(ex, d(Slot::Mlp)?, (*gate, *up, *down), xn, o)?,
+                MlpIds::Moe { router, experts } => {
+                    let dr = d(Slot::MoeRouting)?;
+                    let e = c.num_experts;
+                    let top_k = c.experts_per_token;
+                    let rl = v(a.router, t * e);
+                    let (rid, rw) = (v(a.route_ids, t * top_k), v(a.route_w, t * top_k));
+                    let seg = MatSegOp { w: *router, bias: None, out: rl };
+                    ex.launch(
+                        dr.placement,
+                        &Op::MatMul { x: xn, m: t, segs: Segs::one(seg), precision: dr.precision },
+                    )?;
+                    ex.launch(
+                        dr.placement,
+                        &Op::MoeRoute { logits: rl, m: t, experts: e, top_k, ids: rid, weights: rw },
+                    )?;
+                    let dm = d(Slot::Mlp)?;
+                    match dm.choice {
+                        Choice::MoeGrouped => ex.launch(
+                            dm.placement,
+                            &Op::MoeGrouped { x: xn, m: t, experts: *experts, top_k, ids: rid, weights: rw, out: o },
+                        )?,
+                        Choice::MoePerExpert => {
+                            let (y, ys) = (v(a.expert_y, t * hid), v(a.expert_ys, t * top_k * hid));
+                            for ei in 0..experts.count {
+                                self.dense_mlp(ex, dm, experts.expert(ei), xn, y)?;
+                                let op = Op::MoeScatter { y, m: t, expert: ei as u32, top_k, ids: rid, ys };
+                                ex.launch(dm.placement, &op)?;
+                            }
+                            ex.launch(dm.placement, &Op::MoeCombine { ys, m: t, top_k, weights: rw, out: o })?;
+                        }
+                        other => {
+                            return Err(Error::invalid("plan", format!("{} cannot fill an MoE slot", other.name())))
+                        }
+                    }
+                }
+            }
+        }
+        norm(ex, model(Slot::FinalNorm)?, ids.norm)?;
+        let dl = model(Slot::LmHead)?;
+        let sel = v(a.sel, r * hid);
+        let lg = v(a.logits, r * c.vocab_size);
+        if r > 0 {
+            ex.launch(dl.placement, &Op::GatherRows { x: xn, cols: hid, rows: views.logit_rows, out: sel })?;
+            let seg = MatSegOp { w: ids.lm_head, bias: None, out: lg };
+            ex.launch(dl.placement, &Op::MatMul { x: sel, m: r, segs: Segs::one(seg), precision: dl.precision })?;
+        }
+        match a.logits_f32 {
+            Some(f) => {
+                let lf = v(f, r * c.vocab_size);
+                if r > 0 {
+                    ex.launch(dl.placement, &Op::Convert { src: lg, dst: lf })?;
+                }
+                Ok(lf)
+            }
+            None => Ok(lg),
+        }
+    }
+
+    fn qkv(&self, ex: &mut Exec<'_>, d: &Decision, lw: &LayerIds, x: View, outs: [View; 3]) -> Result<()> {
+        let segs = [(lw.q, lw.q_bias), (lw.k, lw.k_bias), (lw.v, lw.v_bias)];
+        let segs = [0, 1, 2].map(|i| MatSegOp { w: segs[i].0, bias: segs[i].1, out: outs[i] });
+        let (m, p, precision) = (self.tokens, d.placement, d.precision);
+        match d.choice {
+            Choice::FusedQkvMatmul => ex.launch(p, &Op::MatMul { x, m, segs: Segs::from_slice(&segs), precision }),
+            Choice::SeparateQkvMatmuls => {
+                for s in segs {
+                    ex.launch(p, &Op::MatMul { x, m, segs: Segs::one(s), precision })?;
+                }
+                Ok(())
+            }
+            other => Err(Error::invalid("plan", format!("{} cannot fill the qkv slot", other.name()))),
+        }
+    }
+
+    /// `out = down(silu(gate(x)) * up(x))` as the decision says (fused or separate; the
+    /// per-expert MoE path runs each expert through the separate form).
+    fn dense_mlp(
+        &self,
+        ex: &mut Exec<'_>,
+        d: &Decision,
+        w: (WeightId, WeightId, WeightId),
+        x: View,
+        out: View,
+    ) -> Result<()> {
+        let (gate, up, down) = w;
+        let a = self.bufs;
+        let (m, inter) = (self.tokens, self.c.intermediate_size);
+        let act = View::new(a.act, 0, m * inter);
+        let (p, precision) = (d.placement, d.precision);
+        match d.choice {
+            Choice::FusedGateUpSwiglu => ex.launch(p, &Op::MatMulSwiGlu { x, m, gate, up, out: act, precision })?,
+            Choice::GateUpMatmulsThenSwiglu | Choice::MoePerExpert => {
+                let (g, u) = (View::new(a.gate, 0, m * inter), View::new(a.up, 0, m * inter));
+                ex.launch(
+                    p,
+                    &Op::MatMul { x, m, segs: Segs::one(MatSegOp { w: gate, bias: None, out: g }), precision },
+                )?;
+                ex.launch(p, &Op::MatMul { x, m, segs: Segs::one(MatSegOp { w: up, bias: None, out: u }), precision })?;
+                ex.launch(p, &Op::SwiGlu { gate: g, up: u, out: act })?;
+            }
+            other => return Err(Error::invalid("plan", format!("{} cannot fill the mlp slot", other.name()))),
+        }
+        let seg = MatSegOp { w: down, bias: None, out };
+        ex.launch(p, &Op::MatMul { x: act, m, segs: Segs::one(seg), precision })
+    }
+}

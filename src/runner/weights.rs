@@ -1,0 +1,126 @@
+//! Weights made resident on the backend of the slot that reads them, in the form the plan
+//! chose (as stored, or converted once at upload).
+
+use std::borrow::Cow;
+
+use crate::backend::cpu::{convert_weight, CpuBackend};
+use crate::backend::{Backend, ExpertSet, WeightId};
+use crate::model::{Mlp, ModelWeights, Tensor};
+use crate::plan::{Decision, Placement, Plan, Slot, WeightMode};
+use crate::{Error, Result};
+
+pub(crate) struct LayerIds {
+    pub attn_norm: WeightId,
+    pub q: WeightId,
+    pub k: WeightId,
+    pub v: WeightId,
+    pub q_bias: Option<WeightId>,
+    pub k_bias: Option<WeightId>,
+    pub v_bias: Option<WeightId>,
+    pub o: WeightId,
+    pub ffn_norm: WeightId,
+    pub mlp: MlpIds,
+}
+
+pub(crate) enum MlpIds {
+    Dense { gate: WeightId, up: WeightId, down: WeightId },
+    Moe { router: WeightId, experts: ExpertSet },
+}
+
+pub(crate) struct WeightIds {
+    pub embed: WeightId,
+    pub layers: Vec<LayerIds>,
+    pub norm: WeightId,
+    pub lm_head: WeightId,
+}
+
+struct Uploader<'b> {
+    primary: &'b mut dyn Backend,
+    cpu: Option<&'b mut CpuBackend>,
+}
+
+impl Uploader<'_> {
+    fn backend(&mut self, d: &Decision) -> Result<&mut dyn Backend> {
+        match (d.placement, self.cpu.as_deref_mut()) {
+            (Placement::Primary, _) => Ok(&mut *self.primary),
+            (Placement::Cpu, Some(c)) => Ok(c),
+            (Placement::Cpu, None) => Err(Error::invalid("plan", "a slot is planned on a CPU that was not made")),
+        }
+    }
+
+    /// `t` as decision `d` wants it, on `d`'s backend.
+    fn up(&mut self, d: &Decision, t: &Tensor) -> Result<WeightId> {
+        let t = match d.weights {
+            WeightMode::Convert(to) if t.dtype != to => Cow::Owned(convert_weight(t, to)?),
+            _ => Cow::Borrowed(t),
+        };
+        self.backend(d)?.upload_weight(&t)
+    }
+
+    /// `t` as stored (biases), on `d`'s backend.
+    fn raw(&mut self, d: &Decision, t: &Option<Tensor>) -> Result<Option<WeightId>> {
+        t.as_ref().map(|t| self.backend(d)?.upload_weight(t)).transpose()
+    }
+}
+
+fn slot<'p>(decisions: impl Fn(Slot) -> Option<&'p Decision>, s: Slot) -> Result<&'p Decision> {
+    decisions(s).ok_or_else(|| Error::invalid("plan", format!("no decision for slot {}", s.name())))
+}
+
+impl WeightIds {
+    pub fn upload(
+        plan: &Plan,
+        w: &ModelWeights,
+        primary: &mut dyn Backend,
+        cpu: Option<&mut CpuBackend>,
+    ) -> Result<WeightIds> {
+        let mut u = Uploader { primary, cpu };
+        let m = |s| plan.model_slot(s);
+        let embed = u.up(slot(m, Slot::Embed)?, &w.embed)?;
+        let mut layers = Vec::with_capacity(w.layers.len());
+        for (lp, lw) in plan.layers.iter().zip(&w.layers) {
+            let d = |s| lp.get(s);
+            let qkv = slot(d, Slot::Qkv)?;
+            let mlp = slot(d, Slot::Mlp)?;
+            layers.push(LayerIds {
+                attn_norm: u.up(slot(d, Slot::AttnNorm)?, &lw.attn_norm)?,
+                q: u.up(qkv, &lw.q)?,
+                k: u.up(qkv, &lw.k)?,
+                v: u.up(qkv, &lw.v)?,
+                q_bias: u.raw(qkv, &lw.q_bias)?,
+                k_bias: u.raw(qkv, &lw.k_bias)?,
+                v_bias: u.raw(qkv, &lw.v_bias)?,
+                o: u.up(slot(d, Slot::OProj)?, &lw.o)?,
+                ffn_norm: u.up(slot(d, Slot::FfnNorm)?, &lw.ffn_norm)?,
+                mlp: match &lw.mlp {
+                    Mlp::Dense { gate, up, down } => {
+                        MlpIds::Dense { gate: u.up(mlp, gate)?, up: u.up(mlp, up)?, down: u.up(mlp, down)? }
+                    }
+                    Mlp::Moe { router, experts } => {
+                        let router = u.up(slot(d, Slot::MoeRouting)?, router)?;
+                        // Consecutive ids: gate_0, up_0, down_0, gate_1, ... (what `ExpertSet` names).
+                        let mut first = None;
+                        for (e, ex) in experts.iter().enumerate() {
+                            let g = u.up(mlp, &ex.gate)?;
+                            let up = u.up(mlp, &ex.up)?;
+                            let dn = u.up(mlp, &ex.down)?;
+                            let f = *first.get_or_insert(g);
+                            if (g.0, up.0, dn.0) != (f.0 + 3 * e as u32, f.0 + 3 * e as u32 + 1, f.0 + 3 * e as u32 + 2)
+                            {
+                                return Err(Error::invalid("weights", "expert weights were not given consecutive ids"));
+                            }
+                        }
+                        let first = first.ok_or_else(|| Error::invalid("weights", "an MoE layer without experts"))?;
+                        MlpIds::Moe { router, experts: ExpertSet { first, count: experts.len() } }
+                    }
+                },
+            });
+        }
+        Ok(WeightIds {
+            embed,
+            layers,
+            norm: u.up(slot(m, Slot::FinalNorm)?, &w.norm)?,
+            lm_head: u.up(slot(m, Slot::LmHead)?, &w.lm_head)?,
+        })
+    }
+}
