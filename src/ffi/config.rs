@@ -204,6 +204,8 @@ pub extern "C" fn tboost_config_free(cfg: *mut tboost_config) -> tboost_status {
 /// - `prefix_caching` 0/1: reuse cached prompt prefixes (default 1)
 /// - `queue_limit` [1, ..]: most waiting requests; enqueue beyond it is
 ///   `TBOOST_ERR_QUEUE_FULL` (default 4096)
+/// - `finished_records` [1, ..]: finished requests whose records `tboost_engine_output`
+///   and `tboost_engine_cancel` still answer for (default 65536; events lose nothing)
 /// - `debug_panic_at_step` [0, ..]: testing only, the n-th step panics (0 = never)
 /// - `debug_step_delay_ms` [0, 60000]: testing only, each step first sleeps this long
 ///
@@ -225,12 +227,19 @@ pub unsafe extern "C" fn tboost_config_set_int(
 
 /// Sets any option from a string: integers in decimal, flags as true/false/on/off/1/0, and
 /// the string keys:
-/// - `backend`: "auto" (default) or "cpu"
-/// - `kv_dtype`: KV cache element type, "f32" (default), "f16" or "bf16"
+/// - `backend`: "auto" (default: a device backend when its runtime loads, else the CPU),
+///   "cpu", "ascend" or "ascend:N"; an unknown name is `TBOOST_ERR_INVALID_ARGUMENT`
+///   listing the known ones, and a known backend that cannot start (no runtime, not
+///   compiled in) fails `tboost_model_load` / `tboost_engine_new` with
+///   `TBOOST_ERR_UNSUPPORTED`. With "auto", `TBOOST_BACKEND` in the environment decides.
+/// - `kv_dtype`: KV cache element type, "auto" (default: the backend's choice, f32 on the
+///   CPU), "f32", "f16" or "bf16"
+/// - `precision`: matmul activation precision, "exact" (default) or "fast"
 /// - `disabled_ops`: comma-separated ops and fusions the operator plan must not use
-///   (flash_attention, standard_attention, fuse_qkv, fuse_gate_up, fuse_add_norm)
+///   (flash_attention, paged_decode_attention, standard_attention, moe_grouped,
+///   convert_weights, fuse_qkv, fuse_gate_up, fuse_add_norm)
 ///
-/// Errors as for `tboost_config_set_int`; an unavailable backend is `TBOOST_ERR_UNSUPPORTED`.
+/// Errors as for `tboost_config_set_int`.
 #[no_mangle]
 pub unsafe extern "C" fn tboost_config_set_str(
     cfg: *mut tboost_config,

@@ -54,8 +54,8 @@ fn info_json(m: &Model, plan: &Plan) -> String {
 }
 
 /// Loads a model: a Hugging Face directory (config.json + safetensors), a file inside one,
-/// or a GGUF file. `cfg` (may be NULL) supplies `backend`, `threads`, `kv_dtype` and
-/// `disabled_ops` for the operator plan reported by `tboost_model_info_json`.
+/// or a GGUF file. `cfg` (may be NULL) supplies `backend`, `threads`, `kv_dtype`, `precision`,
+/// `block_size` and `disabled_ops` for the operator plan reported by `tboost_model_info_json`.
 ///
 /// `progress` (may be NULL) is called on this thread with increasing values ending at 1
 /// while the weights are read in; returning false aborts with `TBOOST_ERR_CANCELLED`.

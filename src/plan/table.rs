@@ -638,7 +638,8 @@ impl<'a> Planner<'a> {
             Err(on_primary) => match self.cpu {
                 None => Err(on_primary),
                 Some(_) => {
-                    let mut d = group(Some(Placement::Cpu)).map_err(|_| on_primary)?;
+                    let mut d = group(Some(Placement::Cpu))
+                        .map_err(|on_cpu| Error::Unsupported(format!("{on_primary}; and on the cpu: {on_cpu}")))?;
                     for x in &mut d {
                         x.fallback = true;
                         x.reason = format!("{} (the primary backend cannot run the whole attention group)", x.reason);
