@@ -122,6 +122,32 @@ fn batch_prints_a_line_per_request_in_order_and_stats() {
     assert_eq!(lines[2]["stats"]["kv_blocks_used"], 0);
 }
 
+/// More requests than the engine keeps finished records of (65,536): every result still
+/// comes out, in input order (issue: every result was lost past that count).
+#[test]
+fn batch_of_more_requests_than_finished_records_loses_nothing() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("r.jsonl");
+    let n = 70_000;
+    let lines: Vec<String> = (0..n).map(|i| format!("{{\"tokens\": [{}], \"max_tokens\": 1}}", 3 + i % 500)).collect();
+    std::fs::write(&f, lines.join("\n")).unwrap();
+    let path = model_file("stories260K-placeholder-vocab.gguf").display().to_string();
+    let args =
+        ["batch", "--model", &path, "--requests", f.to_str().unwrap(), "--max-seqs", "512", "--max-batched-tokens", "512"];
+    let (ok, out, err) = tboost(&args);
+    assert!(ok, "{err}");
+    let mut count = 0;
+    for (i, l) in out.lines().take(n).enumerate() {
+        let v: Value = serde_json::from_str(l).unwrap();
+        assert_eq!(v["index"], i);
+        assert_eq!(v["generated_ids"].as_array().unwrap().len(), 1, "{v}");
+        count += 1;
+    }
+    assert_eq!(count, n);
+    let stats: Value = serde_json::from_str(out.lines().nth(n).unwrap()).unwrap();
+    assert_eq!(stats["stats"]["finished"], n);
+}
+
 #[test]
 fn bad_input_is_a_clear_error() {
     for (args, needle) in [

@@ -131,6 +131,11 @@ fn preemption_keeps_outputs_identical() {
     let st = e.stats().unwrap();
     assert!(st.preemptions_total > 0, "{st:?}");
     assert_eq!(st.kv_blocks_used, 0);
+    // Prompt tokens count once; the recomputation after a preemption is computed work only.
+    let prompt: u64 = reqs.iter().map(|r| r.prompt.len() as u64).sum();
+    assert_eq!(st.prompt_tokens, prompt, "{st:?}");
+    assert_eq!(st.generated_tokens, 8 * 24);
+    assert!(st.computed_tokens > prompt + 8 * 23, "recomputed tokens are in computed_tokens: {st:?}");
 }
 
 #[test]
@@ -346,5 +351,117 @@ fn enqueue_cancel_and_stats_from_other_threads_while_stepping() {
         let out = e.output(id).unwrap();
         assert_eq!(out.tokens, want, "request {id}");
     }
+    assert_eq!(e.stats().unwrap().kv_blocks_used, 0);
+}
+
+/// The cancellation contract under its one race: a cancel issued while the step that
+/// finishes the request runs. Thousands of times, with the cancel landing anywhere from
+/// before the step to after it: `Ok` must mean the stream ends `Cancelled` (the last token
+/// still delivered) and a second cancel is `Ok`; `NotFound` must mean it ended normally.
+#[test]
+fn cancel_racing_the_final_step_keeps_the_contract() {
+    use std::sync::{Arc, Barrier};
+    use std::time::Instant;
+    let path = model_file("stories260K-placeholder-vocab.gguf");
+    let e = Arc::new(engine(&path, EngineConfig { threads: 1, kv_size: KvSize::Blocks(64), ..Default::default() }));
+    // How long a one-token step takes here, to spread the cancels over it.
+    let t = Instant::now();
+    for i in 0..20u32 {
+        e.enqueue(greedy(vec![3 + i], 1)).unwrap();
+        e.run_to_completion().unwrap();
+    }
+    let step = t.elapsed() / 20;
+    let (mut ok, mut raced, mut not_found) = (0, 0, 0);
+    let mut rng = 0x9e37_79b9_7f4a_7c15u64;
+    for i in 0..3000u32 {
+        rng ^= rng << 13;
+        rng ^= rng >> 7;
+        rng ^= rng << 17;
+        let delay = step.mul_f64((rng % 1000) as f64 / 1000.0 * 1.5);
+        let id = e.enqueue(greedy(vec![3 + i % 500], 1)).unwrap();
+        let go = Arc::new(Barrier::new(2));
+        let (e2, go2) = (e.clone(), go.clone());
+        let canceller = std::thread::spawn(move || {
+            go2.wait();
+            let t = Instant::now();
+            while t.elapsed() < delay {
+                std::hint::spin_loop();
+            }
+            e2.cancel(id)
+        });
+        go.wait();
+        let mut events = Vec::new();
+        while e.has_work().unwrap() {
+            events.extend(e.step().unwrap().events);
+        }
+        let answer = canceller.join().unwrap();
+        // A cancel accepted after that step is reported by the next one.
+        while e.has_work().unwrap() {
+            events.extend(e.step().unwrap().events);
+        }
+        let ends: Vec<_> = events.iter().filter(|v| v.id == id && v.finish.is_some()).collect();
+        assert_eq!(ends.len(), 1, "iteration {i}: {events:?}");
+        match answer {
+            Ok(()) => {
+                assert_eq!(ends[0].finish, Some(FinishReason::Cancelled), "iteration {i}: cancel said Ok");
+                assert!(e.cancel(id).is_ok(), "iteration {i}: a second cancel must be Ok");
+                ok += 1;
+                if ends[0].token.is_some() {
+                    raced += 1; // the step finished it, the cancel won
+                }
+            }
+            Err(Error::NotFound(_)) => {
+                assert_eq!(ends[0].finish, Some(FinishReason::Length), "iteration {i}");
+                not_found += 1;
+            }
+            Err(other) => panic!("iteration {i}: {other}"),
+        }
+    }
+    eprintln!("cancel race: {ok} ok ({raced} during the finishing step), {not_found} after it; step {step:?}");
+    assert!(ok > 0 && not_found > 0 && raced > 0, "the race was not exercised: {ok}/{raced}/{not_found}");
+    let st = e.stats().unwrap();
+    assert_eq!(st.kv_blocks_used, 0);
+}
+
+/// `interrupt` (what `tboost_engine_free` does to a stepping engine) stops a long step at
+/// its next op: the step returns well before it would have finished, its requests end with
+/// an error, and later steps fail at once rather than compute.
+#[test]
+fn an_interrupt_stops_a_long_step_at_its_next_op() {
+    use std::sync::Arc;
+    use std::time::Instant;
+    let model = tboost::model::synthetic::build("small", tboost::backend::DType::F32, 7).unwrap();
+    let cfg = EngineConfig {
+        threads: 1,
+        kv_size: KvSize::Blocks(300),
+        max_batched_tokens: 4096,
+        ..Default::default()
+    };
+    let prompt: Vec<u32> = (0..4000).map(|i| 3 + (i * 7) % 500).collect();
+    // How long the whole prefill takes uninterrupted.
+    let full = {
+        let e = Engine::new(cfg.clone()).unwrap();
+        e.load_model(&model).unwrap();
+        e.enqueue(greedy(prompt.clone(), 1)).unwrap();
+        let t = Instant::now();
+        e.step().unwrap();
+        t.elapsed()
+    };
+    let e = Arc::new(Engine::new(cfg).unwrap());
+    e.load_model(&model).unwrap();
+    let id = e.enqueue(greedy(prompt, 1)).unwrap();
+    let e2 = e.clone();
+    let stepper = std::thread::spawn(move || {
+        let t = Instant::now();
+        let out = e2.step().unwrap();
+        (out, t.elapsed())
+    });
+    std::thread::sleep(full / 5);
+    e.interrupt();
+    let (out, took) = stepper.join().unwrap();
+    assert!(took < full.mul_f64(0.8), "an interrupted step took {took:?} of a full {full:?}");
+    let ev = out.events.iter().find(|v| v.id == id).expect("the request's event");
+    assert_eq!(ev.finish, Some(FinishReason::Error));
+    assert!(ev.error.as_deref().unwrap_or("").contains("interrupted"), "{ev:?}");
     assert_eq!(e.stats().unwrap().kv_blocks_used, 0);
 }

@@ -1,6 +1,7 @@
 //! `tboost batch`: every line of a JSONL file becomes a request on one engine; the engine
 //! steps until all finish; one JSON line per request (input order) and a stats line.
 
+use std::collections::{BTreeMap, HashMap};
 use std::io::{BufRead, Write};
 use std::path::PathBuf;
 
@@ -10,8 +11,8 @@ use serde_json::{json, Value};
 
 use super::EngineArgs;
 use crate::engine::{Engine, EngineConfig, KvSize};
-use crate::sample::{FinishReason, SamplingParams};
-use crate::sched::Request;
+use crate::sample::SamplingParams;
+use crate::sched::{Request, RequestId};
 use crate::{Error, Result};
 
 #[derive(Args)]
@@ -128,21 +129,40 @@ pub(crate) fn run(a: BatchArgs) -> Result<()> {
             engine.enqueue(r).map_err(|e| Error::invalid(format!("request on line {line} (#{i})"), e.to_string()))?,
         );
     }
-    engine.run_to_completion()?;
+    // Results stream out as requests finish, in input order: a finished request waits only
+    // for the ones before it. They are built from the step events, so nothing depends on
+    // how many finished-request records the engine keeps.
+    let index: HashMap<RequestId, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
+    let mut tokens: HashMap<RequestId, Vec<u32>> = HashMap::new();
+    let mut done: BTreeMap<usize, Value> = BTreeMap::new();
+    let mut next = 0;
     let mut out = std::io::stdout().lock();
-    let w = |out: &mut std::io::StdoutLock, v: Value| -> Result<()> {
+    let w = |out: &mut std::io::StdoutLock, v: &Value| -> Result<()> {
         writeln!(out, "{v}").map_err(|e| Error::io("stdout", e))
     };
-    for (i, id) in ids.iter().enumerate() {
-        let o = engine.output(*id)?;
-        let mut v = json!({
-            "index": i, "id": id, "generated_ids": o.tokens,
-            "finish_reason": o.finish.unwrap_or(FinishReason::Error).as_str(),
-        });
-        if let Some(e) = o.error {
-            v["error"] = json!(e);
+    while engine.has_work()? {
+        for e in engine.step()?.events {
+            if let Some(t) = e.token {
+                tokens.entry(e.id).or_default().push(t);
+            }
+            let (Some(finish), Some(&i)) = (e.finish, index.get(&e.id)) else { continue };
+            let mut v = json!({
+                "index": i, "id": e.id, "generated_ids": tokens.remove(&e.id).unwrap_or_default(),
+                "finish_reason": finish.as_str(),
+            });
+            if let Some(err) = e.error {
+                v["error"] = json!(err);
+            }
+            done.insert(i, v);
         }
-        w(&mut out, v)?;
+        while let Some(v) = done.remove(&next) {
+            w(&mut out, &v)?;
+            next += 1;
+        }
+        out.flush().map_err(|e| Error::io("stdout", e))?;
     }
-    w(&mut out, json!({ "stats": engine.stats()? }))
+    if next != ids.len() {
+        return Err(Error::invalid("batch", format!("{} of {} requests never finished", ids.len() - next, ids.len())));
+    }
+    w(&mut out, &json!({ "stats": engine.stats()? }))
 }

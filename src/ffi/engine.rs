@@ -2,7 +2,7 @@
 //! and a poison flag. The engine's own core lock is the one-stepper rule (a second stepper
 //! gets `TBOOST_ERR_BUSY`).
 
-use std::collections::{HashMap, VecDeque};
+use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::raw::c_char;
 use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
@@ -26,7 +26,15 @@ struct Queue {
     events: VecDeque<tboost_event>,
     /// Tokens delivered so far per unfinished request (for `tboost_event.index`).
     produced: HashMap<RequestId, u32>,
+    /// Requests whose finish event was queued (the newest `ENDED_KEPT`), so that `wait`
+    /// on one whose events were all read returns at once instead of at its timeout.
+    ended: HashSet<RequestId>,
+    ended_order: VecDeque<RequestId>,
 }
+
+/// How many ended requests `wait` remembers; older ones are unknown to the engine too
+/// (its finished-request records are bounded the same way by default).
+const ENDED_KEPT: usize = 65536;
 
 impl Queue {
     fn count(&self, id: RequestId) -> usize {
@@ -78,6 +86,13 @@ impl EngineInner {
             }
             if e.finish.is_some() {
                 q.produced.remove(&e.id);
+                q.ended.insert(e.id);
+                q.ended_order.push_back(e.id);
+                while q.ended_order.len() > ENDED_KEPT {
+                    if let Some(old) = q.ended_order.pop_front() {
+                        q.ended.remove(&old);
+                    }
+                }
             }
             let failed = e.finish == Some(FinishReason::Error);
             q.events.push_back(tboost_event {
@@ -388,9 +403,10 @@ pub unsafe extern "C" fn tboost_engine_read(
 /// `TBOOST_ANY_REQUEST`) is ready to read, or `timeout_ms` passes (0 = just check).
 /// `*n_ready_out` (may be NULL) receives the number of events ready; 0 means the timeout
 /// passed. Someone else must be stepping the engine for events to come. Returns
-/// `TBOOST_ERR_NOT_FOUND` for an id the engine never issued, `TBOOST_ERR_INVALID_HANDLE`
-/// if the engine is freed meanwhile, `TBOOST_ERR_POISONED` if a panic poisons it.
-/// Thread-safe.
+/// `TBOOST_ERR_NOT_FOUND` at once for an id the engine never issued, or for a request that
+/// has ended and whose events were all read (nothing more will come);
+/// `TBOOST_ERR_INVALID_HANDLE` if the engine is freed meanwhile, `TBOOST_ERR_POISONED` if a
+/// panic poisons it. Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn tboost_engine_wait(
     engine: *mut tboost_engine,
@@ -405,6 +421,12 @@ pub unsafe extern "C" fn tboost_engine_wait(
         }
         let deadline = Instant::now() + Duration::from_millis(timeout_ms.into());
         let mut q = inner.queue();
+        if id != TBOOST_ANY_REQUEST && q.count(id) == 0 && q.ended.contains(&id) {
+            return Err(Failure::new(
+                Status::TBOOST_ERR_NOT_FOUND,
+                format!("request {id} has ended and all its events were read: nothing more will come"),
+            ));
+        }
         let n = loop {
             if inner.closed.load(Ordering::SeqCst) {
                 return Err(Failure::new(Status::TBOOST_ERR_INVALID_HANDLE, "the engine was freed while waiting"));

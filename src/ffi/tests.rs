@@ -332,3 +332,23 @@ fn struct_size_too_small_is_rejected() {
     assert_eq!(tboost_engine_free(e), TBOOST_OK);
     assert_eq!(tboost_model_free(m), TBOOST_OK);
 }
+
+/// `wait` on a request that has ended and whose events were all read returns at once
+/// (it used to block for the whole timeout).
+#[test]
+fn wait_on_an_ended_fully_read_request_returns_at_once() {
+    let m = load("llama_gqa", null());
+    let cfg = config(&[("threads", "1"), ("kv_cache_blocks", "16")]);
+    let e = engine(m, cfg);
+    let id = enqueue(e, &[5, 6, 7], &tboost_sampling_params { max_tokens: 2, ..Default::default() });
+    run(e);
+    assert_eq!(read_all(e, id).len(), 2);
+    let t = std::time::Instant::now();
+    let mut n = 99;
+    assert_eq!(unsafe { tboost_engine_wait(e, id, 10_000, &mut n) }, TBOOST_ERR_NOT_FOUND);
+    assert!(t.elapsed() < std::time::Duration::from_secs(5), "waited {:?}", t.elapsed());
+    assert!(last_error().contains("has ended"), "{}", last_error());
+    assert_eq!(tboost_engine_free(e), TBOOST_OK);
+    assert_eq!(tboost_model_free(m), TBOOST_OK);
+    assert_eq!(tboost_config_free(cfg), TBOOST_OK);
+}
