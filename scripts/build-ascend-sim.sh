@@ -30,9 +30,12 @@ command -v "$CC" >/dev/null || { echo "build-ascend-sim: $CC is missing: apt-get
 
 omit_sorted=$(printf '%s' "$omit" | tr ',' '\n' | sed '/^$/d' | sort -u | paste -sd, -)
 variant=default
-if [ -n "$omit_sorted" ] || [ "$split" = 1 ]; then
-  variant=$( { [ "$split" = 1 ] && printf 'split'; [ -n "$omit_sorted" ] && printf '%somit-%s' "$([ "$split" = 1 ] && echo -)" \
-    "$(printf '%s' "$omit_sorted" | sha256sum | cut -c1-12)"; } )
+if [ "$split" = 1 ] && [ -n "$omit_sorted" ]; then
+  variant=split-omit-$(printf '%s' "$omit_sorted" | sha256sum | cut -c1-12)
+elif [ "$split" = 1 ]; then
+  variant=split
+elif [ -n "$omit_sorted" ]; then
+  variant=omit-$(printf '%s' "$omit_sorted" | sha256sum | cut -c1-12)
 fi
 OUT=$TARGET_DIR/ascend-sim/$variant
 LIB=$OUT/lib64

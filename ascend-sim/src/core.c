@@ -935,21 +935,24 @@ aclError aclrtSynchronizeEvent(aclrtEvent event) {
 SIM_API aclnnStatus tboostSimInternal_opFault(const char *op, int execPhase) {
     LOCK();
     Config *c = cfg();
+    int hit = -1;
+    /* every matching item counts this call, so "op:2:..,op:4:.." fires at the 2nd and at the 4th call */
     for (int i = 0; i < c->nfaults; i++) {
         OpFault *f = &c->faults[i];
         if (f->execPhase != execPhase || strcmp(f->name, op) != 0) continue;
         f->calls++;
-        if (f->calls == f->at) {
-            int st = f->status;
-            long long at = (long long)f->at;
-            UNLOCK();
-            sim_error("%s%s: fault injection: call #%lld returns %d (TBOOST_SIM_FAIL_OP)", op,
-                      execPhase ? "" : "GetWorkspaceSize", at, st);
-            return st;
-        }
+        if (f->calls == f->at && hit < 0) hit = i;
     }
+    if (hit < 0) {
+        UNLOCK();
+        return ACLNN_SUCCESS;
+    }
+    int st = c->faults[hit].status;
+    long long at = (long long)c->faults[hit].at;
     UNLOCK();
-    return ACLNN_SUCCESS;
+    sim_error("%s%s: fault injection: call #%lld returns %d (TBOOST_SIM_FAIL_OP)", op, execPhase ? "" : "GetWorkspaceSize",
+              at, st);
+    return st;
 }
 
 SIM_API SimExec *tboostSimInternal_execNew(const char *op, SimRunFn run, size_t paramsSize) {

@@ -33,6 +33,6 @@ pub mod version;
 pub use error::{AclError, Phase, Result};
 pub use loader::SearchOrder;
 pub use op::{Context, ContextStats, Executor, PreparedOp};
-pub use runtime::{Cann, Device, DeviceBuffer, DeviceFacts, Event, HostBuffer, SimStats, SocFamily, Stream};
+pub use runtime::{Cann, Device, DeviceBuffer, DeviceFacts, Event, HostBuffer, RawOp, SimStats, SocFamily, Stream};
 pub use tensor::{AclIntArray, AclScalar, AclTensor, AclTensorList, DType, Element, Format, TensorRef};
 pub use version::{CannVersion, Stage};

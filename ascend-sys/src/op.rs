@@ -32,6 +32,21 @@ pub struct Executor {
 }
 
 impl Executor {
+    /// Takes ownership of an executor a caller got from a first phase it made itself (see
+    /// [`Cann::raw_op`](crate::Cann::raw_op)); it is destroyed on drop unless [`Executor::release`]d.
+    ///
+    /// # Safety
+    /// `ptr` must be a live executor of `op` that nothing else destroys.
+    pub unsafe fn from_raw(cann: &Cann, op: &'static str, ptr: *mut raw::aclOpExecutor) -> Option<Executor> {
+        NonNull::new(ptr).map(|ptr| Executor { ptr, op, cann: cann.clone(), owned: true, repeatable: false })
+    }
+
+    /// Gives up ownership (after a successful one-shot launch CANN releases the executor itself).
+    pub fn release(mut self) -> *mut raw::aclOpExecutor {
+        self.owned = false;
+        self.ptr.as_ptr()
+    }
+
     pub fn as_ptr(&self) -> *mut raw::aclOpExecutor {
         self.ptr.as_ptr()
     }

@@ -269,6 +269,15 @@ impl Cann {
         self.inner.libs.op(name).map(|s| self.inner.libs.opapi[s.lib].path.clone())
     }
 
+    /// The raw addresses of op `name`'s pair, for callers that drive the protocol themselves (tests of the
+    /// two-phase rules, custom caching). `first_phase` must be cast to the header's `<name>GetWorkspaceSize_fn`.
+    pub fn raw_op(&self, name: &str) -> Option<RawOp> {
+        let s = self.inner.libs.op(name)?;
+        // SAFETY: the execute twin of every op has the header's aclnnExecute_fn type.
+        let execute = unsafe { std::mem::transmute_copy::<*mut c_void, raw::aclnnExecute_fn>(&s.exec) };
+        Some(RawOp { first_phase: s.gws, execute })
+    }
+
     pub(crate) fn op_syms(&self, name: &'static str) -> Result<OpSyms> {
         self.inner
             .libs
@@ -380,6 +389,13 @@ impl Cann {
             rule_violations: s.ruleViolations,
         })
     }
+}
+
+/// See [`Cann::raw_op`].
+#[derive(Clone, Copy)]
+pub struct RawOp {
+    pub first_phase: *mut c_void,
+    pub execute: raw::aclnnExecute_fn,
 }
 
 /// The SoC families tboost distinguishes (research notes §1.5: ATB's `InitSocVersion` substring rules).
