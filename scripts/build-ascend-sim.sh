@@ -39,14 +39,17 @@ elif [ -n "$omit_sorted" ]; then
 fi
 OUT=$TARGET_DIR/ascend-sim/$variant
 LIB=$OUT/lib64
-mkdir -p "$LIB" "$OUT/obj"
+OBJ=$TARGET_DIR/ascend-sim/obj
+mkdir -p "$LIB" "$OBJ"
 
 exec 9>"$TARGET_DIR/ascend-sim/.lock"
 flock 9
 
 CFLAGS=(-std=c11 -O2 -g -fPIC -Wall -Wextra -Werror -I"$HEADER_DIR" -I"$SRC")
-stamp=$( { cat "$SRC"/*.c "$SRC"/*.h "$HEADER_DIR/tboost_cann.h" "${BASH_SOURCE[0]}"; \
-           echo "${CFLAGS[*]} omit=$omit_sorted split=$split"; "$CC" --version | head -1; } | sha256sum | cut -c1-64)
+# objects are shared by all variants (they differ only in what the link exports)
+obj_stamp=$( { cat "$SRC"/*.c "$SRC"/*.h "$HEADER_DIR/tboost_cann.h"; echo "${CFLAGS[*]}"; "$CC" --version | head -1; } |
+  sha256sum | cut -c1-64)
+stamp=$( { echo "$obj_stamp"; cat "${BASH_SOURCE[0]}"; echo "omit=$omit_sorted split=$split"; } | sha256sum | cut -c1-64)
 if [ -f "$OUT/.stamp" ] && [ "$(cat "$OUT/.stamp")" = "$stamp" ] && [ -f "$LIB/libascendcl.so" ]; then
   echo "$OUT"
   exit 0
@@ -64,20 +67,24 @@ for s in $(printf '%s' "$omit_sorted" | tr ',' ' '); do
 done
 printf '{\n  global: acl*; tboostSim*;\n  local: %s *;\n};\n' "$local_syms" >"$OUT/exports.map"
 
-cc_obj() { "$CC" "${CFLAGS[@]}" -c "$SRC/$1.c" -o "$OUT/obj/$1.o" >&2; }
+cc_obj() { "$CC" "${CFLAGS[@]}" -c "$SRC/$1.c" -o "$OBJ/$1.o" >&2; }
 link() { # name soname objs... -- libs...
   local name=$1; shift
   "$CC" -shared -o "$LIB/$name" -Wl,-soname,"$name" -Wl,--version-script="$OUT/exports.map" \
     -Wl,-rpath,'$ORIGIN' -Wl,--no-undefined "$@" >&2
 }
-for f in core nnopbase ops_nn ops_math ops_attention ops_moe; do cc_obj "$f"; done
-link libascendcl.so "$OUT/obj/core.o" -lpthread -lm
-link libnnopbase.so "$OUT/obj/nnopbase.o" -L"$LIB" -lascendcl
+if [ ! -f "$OBJ/.stamp" ] || [ "$(cat "$OBJ/.stamp")" != "$obj_stamp" ]; then
+  rm -f "$OBJ/.stamp"
+  for f in core nnopbase ops_nn ops_math ops_attention ops_moe; do cc_obj "$f"; done
+  echo "$obj_stamp" >"$OBJ/.stamp"
+fi
+link libascendcl.so "$OBJ/core.o" -lpthread -lm
+link libnnopbase.so "$OBJ/nnopbase.o" -L"$LIB" -lascendcl
 if [ "$split" = 1 ]; then
-  link libopapi.so "$OUT/obj/ops_nn.o" "$OUT/obj/ops_math.o" -L"$LIB" -lnnopbase -lascendcl -lm
-  link libopapi_transformer.so "$OUT/obj/ops_attention.o" "$OUT/obj/ops_moe.o" -L"$LIB" -lnnopbase -lascendcl -lm
+  link libopapi.so "$OBJ/ops_nn.o" "$OBJ/ops_math.o" -L"$LIB" -lnnopbase -lascendcl -lm
+  link libopapi_transformer.so "$OBJ/ops_attention.o" "$OBJ/ops_moe.o" -L"$LIB" -lnnopbase -lascendcl -lm
 else
-  link libopapi.so "$OUT/obj/ops_nn.o" "$OUT/obj/ops_math.o" "$OUT/obj/ops_attention.o" "$OUT/obj/ops_moe.o" \
+  link libopapi.so "$OBJ/ops_nn.o" "$OBJ/ops_math.o" "$OBJ/ops_attention.o" "$OBJ/ops_moe.o" \
     -L"$LIB" -lnnopbase -lascendcl -lm
 fi
 cat >"$OUT/VARIANT" <<INFO
