@@ -79,6 +79,24 @@ fn loads_through_ascend_home_path_and_reports_device_facts() {
 }
 
 #[test]
+fn finalize_prints_the_simulator_summary_and_ends_the_runtime() {
+    let stderr = isolated_output("finalize_prints_the_simulator_summary_and_ends_the_runtime", "main", &[], || {
+        let (cann, dev) = device();
+        let kept = alloc(&dev, 100);
+        ok(cann.finalize(), "finalize");
+        let err = cann.device(0).expect_err("after aclFinalize");
+        assert_eq!(err.code(), Some(100001), "{err}");
+        let err = cann.finalize().expect_err("twice");
+        assert_eq!(err.code(), Some(100037), "{err}");
+        std::mem::forget((kept, dev)); // the runtime is gone: nothing to free through it
+    });
+    assert!(
+        in_child() || stderr.contains("[ascend-sim SIMULATOR] aclFinalize: outstanding 1 device allocations (100 bytes)"),
+        "summary line missing from:\n{stderr}"
+    );
+}
+
+#[test]
 fn facts_follow_the_configured_soc_and_version_and_gate_bf16() {
     isolated(
         "facts_follow_the_configured_soc_and_version_and_gate_bf16",

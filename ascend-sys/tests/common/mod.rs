@@ -49,6 +49,11 @@ pub fn sim_home(args: &[&str]) -> PathBuf {
 
 const CHILD: &str = "ASCEND_SYS_TEST_CHILD";
 
+/// True in the child process that runs a test body.
+pub fn in_child() -> bool {
+    std::env::var_os(CHILD).is_some()
+}
+
 /// Runs `body` in a fresh process of this test binary with `env` set (ASCEND_HOME_PATH defaults to the
 /// default simulator). The parent asserts the child ran exactly this test and it passed.
 pub fn isolated(name: &str, env: &[(&str, String)], body: impl FnOnce()) {
@@ -57,11 +62,16 @@ pub fn isolated(name: &str, env: &[(&str, String)], body: impl FnOnce()) {
 
 /// Like [`isolated`], for a test with several cases: the child runs only the case named `case`.
 pub fn isolated_case(name: &str, case: &str, env: &[(&str, String)], body: impl FnOnce()) {
+    let _ = isolated_output(name, case, env, body);
+}
+
+/// Like [`isolated_case`]; returns the child's stderr (empty in the child itself).
+pub fn isolated_output(name: &str, case: &str, env: &[(&str, String)], body: impl FnOnce()) -> String {
     if let Some(c) = std::env::var_os(CHILD) {
         if c == case {
             body();
         }
-        return;
+        return String::new();
     }
     let exe = std::env::current_exe().expect("test binary path");
     let mut cmd = Command::new(exe);
@@ -88,6 +98,7 @@ pub fn isolated_case(name: &str, case: &str, env: &[(&str, String)], body: impl 
         "child process for {name} ({case}) failed ({}):\n--- stdout\n{stdout}\n--- stderr\n{stderr}",
         out.status
     );
+    stderr.into_owned()
 }
 
 /// Loads CANN through the real search order (ASCEND_HOME_PATH etc., as the child's environment says).
