@@ -91,7 +91,8 @@ fn finalize_prints_the_simulator_summary_and_ends_the_runtime() {
         std::mem::forget((kept, dev)); // the runtime is gone: nothing to free through it
     });
     assert!(
-        in_child() || stderr.contains("[ascend-sim SIMULATOR] aclFinalize: outstanding 1 device allocations (100 bytes)"),
+        in_child()
+            || stderr.contains("[ascend-sim SIMULATOR] aclFinalize: outstanding 1 device allocations (100 bytes)"),
         "summary line missing from:\n{stderr}"
     );
 }
