@@ -1004,6 +1004,77 @@ fn the_moe_chain_gating_routing_grouped_matmul_finalize_matches_a_dense_referenc
     });
 }
 
+#[test]
+fn grouped_matmul_fp16_with_counts_and_bias_leaves_rows_past_the_groups_alone() {
+    isolated("grouped_matmul_fp16_with_counts_and_bias_leaves_rows_past_the_groups_alone", &[], || {
+        let (cann, dev) = device();
+        let mut c = ctx(&dev);
+        let (m, k, n, e) = (7usize, 16usize, 8usize, 3usize);
+        let counts = [2i64, 0, 3]; // 5 rows in groups; rows 5 and 6 belong to none
+        let x = to_f16(&rand_vec(m * k, 110));
+        let w = to_f16(&rand_vec(e * k * n, 111)); // [e, k, n]
+        let bias = to_f16(&rand_vec(e * n, 112));
+        let (xb, wb, bb, gb, ob) =
+            (upload(&dev, &x), upload(&dev, &w), upload(&dev, &bias), upload(&dev, &counts), alloc(&dev, m * n * 2));
+        ok(ob.fill_bytes(0x3C), "sentinel"); // 0x3C3C as f16 = 1.0586
+        ok(
+            ops::grouped_matmul_v4(
+                &mut c,
+                &ok(xb.view(DType::F16, &[m as i64, k as i64]), "x"),
+                &ok(wb.view(DType::F16, &[e as i64, k as i64, n as i64]), "w"),
+                Some(&ok(bb.view(DType::F16, &[e as i64, n as i64]), "bias")),
+                &ok(gb.view(DType::I64, &[e as i64]), "groups"),
+                GroupListType::Count,
+                &ok(ob.view(DType::F16, &[m as i64, n as i64]), "out"),
+            ),
+            "gmm",
+        );
+        ok(c.synchronize(), "sync");
+        let got = f16_to_f64(&read::<f16>(&ob, m * n));
+        let (xf, wf, bf) = (f16_to_f64(&x), f16_to_f64(&w), f16_to_f64(&bias));
+        let mut row = 0;
+        for (g, &cnt) in counts.iter().enumerate() {
+            for _ in 0..cnt {
+                let want: Vec<f64> = (0..n)
+                    .map(|j| (0..k).map(|t| xf[row * k + t] * wf[(g * k + t) * n + j]).sum::<f64>() + bf[g * n + j])
+                    .collect();
+                assert_close(
+                    &format!("gmm row {row} (group {g})"),
+                    &got[row * n..(row + 1) * n],
+                    &round_f16(&want),
+                    2e-3,
+                    2e-3,
+                );
+                row += 1;
+            }
+        }
+        let sentinel = f16::from_bits(0x3C3C).to_f64();
+        assert!(
+            got[row * n..].iter().all(|&v| v == sentinel),
+            "rows past the groups were written: {:?}",
+            &got[row * n..]
+        );
+        // a group list that claims more rows than x has fails when the op runs
+        let too_many = upload(&dev, &[4i64, 4, 4]);
+        ok(
+            ops::grouped_matmul_v4(
+                &mut c,
+                &ok(xb.view(DType::F16, &[m as i64, k as i64]), "x"),
+                &ok(wb.view(DType::F16, &[e as i64, k as i64, n as i64]), "w"),
+                None,
+                &ok(too_many.view(DType::I64, &[e as i64]), "groups"),
+                GroupListType::Count,
+                &ok(ob.view(DType::F16, &[m as i64, n as i64]), "out"),
+            ),
+            "launch",
+        );
+        let err = c.synchronize().expect_err("12 rows claimed, 7 exist");
+        assert!(err.message().contains("groupList[1] = 4"), "{err}");
+        drop((xb, wb, bb, gb, ob, too_many, c, dev));
+        assert_clean(&cann);
+    });
+}
+
 // ------------------------------------------------------------------------------------------ faults
 
 fn norm_args(dev: &ascend_sys::Device) -> [ascend_sys::DeviceBuffer; 4] {
@@ -1341,6 +1412,15 @@ fn events_and_staged_uploads_order_work_across_streams() {
         let mut back = [0f32; 4];
         ok(consumer.download(&b, 0, &mut back), "download");
         assert_eq!(back, [2.0, 4.0, 6.0, 8.0]);
+        // an asynchronous device-to-host copy lands at the synchronize
+        let host = ok(dev.alloc_host(16), "host buffer");
+        // SAFETY: host and b stay alive and untouched until the synchronize below.
+        ok(unsafe { consumer.stream().copy_to_host_async(&b, 4, &host, 0, 8) }, "async d2h");
+        ok(consumer.synchronize(), "sync");
+        let got: Vec<f32> =
+            host.as_slice()[..8].chunks(4).map(|c| f32::from_ne_bytes([c[0], c[1], c[2], c[3]])).collect();
+        assert_eq!(got, vec![4.0, 6.0]);
+        drop(host);
         ok(producer.synchronize(), "sync");
         drop((ev, done, a, b, producer, consumer, dev));
         assert_clean(&cann);
