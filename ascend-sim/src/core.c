@@ -679,7 +679,10 @@ static void run_task_locked(SimStream *s, Task *t) {
         }
         e->pending--;
         if ((!e->repeatable || e->destroyed) && e->pending == 0) {
-            if (!e->repeatable) ps_add(&g_consumed, e);
+            if (!e->repeatable) {
+                if (g_consumed.n >= 4096) g_consumed.n = 0; /* keep the set small: only recent ones matter */
+                ps_add(&g_consumed, e);
+            }
             free_exec_locked(e);
         }
         break;
