@@ -1,0 +1,355 @@
+/*
+ * ascend-sim ops_nn.c -- CANN SIMULATOR: the ops-nn family (RmsNorm, AddRmsNorm, Matmul, Mm, SwiGlu,
+ * Embedding) with the semantics and checks of their docs (NN norm/rms_norm/docs/aclnnRmsNorm.md, ...).
+ * Reference math in double. Not CANN: see ascend-sim/README.md.
+ */
+#include "ops_common.h"
+
+#define OUTS_NULL(op)                                                        \
+    do {                                                                     \
+        if (!workspaceSize || !executor) {                                   \
+            sim_error("%sGetWorkspaceSize: workspaceSize and executor must not be NULL", op); \
+            return ACLNN_ERR_PARAM_NULLPTR;                                  \
+        }                                                                    \
+    } while (0)
+
+/* ---------------------------------------------------------------- RmsNorm / AddRmsNorm */
+
+typedef struct {
+    int x1, x2, gamma, y, rstd, xout;
+    double eps;
+    int64_t rows, cols;
+} NormP;
+
+static aclnnStatus norm_run(SimExec *e, void *ws, uint64_t wsSize) {
+    (void)ws, (void)wsSize;
+    NormP *p = e->x.params;
+    const aclTensor *x1 = T(e, p->x1), *g = T(e, p->gamma), *y = T(e, p->y);
+    const aclTensor *x2 = p->x2 >= 0 ? T(e, p->x2) : NULL, *rs = p->rstd >= 0 ? T(e, p->rstd) : NULL;
+    const aclTensor *xo = p->xout >= 0 ? T(e, p->xout) : NULL;
+    double *row = malloc((size_t)p->cols * sizeof(double));
+    if (!row) return ACLNN_ERR_INNER;
+    for (int64_t r = 0; r < p->rows; r++) {
+        double ss = 0;
+        for (int64_t c = 0; c < p->cols; c++) {
+            int64_t lin = r * p->cols + c;
+            double v = ld(x1, off_lin(x1, lin));
+            if (x2) v += ld(x2, off_lin(x2, lin));
+            row[c] = v;
+            ss += v * v;
+        }
+        double rstd = 1.0 / sqrt(ss / (double)p->cols + p->eps);
+        for (int64_t c = 0; c < p->cols; c++) {
+            int64_t lin = r * p->cols + c;
+            if (xo) st(xo, off_lin(xo, lin), row[c]);
+            st(y, off_lin(y, lin), row[c] * rstd * ld(g, off_lin(g, c)));
+        }
+        if (rs) st(rs, off_lin(rs, r), rstd);
+    }
+    free(row);
+    return ACLNN_SUCCESS;
+}
+
+static aclnnStatus norm_check(const char *op, const aclTensor *x, const aclTensor *gamma, const aclTensor *y,
+                              const aclTensor *rstd, int64_t *rows, int64_t *cols) {
+    if (!is_float(x->dtype)) INVALID("%s: x must be FLOAT, FLOAT16 or BFLOAT16, not %s", op, dname(x->dtype));
+    if (gamma->dtype != x->dtype && gamma->dtype != ACL_FLOAT)
+        INVALID("%s: gamma %s does not go with x %s (same dtype or FLOAT32)", op, dname(gamma->dtype), dname(x->dtype));
+    if (y->dtype != x->dtype) INVALID("%s: yOut must have x's dtype %s, not %s", op, dname(x->dtype), dname(y->dtype));
+    if (check_bf16(op, "x", x)) return ACLNN_ERR_PARAM_INVALID;
+    if (gamma->ndim < 1 || gamma->ndim > x->ndim) SHAPE_ERR("%s: gamma %s must match the trailing dims of x %s", op, SHAPE(gamma), SHAPE(x));
+    int64_t c = 1;
+    for (int i = 0; i < gamma->ndim; i++) {
+        if (gamma->dims[i] != x->dims[x->ndim - gamma->ndim + i])
+            SHAPE_ERR("%s: gamma %s must equal the trailing dims of x %s", op, SHAPE(gamma), SHAPE(x));
+        c *= gamma->dims[i];
+    }
+    if (!same_shape(x, y)) SHAPE_ERR("%s: yOut %s must have x's shape %s", op, SHAPE(y), SHAPE(x));
+    if (rstd) {
+        if (rstd->dtype != ACL_FLOAT) INVALID("%s: rstdOut must be FLOAT32, not %s", op, dname(rstd->dtype));
+        int ok = rstd->ndim == x->ndim;
+        for (int i = 0; ok && i < x->ndim; i++)
+            ok = rstd->dims[i] == (i < x->ndim - gamma->ndim ? x->dims[i] : 1);
+        if (!ok) SHAPE_ERR("%s: rstdOut %s must be x's shape %s with the normalized dims set to 1", op, SHAPE(rstd), SHAPE(x));
+    }
+    if (sim_soc() == SIM_SOC_310P && c * (int64_t)dsize(x->dtype) < 32)
+        INVALID("%s: on %s the normalized size must be at least 32 bytes (%lld)", op, sim_soc_name(),
+                (long long)(c * (int64_t)dsize(x->dtype)));
+    *cols = c;
+    *rows = c ? numel(x) / c : 0;
+    return ACLNN_SUCCESS;
+}
+
+aclnnStatus aclnnRmsNormGetWorkspaceSize(const aclTensor *x, const aclTensor *gamma, double epsilon,
+                                         const aclTensor *yOut, const aclTensor *rstdOut, uint64_t *workspaceSize,
+                                         aclOpExecutor **executor) {
+    static const char *OP = "aclnnRmsNorm";
+    FAULT_GWS(OP);
+    OUTS_NULL(OP);
+    SimExec *se = tboostSimInternal_execNew(OP, norm_run, sizeof(NormP));
+    if (!se) return ACLNN_ERR_INNER;
+    NormP *p = se->x.params;
+    p->x2 = p->xout = -1;
+    SNAP("x", x, 1, &p->x1);
+    SNAP("gamma", gamma, 1, &p->gamma);
+    SNAP("yOut", yOut, 1, &p->y);
+    SNAP("rstdOut", rstdOut, 1, &p->rstd);
+    p->eps = epsilon;
+    CHECK(norm_check(OP, T(se, p->x1), T(se, p->gamma), T(se, p->y), T(se, p->rstd), &p->rows, &p->cols));
+    return tboostSimInternal_execFinish(se, 0, workspaceSize, executor);
+}
+SIM_EXECUTE(aclnnRmsNorm)
+
+aclnnStatus aclnnAddRmsNormGetWorkspaceSize(const aclTensor *x1, const aclTensor *x2, const aclTensor *gamma,
+                                            double epsilon, aclTensor *yOut, aclTensor *rstdOut, aclTensor *xOut,
+                                            uint64_t *workspaceSize, aclOpExecutor **executor) {
+    static const char *OP = "aclnnAddRmsNorm";
+    FAULT_GWS(OP);
+    OUTS_NULL(OP);
+    SimExec *se = tboostSimInternal_execNew(OP, norm_run, sizeof(NormP));
+    if (!se) return ACLNN_ERR_INNER;
+    NormP *p = se->x.params;
+    SNAP("x1", x1, 1, &p->x1);
+    SNAP("x2", x2, 1, &p->x2);
+    SNAP("gamma", gamma, 1, &p->gamma);
+    SNAP("yOut", yOut, 1, &p->y);
+    SNAP("rstdOut", rstdOut, 0, &p->rstd);
+    SNAP("xOut", xOut, 0, &p->xout);
+    p->eps = epsilon;
+    const aclTensor *a = T(se, p->x1), *b = T(se, p->x2);
+    if (p->rstd >= 0 && p->xout < 0) {
+        tboostSimInternal_execAbort(se);
+        INVALID("%s: rstdOut is given but xOut is NULL", OP);
+    }
+    if (!same_shape(a, b) || a->dtype != b->dtype) {
+        tboostSimInternal_execAbort(se);
+        INVALID("%s: x1 %s %s and x2 %s %s must match", OP, dname(a->dtype), SHAPE(a), dname(b->dtype), SHAPE(b));
+    }
+    if (p->xout >= 0 && (!same_shape(a, T(se, p->xout)) || T(se, p->xout)->dtype != a->dtype)) {
+        tboostSimInternal_execAbort(se);
+        INVALID("%s: xOut must have x1's shape and dtype", OP);
+    }
+    CHECK(norm_check(OP, a, T(se, p->gamma), T(se, p->y), p->rstd >= 0 ? T(se, p->rstd) : NULL, &p->rows, &p->cols));
+    return tboostSimInternal_execFinish(se, 0, workspaceSize, executor);
+}
+SIM_EXECUTE(aclnnAddRmsNorm)
+
+/* ---------------------------------------------------------------- Matmul / Mm */
+
+typedef struct {
+    int a, b, out;
+    int64_t batch, m, k, n;
+    int aBatched, bBatched;
+} MmP;
+
+static aclnnStatus mm_run(SimExec *e, void *ws, uint64_t wsSize) {
+    MmP *p = e->x.params;
+    const aclTensor *a = T(e, p->a), *b = T(e, p->b), *o = T(e, p->out);
+    /* accumulate in the workspace (f32 on the cube unit; double here) */
+    double *acc = ws;
+    if (wsSize < (uint64_t)(p->m * p->n) * sizeof(double)) return ACLNN_ERR_INNER;
+    for (int64_t bi = 0; bi < p->batch; bi++) {
+        for (int64_t i = 0; i < p->m; i++)
+            for (int64_t j = 0; j < p->n; j++) {
+                double s = 0;
+                for (int64_t kk = 0; kk < p->k; kk++) {
+                    int64_t ao = p->aBatched ? off3(a, bi, i, kk) : off2(a, i, kk);
+                    int64_t bo = p->bBatched ? off3(b, bi, kk, j) : off2(b, kk, j);
+                    s += ld(a, ao) * ld(b, bo);
+                }
+                acc[i * p->n + j] = s;
+            }
+        for (int64_t i = 0; i < p->m; i++)
+            for (int64_t j = 0; j < p->n; j++)
+                st(o, o->ndim == 3 ? off3(o, bi, i, j) : off2(o, i, j), acc[i * p->n + j]);
+    }
+    return ACLNN_SUCCESS;
+}
+
+static aclnnStatus mm_gws(const char *OP, int allowBatch, const aclTensor *self, const aclTensor *mat2, aclTensor *out,
+                          int8_t cubeMathType, uint64_t *workspaceSize, aclOpExecutor **executor) {
+    FAULT_GWS(OP);
+    OUTS_NULL(OP);
+    SimExec *se = tboostSimInternal_execNew(OP, mm_run, sizeof(MmP));
+    if (!se) return ACLNN_ERR_INNER;
+    MmP *p = se->x.params;
+    SNAP("self", self, 1, &p->a);
+    SNAP("mat2", mat2, 1, &p->b);
+    SNAP("out", out, 1, &p->out);
+    const aclTensor *a = T(se, p->a), *b = T(se, p->b), *o = T(se, p->out);
+    aclnnStatus st = ACLNN_SUCCESS;
+    if (cubeMathType < 0 || cubeMathType > 3) {
+        sim_error("%s: cubeMathType %d is not one of KEEP_DTYPE 0, ALLOW_FP32_DOWN_PRECISION 1, USE_FP16 2, USE_HF32 3", OP, cubeMathType);
+        st = ACLNN_ERR_PARAM_INVALID;
+    } else if (!is_float(a->dtype) || a->dtype != b->dtype || o->dtype != a->dtype) {
+        sim_error("%s: self %s, mat2 %s and out %s must share one float dtype (SIMULATOR: no type promotion)", OP,
+                  dname(a->dtype), dname(b->dtype), dname(o->dtype));
+        st = ACLNN_ERR_PARAM_INVALID;
+    } else if (check_bf16(OP, "self", a)) {
+        st = ACLNN_ERR_PARAM_INVALID;
+    } else if (!(a->ndim == 2 || (allowBatch && a->ndim == 3)) || !(b->ndim == 2 || (allowBatch && b->ndim == 3))) {
+        sim_error("%s: self %s and mat2 %s must be 2-D%s", OP, SHAPE(a), SHAPE(b), allowBatch ? " or 3-D (batched)" : "");
+        st = ACLNN_ERR_PARAM_INVALID;
+    } else {
+        p->aBatched = a->ndim == 3, p->bBatched = b->ndim == 3;
+        p->m = a->dims[a->ndim - 2], p->k = a->dims[a->ndim - 1], p->n = b->dims[b->ndim - 1];
+        p->batch = p->aBatched ? a->dims[0] : p->bBatched ? b->dims[0] : 1;
+        int outNd = (p->aBatched || p->bBatched) ? 3 : 2;
+        if (b->dims[b->ndim - 2] != p->k || (p->aBatched && p->bBatched && a->dims[0] != b->dims[0])) {
+            sim_error("%s: self %s and mat2 %s do not multiply", OP, SHAPE(a), SHAPE(b));
+            st = ACLNN_ERR_PARAM_INVALID;
+        } else if (o->ndim != outNd || o->dims[outNd - 2] != p->m || o->dims[outNd - 1] != p->n ||
+                   (outNd == 3 && o->dims[0] != p->batch)) {
+            sim_error("%s: out %s must be [%s%lld, %lld]", OP, SHAPE(o), outNd == 3 ? "batch, " : "", (long long)p->m,
+                      (long long)p->n);
+            st = ACLNN_ERR_PARAM_INVALID;
+        }
+    }
+    if (st) {
+        tboostSimInternal_execAbort(se);
+        return st;
+    }
+    uint64_t ws = (uint64_t)(p->m * p->n) * sizeof(double);
+    return tboostSimInternal_execFinish(se, ws ? ws : 0, workspaceSize, executor);
+}
+
+aclnnStatus aclnnMatmulGetWorkspaceSize(const aclTensor *self, const aclTensor *mat2, aclTensor *out,
+                                        int8_t cubeMathType, uint64_t *workspaceSize, aclOpExecutor **executor) {
+    return mm_gws("aclnnMatmul", 1, self, mat2, out, cubeMathType, workspaceSize, executor);
+}
+SIM_EXECUTE(aclnnMatmul)
+
+aclnnStatus aclnnMmGetWorkspaceSize(const aclTensor *self, const aclTensor *mat2, aclTensor *out, int8_t cubeMathType,
+                                    uint64_t *workspaceSize, aclOpExecutor **executor) {
+    return mm_gws("aclnnMm", 0, self, mat2, out, cubeMathType, workspaceSize, executor);
+}
+SIM_EXECUTE(aclnnMm)
+
+/* ---------------------------------------------------------------- SwiGlu */
+
+typedef struct {
+    int x, out;
+    int dim;
+} SwiGluP;
+
+static aclnnStatus swiglu_run(SimExec *e, void *ws, uint64_t wsSize) {
+    (void)ws, (void)wsSize;
+    SwiGluP *p = e->x.params;
+    const aclTensor *x = T(e, p->x), *o = T(e, p->out);
+    int64_t n = numel(o), half = o->dims[p->dim];
+    int64_t idx[SIM_MAX_DIM];
+    for (int64_t lin = 0; lin < n; lin++) {
+        int64_t r = lin;
+        for (int i = o->ndim - 1; i >= 0; i--) idx[i] = r % o->dims[i], r /= o->dims[i];
+        int64_t ao = x->offset, bo = x->offset, oo = o->offset;
+        for (int i = 0; i < o->ndim; i++) {
+            ao += idx[i] * x->strides[i];
+            bo += (idx[i] + (i == p->dim ? half : 0)) * x->strides[i];
+            oo += idx[i] * o->strides[i];
+        }
+        double a = ld(x, ao), b = ld(x, bo);
+        st(o, oo, a / (1.0 + exp(-a)) * b);
+    }
+    return ACLNN_SUCCESS;
+}
+
+aclnnStatus aclnnSwiGluGetWorkspaceSize(const aclTensor *x, int64_t dim, const aclTensor *out, uint64_t *workspaceSize,
+                                        aclOpExecutor **executor) {
+    static const char *OP = "aclnnSwiGlu";
+    FAULT_GWS(OP);
+    OUTS_NULL(OP);
+    SimExec *se = tboostSimInternal_execNew(OP, swiglu_run, sizeof(SwiGluP));
+    if (!se) return ACLNN_ERR_INNER;
+    SwiGluP *p = se->x.params;
+    SNAP("x", x, 1, &p->x);
+    SNAP("out", out, 1, &p->out);
+    const aclTensor *a = T(se, p->x), *o = T(se, p->out);
+    int nd = a->ndim;
+    aclnnStatus st = ACLNN_SUCCESS;
+    if (!is_float(a->dtype) || o->dtype != a->dtype) {
+        sim_error("%s: x %s / out %s must be one of BFLOAT16, FLOAT16, FLOAT32", OP, dname(a->dtype), dname(o->dtype));
+        st = ACLNN_ERR_PARAM_INVALID;
+    } else if (check_bf16(OP, "x", a)) {
+        st = ACLNN_ERR_PARAM_INVALID;
+    } else if (nd < 1 || dim < -nd || dim >= nd) {
+        sim_error("%s: dim %lld is outside [-%d, %d]", OP, (long long)dim, nd, nd - 1);
+        st = ACLNN_ERR_PARAM_INVALID;
+    } else {
+        p->dim = (int)(dim < 0 ? dim + nd : dim);
+        int ok = o->ndim == nd && a->dims[p->dim] % 2 == 0;
+        for (int i = 0; ok && i < nd; i++) ok = o->dims[i] == (i == p->dim ? a->dims[i] / 2 : a->dims[i]);
+        if (!ok) {
+            sim_error("%s: x %s must be even along dim %d and out %s must be x halved there", OP, SHAPE(a), p->dim, SHAPE(o));
+            st = ACLNN_ERR_PARAM_INVALID;
+        }
+    }
+    if (st) {
+        tboostSimInternal_execAbort(se);
+        return st;
+    }
+    return tboostSimInternal_execFinish(se, 0, workspaceSize, executor);
+}
+SIM_EXECUTE(aclnnSwiGlu)
+
+/* ---------------------------------------------------------------- Embedding */
+
+typedef struct {
+    int w, idx, out;
+} EmbP;
+
+static aclnnStatus emb_run(SimExec *e, void *ws, uint64_t wsSize) {
+    (void)ws, (void)wsSize;
+    EmbP *p = e->x.params;
+    const aclTensor *w = T(e, p->w), *ix = T(e, p->idx), *o = T(e, p->out);
+    int64_t n = numel(ix), v = w->dims[0], h = w->dims[1];
+    for (int64_t i = 0; i < n; i++) {
+        int64_t id = ld_i(ix, off_lin(ix, i));
+        if (id < 0 || id >= v) {
+            sim_error("aclnnEmbedding: indices[%lld] = %lld is outside [0, %lld): the device would read out of bounds",
+                      (long long)i, (long long)id, (long long)v);
+            return ACLNN_ERR_PARAM_INVALID;
+        }
+        for (int64_t j = 0; j < h; j++) st(o, off_lin(o, i * h + j), ld(w, off2(w, id, j)));
+    }
+    return ACLNN_SUCCESS;
+}
+
+aclnnStatus aclnnEmbeddingGetWorkspaceSize(const aclTensor *weight, const aclTensor *indices, const aclTensor *out,
+                                           uint64_t *workspaceSize, aclOpExecutor **executor) {
+    static const char *OP = "aclnnEmbedding";
+    FAULT_GWS(OP);
+    OUTS_NULL(OP);
+    SimExec *se = tboostSimInternal_execNew(OP, emb_run, sizeof(EmbP));
+    if (!se) return ACLNN_ERR_INNER;
+    EmbP *p = se->x.params;
+    SNAP("weight", weight, 1, &p->w);
+    SNAP("indices", indices, 1, &p->idx);
+    SNAP("out", out, 1, &p->out);
+    const aclTensor *w = T(se, p->w), *ix = T(se, p->idx), *o = T(se, p->out);
+    aclnnStatus st = ACLNN_SUCCESS;
+    if (w->ndim != 2) {
+        sim_error("%s: weight %s must be 2-D [num_embeddings, embedding_dim]", OP, SHAPE(w));
+        st = ACLNN_ERR_PARAM_INVALID;
+    } else if (ix->dtype != ACL_INT32 && ix->dtype != ACL_INT64) {
+        sim_error("%s: indices must be INT32 or INT64, not %s", OP, dname(ix->dtype));
+        st = ACLNN_ERR_PARAM_INVALID;
+    } else if (o->dtype != w->dtype) {
+        sim_error("%s: out %s must have weight's dtype %s", OP, dname(o->dtype), dname(w->dtype));
+        st = ACLNN_ERR_PARAM_INVALID;
+    } else if (check_bf16(OP, "weight", w)) {
+        st = ACLNN_ERR_PARAM_INVALID;
+    } else {
+        int ok = o->ndim == ix->ndim + 1 && o->dims[o->ndim - 1] == w->dims[1];
+        for (int i = 0; ok && i < ix->ndim; i++) ok = o->dims[i] == ix->dims[i];
+        if (!ok) {
+            sim_error("%s: out %s must be indices' shape %s plus [%lld]", OP, SHAPE(o), SHAPE(ix), (long long)w->dims[1]);
+            st = ACLNN_ERR_PARAM_INVALID;
+        }
+    }
+    if (st) {
+        tboostSimInternal_execAbort(se);
+        return st;
+    }
+    return tboostSimInternal_execFinish(se, 0, workspaceSize, executor);
+}
+SIM_EXECUTE(aclnnEmbedding)
