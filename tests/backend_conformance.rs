@@ -20,7 +20,8 @@
 //! the other paths.
 //!
 //! The report (per op: cases run, passed, failed, skipped with the reason) is printed on
-//! every run, also when the test passes.
+//! every run, also when the test passes; passing cases one by one with
+//! `TBOOST_CONFORMANCE_VERBOSE=1`.
 
 // The reference loops index several arrays in lockstep; explicit indices mirror the math.
 #![allow(clippy::needless_range_loop)]
@@ -644,7 +645,9 @@ impl<'b> Suite<'b> {
             if !g.tolerance.is_empty() {
                 s += &format!("  tolerance: {}\n", g.tolerance);
             }
-            for l in &g.lines {
+            // Passing cases in full only on request; skips, failures and notes always.
+            let verbose = std::env::var_os("TBOOST_CONFORMANCE_VERBOSE").is_some();
+            for l in g.lines.iter().filter(|l| verbose || !l.starts_with("  ok ")) {
                 s += l;
                 s.push('\n');
             }

@@ -132,8 +132,17 @@ fn batch_of_more_requests_than_finished_records_loses_nothing() {
     let lines: Vec<String> = (0..n).map(|i| format!("{{\"tokens\": [{}], \"max_tokens\": 1}}", 3 + i % 500)).collect();
     std::fs::write(&f, lines.join("\n")).unwrap();
     let path = model_file("stories260K-placeholder-vocab.gguf").display().to_string();
-    let args =
-        ["batch", "--model", &path, "--requests", f.to_str().unwrap(), "--max-seqs", "512", "--max-batched-tokens", "512"];
+    let args = [
+        "batch",
+        "--model",
+        &path,
+        "--requests",
+        f.to_str().unwrap(),
+        "--max-seqs",
+        "512",
+        "--max-batched-tokens",
+        "512",
+    ];
     let (ok, out, err) = tboost(&args);
     assert!(ok, "{err}");
     let mut count = 0;

@@ -431,12 +431,7 @@ fn an_interrupt_stops_a_long_step_at_its_next_op() {
     use std::sync::Arc;
     use std::time::Instant;
     let model = tboost::model::synthetic::build("small", tboost::backend::DType::F32, 7).unwrap();
-    let cfg = EngineConfig {
-        threads: 1,
-        kv_size: KvSize::Blocks(300),
-        max_batched_tokens: 4096,
-        ..Default::default()
-    };
+    let cfg = EngineConfig { threads: 1, kv_size: KvSize::Blocks(300), max_batched_tokens: 4096, ..Default::default() };
     let prompt: Vec<u32> = (0..4000).map(|i| 3 + (i * 7) % 500).collect();
     // How long the whole prefill takes uninterrupted.
     let full = {

@@ -89,12 +89,25 @@ pub trait Backend: Send {
     /// case it cannot take.
     fn supports(&self, query: &OpQuery) -> Result<(), Unsupported>;
 
+    /// The name of the device kernel that would run a supported case (e.g.
+    /// `aclnnFusedInferAttentionScoreV2`), for the plan report; `None` when it has no
+    /// separate name.
+    fn kernel_name(&self, query: &OpQuery) -> Option<String> {
+        let _ = query;
+        None
+    }
+
     /// Element types this backend computes activations in, best first (the plan takes the
     /// first one every op of the model accepts).
     fn activation_dtypes(&self) -> &'static [DType];
 
     /// Element types its KV cache can hold, best first.
     fn kv_dtypes(&self) -> &'static [DType];
+
+    /// Tokens per KV block its attention ops want when the user does not choose.
+    fn preferred_block_size(&self) -> usize {
+        16
+    }
 
     /// Allocates a zero-filled buffer of `len` elements of `dtype`.
     fn alloc(&mut self, dtype: DType, len: usize) -> Result<BufId>;

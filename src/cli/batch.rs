@@ -26,8 +26,9 @@ pub(crate) struct BatchArgs {
     /// KV cache size in blocks (default: 512 MiB worth).
     #[arg(long)]
     kv_blocks: Option<usize>,
-    #[arg(long, default_value_t = 16)]
-    block_size: usize,
+    /// Tokens per KV block (default: the backend's choice, 16 on the CPU).
+    #[arg(long)]
+    block_size: Option<usize>,
     #[arg(long, default_value_t = 64)]
     max_seqs: usize,
     #[arg(long, default_value_t = 512)]

@@ -57,7 +57,7 @@ fn concurrent_decode(model: &Model, a: &BenchArgs, n: usize) -> Result<f64> {
     let decode = a.decode.max(2);
     let per_seq = a.concurrency_prompt + decode;
     let cfg = EngineConfig {
-        kv_size: KvSize::Blocks(n * per_seq.div_ceil(16) + 1),
+        kv_size: KvSize::Tokens(n * (per_seq + 128)),
         max_seqs: n.max(1),
         max_batched_tokens: (n * a.concurrency_prompt).max(n).max(16),
         prefix_caching: false,
@@ -109,7 +109,6 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         return Err(Error::invalid("bench", "--repeat and --prefill must be at least 1"));
     }
     let ecfg = a.engine.engine_config()?;
-    let opts = ecfg.plan_options()?;
     let (model, label) = match (&a.synthetic, &a.model) {
         (Some(name), None) => {
             let dtype = match a.dtype.as_str() {
@@ -124,6 +123,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         _ => return Err(Error::invalid("bench", "give --synthetic NAME or --model PATH")),
     };
     let backend = a.engine.open_backend()?;
+    let opts = ecfg.plan_options(backend.as_ref())?;
     let threads =
         if ecfg.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { ecfg.threads };
     let mut runner = ModelRunner::new(&model, backend, &opts, ecfg.threads)?;

@@ -155,7 +155,8 @@ fn load(m: &ModelArgs) -> Result<(Model, ModelRunner)> {
     let c = m.engine.engine_config()?;
     let backend = m.engine.open_backend()?;
     let model = Model::load(&m.model)?;
-    let runner = ModelRunner::new(&model, backend, &c.plan_options()?, c.threads)?;
+    let opts = c.plan_options(backend.as_ref())?;
+    let runner = ModelRunner::new(&model, backend, &opts, c.threads)?;
     Ok((model, runner))
 }
 

@@ -79,10 +79,8 @@ pub(crate) fn run(a: RunArgs) -> Result<()> {
         seed,
         ..SamplingParams::default()
     };
-    let bs = 16;
     let engine = Engine::new(EngineConfig {
-        kv_size: KvSize::Blocks((prompt.len() + a.n).div_ceil(bs)),
-        block_size: bs,
+        kv_size: KvSize::Tokens(prompt.len() + a.n),
         max_seqs: 1,
         max_batched_tokens: 512,
         ..a.m.engine.engine_config()?

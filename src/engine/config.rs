@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use tboost_ops::{DType, Precision};
 
-use crate::backend::BackendKind;
+use crate::backend::{Backend, BackendKind};
 use crate::plan::PlanOptions;
 use crate::{Error, Result};
 
@@ -13,6 +13,8 @@ use crate::{Error, Result};
 pub enum KvSize {
     Bytes(usize),
     Blocks(usize),
+    /// Room for this many tokens (rounded up to whole blocks).
+    Tokens(usize),
 }
 
 #[derive(Clone, Debug)]
@@ -22,8 +24,8 @@ pub struct EngineConfig {
     /// CPU compute threads (0 = one per core); also the CPU beside a device backend.
     pub threads: usize,
     pub kv_size: KvSize,
-    /// Tokens per KV block.
-    pub block_size: usize,
+    /// Tokens per KV block; `None` = what the backend's attention prefers (16 on the CPU).
+    pub block_size: Option<usize>,
     /// KV cache element type; `None` = the backend's first choice (f32 on the CPU).
     pub kv_dtype: Option<DType>,
     /// Matmul activation precision (`Fast` only where the backend has it per weight type).
@@ -49,7 +51,7 @@ impl Default for EngineConfig {
             backend: BackendKind::Auto,
             threads: 0,
             kv_size: KvSize::Bytes(512 << 20),
-            block_size: 16,
+            block_size: None,
             kv_dtype: None,
             precision: Precision::Exact,
             max_seqs: 64,
@@ -65,8 +67,8 @@ impl Default for EngineConfig {
 impl EngineConfig {
     pub fn validate(&self) -> Result<()> {
         let bad = |p: &str, m: String| Err(Error::invalid(p, m));
-        if self.block_size == 0 || self.block_size > 1024 {
-            return bad("block_size", format!("{} is not in 1..=1024", self.block_size));
+        if let Some(bs) = self.block_size.filter(|&b| b == 0 || b > 1024) {
+            return bad("block_size", format!("{bs} is not in 1..=1024"));
         }
         if self.max_seqs == 0 {
             return bad("max_seqs", "must be at least 1".into());
@@ -89,19 +91,21 @@ impl EngineConfig {
             }
         }
         match self.kv_size {
-            KvSize::Blocks(0) | KvSize::Bytes(0) => bad("kv_cache", "the KV cache cannot be empty".into()),
+            KvSize::Blocks(0) | KvSize::Bytes(0) | KvSize::Tokens(0) => {
+                bad("kv_cache", "the KV cache cannot be empty".into())
+            }
             _ => Ok(()),
         }
     }
 
-    /// The plan options this config asks for (`TBOOST_DISABLE` added).
-    pub fn plan_options(&self) -> Result<PlanOptions> {
+    /// The plan options this config asks for on `be` (`TBOOST_DISABLE` added).
+    pub fn plan_options(&self, be: &dyn Backend) -> Result<PlanOptions> {
         PlanOptions {
             disabled: self.disabled_ops.clone(),
             kv_dtype: self.kv_dtype,
             act_dtype: None,
             precision: self.precision,
-            block_size: self.block_size,
+            block_size: self.block_size.unwrap_or_else(|| be.preferred_block_size()),
         }
         .with_env()
     }

@@ -185,13 +185,15 @@ impl Engine {
             ));
         }
         let cfg = &model.config;
-        let mut runner = ModelRunner::new(model, be, &self.config.plan_options()?, self.config.threads)?;
+        let opts = self.config.plan_options(be.as_ref())?;
+        let bs = opts.block_size;
+        let mut runner = ModelRunner::new(model, be, &opts, self.config.threads)?;
         runner.set_interrupt(self.interrupted.clone());
-        let bs = self.config.block_size;
         let kv_dtype = runner.plan.kv_dtype;
         let per_token = KvPools::bytes_per_token(cfg, kv_dtype);
         let blocks = match self.config.kv_size {
             KvSize::Blocks(n) => n,
+            KvSize::Tokens(n) => n.div_ceil(bs),
             KvSize::Bytes(b) => b / (bs * per_token).max(1),
         };
         if blocks == 0 {
@@ -406,7 +408,7 @@ impl Engine {
         sh.stats = Stats {
             waiting,
             running: c.sched.running.len(),
-            preempted: c.sched.waiting.iter().filter(|s| s.preemptions > 0).count(),
+            preempted: c.sched.waiting.values().filter(|s| s.preemptions > 0).count(),
             preemptions_total: c.sched.counters.preemptions,
             kv_blocks_total: c.kv.total(),
             kv_blocks_used: c.kv.used(),

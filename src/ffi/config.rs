@@ -98,7 +98,7 @@ fn apply(s: &mut Settings, key: &str, v: Value<'_>) -> FfiResult {
         ("threads", Value::Int(v)) => s.engine.threads = usize_of(v)?,
         ("kv_cache_bytes", Value::Int(v)) => s.engine.kv_size = KvSize::Bytes(usize_of(v)?),
         ("kv_cache_blocks", Value::Int(v)) => s.engine.kv_size = KvSize::Blocks(usize_of(v)?),
-        ("block_size", Value::Int(v)) => s.engine.block_size = usize_of(v)?,
+        ("block_size", Value::Int(v)) => s.engine.block_size = Some(usize_of(v)?),
         ("kv_dtype", Value::Str(d)) => {
             s.engine.kv_dtype = parse_kv_dtype(d)
                 .map_err(|_| Failure::invalid(format!("`kv_dtype` = `{d}` is not one of auto, f32, f16, bf16")))?
@@ -198,7 +198,8 @@ pub extern "C" fn tboost_config_free(cfg: *mut tboost_config) -> tboost_status {
 /// - `threads` [0, 1024]: compute threads, 0 = one per core (default 0)
 /// - `kv_cache_bytes` [1, ..]: KV cache memory (default 512 MiB)
 /// - `kv_cache_blocks` [1, ..]: KV cache size in blocks instead of bytes
-/// - `block_size` [1, 1024]: tokens per KV block (default 16)
+/// - `block_size` [1, 1024]: tokens per KV block (default: the backend's choice, 16 on
+///   the CPU, 128 on Ascend)
 /// - `max_seqs` [1, ..]: most sequences running at once (default 64)
 /// - `max_batched_tokens` [1, ..]: most tokens per step, >= max_seqs (default 512)
 /// - `prefix_caching` 0/1: reuse cached prompt prefixes (default 1)
@@ -268,13 +269,15 @@ pub unsafe extern "C" fn tboost_config_to_json(
         let (kv_bytes, kv_blocks) = match e.kv_size {
             KvSize::Bytes(b) => (Some(b), None),
             KvSize::Blocks(b) => (None, Some(b)),
+            // Not settable through the C ABI; reported as the blocks it makes at 16 tokens.
+            KvSize::Tokens(t) => (None, Some(t.div_ceil(16))),
         };
         let v = json!({
             "backend": e.backend.to_string(),
             "threads": e.threads,
             "kv_cache_bytes": kv_bytes,
             "kv_cache_blocks": kv_blocks,
-            "block_size": e.block_size,
+            "block_size": e.block_size.map_or(serde_json::Value::from("auto"), serde_json::Value::from),
             "kv_dtype": e.kv_dtype.map_or("auto", |d| d.name()),
             "precision": e.precision.name(),
             "finished_records": e.finished_records,

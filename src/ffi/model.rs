@@ -116,8 +116,8 @@ pub unsafe extern "C" fn tboost_model_load(
         if let (false, Some(f)) = (complete, stopped) {
             return Err(f);
         }
-        let opts = s.engine.plan_options().map_err(Failure::from)?;
         let backend = backend::open(BackendSpec { kind: s.engine.backend, threads: s.engine.threads })?;
+        let opts = s.engine.plan_options(backend.as_ref()).map_err(Failure::from)?;
         let cpu = if backend.name() == "cpu" { None } else { Some(CpuBackend::new(s.engine.threads)?) };
         let plan = plan::build(
             &model.config,

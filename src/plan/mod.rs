@@ -148,6 +148,9 @@ pub struct Decision {
     pub choice: Choice,
     /// The backend it runs on (its name), and whether that is the primary or the CPU beside it.
     pub backend: String,
+    /// The backend's own name for what runs the chosen candidate's main op (the aclnn op on
+    /// Ascend), when it has one.
+    pub kernel: Option<String>,
     pub placement: Placement,
     pub weights: WeightMode,
     pub precision: Precision,

@@ -8,10 +8,11 @@ impl Decision {
     /// `attention_prefill: flash_attention on cpu (head_dim=64)` or, for a fallback,
     /// `attention_prefill: fallback to standard attention on cpu (...)`.
     pub fn line(&self) -> String {
+        let kernel = self.kernel.as_ref().map(|k| format!(" [{k}]")).unwrap_or_default();
         let mut s = if self.fallback {
-            format!("{}: {}", self.slot.name(), self.reason)
+            format!("{}: {}{kernel}", self.slot.name(), self.reason)
         } else {
-            format!("{}: {} on {} ({})", self.slot.name(), self.choice.name(), self.backend, self.reason)
+            format!("{}: {} on {}{kernel} ({})", self.slot.name(), self.choice.name(), self.backend, self.reason)
         };
         if let super::WeightMode::Convert(to) = self.weights {
             let _ = write!(s, "; weights converted to {to} at upload");
@@ -93,7 +94,15 @@ impl Plan {
         }
         let row = |s: &mut String, d: &Decision| {
             let mark = if d.fallback { "*" } else { " " };
-            let _ = writeln!(s, " {mark}{:<18} {:<28} {:<6} {}", d.slot.name(), d.choice.name(), d.backend, d.reason);
+            let kernel = d.kernel.as_deref().map(|k| format!(" [{k}]")).unwrap_or_default();
+            let _ = writeln!(
+                s,
+                " {mark}{:<18} {:<28} {:<6} {}{kernel}",
+                d.slot.name(),
+                d.choice.name(),
+                d.backend,
+                d.reason
+            );
         };
         let _ = writeln!(s, "model:");
         for d in &self.model {

@@ -365,7 +365,7 @@ impl<'a> Planner<'a> {
         choice: Choice,
         build: &dyn Fn(Ask) -> Vec<OpQuery>,
         sw: &SlotWeights<'_>,
-    ) -> Result<(WeightMode, Precision), Box<(OpQuery, Unsupported)>> {
+    ) -> Result<(WeightMode, Precision, Option<String>), Box<(OpQuery, Unsupported)>> {
         let mut first_no = None;
         let mut precisions = vec![self.opts.precision];
         if self.opts.precision != Precision::Exact {
@@ -374,8 +374,9 @@ impl<'a> Planner<'a> {
         for mode in self.modes(be, sw) {
             for &precision in &precisions {
                 let a = Ask { act, kv: self.kv, mode, precision };
-                match build(a).into_iter().try_for_each(|q| be.supports(&q).map_err(|why| Box::new((q, why)))) {
-                    Ok(()) => return Ok((mode, precision)),
+                let queries = build(a);
+                match queries.iter().try_for_each(|q| be.supports(q).map_err(|why| Box::new((*q, why)))) {
+                    Ok(()) => return Ok((mode, precision, main_kernel(be, &queries))),
                     Err(no) => {
                         first_no.get_or_insert(no);
                     }
@@ -425,7 +426,7 @@ impl<'a> Planner<'a> {
                     continue;
                 }
                 match self.evaluate(be, act, choice, &|a| build(choice, a), sw) {
-                    Ok((weights, precision)) => {
+                    Ok((weights, precision, kernel)) => {
                         tried.push(Tried { candidate: choice, backend: be.name().into(), verdict: Verdict::Chosen });
                         let fallback = tried.len() > 1 || placement != Placement::Primary;
                         let reason = if fallback { fallback_reason(choice, &tried) } else { detail };
@@ -434,6 +435,7 @@ impl<'a> Planner<'a> {
                             slot,
                             choice,
                             backend: be.name().into(),
+                            kernel,
                             placement,
                             weights,
                             precision,
@@ -649,6 +651,20 @@ impl<'a> Planner<'a> {
             },
         }
     }
+}
+
+/// The kernel names of a candidate's queries, joined (`aclnnMm+aclnnSwiGlu`), if the
+/// backend names any.
+fn main_kernel(be: &dyn Backend, queries: &[OpQuery]) -> Option<String> {
+    let mut names: Vec<String> = Vec::new();
+    for q in queries {
+        if let Some(n) = be.kernel_name(q) {
+            if !names.contains(&n) {
+                names.push(n);
+            }
+        }
+    }
+    (!names.is_empty()).then(|| names.join("+"))
 }
 
 fn matmul_detail(ts: &[&Tensor], act: DType) -> String {

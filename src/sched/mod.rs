@@ -23,6 +23,8 @@ mod request;
 
 pub use request::{Request, RequestId};
 
+use std::collections::BTreeMap;
+
 use crate::kv::{KvManager, SeqWork};
 use crate::sample::{Sampler, StopCriteria};
 
@@ -106,8 +108,9 @@ pub struct SchedCounters {
 pub struct Scheduler {
     /// Sorted by (priority desc, admitted asc).
     pub running: Vec<Seq>,
-    /// Sorted by (priority desc, arrival asc).
-    pub waiting: Vec<Seq>,
+    /// Keyed (and so ordered) by (priority desc, arrival asc): admission takes the first, a
+    /// preempted sequence goes back in its place, both in O(log n) however long the queue.
+    pub waiting: BTreeMap<(i64, u64), Seq>,
     pub counters: SchedCounters,
     clock: u64,
 }
@@ -123,9 +126,7 @@ impl Scheduler {
     }
 
     fn insert_waiting(&mut self, seq: Seq) {
-        let key = (-(seq.priority as i64), seq.arrival);
-        let at = self.waiting.partition_point(|s| (-(s.priority as i64), s.arrival) <= key);
-        self.waiting.insert(at, seq);
+        self.waiting.insert((-(seq.priority as i64), seq.arrival), seq);
     }
 
     /// Frees a sequence's blocks and sends it back to wait, keeping its tokens.
@@ -146,8 +147,8 @@ impl Scheduler {
             kv.release(id);
             return Some(s);
         }
-        let i = self.waiting.iter().position(|s| s.id == id)?;
-        Some(self.waiting.remove(i))
+        let key = *self.waiting.iter().find(|(_, s)| s.id == id)?.0;
+        self.waiting.remove(&key)
     }
 
     /// Grows `running[i]`'s block table to hold `positions` positions, preempting from the
@@ -202,8 +203,8 @@ impl Scheduler {
         }
         // Pass 3: admit waiting sequences while blocks, budget and max_seqs allow, without
         // preempting anyone.
-        while budget > 0 && self.running.len() < limits.max_seqs && !self.waiting.is_empty() {
-            let s = &self.waiting[0];
+        while budget > 0 && self.running.len() < limits.max_seqs {
+            let Some((&key, s)) = self.waiting.iter().next() else { break };
             // Prefix cache: reuse full blocks of the longest cached prefix, but always leave
             // the last token to compute (its logits are needed).
             let max_blocks = (s.tokens.len() - 1) / bs;
@@ -213,7 +214,7 @@ impl Scheduler {
             if !kv.admit(s.id, hit, cached + n) {
                 break; // try again next step
             }
-            let mut s = self.waiting.remove(0);
+            let Some(mut s) = self.waiting.remove(&key) else { break };
             if !s.ever_admitted {
                 self.counters.prefix_hit_tokens += cached as u64;
                 // Cached prompt tokens count as prompt work done once.
