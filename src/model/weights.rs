@@ -167,6 +167,21 @@ pub fn check_shapes(cfg: &ModelConfig, w: &ModelWeights, path: &Path) -> Result<
                 check(gate, &[inter, h], "intermediate_size, hidden_size")?;
                 check(up, &[inter, h], "intermediate_size, hidden_size")?;
                 check(down, &[h, inter], "hidden_size, intermediate_size")?;
+                // The plan always runs a dense layer's gate and up projections in the fused
+                // SwiGLU kernel, which takes the same dense dtype or two quantized ones. Refuse
+                // other pairs here, clearly, rather than let that kernel panic on the first
+                // step. (When the plan learns to fall back to two matmuls for such a pair,
+                // this check can go.)
+                if !tboost_kernels::moe::swiglu_fusable(&gate.as_mat(), &up.as_mat()) {
+                    return Err(Error::Unsupported(format!(
+                        "{}: tensor `{}` is {} but `{}` is {}: tboost needs a layer's gate and up projections in the same dtype, or both quantized",
+                        path.display(),
+                        up.name,
+                        up.dtype,
+                        gate.name,
+                        gate.dtype
+                    )));
+                }
             }
             Mlp::Moe { router, experts } => {
                 check(router, &[cfg.num_experts, h], "num_local_experts, hidden_size")?;
@@ -214,6 +229,11 @@ impl TensorSet {
         self.file_of.insert(t.name.clone(), file.to_path_buf());
         self.map.insert(t.name.clone(), t);
         Ok(())
+    }
+
+    /// Tensors added so far (taken ones included).
+    pub(crate) fn len(&self) -> usize {
+        self.file_of.len()
     }
 
     pub(crate) fn contains(&self, name: &str) -> bool {
