@@ -10,6 +10,7 @@ use serde_json::Value as Json;
 
 use super::hf;
 use crate::model::gguf::Metadata;
+use crate::model::{files, limits};
 use crate::{Error, Result};
 
 /// One chat message.
@@ -73,9 +74,9 @@ impl ChatTemplate {
         let config = hf::read_tokenizer_config(dir)?;
         let cfg = |k: &str| config.as_ref().and_then(|c| c.get(k));
         let jinja = dir.join("chat_template.jinja");
-        let source = match std::fs::read_to_string(&jinja) {
-            Ok(s) => Some(s),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match cfg("chat_template") {
+        let source = match files::read_text_opt(&jinja, limits::MAX_SMALL_FILE_BYTES, "chat_template.jinja")? {
+            Some(s) => Some(s),
+            None => match cfg("chat_template") {
                 Some(Json::String(s)) => Some(s.clone()),
                 Some(Json::Array(list)) => {
                     let named = |want: &str| {
@@ -87,7 +88,6 @@ impl ChatTemplate {
                 }
                 _ => None,
             },
-            Err(e) => return Err(Error::io(&jinja, e)),
         };
         let Some(source) = source else { return Ok(None) };
         Ok(Some(ChatTemplate {
@@ -129,6 +129,11 @@ impl ChatTemplate {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_function("strftime_now", |fmt: String| strftime_utc_now(&fmt));
+        // The template is model-file input: bound the render's time and memory.
+        let text_bytes: u64 = messages.iter().map(|m| (m.role.len() + m.content.len()) as u64).sum();
+        env.set_fuel(Some(
+            limits::CHAT_TEMPLATE_FUEL.saturating_add(text_bytes.saturating_mul(limits::CHAT_TEMPLATE_FUEL_PER_BYTE)),
+        ));
         let tmpl = env.template_from_str(&self.source).map_err(|e| self.err(e))?;
         let msgs: Vec<Value> = messages
             .iter()
@@ -261,6 +266,24 @@ mod tests {
         );
         let msgs = [Message::new("user", " abc "), Message::new("skip", "x"), Message::new("assistant", "d")];
         assert_eq!(t.render(&msgs, true).unwrap(), "ABC!|D|<s></s>>");
+    }
+
+    /// A template is model-file input: nested loops that would run 10^10 times end with an
+    /// error once the render's fuel is spent, instead of hanging the host.
+    #[test]
+    fn a_runaway_template_runs_out_of_fuel() {
+        let t = ChatTemplate::new(
+            "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}",
+            "",
+            "",
+        );
+        let start = std::time::Instant::now();
+        let err = t.render(&[Message::new("user", "hi")], true).unwrap_err().to_string();
+        assert!(err.contains("fuel"), "{err}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(60), "took {:?}", start.elapsed());
+        let t = ChatTemplate::new("{% set s = 'x' * 100000 %}{% for i in range(100000) %}{{ s }}{% endfor %}", "", "");
+        let err = t.render(&[], false).unwrap_err().to_string();
+        assert!(err.contains("fuel"), "{err}");
     }
 
     #[test]
