@@ -15,6 +15,8 @@ set -euo pipefail
 #        file:PATH     a file that the package installs
 #        run:COMMAND   a command that must succeed (quietly)
 APT_PACKAGES=(
+  # TLS roots for cargo (crates.io) and pip (PyPI).
+  "ca-certificates|file:/etc/ssl/certs/ca-certificates.crt"
   # C ABI: CMake package, gtest suite under ctest, C/C++ consumers, AddressSanitizer.
   "cmake|cmd:cmake"
   "g++|cmd:g++"
