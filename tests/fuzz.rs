@@ -127,7 +127,7 @@ fn truncate(rng: &mut Rng, b: &mut Vec<u8>, region: usize, log: &mut Vec<String>
     log.push(format!("truncate to {at} bytes"));
 }
 
-fn splice(rng: &mut Rng, b: &mut Vec<u8>, other: &[u8], log: &mut Vec<String>) {
+fn splice(rng: &mut Rng, b: &mut [u8], other: &[u8], log: &mut Vec<String>) {
     if b.is_empty() || other.is_empty() {
         return;
     }
@@ -1075,8 +1075,8 @@ fn parent(test_name: &str, target: &str) {
     loop {
         match rx.recv_timeout(case_budget) {
             Ok(line) => {
-                if line.starts_with("FUZZ case ") {
-                    current = line["FUZZ case ".len()..].to_string();
+                if let Some(case) = line.strip_prefix("FUZZ case ") {
+                    current = case.to_string();
                 } else if let Some(rest) = line.strip_prefix("FUZZ ok ") {
                     let took: f64 = rest.split(' ').next().and_then(|t| t.parse().ok()).unwrap_or(0.0);
                     if took > slowest.0 {
@@ -1084,8 +1084,8 @@ fn parent(test_name: &str, target: &str) {
                     }
                 } else if let Some(why) = line.strip_prefix("FUZZ fail ") {
                     failures.push(format!("case {current}\n    -> {why}"));
-                } else if line.starts_with("FUZZ end ") {
-                    summary = Some(line["FUZZ end ".len()..].to_string());
+                } else if let Some(end) = line.strip_prefix("FUZZ end ") {
+                    summary = Some(end.to_string());
                 }
             }
             Err(mpsc::RecvTimeoutError::Timeout) => {

@@ -175,7 +175,7 @@ mod tests {
         for w in widths {
             assert!(m(&[t, w, 4]) <= 1 << 49, "tokens x {w} x f32");
         }
-        assert!(MAX_HEADS * MAX_HEAD_DIM <= 1 << 20);
+        const { assert!(MAX_HEADS * MAX_HEAD_DIM <= 1 << 20) };
         assert!(m(&[t, MAX_EXPERTS_PER_TOKEN, MAX_HIDDEN]) <= 1 << 46);
         let kv_per_token = m(&[2, MAX_LAYERS, MAX_KV_HEADS, MAX_HEAD_DIM, 4]);
         assert!(kv_per_token <= 1 << 33);
@@ -191,8 +191,8 @@ mod tests {
             assert!(w <= MAX_TENSOR_ELEMENTS);
         }
         assert!(m(&[MAX_TENSOR_ELEMENTS as usize, 8]) <= isize::MAX as u64);
-        assert!(MAX_ARRAY_LEN <= MAX_METADATA_VALUES && MAX_VOCAB <= MAX_ARRAY_LEN);
-        assert!(MAX_KV_HEADS <= MAX_HEADS && MAX_EXPERTS_PER_TOKEN <= MAX_EXPERTS);
+        const { assert!(MAX_ARRAY_LEN <= MAX_METADATA_VALUES && MAX_VOCAB <= MAX_ARRAY_LEN) };
+        const { assert!(MAX_KV_HEADS <= MAX_HEADS && MAX_EXPERTS_PER_TOKEN <= MAX_EXPERTS) };
     }
 
     fn tiny() -> ModelConfig {
