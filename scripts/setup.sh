@@ -64,7 +64,7 @@ die() {
 }
 
 # Cargo installs into $CARGO_HOME/bin; make a tool installed by an earlier run visible.
-export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+export PATH="${CARGO_HOME:-${HOME:-$(echo ~)}/.cargo}/bin:$PATH"
 
 command -v cargo >/dev/null 2>&1 || die "cargo is not on PATH: install Rust first (https://rustup.rs), then run this again"
 

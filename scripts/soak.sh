@@ -25,7 +25,7 @@ export TBOOST_SHARED=$SHARED
   exit 1
 }
 "$ROOT/scripts/setup.sh"
-export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+export PATH="${CARGO_HOME:-${HOME:-$(echo ~)}/.cargo}/bin:$PATH"
 
 echo "soak: building (cargo release library + ASan host) in $BUILD"
 cmake -S "$ROOT/tests/soak" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTBOOST_CARGO_TARGET_DIR="$TARGET_DIR" >/dev/null

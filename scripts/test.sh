@@ -11,7 +11,7 @@ step() { printf '\n=== %s\n' "$*"; }
 
 step "prerequisites (scripts/setup.sh: installs only what is missing)"
 scripts/setup.sh
-export PATH="${CARGO_HOME:-$HOME/.cargo}/bin:$PATH"
+export PATH="${CARGO_HOME:-${HOME:-$(echo ~)}/.cargo}/bin:$PATH"
 
 step "format check"
 cargo fmt --all -- --check
