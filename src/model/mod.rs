@@ -15,6 +15,8 @@ pub mod config;
 pub mod files;
 pub mod gguf;
 pub mod hf;
+/// Rust-side caps, not part of the C ABI (the header generator must not export them).
+/// cbindgen:ignore
 pub mod limits;
 pub mod synthetic;
 pub mod tensor;
