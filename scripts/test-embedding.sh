@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# The C ABI end to end, run after `cargo test`. Needs (Debian 12):
+# The C ABI end to end, run after `cargo test`. Needs (Debian 12; scripts/setup.sh installs them):
 #   apt-get install -y cmake g++ libgtest-dev golang-go libjna-java pkg-config valgrind
 #   cargo install --locked cbindgen --version 0.29.4
 # and the shared test data next to the checkout (../shared) or in $TBOOST_SHARED.
@@ -50,7 +50,7 @@ request_lines() { grep '^request ' "$1" | sort -t: -k1,1V || true; }
 step "tools"
 for tool in cmake gcc g++ pkg-config go javac java valgrind readelf cargo; do
   command -v "$tool" >/dev/null ||
-    die "$tool is missing: apt-get install -y cmake g++ libgtest-dev golang-go libjna-java pkg-config valgrind"
+    die "$tool is missing: run scripts/setup.sh (apt-get install -y cmake g++ libgtest-dev golang-go libjna-java pkg-config valgrind)"
 done
 [ -f "$JNA_JAR" ] || die "$JNA_JAR is missing: apt-get install -y libjna-java"
 [ -f /usr/include/gtest/gtest.h ] || die "gtest is missing: apt-get install -y libgtest-dev"

@@ -1,13 +1,18 @@
 #!/usr/bin/env bash
-# Runs every test of the project. Needs: the Rust toolchain, ../shared next to the
-# checkout (or TBOOST_SHARED), network access to PyPI for the demo model (cached in
-# ~/.cache/tboost), and for the embedding tests cmake, g++, libgtest-dev, golang-go,
-# a JDK, libjna-java and cbindgen (.ci/run installs them all); for the Ascend bindings gcc (the CANN
-# simulator), libclang-dev and a pinned bindgen-cli (the drift check of ascend-sys/src/raw.rs).
+# Runs every test of the project. Needs the Rust toolchain, ../shared next to the checkout
+# (or TBOOST_SHARED) and network access to Debian's packages, crates.io and PyPI on first
+# use: scripts/setup.sh (run first) installs the embedding suite's tools (cmake, g++,
+# libgtest-dev, golang-go, a JDK, libjna-java, valgrind, cbindgen, libclang and bindgen for
+# the Ascend bindings' drift check...) when any is missing,
+# and the demo model is downloaded once into ~/.cache/tboost.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 step() { printf '\n=== %s\n' "$*"; }
+
+step "prerequisites (scripts/setup.sh: installs only what is missing)"
+scripts/setup.sh
+export PATH="${CARGO_HOME:-${HOME:-$(echo ~)}/.cargo}/bin:$PATH"
 
 step "format check"
 cargo fmt --all -- --check

@@ -21,6 +21,12 @@ pub struct Expert<'a> {
     pub down: WeightMat<'a>,
 }
 
+/// Whether `matmul::matmul_swiglu` takes this gate/up pair: the same dense dtype, or both
+/// quantized (each block type dequantized on its own).
+pub fn swiglu_fusable(gate: &WeightMat<'_>, up: &WeightMat<'_>) -> bool {
+    gate.dtype == up.dtype || (gate.dtype.is_quantized() && up.dtype.is_quantized())
+}
+
 /// Routing needs `1 <= k <= n_experts`.
 pub fn supports(n_experts: usize, k: usize) -> Result<(), tboost_ops::Unsupported> {
     if k == 0 || k > n_experts {
@@ -120,8 +126,19 @@ pub fn moe_ffn(
     }
 
     // ys[slot] = expert output for (token, rank); each expert runs on its tokens only.
-    let mut ys = vec![0f32; tokens * k * hidden];
+    // Reserved fallibly: a failed allocation is a panic naming the shape (which the C ABI
+    // turns into a status), not an abort of the host process.
+    let n = tokens
+        .checked_mul(k)
+        .and_then(|n| n.checked_mul(hidden))
+        .unwrap_or_else(|| panic!("moe_ffn: {tokens} tokens x top-{k} x hidden {hidden} overflows"));
+    let mut ys = Vec::new();
+    if let Err(e) = ys.try_reserve_exact(n) {
+        panic!("moe_ffn: cannot allocate {n} floats for {tokens} tokens x top-{k} x hidden {hidden}: {e}");
+    }
+    ys.resize(n, 0f32);
     let (mut xs, mut h, mut y) = (Vec::new(), Vec::new(), Vec::new());
+    let (mut g, mut u) = (Vec::new(), Vec::new());
     for (ex, list) in experts.iter().zip(&slots) {
         let cnt = list.len();
         if cnt == 0 {
@@ -133,7 +150,17 @@ pub fn moe_ffn(
             xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
         }
         h.resize(cnt * inter, 0.0);
-        matmul::matmul_swiglu(&xs, cnt, ex.gate, ex.up, &mut h);
+        if swiglu_fusable(&ex.gate, &ex.up) {
+            matmul::matmul_swiglu(&xs, cnt, ex.gate, ex.up, &mut h);
+        } else {
+            // Gate and up of different dtype families (a file may quantize them apart): two
+            // matmuls and the activation, the same arithmetic per element.
+            g.resize(cnt * inter, 0.0);
+            u.resize(cnt * inter, 0.0);
+            matmul::matmul(&xs, cnt, &mut [MatSeg { w: ex.gate, bias: None, out: &mut g }]);
+            matmul::matmul(&xs, cnt, &mut [MatSeg { w: ex.up, bias: None, out: &mut u }]);
+            crate::activation::swiglu(&g, &u, &mut h);
+        }
         y.resize(cnt * hidden, 0.0);
         matmul::matmul(&h, cnt, &mut [MatSeg { w: ex.down, bias: None, out: &mut y }]);
         for (row, &slot) in y.chunks_exact(hidden).zip(list) {

@@ -82,6 +82,13 @@ impl EngineConfig {
                 ),
             );
         }
+        let cap = crate::model::limits::MAX_BATCH_TOKENS;
+        if self.max_batched_tokens > cap {
+            return bad(
+                "max_batched_tokens",
+                format!("{} is above the {cap} every shape bound is derived from", self.max_batched_tokens),
+            );
+        }
         if self.queue_limit == 0 {
             return bad("queue_limit", "must be at least 1".into());
         }

@@ -276,13 +276,6 @@ impl Engine {
         }
         req.sampling.validate()?;
         let eos_ids = req.eos_ids.clone().unwrap_or_else(|| f.eos_ids.clone());
-        for (what, ids) in
-            [("eos_ids", &eos_ids)].into_iter().chain(req.stop_sequences.iter().map(|s| ("stop_sequences", s)))
-        {
-            if let Some(&t) = ids.iter().find(|&&t| t as usize >= vocab) {
-                return Err(Error::invalid(what, format!("token {t} is not below the vocabulary size {vocab}")));
-            }
-        }
         let stop = StopCriteria {
             max_tokens: req.max_tokens,
             eos_ids,
@@ -290,6 +283,7 @@ impl Engine {
             stop_sequences: req.stop_sequences.clone(),
         };
         stop.validate()?;
+        stop.validate_tokens(vocab)?;
         let total = req.prompt.len().saturating_add(req.max_tokens);
         let need = total.div_ceil(f.block_size);
         if need > f.kv_blocks {
@@ -431,11 +425,19 @@ impl Engine {
     /// One continuous-batching iteration. Returns `Error::Busy` if another thread is
     /// stepping. Per-request failures are events (`finish == Error`), not errors.
     pub fn step(&self) -> Result<StepOutput> {
+        self.step_with(|| {})
+    }
+
+    /// `step`, running `first` once this thread holds the stepping guard (the C ABI's
+    /// testing knobs — a delay, an injected panic — run there, so a concurrent step sees
+    /// `Busy` and a panic poisons the engine as a real one would).
+    pub fn step_with(&self, first: impl FnOnce()) -> Result<StepOutput> {
         let mut guard = match self.core.try_lock() {
             Ok(g) => g,
             Err(TryLockError::WouldBlock) => return Err(Error::Busy),
             Err(TryLockError::Poisoned(_)) => return Err(Error::Poisoned),
         };
+        first();
         let c = guard.as_mut().ok_or(Error::NoModel)?;
         let t0 = Instant::now();
         let mut out = StepOutput::default();

@@ -307,14 +307,16 @@ pub extern "C" fn tboost_engine_cancel(engine: *mut tboost_engine, id: tboost_re
 pub unsafe extern "C" fn tboost_engine_step(engine: *mut tboost_engine, n_events_out: *mut usize) -> tboost_status {
     guard("tboost_engine_step", |ctx| {
         let inner = engine_of(ctx, engine)?;
-        let n = inner.steps.fetch_add(1, Ordering::SeqCst) + 1;
-        if n == inner.debug_panic_at_step {
-            panic!("debug_panic_at_step: step {n} panics on purpose");
-        }
-        if !inner.debug_step_delay.is_zero() {
-            std::thread::sleep(inner.debug_step_delay);
-        }
-        let out = inner.engine.step()?;
+        // The testing knobs run inside the stepping guard (a concurrent step is BUSY).
+        let out = inner.engine.step_with(|| {
+            let n = inner.steps.fetch_add(1, Ordering::SeqCst) + 1;
+            if n == inner.debug_panic_at_step {
+                panic!("debug_panic_at_step: step {n} panics on purpose");
+            }
+            if !inner.debug_step_delay.is_zero() {
+                std::thread::sleep(inner.debug_step_delay);
+            }
+        })?;
         let n = inner.push(out.events);
         // SAFETY: NULL or valid per the contract.
         unsafe { write_out(n_events_out, n) };

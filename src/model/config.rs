@@ -2,7 +2,7 @@
 
 use tboost_ops::{Llama3Scaling, RopeStyle};
 
-use super::Arch;
+use super::{limits, Arch};
 use crate::{Error, Result};
 
 /// Every value the graph needs, resolved (defaults applied, `head_dim: null` filled in).
@@ -37,20 +37,40 @@ pub struct ModelConfig {
 
 impl ModelConfig {
     /// Checks ranges and consistency. `source` names the file for the error message.
+    ///
+    /// INVARIANT (what the rest of the engine relies on): a config that passes has every
+    /// size at or below its cap in [`limits`], `num_heads` a multiple of `num_kv_heads`,
+    /// `rope_dim` even and ≤ `head_dim`, `experts_per_token` ≤ `num_experts` and a context
+    /// length ≥ 1. Hence, for any `tokens ≤ limits::MAX_BATCH_TOKENS` (2^24):
+    /// - every per-token width (hidden, `num_heads*head_dim` ≤ 2^20, `num_kv_heads*head_dim`,
+    ///   intermediate, vocab ≤ 2^22) times `tokens` is ≤ 2^46 elements, ≤ 2^49 bytes as f32;
+    /// - the MoE scratch `tokens*experts_per_token*hidden` is ≤ 2^46;
+    /// - KV bytes per token `2*layers*kv_heads*head_dim*4` ≤ 2^33, and times the context
+    ///   length ≤ 2^57; a block count times any of these is checked where it is formed;
+    /// - FlashAttention's per-thread scratch `16*group*(head_dim+2) + 3*64*head_dim + …`
+    ///   floats is below 2^25;
+    /// - every weight the config implies (`[vocab, hidden]`, `[experts, hidden]`,
+    ///   `[intermediate, hidden]`, `[num_heads*head_dim, hidden]`) has ≤ 2^40 elements.
+    ///
+    /// So none of these products can wrap in 64-bit arithmetic: a shape the loaders accept
+    /// is one the plan and the kernels can index. `caps_keep_every_product_in_range` below
+    /// recomputes the worst cases with checked arithmetic.
     pub fn validate(&self, source: &str) -> Result<()> {
         let err = |p: &str, m: String| Err(Error::config(source, p, m));
-        for (name, v) in [
-            ("vocab_size", self.vocab_size),
-            ("hidden_size", self.hidden_size),
-            ("intermediate_size", self.intermediate_size),
-            ("num_hidden_layers", self.num_layers),
-            ("num_attention_heads", self.num_heads),
-            ("num_key_value_heads", self.num_kv_heads),
-            ("head_dim", self.head_dim),
+        for (name, v, cap) in [
+            ("vocab_size", self.vocab_size, limits::MAX_VOCAB),
+            ("hidden_size", self.hidden_size, limits::MAX_HIDDEN),
+            ("intermediate_size", self.intermediate_size, limits::MAX_INTERMEDIATE),
+            ("num_hidden_layers", self.num_layers, limits::MAX_LAYERS),
+            ("num_attention_heads", self.num_heads, limits::MAX_HEADS),
+            ("num_key_value_heads", self.num_kv_heads, limits::MAX_KV_HEADS),
+            ("head_dim", self.head_dim, limits::MAX_HEAD_DIM),
+            ("max_position_embeddings", self.max_position_embeddings, limits::MAX_CONTEXT),
         ] {
             if v == 0 {
                 return err(name, "must be > 0, got 0".into());
             }
+            limits::check_cap(source, name, v as u64, cap as u64)?;
         }
         if !self.num_heads.is_multiple_of(self.num_kv_heads) {
             return err(
@@ -71,7 +91,11 @@ impl ModelConfig {
             return err("rms_norm_eps", format!("must be a non-negative number, got {}", self.rms_eps));
         }
         if let Some(s) = &self.rope_scaling {
-            if !(s.factor > 0.0
+            let finite = [s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position_embeddings]
+                .iter()
+                .all(|v| v.is_finite());
+            if !(finite
+                && s.factor > 0.0
                 && s.low_freq_factor > 0.0
                 && s.high_freq_factor > s.low_freq_factor
                 && s.original_max_position_embeddings > 0.0)
@@ -89,8 +113,33 @@ impl ModelConfig {
                     ),
                 );
             }
+            limits::check_cap(source, "num_local_experts", self.num_experts as u64, limits::MAX_EXPERTS as u64)?;
+            limits::check_cap(
+                source,
+                "num_experts_per_tok",
+                self.experts_per_token as u64,
+                limits::MAX_EXPERTS_PER_TOKEN as u64,
+            )?;
         } else if self.num_experts != 0 {
             return err("num_local_experts", format!("{} has no experts, got {}", self.arch, self.num_experts));
+        }
+        // The caps make these products small; compute them checked anyway so that a raised
+        // cap can never turn into wrapping arithmetic unnoticed.
+        for (name, a, b, what) in [
+            ("num_attention_heads", self.num_heads, self.head_dim, "num_attention_heads*head_dim"),
+            ("num_key_value_heads", self.num_kv_heads, self.head_dim, "num_key_value_heads*head_dim"),
+            ("vocab_size", self.vocab_size, self.hidden_size, "vocab_size*hidden_size"),
+            ("intermediate_size", self.intermediate_size, self.hidden_size, "intermediate_size*hidden_size"),
+        ] {
+            match a.checked_mul(b) {
+                Some(n) if n as u64 <= limits::MAX_TENSOR_ELEMENTS => {}
+                _ => {
+                    return err(
+                        name,
+                        format!("{what} = {a}*{b} is above tboost's limit of {}", limits::MAX_TENSOR_ELEMENTS),
+                    )
+                }
+            }
         }
         if let Some(b) = self.bos_token_id {
             if b as usize >= self.vocab_size {
@@ -108,5 +157,86 @@ impl ModelConfig {
     /// Query heads per KV head.
     pub fn gqa_group(&self) -> usize {
         self.num_heads / self.num_kv_heads
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use limits::*;
+
+    /// The products that `validate`'s invariant promises, at the caps, in checked u64
+    /// arithmetic with the stated bounds.
+    #[test]
+    fn caps_keep_every_product_in_range() {
+        let m = |xs: &[usize]| xs.iter().try_fold(1u64, |a, &x| a.checked_mul(x as u64)).expect("overflow");
+        let t = MAX_BATCH_TOKENS;
+        let widths = [MAX_HIDDEN, MAX_HEADS * MAX_HEAD_DIM, MAX_INTERMEDIATE, MAX_VOCAB];
+        for w in widths {
+            assert!(m(&[t, w, 4]) <= 1 << 49, "tokens x {w} x f32");
+        }
+        const { assert!(MAX_HEADS * MAX_HEAD_DIM <= 1 << 20) };
+        assert!(m(&[t, MAX_EXPERTS_PER_TOKEN, MAX_HIDDEN]) <= 1 << 46);
+        let kv_per_token = m(&[2, MAX_LAYERS, MAX_KV_HEADS, MAX_HEAD_DIM, 4]);
+        assert!(kv_per_token <= 1 << 33);
+        assert!(kv_per_token.checked_mul(MAX_CONTEXT as u64).unwrap() <= 1 << 57);
+        // FlashAttention scratch floats (kernels/src/attention/flash.rs: scratch_floats).
+        let flash = m(&[16, MAX_HEADS, MAX_HEAD_DIM + 2]) + m(&[3, 64, MAX_HEAD_DIM]) + MAX_HEAD_DIM as u64;
+        assert!(flash < 1 << 25);
+        for w in [
+            m(&[MAX_VOCAB, MAX_HIDDEN]),
+            m(&[MAX_INTERMEDIATE, MAX_HIDDEN]),
+            m(&[MAX_HEADS * MAX_HEAD_DIM, MAX_HIDDEN]),
+        ] {
+            assert!(w <= MAX_TENSOR_ELEMENTS);
+        }
+        assert!(m(&[MAX_TENSOR_ELEMENTS as usize, 8]) <= isize::MAX as u64);
+        const { assert!(MAX_ARRAY_LEN <= MAX_METADATA_VALUES && MAX_VOCAB <= MAX_ARRAY_LEN) };
+        const { assert!(MAX_KV_HEADS <= MAX_HEADS && MAX_EXPERTS_PER_TOKEN <= MAX_EXPERTS) };
+    }
+
+    fn tiny() -> ModelConfig {
+        crate::model::synthetic::config("small").unwrap()
+    }
+
+    #[test]
+    fn every_capped_field_is_named_with_its_value() {
+        type Set = fn(&mut ModelConfig, usize);
+        let cases: [(&str, Set, usize); 8] = [
+            ("num_hidden_layers", |c, v| c.num_layers = v, MAX_LAYERS),
+            ("num_attention_heads", |c, v| c.num_heads = v, MAX_HEADS),
+            ("num_key_value_heads", |c, v| c.num_kv_heads = v, MAX_KV_HEADS),
+            ("head_dim", |c, v| c.head_dim = v, MAX_HEAD_DIM),
+            ("hidden_size", |c, v| c.hidden_size = v, MAX_HIDDEN),
+            ("intermediate_size", |c, v| c.intermediate_size = v, MAX_INTERMEDIATE),
+            ("vocab_size", |c, v| c.vocab_size = v, MAX_VOCAB),
+            ("max_position_embeddings", |c, v| c.max_position_embeddings = v, MAX_CONTEXT),
+        ];
+        for (field, set, cap) in cases {
+            for v in [cap + 1, 1 << 40, (1 << 62) + 2, usize::MAX] {
+                let mut c = tiny();
+                set(&mut c, v);
+                let e = c.validate("model.gguf").unwrap_err().to_string();
+                assert!(
+                    e.contains("model.gguf") && e.contains(field) && e.contains(&v.to_string()) && e.contains("limit"),
+                    "{field}={v}: {e}"
+                );
+            }
+        }
+    }
+
+    #[test]
+    fn context_length_zero_is_an_error() {
+        let mut c = tiny();
+        c.max_position_embeddings = 0;
+        let e = c.validate("config.json").unwrap_err().to_string();
+        assert!(e.contains("max_position_embeddings") && e.contains("must be > 0"), "{e}");
+    }
+
+    #[test]
+    fn the_synthetic_shapes_are_within_the_caps() {
+        for name in ["tinyllama-1.1b", "small", "tiny-moe"] {
+            crate::model::synthetic::config(name).unwrap().validate(name).unwrap();
+        }
     }
 }

@@ -2,8 +2,9 @@
 //! Spec: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
 //!
 //! Every length and offset read from the file is checked against the bytes that remain
-//! before it is used, so a truncated or lying header yields an error naming the file and
-//! the field, never a panic, an out-of-bounds read or a huge allocation.
+//! and against its cap in [`super::limits`] before it is used, so a truncated or lying
+//! header yields an error naming the file and the field, never a panic, an out-of-bounds
+//! read or a huge allocation. Allocations proportional to a count are reserved fallibly.
 
 use std::collections::{BTreeMap, HashSet};
 use std::path::Path;
@@ -11,6 +12,9 @@ use std::path::Path;
 use tboost_ops::DType;
 use tboost_ops::{Llama3Scaling, RopeStyle};
 
+use super::limits::{
+    MAX_ARRAY_DEPTH, MAX_ARRAY_LEN, MAX_METADATA_KEYS, MAX_METADATA_VALUES, MAX_STRING_BYTES, MAX_TENSORS,
+};
 use super::tensor::Storage;
 use super::weights::{check_shapes_in, ExpertWeights, LayerWeights, Mlp, ModelWeights, TensorSet};
 use super::{Arch, Model, ModelConfig, ModelFormat, Tensor};
@@ -182,12 +186,6 @@ const MAGIC: &[u8; 4] = b"GGUF";
 const DEFAULT_ALIGNMENT: u64 = 32;
 /// ggml's GGML_MAX_DIMS.
 const MAX_DIMS: u32 = 4;
-/// Nested arrays deeper than this are refused (real files use depth 1).
-const MAX_DEPTH: usize = 8;
-/// Total metadata values across all arrays. A 256k-entry vocabulary with scores, types and
-/// merges is about 1M; the cap keeps a hostile file from making us build huge `Vec<Value>`s
-/// (each `Value` is 32 bytes however small its encoding).
-const MAX_VALUES: usize = 1 << 24;
 
 /// GGML type name for error messages (`ggml.h` enum `ggml_type`).
 pub fn ggml_type_name(id: u32) -> &'static str {
@@ -270,9 +268,12 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufFile> {
     };
 
     // Each tensor info takes at least 8 (name len) + 4 (n_dims) + 8 (one dim) + 4 + 8 bytes.
+    r.cap(n_tensors, MAX_TENSORS, "the tensor count")?;
     let n_tensors = r.count(n_tensors, 32, || "the tensor count".to_string())?;
-    let mut tensors = Vec::with_capacity(n_tensors);
-    let mut seen = HashSet::with_capacity(n_tensors);
+    let mut tensors = Vec::new();
+    r.reserve(&mut tensors, n_tensors, "the tensor directory")?;
+    let mut seen = HashSet::new();
+    seen.try_reserve(n_tensors).map_err(|e| r.err(format!("cannot allocate the tensor directory's index: {e}")))?;
     for i in 0..n_tensors {
         let name = r.string(&|| format!("the name of tensor #{i}"))?;
         let ctx = |field: &str| format!("tensor `{name}` (#{i}): {field}");
@@ -558,6 +559,12 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
     };
     let eos = k.token_id("tokenizer.ggml.eos_token_id")?;
     let eot = k.token_id("tokenizer.ggml.eot_token_id")?;
+    // Checked here, not only in `validate`, so that the error names the key that holds it.
+    for (name, id) in [("tokenizer.ggml.eos_token_id", eos), ("tokenizer.ggml.eot_token_id", eot)] {
+        if let Some(id) = id.filter(|&id| id as usize >= vocab_size) {
+            return Err(Error::config(&src, name, format!("{id} is not below the vocabulary size {vocab_size}")));
+        }
+    }
     let mut eos_token_ids: Vec<u32> = eos.into_iter().collect();
     if let Some(t) = eot.filter(|t| Some(*t) != eos) {
         eos_token_ids.push(t);
@@ -605,6 +612,7 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
                 "rms_norm_eps" => key("attention.layer_norm_rms_epsilon"),
                 "rope_scaling" => key("rope.scaling.*"),
                 "num_experts_per_tok" => key("expert_used_count"),
+                "max_position_embeddings" => key("context_length"),
                 "num_local_experts" => key("expert_count"),
                 "bos_token_id" => "tokenizer.ggml.bos_token_id".to_string(),
                 "eos_token_id" => "tokenizer.ggml.eos_token_id".to_string(),
@@ -742,8 +750,25 @@ impl<'a> Reader<'a> {
         }
     }
 
+    /// A count read from the file against its cap in `limits`.
+    fn cap(&self, n: u64, cap: usize, what: &str) -> Result<()> {
+        if n > cap as u64 {
+            return Err(self.err(format!(
+                "{what} is {n}, above tboost's limit of {cap} (at offset {}); the file is corrupt or hostile",
+                self.pos
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reserves room for `n` items without aborting when memory is short.
+    fn reserve<T>(&self, v: &mut Vec<T>, n: usize, what: &str) -> Result<()> {
+        v.try_reserve_exact(n).map_err(|e| self.err(format!("cannot allocate {n} entries for {what}: {e}")))
+    }
+
     fn bytes_str(&mut self, what: &dyn Fn() -> String) -> Result<&'a [u8]> {
         let n = self.u64(&|| format!("the length of {}", what()))?;
+        self.cap(n, MAX_STRING_BYTES, &format!("the length of {}", what()))?;
         let n = self.count(n, 1, || format!("the length of {}", what()))?;
         self.take(n, what)
     }
@@ -787,6 +812,7 @@ impl<'a> Reader<'a> {
 
     fn metadata(&mut self, n_kv: u64) -> Result<Metadata> {
         // A key/value takes at least 8 (key length) + 4 (type) + 1 bytes.
+        self.cap(n_kv, MAX_METADATA_KEYS, "the metadata count")?;
         let n_kv = self.count(n_kv, 13, || "the metadata count".to_string())?;
         let mut md = Metadata::new();
         for i in 0..n_kv {
@@ -831,21 +857,25 @@ impl<'a> Reader<'a> {
                 }
             }
             9 => {
-                if depth >= MAX_DEPTH {
-                    return Err(self.err(format!("metadata `{key}`: arrays nested deeper than {MAX_DEPTH} levels")));
+                if depth >= MAX_ARRAY_DEPTH {
+                    return Err(
+                        self.err(format!("metadata `{key}`: arrays nested deeper than {MAX_ARRAY_DEPTH} levels"))
+                    );
                 }
                 let ety = self.u32(&|| format!("the element type of metadata `{key}`"))?;
                 let min = min_value_bytes(ety)
                     .ok_or_else(|| self.err(format!("metadata `{key}`: unknown array element type {ety}")))?;
                 let n = self.u64(&|| format!("the length of metadata `{key}`"))?;
+                self.cap(n, MAX_ARRAY_LEN, &format!("the length of metadata array `{key}`"))?;
                 let n = self.count(n, min, || format!("the length of metadata array `{key}`"))?;
                 self.values = self.values.saturating_add(n);
-                if self.values > MAX_VALUES {
+                if self.values > MAX_METADATA_VALUES {
                     return Err(self.err(format!(
-                        "metadata `{key}`: more than {MAX_VALUES} metadata values in total; refusing to load"
+                        "metadata `{key}`: more than tboost's limit of {MAX_METADATA_VALUES} metadata values in total; refusing to load"
                     )));
                 }
-                let mut out = Vec::with_capacity(n);
+                let mut out = Vec::new();
+                self.reserve(&mut out, n, &format!("metadata array `{key}`"))?;
                 for _ in 0..n {
                     out.push(self.value(ety, key, depth + 1)?);
                 }

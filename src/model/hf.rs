@@ -15,7 +15,7 @@ use tboost_ops::{Llama3Scaling, RopeStyle};
 
 use super::tensor::Storage;
 use super::weights::{check_shapes_in, ExpertWeights, LayerWeights, Mlp, ModelWeights, TensorSet};
-use super::{map_file, Arch, Model, ModelConfig, ModelFormat, Tensor};
+use super::{files, limits, map_file, Arch, Model, ModelConfig, ModelFormat, Tensor};
 use crate::{Error, Result};
 
 pub const CONFIG_FILE: &str = "config.json";
@@ -46,7 +46,7 @@ pub fn load(dir: &Path) -> Result<Model> {
 /// Reads and resolves `config.json`. `qkv_bias` is set from `model_type` only; `load`
 /// also sets it when the checkpoint holds q/k/v biases.
 pub fn read_config(path: &Path) -> Result<ModelConfig> {
-    let text = std::fs::read_to_string(path).map_err(|e| Error::io(path, e))?;
+    let text = files::read_text(path, limits::MAX_SMALL_FILE_BYTES, CONFIG_FILE)?;
     parse_config(&text, path)
 }
 
@@ -298,10 +298,13 @@ fn json_error(text: &str, e: &serde_json::Error, path: &Path) -> Error {
 fn read_tensors(dir: &Path) -> Result<TensorSet> {
     let single = dir.join(SINGLE_FILE);
     let index = dir.join(INDEX_FILE);
+    // `exists` (a stat) rather than `is_file`: a FIFO or directory in a file's place is then
+    // opened through `files::open_regular`, which names what it is, instead of being skipped.
+    let has_index = index.exists();
     // Missing tensors are reported against the index or the single file.
-    let mut set = TensorSet::new(if index.is_file() { &index } else { &single });
-    if index.is_file() {
-        let text = std::fs::read_to_string(&index).map_err(|e| Error::io(&index, e))?;
+    let mut set = TensorSet::new(if has_index { &index } else { &single });
+    if has_index {
+        let text = files::read_text(&index, limits::MAX_SMALL_FILE_BYTES, INDEX_FILE)?;
         let weight_map = parse_index(&text, &index)?;
         // Shard -> the tensors the index says it holds.
         let mut shards: BTreeMap<&str, Vec<&str>> = BTreeMap::new();
@@ -313,7 +316,7 @@ fn read_tensors(dir: &Path) -> Result<TensorSet> {
                 return Err(Error::format(&index, format!("shard name `{shard}` must be a plain file name")));
             }
             let path = dir.join(shard);
-            if !path.is_file() {
+            if !path.exists() {
                 return Err(Error::format(
                     &index,
                     format!("shard `{}` (holding `{}`) does not exist", path.display(), names[0]),
@@ -326,7 +329,7 @@ fn read_tensors(dir: &Path) -> Result<TensorSet> {
                 }
             }
         }
-    } else if single.is_file() {
+    } else if single.exists() {
         add_shard(&mut set, &single)?;
     } else {
         let has = |ext: &str| {
@@ -365,6 +368,16 @@ fn add_shard(set: &mut TensorSet, path: &Path) -> Result<()> {
     let map = map_file(path)?;
     let st = SafeTensors::deserialize(&map).map_err(|e| safetensors_error(&map, path, e))?;
     let base = map.as_ptr() as usize;
+    let total = set.len().saturating_add(st.len());
+    if total > limits::MAX_TENSORS {
+        return Err(Error::format(
+            path,
+            format!(
+                "the checkpoint would hold {total} tensors with this shard, above tboost's limit of {}",
+                limits::MAX_TENSORS
+            ),
+        ));
+    }
     let mut views: Vec<_> = st.iter().collect();
     views.sort_by_key(|(n, _)| *n);
     for (name, view) in views {

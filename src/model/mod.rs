@@ -7,11 +7,17 @@
 //! - `weights`: the per-layer weight set an architecture needs, checked against the config.
 //! - `arch`: architecture rules (llama, mistral, qwen2, mixtral).
 //! - `synthetic`: random-weight models of named shapes, for benchmarks and tests.
+//! - `limits`: the caps on every size a model file states (untrusted input).
+//! - `files`: opening the files a load reads (regular files only, never blocking).
 
 pub mod arch;
 pub mod config;
+pub mod files;
 pub mod gguf;
 pub mod hf;
+/// Rust-side caps, not part of the C ABI (the header generator must not export them).
+/// cbindgen:ignore
+pub mod limits;
 pub mod synthetic;
 pub mod tensor;
 pub mod weights;
@@ -68,6 +74,11 @@ impl Model {
     pub fn load(path: &Path) -> Result<Model> {
         let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
         let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+        if !meta.is_dir() {
+            // A FIFO, device or socket: say what it is instead of opening it (which could
+            // block forever).
+            files::open_regular(path)?;
+        }
         let mut model = if meta.is_dir() {
             hf::load(path)?
         } else if name.ends_with(".json") || name.ends_with(".safetensors") {
@@ -124,11 +135,7 @@ impl Model {
 
 /// Maps a whole file read-only. Weights are never copied out of the map.
 pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
-    let file = std::fs::File::open(path).map_err(|e| Error::io(path, e))?;
-    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
-    if !meta.is_file() {
-        return Err(Error::format(path, "not a regular file"));
-    }
+    let (file, _) = files::open_regular(path)?;
     // SAFETY: the map is read-only. Like every mmap-based loader we rely on the file not
     // being truncated or rewritten while it is mapped.
     let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;

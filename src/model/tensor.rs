@@ -5,6 +5,8 @@ use std::sync::Arc;
 use memmap2::Mmap;
 use tboost_ops::DType;
 
+use super::limits::{MAX_TENSOR_DIMS, MAX_TENSOR_ELEMENTS};
+
 /// Bytes that back one or more tensors.
 #[derive(Clone)]
 pub enum Storage {
@@ -44,10 +46,17 @@ impl Tensor {
         len: usize,
     ) -> Result<Tensor, String> {
         let name = name.into();
+        if shape.len() > MAX_TENSOR_DIMS {
+            return Err(format!(
+                "shape {shape:?} has {} dimensions, above tboost's limit of {MAX_TENSOR_DIMS}",
+                shape.len()
+            ));
+        }
         let elems = shape
             .iter()
             .try_fold(1usize, |a, &d| a.checked_mul(d))
-            .ok_or_else(|| format!("shape {shape:?} overflows"))?;
+            .filter(|&n| n as u64 <= MAX_TENSOR_ELEMENTS)
+            .ok_or_else(|| format!("shape {shape:?} has more than tboost's limit of {MAX_TENSOR_ELEMENTS} elements"))?;
         let inner = shape.last().copied().unwrap_or(1);
         if dtype.is_quantized() && inner % dtype.block_elems() != 0 {
             return Err(format!(

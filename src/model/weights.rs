@@ -216,6 +216,11 @@ impl TensorSet {
         Ok(())
     }
 
+    /// Tensors added so far (taken ones included).
+    pub(crate) fn len(&self) -> usize {
+        self.file_of.len()
+    }
+
     pub(crate) fn contains(&self, name: &str) -> bool {
         self.map.contains_key(name)
     }

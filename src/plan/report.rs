@@ -30,6 +30,7 @@ impl Plan {
     pub fn log(&self) {
         let d = &self.device;
         log::info!(
+            target: "tboost::plan",
             "plan: backend {} ({}{}), activations {}, KV cache {} in blocks of {}",
             d.backend,
             d.device,
@@ -40,9 +41,9 @@ impl Plan {
         );
         for (fallback, line) in self.grouped() {
             if fallback {
-                log::warn!("{line}");
+                log::warn!(target: "tboost::plan", "{line}");
             } else {
-                log::info!("{line}");
+                log::info!(target: "tboost::plan", "{line}");
             }
         }
     }

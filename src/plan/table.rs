@@ -676,7 +676,7 @@ fn matmul_detail(ts: &[&Tensor], act: DType) -> String {
 fn tried_text(t: &Tried) -> String {
     match &t.verdict {
         Verdict::Chosen => format!("{} on {}: chosen", t.candidate.name(), t.backend),
-        Verdict::Disabled { name } => format!("{} disabled by the user ({name})", t.candidate.name()),
+        Verdict::Disabled { name } => format!("{name} disabled by the user"),
         Verdict::Rejected { why, .. } => format!("{} on {}: {why}", t.candidate.name(), t.backend),
     }
 }

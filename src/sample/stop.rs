@@ -78,6 +78,24 @@ impl StopCriteria {
         Ok(())
     }
 
+    /// Rejects stop tokens the model can never produce: an EOS id or a stop-sequence token
+    /// at or above `vocab`. (A stop sequence holding one would silently never match.) The
+    /// engine calls it at enqueue with the model's vocabulary size.
+    pub fn validate_tokens(&self, vocab: usize) -> Result<()> {
+        if let Some(&e) = self.eos_ids.iter().find(|&&e| e as usize >= vocab) {
+            return Err(Error::invalid("eos_ids", format!("token {e} is not below the vocabulary size {vocab}")));
+        }
+        for (i, seq) in self.stop_sequences.iter().enumerate() {
+            if let Some((j, &t)) = seq.iter().enumerate().find(|(_, &t)| t as usize >= vocab) {
+                return Err(Error::invalid(
+                    format!("stop_sequences[{i}]"),
+                    format!("token {t} at index {j} is not below the vocabulary size {vocab}"),
+                ));
+            }
+        }
+        Ok(())
+    }
+
     /// Whether `generated` (all tokens generated so far, including the one just appended) ends
     /// the request. Call it after every token. Precedence when several rules fire on the same
     /// token: EOS, then stop sequences, then length (a request that ends naturally on its last
@@ -100,5 +118,21 @@ impl StopCriteria {
     /// When overlapping sequences complete on the same token, the earliest listed one wins.
     pub fn matched_stop_sequence(&self, generated: &[u32]) -> Option<usize> {
         self.stop_sequences.iter().position(|s| !s.is_empty() && generated.ends_with(s))
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn stop_tokens_at_or_above_the_vocabulary_are_named() {
+        let ok = StopCriteria { stop_sequences: vec![vec![1, 9]], ..StopCriteria::new(4, vec![2]) };
+        ok.validate_tokens(10).unwrap();
+        let e = StopCriteria::new(4, vec![2, 10]).validate_tokens(10).unwrap_err().to_string();
+        assert!(e.contains("eos_ids") && e.contains("10") && e.contains("vocabulary size 10"), "{e}");
+        let bad = StopCriteria { stop_sequences: vec![vec![1], vec![3, u32::MAX]], ..StopCriteria::new(4, vec![]) };
+        let e = bad.validate_tokens(10).unwrap_err().to_string();
+        assert!(e.contains("stop_sequences[1]") && e.contains(&u32::MAX.to_string()) && e.contains("index 1"), "{e}");
     }
 }

@@ -13,6 +13,7 @@ use serde_json::Value as Json;
 
 use super::vocab::TokenAttr;
 use super::{bpe, spm};
+use crate::model::{files, limits};
 use crate::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -45,12 +46,36 @@ pub(crate) struct HfLoaded {
     pub add_bos: bool,
 }
 
+/// A JSON file beside the model, read through `files` (regular files only, size-capped);
+/// None when it does not exist. Returns the text too (the `tokenizers` crate parses it again).
+fn read_json_text(path: &Path, max_bytes: u64) -> Result<Option<(String, Json)>> {
+    let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+    let Some(text) = files::read_text_opt(path, max_bytes, &name)? else { return Ok(None) };
+    let json = serde_json::from_str(&text).map_err(|e| Error::format(path, format!("invalid JSON: {e}")))?;
+    Ok(Some((text, json)))
+}
+
 fn read_json(path: &Path) -> Result<Option<Json>> {
-    match std::fs::read_to_string(path) {
-        Ok(s) => serde_json::from_str(&s).map(Some).map_err(|e| Error::format(path, format!("invalid JSON: {e}"))),
-        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(None),
-        Err(e) => Err(Error::io(path, e)),
+    Ok(read_json_text(path, limits::MAX_SMALL_FILE_BYTES)?.map(|(_, j)| j))
+}
+
+/// Builds the `tokenizers` crate's tokenizer from the file's text. The crate is third-party
+/// code fed untrusted input: a panic inside it becomes an error naming the file, so a load
+/// returns Err instead of unwinding into the caller.
+fn parse_tokenizer(text: &str, path: &Path) -> Result<tokenizers::Tokenizer> {
+    let parsed = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| text.parse::<tokenizers::Tokenizer>()));
+    match parsed {
+        Ok(Ok(t)) => Ok(t),
+        Ok(Err(e)) => Err(Error::format(path, e.to_string())),
+        Err(p) => Err(Error::format(path, format!("the tokenizers library failed on this file: {}", panic_text(&*p)))),
     }
+}
+
+fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
+    p.downcast_ref::<&str>()
+        .map(|s| s.to_string())
+        .or_else(|| p.downcast_ref::<String>().cloned())
+        .unwrap_or_else(|| "unknown panic".into())
 }
 
 /// A special-token entry of tokenizer_config.json: a string or `{"content": ...}`.
@@ -114,8 +139,15 @@ impl HfModel {
                 t
             })
         };
-        let enc = tok
-            .encode(text, add_special)
+        // The crate can panic on a tokenizer.json it accepted (a post-processor naming a
+        // special token it does not define): an error, never an unwind into the caller.
+        let enc = std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| tok.encode(text, add_special)))
+            .map_err(|p| {
+                Error::invalid(
+                    "text",
+                    format!("{}: encoding failed inside the tokenizers library: {}", self.path, panic_text(&*p)),
+                )
+            })?
             .map_err(|e| Error::invalid("text", format!("{}: encoding failed: {e}", self.path)))?;
         Ok(enc.get_ids().to_vec())
     }
@@ -124,8 +156,19 @@ impl HfModel {
 /// Loads `dir/tokenizer.json`; Ok(None) when the directory has none.
 pub(crate) fn load(dir: &Path) -> Result<Option<HfLoaded>> {
     let path = dir.join("tokenizer.json");
-    let Some(json) = read_json(&path)? else { return Ok(None) };
-    let tokenizer = tokenizers::Tokenizer::from_file(&path).map_err(|e| Error::format(&path, e.to_string()))?;
+    let Some((text, json)) = read_json_text(&path, limits::MAX_TOKENIZER_JSON_BYTES)? else { return Ok(None) };
+    let tokenizer = parse_tokenizer(&text, &path)?;
+    drop(text);
+    // The crate checks little of a file's pipeline when it parses it: run it once on a
+    // short text, with and without special tokens, so a broken normalizer, pre-tokenizer or
+    // post-processor is a load error naming the file rather than a failure of every request.
+    let probe = HfModel { tokenizer, literal: OnceLock::new(), path: path.display().to_string() };
+    for add_special in [false, true] {
+        probe.encode("Hi 1", add_special, true).map_err(|e| {
+            Error::format(&path, format!("the tokenizer fails on a test text (add_special_tokens={add_special}): {e}"))
+        })?;
+    }
+    let tokenizer = probe.tokenizer;
 
     let decoder = json.get("decoder").filter(|d| !d.is_null());
     let decoding = match decoder {
@@ -139,11 +182,26 @@ pub(crate) fn load(dir: &Path) -> Result<Option<HfLoaded>> {
         None => return Err(Error::format(&path, "no `decoder`: cannot tell how token ids map back to text")),
     };
 
-    let n = tokenizer.get_vocab_size(true);
+    // The id space: every id up to the largest one the file defines (ids need not be
+    // contiguous), capped before anything proportional to it is allocated.
+    let max_id = tokenizer.get_vocab(true).into_values().max().map_or(0, |m| m as u64 + 1);
+    let n = (tokenizer.get_vocab_size(true) as u64).max(max_id);
+    limits::check_cap(
+        &path.display().to_string(),
+        "vocabulary size (largest token id + 1)",
+        n,
+        limits::MAX_VOCAB as u64,
+    )?;
+    let n = n as usize;
     let added = tokenizer.get_added_tokens_decoder();
     let unk_token = json.get("model").and_then(|m| m.get("unk_token")).and_then(Json::as_str).map(str::to_owned);
-    let mut texts = Vec::with_capacity(n);
-    let mut attrs = Vec::with_capacity(n);
+    let mut texts = Vec::new();
+    let mut attrs = Vec::new();
+    let oom = |e: std::collections::TryReserveError| {
+        Error::format(&path, format!("cannot allocate the vocabulary of {n} tokens: {e}"))
+    };
+    texts.try_reserve_exact(n).map_err(oom)?;
+    attrs.try_reserve_exact(n).map_err(oom)?;
     for id in 0..n as u32 {
         let (text, attr) = if let Some(a) = added.get(&id) {
             (a.content.clone(), if a.special { TokenAttr::Control } else { TokenAttr::UserDefined })
@@ -170,14 +228,29 @@ pub(crate) fn load(dir: &Path) -> Result<Option<HfLoaded>> {
     let mut eos_tokens: Vec<String> = token_string(cfg("eos_token")).into_iter().collect();
     let add_bos = cfg("add_bos_token").and_then(Json::as_bool).unwrap_or(false);
 
-    // generation_config.json (or config.json) may list several end-of-generation ids.
+    // generation_config.json (or config.json) may list several end-of-generation ids. Each
+    // must be a token of this vocabulary: a stop token the model can never produce is a
+    // broken file, not something to drop silently.
     let mut eos_ids = Vec::new();
     for name in ["generation_config.json", "config.json"] {
-        if let Some(g) = read_json(&dir.join(name))? {
-            match g.get("eos_token_id") {
-                Some(Json::Number(n)) => eos_ids.extend(n.as_u64().map(|v| v as u32)),
-                Some(Json::Array(a)) => eos_ids.extend(a.iter().filter_map(Json::as_u64).map(|v| v as u32)),
-                _ => {}
+        let file = dir.join(name);
+        if let Some(g) = read_json(&file)? {
+            let listed: Vec<&Json> = match g.get("eos_token_id") {
+                Some(Json::Array(a)) => a.iter().collect(),
+                None | Some(Json::Null) => Vec::new(),
+                Some(v) => vec![v],
+            };
+            for v in listed {
+                match v.as_u64() {
+                    Some(id) if id < n as u64 => eos_ids.push(id as u32),
+                    _ => {
+                        return Err(Error::config(
+                            file.display().to_string(),
+                            "eos_token_id",
+                            format!("{v} is not a token id below the vocabulary size {n} of {}", path.display()),
+                        ))
+                    }
+                }
             }
             if !eos_ids.is_empty() {
                 break;

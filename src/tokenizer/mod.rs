@@ -153,8 +153,13 @@ impl Tokenizer {
         if n == 0 {
             return Err(m.err("tokenizer.ggml.tokens", "empty vocabulary"));
         }
-        let mut texts = Vec::with_capacity(n);
-        let mut seen = std::collections::HashMap::with_capacity(n);
+        // n is at most limits::MAX_ARRAY_LEN (the GGUF reader caps arrays); reserve fallibly.
+        let mut texts = Vec::new();
+        let mut seen = std::collections::HashMap::new();
+        texts
+            .try_reserve_exact(n)
+            .map_err(|e| m.err("tokenizer.ggml.tokens", format!("cannot allocate {n} tokens: {e}")))?;
+        seen.try_reserve(n).map_err(|e| m.err("tokenizer.ggml.tokens", format!("cannot allocate {n} tokens: {e}")))?;
         for (i, t) in tokens.iter().enumerate() {
             let s = t.as_str().ok_or_else(|| m.err("tokenizer.ggml.tokens", format!("entry {i} is not a string")))?;
             // llama.cpp renames empty tokens so that every text is unique.

@@ -5,11 +5,13 @@
 
 use std::path::Path;
 
+use minijinja::value::ValueKind;
 use minijinja::{Environment, ErrorKind, Value};
 use serde_json::Value as Json;
 
 use super::hf;
 use crate::model::gguf::Metadata;
+use crate::model::{files, limits};
 use crate::{Error, Result};
 
 /// One chat message.
@@ -73,9 +75,9 @@ impl ChatTemplate {
         let config = hf::read_tokenizer_config(dir)?;
         let cfg = |k: &str| config.as_ref().and_then(|c| c.get(k));
         let jinja = dir.join("chat_template.jinja");
-        let source = match std::fs::read_to_string(&jinja) {
-            Ok(s) => Some(s),
-            Err(e) if e.kind() == std::io::ErrorKind::NotFound => match cfg("chat_template") {
+        let source = match files::read_text_opt(&jinja, limits::MAX_SMALL_FILE_BYTES, "chat_template.jinja")? {
+            Some(s) => Some(s),
+            None => match cfg("chat_template") {
                 Some(Json::String(s)) => Some(s.clone()),
                 Some(Json::Array(list)) => {
                     let named = |want: &str| {
@@ -87,7 +89,6 @@ impl ChatTemplate {
                 }
                 _ => None,
             },
-            Err(e) => return Err(Error::io(&jinja, e)),
         };
         let Some(source) = source else { return Ok(None) };
         Ok(Some(ChatTemplate {
@@ -124,11 +125,31 @@ impl ChatTemplate {
             .build()
             .map_err(|e| self.err(e))?;
         env.set_syntax(syntax);
-        env.set_unknown_method_callback(minijinja_contrib::pycompat::unknown_method_callback);
+        // Python string/list methods (`''.join(...)`, `.split()`, `.items()`): pycompat
+        // walks its receiver and arguments without charging fuel, so
+        // `''.join(['a'] * 10**8)` ran for 40 s (found by the fuzzer) and a larger count would
+        // exhaust memory. Charge one fuel per item walked first.
+        env.set_unknown_method_callback(|state, value, method, args| {
+            let items = |v: &Value| -> u64 {
+                match v.kind() {
+                    ValueKind::Seq | ValueKind::Map | ValueKind::Iterable => v.len().unwrap_or(0) as u64,
+                    ValueKind::String | ValueKind::Bytes => v.len().unwrap_or(0) as u64 / 64,
+                    _ => 0,
+                }
+            };
+            let cost = args.iter().chain(std::iter::once(value)).map(items).fold(1u64, u64::saturating_add);
+            state.consume_fuel(cost)?;
+            minijinja_contrib::pycompat::unknown_method_callback(state, value, method, args)
+        });
         env.add_function("raise_exception", |msg: String| -> std::result::Result<Value, minijinja::Error> {
             Err(minijinja::Error::new(ErrorKind::InvalidOperation, msg))
         });
         env.add_function("strftime_now", |fmt: String| strftime_utc_now(&fmt));
+        // The template is model-file input: bound the render's time and memory.
+        let text_bytes: u64 = messages.iter().map(|m| (m.role.len() + m.content.len()) as u64).sum();
+        env.set_fuel(Some(
+            limits::CHAT_TEMPLATE_FUEL.saturating_add(text_bytes.saturating_mul(limits::CHAT_TEMPLATE_FUEL_PER_BYTE)),
+        ));
         let tmpl = env.template_from_str(&self.source).map_err(|e| self.err(e))?;
         let msgs: Vec<Value> = messages
             .iter()
@@ -261,6 +282,33 @@ mod tests {
         );
         let msgs = [Message::new("user", " abc "), Message::new("skip", "x"), Message::new("assistant", "d")];
         assert_eq!(t.render(&msgs, true).unwrap(), "ABC!|D|<s></s>>");
+    }
+
+    /// A template is model-file input: nested loops that would run 10^10 times end with an
+    /// error once the render's fuel is spent, instead of hanging the host.
+    #[test]
+    fn a_runaway_template_runs_out_of_fuel() {
+        let t = ChatTemplate::new(
+            "{% for a in range(100000) %}{% for b in range(100000) %}x{% endfor %}{% endfor %}",
+            "",
+            "",
+        );
+        let start = std::time::Instant::now();
+        let err = t.render(&[Message::new("user", "hi")], true).unwrap_err().to_string();
+        assert!(err.contains("fuel"), "{err}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(60), "took {:?}", start.elapsed());
+        let t = ChatTemplate::new("{% set s = 'x' * 100000 %}{% for i in range(100000) %}{{ s }}{% endfor %}", "", "");
+        let err = t.render(&[], false).unwrap_err().to_string();
+        assert!(err.contains("fuel"), "{err}");
+        // Python methods pay for what they walk (this one ran for 40 s without fuel).
+        let start = std::time::Instant::now();
+        let t = ChatTemplate::new("{{ ''.join(['a'] * 100000000) }}", "", "");
+        let err = t.render(&[], false).unwrap_err().to_string();
+        assert!(err.contains("fuel"), "{err}");
+        assert!(start.elapsed() < std::time::Duration::from_secs(10), "took {:?}", start.elapsed());
+        // Ordinary uses still work.
+        let t = ChatTemplate::new("{{ ', '.join(['a', 'b']) }} {{ 'x y'.split() | length }}", "", "");
+        assert_eq!(t.render(&[], false).unwrap(), "a, b 2");
     }
 
     #[test]

@@ -834,7 +834,7 @@ TEST(Engine, HasWorkStatsAndPlan) {
   EXPECT_GT(st.total_step_ms, 0.0);
   const std::string plan = PlanJson(e.p);
   EXPECT_NE(plan.find("\"disabled\":[\"flash_attention\"]"), std::string::npos) << plan;
-  EXPECT_NE(plan.find("\"op\":\"standard_attention\""), std::string::npos) << plan;
+  EXPECT_NE(plan.find("\"choice\":\"standard_attention\""), std::string::npos) << plan;
   char small[5];
   size_t need = 0;
   EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_engine_plan_json(e.p, small, sizeof small, &need));

@@ -57,6 +57,14 @@ fn load_row(dtype: DType, bytes: &[u8], dst: &mut [f32]) {
     }
 }
 
+/// Floats of one work item's score block: query rows are processed in blocks of at most
+/// `max(1, SCORE_BLOCK_FLOATS / ctx_len)` rows, so the scores materialized at once stay at
+/// 16 MiB per item however long the prompt chunk and the context are (a whole
+/// `[q_len, ctx_len]` matrix could be gigabytes). Every value is computed exactly as
+/// without blocking (a row's scores, softmax and P·V depend only on that row), so blocking
+/// changes no bit.
+const SCORE_BLOCK_FLOATS: usize = 1 << 22;
+
 /// All query rows of one sequence for query head `h`.
 unsafe fn head(q: &[f32], pool: &KvPool<'_>, seq: &SeqSpan<'_>, p: &AttnParams, h: usize, out: OutPtr) {
     let hd = p.head_dim;
@@ -65,43 +73,51 @@ unsafe fn head(q: &[f32], pool: &KvPool<'_>, seq: &SeqSpan<'_>, p: &AttnParams, 
     let (q_len, ctx) = (seq.q_len, seq.ctx_len);
     let first = ctx - q_len;
     let qrow = |r: usize| &q[((seq.q_start + r) * p.n_heads + h) * hd..][..hd];
-    let mut scores = vec![0.0f32; q_len * ctx];
+    let rows_per_block = (SCORE_BLOCK_FLOATS / ctx.max(1)).clamp(1, q_len.max(1));
+    let mut scores = vec![0.0f32; rows_per_block * ctx];
+    let mut acc = vec![0.0f32; rows_per_block * hd];
     let mut kv = vec![0.0f32; hd];
-    // Row r (position first + r) sees positions 0..=first + r. Loop over positions outside
-    // so each K/V row is converted once; each row still sums in position order.
-    for j in 0..ctx {
-        let off = row_offset(pool, seq.block_table, j, g, esz);
-        load_row(pool.dtype, &pool.k[off..off + hd * esz], &mut kv);
-        for r in j.saturating_sub(first)..q_len {
-            scores[r * ctx + j] = dot(qrow(r), &kv) * p.scale;
-        }
-    }
-    for r in 0..q_len {
-        let row = &mut scores[r * ctx..r * ctx + first + r + 1];
-        let mx = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
-        let mut sum = 0.0f32;
-        for x in row.iter_mut() {
-            *x = (*x - mx).exp();
-            sum += *x;
-        }
-        let inv = 1.0 / sum;
-        for x in row.iter_mut() {
-            *x *= inv;
-        }
-    }
-    let mut acc = vec![0.0f32; q_len * hd];
-    for j in 0..ctx {
-        let off = row_offset(pool, seq.block_table, j, g, esz);
-        load_row(pool.dtype, &pool.v[off..off + hd * esz], &mut kv);
-        for r in j.saturating_sub(first)..q_len {
-            let pj = scores[r * ctx + j];
-            for (a, v) in acc[r * hd..(r + 1) * hd].iter_mut().zip(&kv) {
-                *a += pj * v;
+    for r0 in (0..q_len).step_by(rows_per_block) {
+        let r1 = (r0 + rows_per_block).min(q_len);
+        // Rows r0..r1 (positions first + r) see positions 0..first + r1 at most.
+        let end = first + r1;
+        // Row r (position first + r) sees positions 0..=first + r. Loop over positions
+        // outside so each K/V row is converted once per block; each row still sums in
+        // position order.
+        for j in 0..end {
+            let off = row_offset(pool, seq.block_table, j, g, esz);
+            load_row(pool.dtype, &pool.k[off..off + hd * esz], &mut kv);
+            for r in r0.max(j.saturating_sub(first))..r1 {
+                scores[(r - r0) * ctx + j] = dot(qrow(r), &kv) * p.scale;
             }
         }
-    }
-    for r in 0..q_len {
-        let dst = out.0.add(((seq.q_start + r) * p.n_heads + h) * hd);
-        std::ptr::copy_nonoverlapping(acc.as_ptr().add(r * hd), dst, hd);
+        for r in r0..r1 {
+            let row = &mut scores[(r - r0) * ctx..(r - r0) * ctx + first + r + 1];
+            let mx = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
+            let mut sum = 0.0f32;
+            for x in row.iter_mut() {
+                *x = (*x - mx).exp();
+                sum += *x;
+            }
+            let inv = 1.0 / sum;
+            for x in row.iter_mut() {
+                *x *= inv;
+            }
+        }
+        acc[..(r1 - r0) * hd].fill(0.0);
+        for j in 0..end {
+            let off = row_offset(pool, seq.block_table, j, g, esz);
+            load_row(pool.dtype, &pool.v[off..off + hd * esz], &mut kv);
+            for r in r0.max(j.saturating_sub(first))..r1 {
+                let pj = scores[(r - r0) * ctx + j];
+                for (a, v) in acc[(r - r0) * hd..(r - r0 + 1) * hd].iter_mut().zip(&kv) {
+                    *a += pj * v;
+                }
+            }
+        }
+        for r in r0..r1 {
+            let dst = out.0.add(((seq.q_start + r) * p.n_heads + h) * hd);
+            std::ptr::copy_nonoverlapping(acc.as_ptr().add((r - r0) * hd), dst, hd);
+        }
     }
 }

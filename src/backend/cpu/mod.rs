@@ -293,12 +293,14 @@ impl Backend for CpuBackend {
                 for c in [&gate, &up] {
                     exact(c.precision).and(matmul::supports(c))?;
                 }
-                if gate.dtype != up.dtype || (gate.rows, gate.cols) != (up.rows, up.cols) {
-                    return Err(Unsupported::new(
-                        "up",
-                        format!("{} {}x{}", up.dtype, up.rows, up.cols),
-                        "gate's dtype and shape",
-                    ));
+                // The fused kernel takes one dense dtype for both, or two block-quantized types.
+                let pair = gate.dtype == up.dtype || (gate.dtype.is_quantized() && up.dtype.is_quantized());
+                if !pair || (gate.rows, gate.cols) != (up.rows, up.cols) {
+                    let need = format!(
+                        "gate's shape and dtype ({} {}x{}), or both block-quantized",
+                        gate.dtype, gate.rows, gate.cols
+                    );
+                    return Err(Unsupported::new("up", format!("{} {}x{}", up.dtype, up.rows, up.cols), need));
                 }
                 Ok(())
             }

@@ -86,8 +86,10 @@ impl CpuBackend {
             }
             Op::MatMulSwiGlu { x, m, gate, up, out, .. } => {
                 let (g, u) = (mat(self.weight(gate)?), mat(self.weight(up)?));
-                if (g.rows, g.cols, g.dtype) != (u.rows, u.cols, u.dtype) {
-                    return Err(CpuBackend::err("matmul_swiglu: gate and up differ in shape or dtype"));
+                if (g.rows, g.cols) != (u.rows, u.cols) || !moe::swiglu_fusable(&g, &u) {
+                    return Err(CpuBackend::err(
+                        "matmul_swiglu: gate and up differ in shape or in a dtype pair it takes",
+                    ));
                 }
                 check_len("matmul_swiglu x", x.len, m * g.cols)?;
                 check_len("matmul_swiglu out", out.len, m * g.rows)?;

@@ -1,0 +1,155 @@
+//! Opening the files a load reads: regular files only, never blocking.
+//!
+//! Every file a model load reads (GGUF, safetensors shards, `config.json`, the index,
+//! `tokenizer.json`, `tokenizer_config.json`, `generation_config.json`,
+//! `chat_template.jinja`) goes through [`open_regular`]. A FIFO given as the model path would
+//! otherwise block `open(2)` forever (a FIFO's open waits for a writer), and a character
+//! device (`/dev/zero`) or a directory would be read or mapped as if it were a model. So:
+//! 1. `stat` the path (following symlinks) and refuse anything that is not a regular file,
+//!    naming what it is;
+//! 2. open it with `O_NONBLOCK` (a FIFO swapped in after the `stat` then opens at once
+//!    instead of blocking) and `O_NOCTTY`;
+//! 3. `fstat` the opened handle and check again, so the check applies to the very file that
+//!    will be read.
+//!
+//! `O_NONBLOCK` has no effect on reads of a regular file.
+
+use std::fs::{File, FileType, OpenOptions};
+use std::io::{self, Read};
+use std::path::Path;
+
+use crate::{Error, Result};
+
+/// What a non-regular file is, for error messages.
+fn kind_of(ft: &FileType) -> &'static str {
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::FileTypeExt;
+        if ft.is_fifo() {
+            return "a FIFO (named pipe)";
+        }
+        if ft.is_char_device() {
+            return "a character device";
+        }
+        if ft.is_block_device() {
+            return "a block device";
+        }
+        if ft.is_socket() {
+            return "a socket";
+        }
+    }
+    if ft.is_dir() {
+        "a directory"
+    } else if ft.is_symlink() {
+        "a symbolic link"
+    } else {
+        "not a regular file"
+    }
+}
+
+fn not_regular(path: &Path, ft: &FileType) -> Error {
+    Error::io(
+        path,
+        io::Error::new(
+            io::ErrorKind::InvalidInput,
+            format!("is {}, not a regular file; tboost reads models from regular files only", kind_of(ft)),
+        ),
+    )
+}
+
+/// Opens `path` for reading if it is a regular file; returns the handle and its length.
+/// Anything else (FIFO, directory, device, socket) is an error naming the path and what it
+/// is; a missing file is an `Io` error of kind `NotFound`.
+pub fn open_regular(path: &Path) -> Result<(File, u64)> {
+    let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(not_regular(path, &meta.file_type()));
+    }
+    let mut opts = OpenOptions::new();
+    opts.read(true);
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::OpenOptionsExt;
+        opts.custom_flags(libc::O_NONBLOCK | libc::O_NOCTTY | libc::O_CLOEXEC);
+    }
+    let file = opts.open(path).map_err(|e| Error::io(path, e))?;
+    let meta = file.metadata().map_err(|e| Error::io(path, e))?;
+    if !meta.is_file() {
+        return Err(not_regular(path, &meta.file_type()));
+    }
+    Ok((file, meta.len()))
+}
+
+/// Reads a whole regular file of at most `max_bytes` bytes. `what` names the file's role in
+/// the size error (`config.json`...). The buffer is reserved fallibly, so even a size just
+/// under the cap is an error, not an abort, when memory is short.
+pub fn read_regular(path: &Path, max_bytes: u64, what: &str) -> Result<Vec<u8>> {
+    let (file, len) = open_regular(path)?;
+    if len > max_bytes {
+        return Err(Error::format(
+            path,
+            format!("{what} is {len} bytes, above tboost's limit of {max_bytes} bytes for it; the file is corrupt or not a {what}"),
+        ));
+    }
+    let mut buf = Vec::new();
+    // `len <= max_bytes`, which fits in usize on every supported target.
+    buf.try_reserve_exact(len as usize).map_err(|e| {
+        Error::io(
+            path,
+            io::Error::new(io::ErrorKind::OutOfMemory, format!("cannot allocate {len} bytes to read it: {e}")),
+        )
+    })?;
+    // Read at most one byte past the stated length: a file that grew since the stat is cut
+    // off at the cap instead of read without bound.
+    file.take(max_bytes.saturating_add(1)).read_to_end(&mut buf).map_err(|e| Error::io(path, e))?;
+    if buf.len() as u64 > max_bytes {
+        return Err(Error::format(
+            path,
+            format!("{what} grew beyond tboost's limit of {max_bytes} bytes while it was read"),
+        ));
+    }
+    Ok(buf)
+}
+
+/// [`read_regular`] as UTF-8 text.
+pub fn read_text(path: &Path, max_bytes: u64, what: &str) -> Result<String> {
+    let bytes = read_regular(path, max_bytes, what)?;
+    String::from_utf8(bytes).map_err(|e| Error::format(path, format!("{what} is not valid UTF-8: {e}")))
+}
+
+/// [`read_text`], or None when the file does not exist (optional files such as
+/// `tokenizer_config.json`). Every other failure, a FIFO in its place included, is an error.
+pub fn read_text_opt(path: &Path, max_bytes: u64, what: &str) -> Result<Option<String>> {
+    match read_text(path, max_bytes, what) {
+        Ok(s) => Ok(Some(s)),
+        Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
+        Err(e) => Err(e),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn regular_files_are_read_and_capped() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("config.json");
+        std::fs::write(&p, b"{\"a\": 1}").unwrap();
+        assert_eq!(read_text(&p, 100, "config.json").unwrap(), "{\"a\": 1}");
+        let e = read_text(&p, 4, "config.json").unwrap_err().to_string();
+        assert!(e.contains("config.json is 8 bytes") && e.contains("limit of 4"), "{e}");
+        assert_eq!(read_text_opt(&dir.path().join("absent.json"), 100, "x").unwrap(), None);
+    }
+
+    #[test]
+    fn directories_and_devices_are_named() {
+        let dir = tempfile::tempdir().unwrap();
+        let e = open_regular(dir.path()).unwrap_err().to_string();
+        assert!(e.contains("is a directory"), "{e}");
+        let e = read_text_opt(dir.path(), 100, "x").unwrap_err().to_string();
+        assert!(e.contains("is a directory"), "{e}");
+        let e = open_regular(Path::new("/dev/zero")).unwrap_err().to_string();
+        assert!(e.contains("/dev/zero") && e.contains("a character device"), "{e}");
+    }
+}
