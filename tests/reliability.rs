@@ -207,18 +207,38 @@ fn moe_experts_with_gate_and_up_of_different_dtypes_run_a_step() {
     }
 }
 
-/// The same pair in a dense layer: the plan always fuses a dense gate and up, so the load
-/// refuses the pair by name instead of letting the fused kernel panic.
+/// The same pair in a dense layer: the fused SwiGLU kernel does not take it, so the mapping
+/// table asks the backend, falls back to separate gate/up matmuls for that layer (and says
+/// so), and a step runs.
 #[test]
-fn dense_gate_and_up_of_different_dtype_families_are_refused_by_name() {
+fn dense_gate_and_up_of_different_dtype_families_fall_back_to_two_matmuls() {
     let mut g = tiny_llama(TINY);
     let up = g.tensor_mut("blk.1.ffn_up.weight");
     up.ty = 6;
     up.data = vec![0; 32 * 22];
     let tmp = tempfile::tempdir().unwrap();
     let p = g.write(tmp.path(), "dense.gguf");
-    let e = load_error(&p, "dense f32 gate, q5_0 up");
-    assert_has(&e, &["dense.gguf", "blk.1.ffn_up.weight", "q5_0", "blk.1.ffn_gate.weight", "f32"]);
+    let out = bounded(LOAD_BUDGET, move || {
+        let e = Engine::new(EngineConfig { threads: 1, kv_size: KvSize::Blocks(8), ..Default::default() }).unwrap();
+        e.load(&p).map_err(|e| e.to_string())?;
+        let plan = e.plan().map_err(|e| e.to_string())?;
+        let mlp = |l: usize| plan.layers[l].get(tboost::plan::Slot::Mlp).map(|d| (d.choice, d.reason.clone()));
+        let id =
+            e.enqueue(Request { ignore_eos: true, ..Request::new(vec![1, 5, 7], 2) }).map_err(|e| e.to_string())?;
+        e.run_to_completion().map_err(|e| e.to_string())?;
+        Ok::<_, String>((mlp(0), mlp(1), e.output(id).map_err(|e| e.to_string())?.tokens))
+    });
+    match out {
+        Outcome::Done(Ok((l0, l1, tokens))) => {
+            use tboost::plan::Choice;
+            assert_eq!(l0.map(|d| d.0), Some(Choice::FusedGateUpSwiglu));
+            let (choice, reason) = l1.expect("layer 1 has an mlp decision");
+            assert_eq!(choice, Choice::GateUpMatmulsThenSwiglu);
+            assert_has(&reason, &["fallback", "q5_0"]);
+            assert_eq!(tokens.len(), 2, "{tokens:?}");
+        }
+        other => panic!("dense f32 gate, q5_0 up: {other:?}"),
+    }
 }
 
 /// Found by `fuzz_tokenizer_json` (e.g. case seed 0x49e1eb0897587ad9: "remove

@@ -357,7 +357,8 @@ impl<'a> Planner<'a> {
     }
 
     /// Asks `be` about `choice`: the first (mode, precision) it takes all queries of, or the
-    /// answer to the first, preferred attempt.
+    /// answer to the first, preferred attempt. `convert` selects the weight modes tried: the
+    /// weights as stored, or converted at upload.
     fn evaluate(
         &self,
         be: &dyn Backend,
@@ -365,28 +366,33 @@ impl<'a> Planner<'a> {
         choice: Choice,
         build: &dyn Fn(Ask) -> Vec<OpQuery>,
         sw: &SlotWeights<'_>,
-    ) -> Result<(WeightMode, Precision, Option<String>), Box<(OpQuery, Unsupported)>> {
+        convert: bool,
+    ) -> Option<Result<(WeightMode, Precision, Option<String>), Box<(OpQuery, Unsupported)>>> {
         let mut first_no = None;
         let mut precisions = vec![self.opts.precision];
         if self.opts.precision != Precision::Exact {
             precisions.push(Precision::Exact);
         }
-        for mode in self.modes(be, sw) {
+        let modes: Vec<WeightMode> =
+            self.modes(be, sw).into_iter().filter(|m| (*m != WeightMode::Native) == convert).collect();
+        if modes.is_empty() {
+            return None;
+        }
+        for mode in modes {
             for &precision in &precisions {
                 let a = Ask { act, kv: self.kv, mode, precision };
                 let queries = build(a);
                 match queries.iter().try_for_each(|q| be.supports(q).map_err(|why| Box::new((*q, why)))) {
-                    Ok(()) => return Ok((mode, precision, main_kernel(be, &queries))),
+                    Ok(()) => return Some(Ok((mode, precision, main_kernel(be, &queries)))),
                     Err(no) => {
                         first_no.get_or_insert(no);
                     }
                 }
             }
         }
-        let _ = choice;
-        Err(first_no.unwrap_or_else(|| {
+        Some(Err(first_no.unwrap_or_else(|| {
             Box::new((OpQuery::Add { act }, Unsupported::new("candidate", choice.name(), "some query to ask")))
-        }))
+        })))
     }
 
     /// The backends to try, in order, each with the activation dtype it computes in.
@@ -416,40 +422,55 @@ impl<'a> Planner<'a> {
             if only.is_some_and(|p| p != placement) {
                 continue;
             }
-            for &choice in candidates {
-                if let Some(name) = choice.disable_name().filter(|n| !self.opts.allows(n)) {
-                    tried.push(Tried {
-                        candidate: choice,
-                        backend: be.name().into(),
-                        verdict: Verdict::Disabled { name },
-                    });
-                    continue;
-                }
-                match self.evaluate(be, act, choice, &|a| build(choice, a), sw) {
-                    Ok((weights, precision, kernel)) => {
-                        tried.push(Tried { candidate: choice, backend: be.name().into(), verdict: Verdict::Chosen });
-                        let fallback = tried.len() > 1 || placement != Placement::Primary;
-                        let reason = if fallback { fallback_reason(choice, &tried) } else { detail };
-                        let copy = if placement == Placement::Cpu { self.copy_bytes(slot) } else { 0 };
-                        return Ok(Decision {
-                            slot,
-                            choice,
-                            backend: be.name().into(),
-                            kernel,
-                            placement,
-                            weights,
-                            precision,
-                            fallback,
-                            copy_bytes_per_token: copy,
-                            reason,
-                            tried,
-                        });
+            // Every candidate with its weights as stored first; converting weights at upload
+            // (more memory, maybe less precision) only when none of them fits.
+            for convert in [false, true] {
+                for &choice in candidates {
+                    if let Some(name) = choice.disable_name().filter(|n| !self.opts.allows(n)) {
+                        if !convert {
+                            tried.push(Tried {
+                                candidate: choice,
+                                backend: be.name().into(),
+                                verdict: Verdict::Disabled { name },
+                            });
+                        }
+                        continue;
                     }
-                    Err(no) => tried.push(Tried {
-                        candidate: choice,
-                        backend: be.name().into(),
-                        verdict: Verdict::Rejected { query: no.0, why: no.1 },
-                    }),
+                    let Some(answer) = self.evaluate(be, act, choice, &|a| build(choice, a), sw, convert) else {
+                        continue;
+                    };
+                    match answer {
+                        Ok((weights, precision, kernel)) => {
+                            tried.push(Tried {
+                                candidate: choice,
+                                backend: be.name().into(),
+                                verdict: Verdict::Chosen,
+                            });
+                            let fallback = tried.len() > 1 || placement != Placement::Primary;
+                            let reason = if fallback { fallback_reason(choice, &tried) } else { detail };
+                            let copy = if placement == Placement::Cpu { self.copy_bytes(slot) } else { 0 };
+                            return Ok(Decision {
+                                slot,
+                                choice,
+                                backend: be.name().into(),
+                                kernel,
+                                placement,
+                                weights,
+                                precision,
+                                fallback,
+                                copy_bytes_per_token: copy,
+                                reason,
+                                tried,
+                            });
+                        }
+                        // A failed conversion adds nothing to the stored weights' answer.
+                        Err(_) if convert => {}
+                        Err(no) => tried.push(Tried {
+                            candidate: choice,
+                            backend: be.name().into(),
+                            verdict: Verdict::Rejected { query: no.0, why: no.1 },
+                        }),
+                    }
                 }
             }
         }
