@@ -1,0 +1,248 @@
+//! `Precision::Fast` dense matmul (`matmul_fast`): the AVX512_BF16 kernel against the bit-exact
+//! scalar emulation (`reference::matmul_fast_bf16`) and the f64 reference, batch and thread
+//! invariance, the fused SwiGLU, and the fallbacks (other dtypes, the kernel switched off,
+//! lower ISA levels) being exactly the exact kernels.
+
+use rand::rngs::StdRng;
+use rand::{Rng, SeedableRng};
+use tboost_kernels::isa::{self, Isa};
+use tboost_kernels::matmul::{self, reference, MatSeg};
+use tboost_kernels::{DType, WeightMat, WeightVec};
+
+fn isas() -> Vec<Isa> {
+    [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|&i| i <= isa::detected()).collect()
+}
+
+/// The bf16 kernel can run here (the tests of it are skipped, loudly, where it cannot).
+fn have_bf16() -> bool {
+    let have = isa::avx512bf16_detected();
+    if !have {
+        eprintln!("note: this CPU has no AVX512_BF16; only the fallbacks are tested");
+    }
+    have
+}
+
+fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
+    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
+}
+
+/// BF16 bytes at an odd address (offset 1), so unaligned loads are exercised.
+fn bf16_bytes(vals: &[f32]) -> Vec<u8> {
+    let mut b = vec![0u8];
+    for &v in vals {
+        b.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes());
+    }
+    b
+}
+
+fn run_fast(isa: Isa, on: bool, x: &[f32], m: usize, w: WeightMat<'_>, bias: Option<WeightVec<'_>>) -> Vec<f32> {
+    let mut out = vec![f32::NAN; m * w.rows];
+    matmul::matmul_fast_with(isa, on, x, m, &mut [MatSeg { w, bias, out: &mut out }]);
+    out
+}
+
+fn bits_eq(a: &[f32], b: &[f32]) -> bool {
+    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
+}
+
+fn pool(threads: usize) -> rayon::ThreadPool {
+    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap()
+}
+
+/// Around every tile and block boundary: k below, at and across multiples of 32 (the
+/// masked tail), m covering every remainder tile (1..5 rows) and several 6-row tiles, n not
+/// a multiple of the 4- and 8-row sub-tiles, and n large enough for several L2 blocks.
+const SHAPES: &[(usize, usize, usize)] = &[
+    (1, 1, 1),
+    (1, 9, 31),
+    (1, 17, 32),
+    (1, 33, 33),
+    (2, 8, 63),
+    (3, 5, 64),
+    (4, 12, 95),
+    (5, 7, 100),
+    (6, 4, 129),
+    (7, 11, 2048),
+    (13, 23, 7),
+    (16, 600, 520),
+    (19, 10, 77),
+    (64, 19, 531),
+];
+
+#[test]
+fn bf16_kernel_matches_its_scalar_emulation_bit_for_bit() {
+    if !have_bf16() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(11);
+    for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
+        let wb = bf16_bytes(&rand_vec(&mut rng, n * k, 0.5));
+        let w = WeightMat::new(DType::BF16, n, k, &wb[1..]).unwrap();
+        let x = rand_vec(&mut rng, m * k, 2.0);
+        let bias_vals = rand_vec(&mut rng, n, 1.0);
+        let bias = (s % 2 == 1).then(|| WeightVec::from_f32(&bias_vals));
+        let want = reference::matmul_fast_bf16(&x, m, &w, bias.as_ref());
+        let got = pool(2).install(|| run_fast(Isa::Avx512, true, &x, m, w, bias));
+        assert!(bits_eq(&got, &want), "m={m} n={n} k={k}: kernel differs from the emulation");
+    }
+}
+
+#[test]
+fn emulation_is_within_the_bf16_rounding_bound_of_f64() {
+    // Each activation carries a relative error of at most 2^-9 after rounding; the f32
+    // accumulation adds the exact kernels' bound. Checks the emulation means what it says.
+    let mut rng = StdRng::seed_from_u64(12);
+    let (m, n, k) = (3, 7, 300);
+    let wb = bf16_bytes(&rand_vec(&mut rng, n * k, 0.5));
+    let w = WeightMat::new(DType::BF16, n, k, &wb[1..]).unwrap();
+    let x = rand_vec(&mut rng, m * k, 2.0);
+    let got = reference::matmul_fast_bf16(&x, m, &w, None);
+    let want = reference::matmul(&x, m, &w, None);
+    for i in 0..m {
+        for j in 0..n {
+            let mag: f64 = (0..k).map(|c| (x[i * k + c] as f64 * reference::weight_at(&w, j, c) as f64).abs()).sum();
+            let tol = (2f64.powi(-9) + 2.0 * (k as f64 / 16.0 + 6.0) * 2f64.powi(-24)) * mag;
+            let (g, r) = (got[i * n + j] as f64, want[i * n + j]);
+            assert!((g - r).abs() <= tol, "y[{i},{j}] = {g}, f64 {r}, tol {tol}");
+        }
+    }
+}
+
+#[test]
+fn special_activations_round_as_the_hardware_does() {
+    // Denormal activations become zeros, ties round to even, large values stay finite.
+    if !have_bf16() {
+        return;
+    }
+    let k = 40;
+    let mut x = vec![0f32; k];
+    x[0] = 1e-40; // denormal: flushed
+    x[1] = f32::from_bits(0x3f80_8000); // exactly halfway between two bf16: to even
+    x[2] = f32::from_bits(0x3f81_8000); // halfway, rounds up to even
+    x[3] = 3.0e38;
+    x[35] = -1.5e-39;
+    x[36] = 1.0;
+    let wv: Vec<f32> = (0..2 * k).map(|i| 1.0 + i as f32 / 64.0).collect();
+    let wb = bf16_bytes(&wv);
+    let w = WeightMat::new(DType::BF16, 2, k, &wb[1..]).unwrap();
+    let got = run_fast(Isa::Avx512, true, &x, 1, w, None);
+    assert!(bits_eq(&got, &reference::matmul_fast_bf16(&x, 1, &w, None)), "{got:?}");
+    assert_eq!(reference::bf16_round(1e-40), 0);
+    assert_eq!(reference::bf16_round(f32::from_bits(0x3f80_8000)), 0x3f80);
+    assert_eq!(reference::bf16_round(f32::from_bits(0x3f81_8000)), 0x3f82);
+}
+
+#[test]
+fn fast_row_result_is_independent_of_batch_and_threads() {
+    if !have_bf16() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(13);
+    let k = 1000;
+    // n = 10 makes the plan split m as well as n; n = 300 splits n only.
+    for &n in &[10, 300] {
+        let wb = bf16_bytes(&rand_vec(&mut rng, n * k, 0.5));
+        let w = WeightMat::new(DType::BF16, n, k, &wb[1..]).unwrap();
+        let bv = rand_vec(&mut rng, n, 1.0);
+        let bias = Some(WeightVec::from_f32(&bv));
+        let x = rand_vec(&mut rng, 64 * k, 1.0);
+        let alone: Vec<Vec<f32>> =
+            (0..64).map(|i| run_fast(Isa::Avx512, true, &x[i * k..(i + 1) * k], 1, w, bias)).collect();
+        for m in [1, 3, 16, 64] {
+            for threads in [1, 2, 3] {
+                let got = pool(threads).install(|| run_fast(Isa::Avx512, true, &x[..m * k], m, w, bias));
+                for (i, row) in alone.iter().enumerate().take(m) {
+                    assert!(bits_eq(&got[i * n..(i + 1) * n], row), "n={n} m={m} threads={threads}: row {i} differs");
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn fast_swiglu_is_bit_identical_to_two_fast_matmuls() {
+    let mut rng = StdRng::seed_from_u64(14);
+    for &(m, n, k) in &[(1, 1, 5), (1, 13, 64), (3, 9, 17), (5, 6, 100), (7, 21, 33), (37, 11, 129), (16, 40, 2048)] {
+        let (gb, ub) = (bf16_bytes(&rand_vec(&mut rng, n * k, 0.5)), bf16_bytes(&rand_vec(&mut rng, n * k, 0.5)));
+        let g = WeightMat::new(DType::BF16, n, k, &gb[1..]).unwrap();
+        let u = WeightMat::new(DType::BF16, n, k, &ub[1..]).unwrap();
+        let x = rand_vec(&mut rng, m * k, 4.0);
+        let on = isa::avx512bf16_detected();
+        for isa in isas() {
+            let on = on && isa == Isa::Avx512;
+            let gs = run_fast(isa, on, &x, m, g, None);
+            let us = run_fast(isa, on, &x, m, u, None);
+            let unfused: Vec<f32> = gs.iter().zip(&us).map(|(&g, &u)| matmul::silu(g) * u).collect();
+            let mut fused = vec![f32::NAN; m * n];
+            pool(3).install(|| matmul::matmul_swiglu_fast_with(isa, on, &x, m, g, u, &mut fused));
+            assert!(bits_eq(&fused, &unfused), "{} on={on} m={m} n={n} k={k}", isa.name());
+        }
+    }
+}
+
+#[test]
+fn fallbacks_are_exactly_the_exact_kernels() {
+    // Other dtypes, the bf16 kernel switched off, and lower ISA levels: Fast = Exact bits.
+    let mut rng = StdRng::seed_from_u64(15);
+    let (m, n, k) = (9, 13, 77);
+    let x = rand_vec(&mut rng, m * k, 1.0);
+    let vals = rand_vec(&mut rng, n * k, 0.5);
+    let f16: Vec<u8> = vals.iter().flat_map(|&v| half::f16::from_f32(v).to_le_bytes()).collect();
+    let bf = bf16_bytes(&vals);
+    let mats = [
+        WeightMat::from_f32(&vals, n, k).unwrap(),
+        WeightMat::new(DType::F16, n, k, &f16).unwrap(),
+        WeightMat::new(DType::BF16, n, k, &bf[1..]).unwrap(),
+    ];
+    for w in mats {
+        for isa in isas() {
+            let mut exact = vec![0f32; m * n];
+            matmul::matmul_with(isa, &x, m, &mut [MatSeg { w, bias: None, out: &mut exact }]);
+            let off = run_fast(isa, false, &x, m, w, None);
+            assert!(bits_eq(&off, &exact), "{} {}: kernel off differs from exact", isa.name(), w.dtype);
+            if w.dtype != DType::BF16 && isa == Isa::Avx512 && isa::avx512bf16_detected() {
+                let on = run_fast(isa, true, &x, m, w, None);
+                assert!(bits_eq(&on, &exact), "{}: Fast of a non-bf16 dtype differs from exact", w.dtype);
+            }
+        }
+    }
+}
+
+#[test]
+fn merged_segments_mix_fast_and_exact_kernels_per_segment() {
+    if !have_bf16() {
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(16);
+    let (m, k) = (5, 96);
+    let x = rand_vec(&mut rng, m * k, 1.0);
+    let qv = rand_vec(&mut rng, 24 * k, 0.5);
+    let vv = rand_vec(&mut rng, 8 * k, 0.5);
+    let qb = bf16_bytes(&qv);
+    let q = WeightMat::new(DType::BF16, 24, k, &qb[1..]).unwrap();
+    let v = WeightMat::from_f32(&vv, 8, k).unwrap();
+    let (mut oq, mut ov) = (vec![0f32; m * 24], vec![0f32; m * 8]);
+    let mut segs = [MatSeg { w: q, bias: None, out: &mut oq }, MatSeg { w: v, bias: None, out: &mut ov }];
+    matmul::matmul_fast_with(Isa::Avx512, true, &x, m, &mut segs);
+    assert!(bits_eq(&oq, &run_fast(Isa::Avx512, true, &x, m, q, None)), "bf16 segment");
+    let mut exact = vec![0f32; m * 8];
+    matmul::matmul_with(Isa::Avx512, &x, m, &mut [MatSeg { w: v, bias: None, out: &mut exact }]);
+    assert!(bits_eq(&ov, &exact), "f32 segment");
+}
+
+#[test]
+fn the_bf16_kernel_is_on_only_with_the_extension() {
+    // `avx512bf16()` never claims more than the CPU has, and follows the active level.
+    assert!(!isa::avx512bf16() || (isa::avx512bf16_detected() && isa::active() == Isa::Avx512));
+    assert_eq!(matmul::fast_bf16_applies(DType::BF16), isa::avx512bf16());
+    assert!(!matmul::fast_bf16_applies(DType::F16));
+}
+
+#[test]
+#[should_panic(expected = "segment 0 is q8_0; quantized weights run in crate::quant")]
+fn quantized_weights_are_refused() {
+    let bytes = [0u8; 34];
+    let w = WeightMat::new(DType::Q8_0, 1, 32, &bytes).unwrap();
+    let mut out = [0f32; 1];
+    matmul::matmul_fast(&[0.0; 32], 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
+}
