@@ -27,7 +27,7 @@ pub(crate) struct BenchArgs {
     /// A model file or directory instead of a synthetic shape.
     #[arg(long)]
     model: Option<std::path::PathBuf>,
-    /// Weight type of a synthetic model: f32, f16 or bf16.
+    /// Weight type of a synthetic model: f32, f16, bf16, q4_0, q5_0, q8_0, q4_k, q5_k, q6_k.
     #[arg(long, default_value = "f32")]
     dtype: String,
     /// Prompt tokens to prefill.
@@ -138,12 +138,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let kv_dtype = parse_kv_dtype(&a.engine.kv_dtype)?;
     let (model, label) = match (&a.synthetic, &a.model) {
         (Some(name), None) => {
-            let dtype = match a.dtype.as_str() {
-                "f32" => DType::F32,
-                "f16" => DType::F16,
-                "bf16" => DType::BF16,
-                other => return Err(Error::invalid("dtype", format!("`{other}` is not one of f32, f16, bf16"))),
-            };
+            let dtype = synthetic::parse_dtype(&a.dtype)?;
             (synthetic::build(name, dtype, 42)?, format!("synthetic {name} {dtype}"))
         }
         (None, Some(path)) => (Model::load(path)?, path.display().to_string()),

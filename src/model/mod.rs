@@ -11,6 +11,7 @@
 pub mod arch;
 pub mod config;
 pub mod gguf;
+pub mod gguf_write;
 pub mod hf;
 pub mod synthetic;
 pub mod tensor;
