@@ -59,14 +59,7 @@ impl CpuBackend {
     pub fn new(threads: usize) -> Result<CpuBackend> {
         let threads =
             if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("tboost-cpu-{i}"))
-            .build()
-            .map_err(|e| Error::Backend {
-                backend: "cpu".into(),
-                msg: format!("cannot start {threads} threads: {e}"),
-            })?;
+        let pool = super::cpu_pool::build_pool(threads).map_err(|msg| Error::Backend { backend: "cpu".into(), msg })?;
         let profile = std::env::var_os("TBOOST_PROFILE").map(|_| Default::default());
         Ok(CpuBackend {
             profile,

@@ -10,6 +10,7 @@
 //! never touches their elements, except for reading logits back with `read`.
 
 pub mod cpu;
+mod cpu_pool;
 pub mod op;
 
 pub use op::{AttnKind, KvLayer, Op, OpQuery, View};

@@ -144,6 +144,9 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         (None, Some(path)) => (Model::load(path)?, path.display().to_string()),
         _ => return Err(Error::invalid("bench", "give --synthetic NAME or --model PATH")),
     };
+    // Read the weights in before any clock runs: a mapped file may be partly evicted from
+    // the page cache, and its first forward pass would otherwise time disk reads.
+    crate::model::prefault::prefault(&model.weights, &mut |_, _| true);
     let backend = Box::new(CpuBackend::new(a.engine.threads)?);
     let threads = backend.threads();
     let mut runner = ModelRunner::new(&model, backend, &opts)?;
@@ -158,6 +161,13 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     // Deterministic prompt ids in [3, vocab).
     let prompt: Vec<u32> =
         (0..a.prefill).map(|i| 3 + ((i as u64 * 2654435761) % (cfg.vocab_size as u64 - 3)) as u32).collect();
+    // One untimed short run, as llama-bench warms up: first-use costs (scratch buffers,
+    // the pool's threads, caches of the plan) are not a property of steady-state speed.
+    {
+        let mut s = Session::new(&mut runner, cap)?;
+        let logits = s.feed(&prompt[..prompt.len().min(32)], false)?;
+        s.feed(&[argmax(&logits)], false)?;
+    }
     let (mut pre, mut dec) = (Vec::new(), Vec::new());
     for _ in 0..a.repeat {
         let mut s = Session::new(&mut runner, cap)?;

@@ -13,6 +13,7 @@ pub mod config;
 pub mod gguf;
 pub mod gguf_write;
 pub mod hf;
+pub mod prefault;
 pub mod synthetic;
 pub mod tensor;
 pub mod weights;
