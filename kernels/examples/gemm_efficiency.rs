@@ -6,7 +6,7 @@
 
 use std::hint::black_box;
 use std::time::Instant;
-use tboost_kernels::matmul::{self, MatSeg};
+use tboost_kernels::matmul::{self, FastBf16, MatSeg};
 use tboost_kernels::{DType, WeightMat};
 
 #[cfg(target_arch = "x86_64")]
@@ -44,12 +44,18 @@ fn main() {
             })
             .collect()
     };
-    let mats: Vec<(String, DType, Vec<u8>, bool)> = vec![
-        ("f32".into(), DType::F32, enc(DType::F32), false),
-        ("f16".into(), DType::F16, enc(DType::F16), false),
-        ("bf16".into(), DType::BF16, enc(DType::BF16), false),
-        ("bf16-fast".into(), DType::BF16, enc(DType::BF16), true),
+    let off = FastBf16::Off;
+    let mut mats: Vec<(String, DType, Vec<u8>, FastBf16)> = vec![
+        ("f32".into(), DType::F32, enc(DType::F32), off),
+        ("f16".into(), DType::F16, enc(DType::F16), off),
+        ("bf16".into(), DType::BF16, enc(DType::BF16), off),
     ];
+    if tboost_kernels::isa::avx512bf16() {
+        mats.push(("bf16-fast-dot".into(), DType::BF16, enc(DType::BF16), FastBf16::Dot));
+    }
+    if tboost_kernels::isa::amx_bf16() {
+        mats.push(("bf16-fast-amx".into(), DType::BF16, enc(DType::BF16), FastBf16::Amx));
+    }
     let flop = 2.0 * (m * n * k) as f64;
     let mut out = vec![0f32; m * n];
     let mut ratios: Vec<Vec<f64>> = vec![Vec::new(); mats.len()];
@@ -59,16 +65,12 @@ fn main() {
         pool.broadcast(|c| unsafe { black_box(fma_loop(iters, black_box(c.index() as f32 * 1e-9))) });
         let peak = (threads * iters * 12 * 32) as f64 / t.elapsed().as_secs_f64();
         let mut line = format!("round {r}: peak {:.1} GFLOP/s", peak / 1e9);
-        for (i, (name, d, bytes, fast)) in mats.iter().enumerate() {
+        for (i, (name, d, bytes, kernel)) in mats.iter().enumerate() {
             let w = WeightMat::new(*d, n, k, bytes).unwrap();
             let run = |out: &mut Vec<f32>| {
                 pool.install(|| {
                     let mut segs = [MatSeg { w, bias: None, out }];
-                    if *fast {
-                        matmul::matmul_fast(&x, m, &mut segs)
-                    } else {
-                        matmul::matmul(&x, m, &mut segs)
-                    }
+                    matmul::matmul_fast_with(tboost_kernels::isa::active(), *kernel, &x, m, &mut segs)
                 })
             };
             run(&mut out);

@@ -6,20 +6,34 @@
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tboost_kernels::isa::{self, Isa};
-use tboost_kernels::matmul::{self, reference, MatSeg};
+use tboost_kernels::matmul::{self, reference, FastBf16, MatSeg};
 use tboost_kernels::{DType, WeightMat, WeightVec};
 
 fn isas() -> Vec<Isa> {
     [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|&i| i <= isa::detected()).collect()
 }
 
-/// The bf16 kernel can run here (the tests of it are skipped, loudly, where it cannot).
+/// The bf16 dot-product kernel can run here (its tests are skipped, loudly, where not).
 fn have_bf16() -> bool {
     let have = isa::avx512bf16_detected();
     if !have {
         eprintln!("note: this CPU has no AVX512_BF16; only the fallbacks are tested");
     }
     have
+}
+
+/// The bf16 kernels this machine can run (Dot, and Amx where the CPU and OS allow).
+fn kernels() -> Vec<FastBf16> {
+    let mut v = Vec::new();
+    if isa::avx512bf16_detected() {
+        v.push(FastBf16::Dot);
+    }
+    if isa::amx_bf16_detected() {
+        v.push(FastBf16::Amx);
+    } else {
+        eprintln!("note: no AMX-BF16 here (CPU or OS); the AMX kernel is not tested");
+    }
+    v
 }
 
 fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
@@ -35,10 +49,35 @@ fn bf16_bytes(vals: &[f32]) -> Vec<u8> {
     b
 }
 
-fn run_fast(isa: Isa, on: bool, x: &[f32], m: usize, w: WeightMat<'_>, bias: Option<WeightVec<'_>>) -> Vec<f32> {
+fn run_fast(
+    isa: Isa,
+    kernel: FastBf16,
+    x: &[f32],
+    m: usize,
+    w: WeightMat<'_>,
+    bias: Option<WeightVec<'_>>,
+) -> Vec<f32> {
     let mut out = vec![f32::NAN; m * w.rows];
-    matmul::matmul_fast_with(isa, on, x, m, &mut [MatSeg { w, bias, out: &mut out }]);
+    matmul::matmul_fast_with(isa, kernel, x, m, &mut [MatSeg { w, bias, out: &mut out }]);
     out
+}
+
+/// `got` within the bf16-activation bound of the f64 reference: each activation carries a
+/// relative rounding error of at most 2^-9; the f32 accumulation (in whatever order the
+/// kernel uses) adds at most the exact kernels' bound, taken here for a sequential chain.
+fn check_bf16_bound(what: &str, got: &[f32], x: &[f32], m: usize, w: &WeightMat<'_>, bias: Option<&[f32]>) {
+    let (n, k) = (w.rows, w.cols);
+    let want = reference::matmul(x, m, w, None);
+    for i in 0..m {
+        for j in 0..n {
+            let mag: f64 =
+                (0..k).map(|c| (x[i * k + c] as f64 * reference::weight_at(w, j, c) as f64).abs()).sum::<f64>()
+                    + bias.map_or(0.0, |b| (b[j] as f64).abs());
+            let tol = (2f64.powi(-9) + 2.0 * (k as f64 + 6.0) * 2f64.powi(-24)) * mag + 1e-30;
+            let (g, r) = (got[i * n + j] as f64, want[i * n + j] + bias.map_or(0.0, |b| b[j] as f64));
+            assert!((g - r).abs() <= tol, "{what}: y[{i},{j}] = {g}, f64 {r}, |err| {} > tol {tol}", (g - r).abs());
+        }
+    }
 }
 
 fn bits_eq(a: &[f32], b: &[f32]) -> bool {
@@ -82,7 +121,7 @@ fn bf16_kernel_matches_its_scalar_emulation_bit_for_bit() {
         let bias_vals = rand_vec(&mut rng, n, 1.0);
         let bias = (s % 2 == 1).then(|| WeightVec::from_f32(&bias_vals));
         let want = reference::matmul_fast_bf16(&x, m, &w, bias.as_ref());
-        let got = pool(2).install(|| run_fast(Isa::Avx512, true, &x, m, w, bias));
+        let got = pool(2).install(|| run_fast(Isa::Avx512, FastBf16::Dot, &x, m, w, bias));
         assert!(bits_eq(&got, &want), "m={m} n={n} k={k}: kernel differs from the emulation");
     }
 }
@@ -125,7 +164,7 @@ fn special_activations_round_as_the_hardware_does() {
     let wv: Vec<f32> = (0..2 * k).map(|i| 1.0 + i as f32 / 64.0).collect();
     let wb = bf16_bytes(&wv);
     let w = WeightMat::new(DType::BF16, 2, k, &wb[1..]).unwrap();
-    let got = run_fast(Isa::Avx512, true, &x, 1, w, None);
+    let got = run_fast(Isa::Avx512, FastBf16::Dot, &x, 1, w, None);
     assert!(bits_eq(&got, &reference::matmul_fast_bf16(&x, 1, &w, None)), "{got:?}");
     assert_eq!(reference::bf16_round(1e-40), 0);
     assert_eq!(reference::bf16_round(f32::from_bits(0x3f80_8000)), 0x3f80);
@@ -133,28 +172,53 @@ fn special_activations_round_as_the_hardware_does() {
 }
 
 #[test]
-fn fast_row_result_is_independent_of_batch_and_threads() {
-    if !have_bf16() {
-        return;
+fn every_kernel_is_within_the_bf16_bound_of_f64() {
+    let mut rng = StdRng::seed_from_u64(17);
+    for kernel in kernels() {
+        for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
+            let wb = bf16_bytes(&rand_vec(&mut rng, n * k, 0.5));
+            let w = WeightMat::new(DType::BF16, n, k, &wb[1..]).unwrap();
+            let x = rand_vec(&mut rng, m * k, 2.0);
+            let bv = rand_vec(&mut rng, n, 1.0);
+            let bias = (s % 2 == 0).then(|| WeightVec::from_f32(&bv));
+            let got = pool(2).install(|| run_fast(Isa::Avx512, kernel, &x, m, w, bias));
+            let what = format!("{} m={m} n={n} k={k}", kernel.name());
+            check_bf16_bound(&what, &got, &x, m, &w, bias.is_some().then_some(&bv[..]));
+        }
     }
+}
+
+#[test]
+fn fast_row_result_is_independent_of_batch_and_threads() {
     let mut rng = StdRng::seed_from_u64(13);
     let k = 1000;
-    // n = 10 makes the plan split m as well as n; n = 300 splits n only.
-    for &n in &[10, 300] {
-        let wb = bf16_bytes(&rand_vec(&mut rng, n * k, 0.5));
-        let w = WeightMat::new(DType::BF16, n, k, &wb[1..]).unwrap();
-        let bv = rand_vec(&mut rng, n, 1.0);
-        let bias = Some(WeightVec::from_f32(&bv));
-        let x = rand_vec(&mut rng, 64 * k, 1.0);
-        let alone: Vec<Vec<f32>> =
-            (0..64).map(|i| run_fast(Isa::Avx512, true, &x[i * k..(i + 1) * k], 1, w, bias)).collect();
-        for m in [1, 3, 16, 64] {
-            for threads in [1, 2, 3] {
-                let got = pool(threads).install(|| run_fast(Isa::Avx512, true, &x[..m * k], m, w, bias));
-                for (i, row) in alone.iter().enumerate().take(m) {
-                    assert!(bits_eq(&got[i * n..(i + 1) * n], row), "n={n} m={m} threads={threads}: row {i} differs");
+    for kernel in kernels() {
+        // n = 10 makes the plan split m as well as n; n = 300 splits n only.
+        for &n in &[10, 300] {
+            let wb = bf16_bytes(&rand_vec(&mut rng, n * k, 0.5));
+            let w = WeightMat::new(DType::BF16, n, k, &wb[1..]).unwrap();
+            let bv = rand_vec(&mut rng, n, 1.0);
+            let bias = Some(WeightVec::from_f32(&bv));
+            let x = rand_vec(&mut rng, 64 * k, 1.0);
+            let alone: Vec<Vec<f32>> =
+                (0..64).map(|i| run_fast(Isa::Avx512, kernel, &x[i * k..(i + 1) * k], 1, w, bias)).collect();
+            for m in [1, 3, 16, 17, 33, 64] {
+                for threads in [1, 2, 3] {
+                    let got = pool(threads).install(|| run_fast(Isa::Avx512, kernel, &x[..m * k], m, w, bias));
+                    for (i, row) in alone.iter().enumerate().take(m) {
+                        assert!(
+                            bits_eq(&got[i * n..(i + 1) * n], row),
+                            "{} n={n} m={m} threads={threads}: row {i} differs",
+                            kernel.name()
+                        );
+                    }
                 }
             }
+            // The same row at another position among other neighbours.
+            let mut other = rand_vec(&mut rng, 40 * k, 1.0);
+            other[37 * k..38 * k].copy_from_slice(&x[5 * k..6 * k]);
+            let got = pool(2).install(|| run_fast(Isa::Avx512, kernel, &other, 40, w, bias));
+            assert!(bits_eq(&got[37 * n..38 * n], &alone[5]), "{} n={n}: row 5 at 37", kernel.name());
         }
     }
 }
@@ -167,15 +231,15 @@ fn fast_swiglu_is_bit_identical_to_two_fast_matmuls() {
         let g = WeightMat::new(DType::BF16, n, k, &gb[1..]).unwrap();
         let u = WeightMat::new(DType::BF16, n, k, &ub[1..]).unwrap();
         let x = rand_vec(&mut rng, m * k, 4.0);
-        let on = isa::avx512bf16_detected();
-        for isa in isas() {
-            let on = on && isa == Isa::Avx512;
-            let gs = run_fast(isa, on, &x, m, g, None);
-            let us = run_fast(isa, on, &x, m, u, None);
+        let mut cases: Vec<(Isa, FastBf16)> = isas().into_iter().map(|i| (i, FastBf16::Off)).collect();
+        cases.extend(kernels().into_iter().map(|kn| (Isa::Avx512, kn)));
+        for (isa, kernel) in cases {
+            let gs = run_fast(isa, kernel, &x, m, g, None);
+            let us = run_fast(isa, kernel, &x, m, u, None);
             let unfused: Vec<f32> = gs.iter().zip(&us).map(|(&g, &u)| matmul::silu(g) * u).collect();
             let mut fused = vec![f32::NAN; m * n];
-            pool(3).install(|| matmul::matmul_swiglu_fast_with(isa, on, &x, m, g, u, &mut fused));
-            assert!(bits_eq(&fused, &unfused), "{} on={on} m={m} n={n} k={k}", isa.name());
+            pool(3).install(|| matmul::matmul_swiglu_fast_with(isa, kernel, &x, m, g, u, &mut fused));
+            assert!(bits_eq(&fused, &unfused), "{} {} m={m} n={n} k={k}", isa.name(), kernel.name());
         }
     }
 }
@@ -198,11 +262,18 @@ fn fallbacks_are_exactly_the_exact_kernels() {
         for isa in isas() {
             let mut exact = vec![0f32; m * n];
             matmul::matmul_with(isa, &x, m, &mut [MatSeg { w, bias: None, out: &mut exact }]);
-            let off = run_fast(isa, false, &x, m, w, None);
+            let off = run_fast(isa, FastBf16::Off, &x, m, w, None);
             assert!(bits_eq(&off, &exact), "{} {}: kernel off differs from exact", isa.name(), w.dtype);
-            if w.dtype != DType::BF16 && isa == Isa::Avx512 && isa::avx512bf16_detected() {
-                let on = run_fast(isa, true, &x, m, w, None);
-                assert!(bits_eq(&on, &exact), "{}: Fast of a non-bf16 dtype differs from exact", w.dtype);
+            if w.dtype != DType::BF16 && isa == Isa::Avx512 {
+                for kernel in kernels() {
+                    let on = run_fast(isa, kernel, &x, m, w, None);
+                    assert!(
+                        bits_eq(&on, &exact),
+                        "{} {}: Fast of a non-bf16 dtype differs from exact",
+                        kernel.name(),
+                        w.dtype
+                    );
+                }
             }
         }
     }
@@ -210,9 +281,6 @@ fn fallbacks_are_exactly_the_exact_kernels() {
 
 #[test]
 fn merged_segments_mix_fast_and_exact_kernels_per_segment() {
-    if !have_bf16() {
-        return;
-    }
     let mut rng = StdRng::seed_from_u64(16);
     let (m, k) = (5, 96);
     let x = rand_vec(&mut rng, m * k, 1.0);
@@ -221,20 +289,26 @@ fn merged_segments_mix_fast_and_exact_kernels_per_segment() {
     let qb = bf16_bytes(&qv);
     let q = WeightMat::new(DType::BF16, 24, k, &qb[1..]).unwrap();
     let v = WeightMat::from_f32(&vv, 8, k).unwrap();
-    let (mut oq, mut ov) = (vec![0f32; m * 24], vec![0f32; m * 8]);
-    let mut segs = [MatSeg { w: q, bias: None, out: &mut oq }, MatSeg { w: v, bias: None, out: &mut ov }];
-    matmul::matmul_fast_with(Isa::Avx512, true, &x, m, &mut segs);
-    assert!(bits_eq(&oq, &run_fast(Isa::Avx512, true, &x, m, q, None)), "bf16 segment");
-    let mut exact = vec![0f32; m * 8];
-    matmul::matmul_with(Isa::Avx512, &x, m, &mut [MatSeg { w: v, bias: None, out: &mut exact }]);
-    assert!(bits_eq(&ov, &exact), "f32 segment");
+    for kernel in kernels() {
+        let (mut oq, mut ov) = (vec![0f32; m * 24], vec![0f32; m * 8]);
+        let mut segs = [MatSeg { w: q, bias: None, out: &mut oq }, MatSeg { w: v, bias: None, out: &mut ov }];
+        matmul::matmul_fast_with(Isa::Avx512, kernel, &x, m, &mut segs);
+        assert!(bits_eq(&oq, &run_fast(Isa::Avx512, kernel, &x, m, q, None)), "{} bf16 segment", kernel.name());
+        let mut exact = vec![0f32; m * 8];
+        matmul::matmul_with(Isa::Avx512, &x, m, &mut [MatSeg { w: v, bias: None, out: &mut exact }]);
+        assert!(bits_eq(&ov, &exact), "{} f32 segment", kernel.name());
+    }
 }
 
 #[test]
 fn the_bf16_kernel_is_on_only_with_the_extension() {
     // `avx512bf16()` never claims more than the CPU has, and follows the active level.
     assert!(!isa::avx512bf16() || (isa::avx512bf16_detected() && isa::active() == Isa::Avx512));
-    assert_eq!(matmul::fast_bf16_applies(DType::BF16), isa::avx512bf16());
+    assert!(!isa::amx_bf16() || (isa::amx_bf16_detected() && isa::avx512bf16()));
+    let best = FastBf16::best();
+    assert_eq!(best == FastBf16::Amx, isa::amx_bf16());
+    assert_eq!(best == FastBf16::Off, !isa::avx512bf16());
+    assert_eq!(matmul::fast_bf16_applies(DType::BF16), best != FastBf16::Off);
     assert!(!matmul::fast_bf16_applies(DType::F16));
 }
 

@@ -34,7 +34,9 @@ mod kernel;
 pub mod reference;
 mod simd;
 
-pub use dense_fast::{fast_bf16_applies, matmul_fast, matmul_fast_with, matmul_swiglu_fast, matmul_swiglu_fast_with};
+pub use dense_fast::{
+    fast_bf16_applies, matmul_fast, matmul_fast_with, matmul_swiglu_fast, matmul_swiglu_fast_with, FastBf16,
+};
 
 use crate::isa::{self, Isa};
 use crate::{DType, WeightMat, WeightVec};
