@@ -656,9 +656,13 @@ mod amx {
         }
         let pad_ptr = pad.as_mut_ptr();
         let cbuf = pad_ptr.add(4 * per);
+        // One x block (decode): one A tile per step, so the weights stream as 16 rows at a
+        // time (fewer concurrent row streams for the prefetchers). The blocking changes no
+        // result: every C element is the same sequence of tile products over k.
+        let (jstep, two_a) = if i1 - i0 > 16 { (32, true) } else { (16, false) };
         let mut jt = j0;
         while jt < j1 {
-            let na = if jt + 16 < j1 { 2 } else { 1 };
+            let na = if two_a && jt + 16 < j1 { 2 } else { 1 };
             // A sources: (pointer to k tile 0, row stride) per (group, tile).
             let mut src = [[(std::ptr::null::<u8>(), 0usize); 2]; 2];
             for g in 0..groups {
@@ -762,7 +766,7 @@ mod amx {
                 }
                 ib += 32;
             }
-            jt += 32;
+            jt += jstep;
         }
         asm!("tilerelease", options(nostack, nomem));
         PAD.with(|s| s.set(pad));
