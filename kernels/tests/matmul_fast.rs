@@ -49,6 +49,33 @@ fn bf16_bytes(vals: &[f32]) -> Vec<u8> {
     b
 }
 
+/// `vals` stored as `dtype` (BF16 or F16) at an odd address (offset 1).
+fn half_bytes(dtype: DType, vals: &[f32]) -> Vec<u8> {
+    match dtype {
+        DType::BF16 => bf16_bytes(vals),
+        _ => {
+            let mut b = vec![0u8];
+            for &v in vals {
+                b.extend_from_slice(&half::f16::from_f32(v).to_le_bytes());
+            }
+            b
+        }
+    }
+}
+
+/// (kernel, dtype) pairs where the kernel computes the dtype (BF16; F16 on AMX).
+fn cases() -> Vec<(FastBf16, DType)> {
+    let mut v = Vec::new();
+    for kn in kernels() {
+        for d in [DType::BF16, DType::F16] {
+            if kn.applies(d) {
+                v.push((kn, d));
+            }
+        }
+    }
+    v
+}
+
 fn run_fast(
     isa: Isa,
     kernel: FastBf16,
@@ -174,15 +201,15 @@ fn special_activations_round_as_the_hardware_does() {
 #[test]
 fn every_kernel_is_within_the_bf16_bound_of_f64() {
     let mut rng = StdRng::seed_from_u64(17);
-    for kernel in kernels() {
+    for (kernel, dtype) in cases() {
         for (s, &(m, n, k)) in SHAPES.iter().enumerate() {
-            let wb = bf16_bytes(&rand_vec(&mut rng, n * k, 0.5));
-            let w = WeightMat::new(DType::BF16, n, k, &wb[1..]).unwrap();
+            let wb = half_bytes(dtype, &rand_vec(&mut rng, n * k, 0.5));
+            let w = WeightMat::new(dtype, n, k, &wb[1..]).unwrap();
             let x = rand_vec(&mut rng, m * k, 2.0);
             let bv = rand_vec(&mut rng, n, 1.0);
             let bias = (s % 2 == 0).then(|| WeightVec::from_f32(&bv));
             let got = pool(2).install(|| run_fast(Isa::Avx512, kernel, &x, m, w, bias));
-            let what = format!("{} m={m} n={n} k={k}", kernel.name());
+            let what = format!("{} {dtype} m={m} n={n} k={k}", kernel.name());
             check_bf16_bound(&what, &got, &x, m, &w, bias.is_some().then_some(&bv[..]));
         }
     }
@@ -192,11 +219,11 @@ fn every_kernel_is_within_the_bf16_bound_of_f64() {
 fn fast_row_result_is_independent_of_batch_and_threads() {
     let mut rng = StdRng::seed_from_u64(13);
     let k = 1000;
-    for kernel in kernels() {
+    for (kernel, dtype) in cases() {
         // n = 10 makes the plan split m as well as n; n = 300 splits n only.
         for &n in &[10, 300] {
-            let wb = bf16_bytes(&rand_vec(&mut rng, n * k, 0.5));
-            let w = WeightMat::new(DType::BF16, n, k, &wb[1..]).unwrap();
+            let wb = half_bytes(dtype, &rand_vec(&mut rng, n * k, 0.5));
+            let w = WeightMat::new(dtype, n, k, &wb[1..]).unwrap();
             let bv = rand_vec(&mut rng, n, 1.0);
             let bias = Some(WeightVec::from_f32(&bv));
             let x = rand_vec(&mut rng, 64 * k, 1.0);
@@ -208,7 +235,7 @@ fn fast_row_result_is_independent_of_batch_and_threads() {
                     for (i, row) in alone.iter().enumerate().take(m) {
                         assert!(
                             bits_eq(&got[i * n..(i + 1) * n], row),
-                            "{} n={n} m={m} threads={threads}: row {i} differs",
+                            "{} {dtype} n={n} m={m} threads={threads}: row {i} differs",
                             kernel.name()
                         );
                     }
@@ -218,7 +245,7 @@ fn fast_row_result_is_independent_of_batch_and_threads() {
             let mut other = rand_vec(&mut rng, 40 * k, 1.0);
             other[37 * k..38 * k].copy_from_slice(&x[5 * k..6 * k]);
             let got = pool(2).install(|| run_fast(Isa::Avx512, kernel, &other, 40, w, bias));
-            assert!(bits_eq(&got[37 * n..38 * n], &alone[5]), "{} n={n}: row 5 at 37", kernel.name());
+            assert!(bits_eq(&got[37 * n..38 * n], &alone[5]), "{} {dtype} n={n}: row 5 at 37", kernel.name());
         }
     }
 }
@@ -226,20 +253,25 @@ fn fast_row_result_is_independent_of_batch_and_threads() {
 #[test]
 fn fast_swiglu_is_bit_identical_to_two_fast_matmuls() {
     let mut rng = StdRng::seed_from_u64(14);
-    for &(m, n, k) in &[(1, 1, 5), (1, 13, 64), (3, 9, 17), (5, 6, 100), (7, 21, 33), (37, 11, 129), (16, 40, 2048)] {
-        let (gb, ub) = (bf16_bytes(&rand_vec(&mut rng, n * k, 0.5)), bf16_bytes(&rand_vec(&mut rng, n * k, 0.5)));
-        let g = WeightMat::new(DType::BF16, n, k, &gb[1..]).unwrap();
-        let u = WeightMat::new(DType::BF16, n, k, &ub[1..]).unwrap();
+    for (&(m, n, k), dtype) in
+        [(1, 1, 5), (1, 13, 64), (3, 9, 17), (5, 6, 100), (7, 21, 33), (37, 11, 129), (16, 40, 2048)]
+            .iter()
+            .flat_map(|s| [(s, DType::BF16), (s, DType::F16)])
+    {
+        let gb = half_bytes(dtype, &rand_vec(&mut rng, n * k, 0.5));
+        let ub = half_bytes(dtype, &rand_vec(&mut rng, n * k, 0.5));
+        let g = WeightMat::new(dtype, n, k, &gb[1..]).unwrap();
+        let u = WeightMat::new(dtype, n, k, &ub[1..]).unwrap();
         let x = rand_vec(&mut rng, m * k, 4.0);
-        let mut cases: Vec<(Isa, FastBf16)> = isas().into_iter().map(|i| (i, FastBf16::Off)).collect();
-        cases.extend(kernels().into_iter().map(|kn| (Isa::Avx512, kn)));
-        for (isa, kernel) in cases {
+        let mut runs: Vec<(Isa, FastBf16)> = isas().into_iter().map(|i| (i, FastBf16::Off)).collect();
+        runs.extend(kernels().into_iter().map(|kn| (Isa::Avx512, kn)));
+        for (isa, kernel) in runs {
             let gs = run_fast(isa, kernel, &x, m, g, None);
             let us = run_fast(isa, kernel, &x, m, u, None);
             let unfused: Vec<f32> = gs.iter().zip(&us).map(|(&g, &u)| matmul::silu(g) * u).collect();
             let mut fused = vec![f32::NAN; m * n];
             pool(3).install(|| matmul::matmul_swiglu_fast_with(isa, kernel, &x, m, g, u, &mut fused));
-            assert!(bits_eq(&fused, &unfused), "{} {} m={m} n={n} k={k}", isa.name(), kernel.name());
+            assert!(bits_eq(&fused, &unfused), "{} {} {dtype} m={m} n={n} k={k}", isa.name(), kernel.name());
         }
     }
 }
@@ -264,8 +296,8 @@ fn fallbacks_are_exactly_the_exact_kernels() {
             matmul::matmul_with(isa, &x, m, &mut [MatSeg { w, bias: None, out: &mut exact }]);
             let off = run_fast(isa, FastBf16::Off, &x, m, w, None);
             assert!(bits_eq(&off, &exact), "{} {}: kernel off differs from exact", isa.name(), w.dtype);
-            if w.dtype != DType::BF16 && isa == Isa::Avx512 {
-                for kernel in kernels() {
+            if isa == Isa::Avx512 {
+                for kernel in kernels().into_iter().filter(|kn| !kn.applies(w.dtype)) {
                     let on = run_fast(isa, kernel, &x, m, w, None);
                     assert!(
                         bits_eq(&on, &exact),
@@ -309,7 +341,8 @@ fn the_bf16_kernel_is_on_only_with_the_extension() {
     assert_eq!(best == FastBf16::Amx, isa::amx_bf16());
     assert_eq!(best == FastBf16::Off, !isa::avx512bf16());
     assert_eq!(matmul::fast_bf16_applies(DType::BF16), best != FastBf16::Off);
-    assert!(!matmul::fast_bf16_applies(DType::F16));
+    assert_eq!(matmul::fast_bf16_applies(DType::F16), best == FastBf16::Amx);
+    assert!(!matmul::fast_bf16_applies(DType::F32));
 }
 
 #[test]

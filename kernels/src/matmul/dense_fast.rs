@@ -1,8 +1,9 @@
 //! `Precision::Fast` for dense weights: BF16 weights meet activations rounded to bf16, as
 //! llama.cpp computes them, in AMX-BF16 tiles (`FastBf16::Amx`, where the CPU and OS allow)
-//! or AVX512_BF16 dot products (`FastBf16::Dot`). Other dense weight types (and BF16 on a
-//! CPU without these, or with them switched off, see `isa`) have no faster arithmetic here
-//! and run the exact kernels.
+//! or AVX512_BF16 dot products (`FastBf16::Dot`). The AMX kernel also takes F16 weights,
+//! each split exactly into two bf16 parts. F32 weights, F16 ones without AMX, and BF16 on a
+//! CPU without these extensions (or with them switched off, see `isa`) run the exact
+//! kernels.
 //!
 //! Measured on the 2-core Xeon (Sapphire-Rapids class) this was written on: `vdpbf16ps`
 //! issues at half the rate of f32 FMAs there (114 vs 215 GFLOP/s per core), so `Dot` only
@@ -66,6 +67,17 @@ impl FastBf16 {
         }
     }
 
+    /// Whether this kernel computes `dtype` weights (else they run the exact kernels): BF16
+    /// with `Dot` and `Amx`; F16 with `Amx`, each weight split exactly into two bf16 parts
+    /// (`w = hi + lo`: an f16 has 11 significant bits) and both multiplied.
+    pub fn applies(self, dtype: DType) -> bool {
+        match dtype {
+            DType::BF16 => self != FastBf16::Off,
+            DType::F16 => self == FastBf16::Amx,
+            _ => false,
+        }
+    }
+
     fn check(self) {
         let ok = match self {
             FastBf16::Off => true,
@@ -77,9 +89,9 @@ impl FastBf16 {
 }
 
 /// True when `matmul_fast` computes `dtype` weights with a bf16 kernel here (rather than
-/// falling back to the exact kernels): BF16 weights and `FastBf16::best()` is not `Off`.
+/// falling back to the exact kernels): `FastBf16::best().applies(dtype)`.
 pub fn fast_bf16_applies(dtype: DType) -> bool {
-    dtype == DType::BF16 && FastBf16::best() != FastBf16::Off
+    FastBf16::best().applies(dtype)
 }
 
 /// `seg.out = x · seg.wᵀ + seg.bias` with `Precision::Fast` numerics (module docs) for the
@@ -106,7 +118,7 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
             seg.w.dtype
         );
     }
-    if kernel == FastBf16::Off || segs.iter().all(|s| s.w.dtype != DType::BF16) {
+    if segs.iter().all(|s| !kernel.applies(s.w.dtype)) {
         return super::matmul_with(isa, x, m, segs);
     }
     kernel.check();
@@ -139,30 +151,46 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
     let (mut fast, mut exact): (Vec<MatSeg<'_, '_>>, Vec<MatSeg<'_, '_>>) = segs
         .iter_mut()
         .map(|s| MatSeg { w: s.w, bias: s.bias, out: &mut *s.out })
-        .partition(|s| s.w.dtype == DType::BF16);
+        .partition(|s| kernel.applies(s.w.dtype));
     if !exact.is_empty() {
         super::matmul_with(isa, x, m, &mut exact);
     }
     if m == 0 {
         return;
     }
-    let rows: Vec<usize> = fast.iter().map(|s| s.w.rows).collect();
-    let cols: Vec<PlainCols<'_>> = fast
-        .iter_mut()
-        .map(|s| PlainCols {
-            w: s.w.data.as_ptr(),
-            row_bytes: s.w.row_bytes(),
-            n: s.w.rows,
-            bias: s.bias,
-            out: s.out.as_mut_ptr(),
-        })
-        .collect();
-    run_kernel(kernel, x, m, k, k, &rows, &cols);
+    for f16 in [false, true] {
+        let group: Vec<&mut MatSeg<'_, '_>> = fast.iter_mut().filter(|s| (s.w.dtype == DType::F16) == f16).collect();
+        if group.is_empty() {
+            continue;
+        }
+        let rows: Vec<usize> = group.iter().map(|s| s.w.rows).collect();
+        let cols: Vec<PlainCols<'_>> = group
+            .into_iter()
+            .map(|s| PlainCols {
+                w: s.w.data.as_ptr(),
+                row_bytes: s.w.row_bytes(),
+                n: s.w.rows,
+                bias: s.bias,
+                out: s.out.as_mut_ptr(),
+            })
+            .collect();
+        run_kernel(kernel, f16, x, m, k, k, &rows, &cols);
+    }
 }
 
 /// Plans (as `plan_k` multiply-adds per output) and runs the items of one call with
-/// `kernel` (not `Off`; checked by the caller).
-fn run_kernel<C: AmxCols>(kernel: FastBf16, x: &[f32], m: usize, k: usize, plan_k: usize, rows: &[usize], cols: &[C]) {
+/// `kernel` on BF16 weights, or F16 ones (`f16`) — `kernel.applies` it (the caller checked).
+#[allow(clippy::too_many_arguments)]
+fn run_kernel<C: AmxCols>(
+    kernel: FastBf16,
+    f16: bool,
+    x: &[f32],
+    m: usize,
+    k: usize,
+    plan_k: usize,
+    rows: &[usize],
+    cols: &[C],
+) {
     match kernel {
         FastBf16::Amx => {
             #[cfg(target_arch = "x86_64")]
@@ -171,10 +199,11 @@ fn run_kernel<C: AmxCols>(kernel: FastBf16, x: &[f32], m: usize, k: usize, plan_
                 let items = amx::plan(rows, m, plan_k);
                 // SAFETY: shapes were checked by the caller, items cover disjoint outputs in
                 // whole 16-row blocks of x, AMX-BF16 is there (checked).
-                execute(&items, |it| unsafe { amx::run(&xp, k, it, &cols[it.seg]) });
+                execute(&items, |it| unsafe { amx::run(&xp, k, it, &cols[it.seg], f16) });
             }
         }
         _ => {
+            debug_assert!(!f16, "only the AMX kernel takes f16 weights");
             let items = plan_items(rows, m, plan_k, Isa::Avx512);
             // SAFETY: shapes were checked by the caller, items cover disjoint outputs,
             // AVX512_BF16 is there (checked).
@@ -213,7 +242,7 @@ pub fn matmul_swiglu_fast_with(
         "matmul_swiglu_fast: gate is {}; quantized weights run in crate::quant",
         gate.dtype
     );
-    if kernel == FastBf16::Off || gate.dtype != DType::BF16 || up.dtype != DType::BF16 {
+    if !kernel.applies(gate.dtype) || up.dtype != gate.dtype {
         return super::matmul_swiglu_with(isa, x, m, gate, up, out);
     }
     kernel.check();
@@ -251,7 +280,7 @@ pub fn matmul_swiglu_fast_with(
         out: out.as_mut_ptr(),
     };
     // Two weight rows per output column: plan with the work of 2n rows, split on n.
-    run_kernel(kernel, x, m, k, 2 * k, &[n], std::slice::from_ref(&cols));
+    run_kernel(kernel, gate.dtype == DType::F16, x, m, k, 2 * k, &[n], std::slice::from_ref(&cols));
 }
 
 /// Runs one item of BF16 weights with the bf16 dot-product kernel.
@@ -621,6 +650,48 @@ mod amx {
         }
     }
 
+    /// `C[c] += tmm5 · B` for c = 0 (B in tmm6) and 1 (tmm7): the lo parts of F16 weights.
+    #[inline(always)]
+    unsafe fn dot_lo(c: usize) {
+        match c {
+            0 => asm!("tdpbf16ps tmm0, tmm5, tmm6", options(nostack, nomem)),
+            _ => asm!("tdpbf16ps tmm1, tmm5, tmm7", options(nostack, nomem)),
+        }
+    }
+
+    /// Splits `valid` F16 rows at `src` (stride `rb`, `k` values) into bf16 parts `hi` and
+    /// `lo` with `hi + lo` equal to each weight exactly (`hi` rounded to nearest even, `lo`
+    /// the exact remainder), as rows of `kp` values, zero past `k` and for rows `valid..16`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")]
+    unsafe fn f16_to_hilo(src: *const u8, rb: usize, valid: usize, k: usize, kp: usize, hi: *mut u16, lo: *mut u16) {
+        use std::arch::x86_64::*;
+        for r in 0..16 {
+            let (h, l) = (hi.add(r * kp), lo.add(r * kp));
+            let mut c = 0;
+            if r < valid {
+                let s = src.add(r * rb) as *const u16;
+                while c + 16 <= k {
+                    let f = _mm512_cvtph_ps(_mm256_loadu_si256(s.add(c) as *const __m256i));
+                    let hb: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(f));
+                    let hf = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(hb)));
+                    let lb: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_sub_ps(f, hf)));
+                    _mm256_storeu_si256(h.add(c) as *mut __m256i, hb);
+                    _mm256_storeu_si256(l.add(c) as *mut __m256i, lb);
+                    c += 16;
+                }
+                while c < k {
+                    let f = half::f16::from_bits(s.add(c).read_unaligned().to_le()).to_f32();
+                    let hb = super::super::reference::bf16_round(f);
+                    *h.add(c) = hb;
+                    *l.add(c) = super::super::reference::bf16_round(f - f32::from_bits((hb as u32) << 16));
+                    c += 1;
+                }
+            }
+            std::ptr::write_bytes(h.add(c), 0, kp - c);
+            std::ptr::write_bytes(l.add(c), 0, kp - c);
+        }
+    }
+
     /// Stores C register `c` as 16 rows of 16 f32 at `p` (64-byte rows).
     #[inline(always)]
     unsafe fn store(c: usize, p: *mut u8) {
@@ -639,7 +710,7 @@ mod amx {
     /// `cols` describes valid BF16 weights (`n` rows of `row_bytes` bytes, `k` values each)
     /// and an output covering the item; `xp` is `pack_x` of the call's x; the CPU has
     /// AMX-BF16 and this process the permission (`isa::amx_bf16_detected`).
-    pub(super) unsafe fn run<C: AmxCols>(xp: &PackedX, k: usize, it: &Item, cols: &C) {
+    pub(super) unsafe fn run<C: AmxCols>(xp: &PackedX, k: usize, it: &Item, cols: &C, f16: bool) {
         let (i0, i1, j0, j1) = (it.i0, it.i1, it.j0, it.j1);
         debug_assert!(i0 % 16 == 0);
         let cfg = config();
@@ -659,13 +730,21 @@ mod amx {
         // One x block (decode): one A tile per step, so the weights stream as 16 rows at a
         // time (fewer concurrent row streams for the prefetchers). The blocking changes no
         // result: every C element is the same sequence of tile products over k.
-        let (jstep, two_a) = if i1 - i0 > 16 { (32, true) } else { (16, false) };
+        // F16 weights: one row group at a time, its hi and lo parts in tmm4 and tmm5.
+        let (jstep, two_a) = if i1 - i0 > 16 && !f16 { (32, true) } else { (16, false) };
         let mut jt = j0;
         while jt < j1 {
             let na = if two_a && jt + 16 < j1 { 2 } else { 1 };
             // A sources: (pointer to k tile 0, row stride) per (group, tile).
             let mut src = [[(std::ptr::null::<u8>(), 0usize); 2]; 2];
             for g in 0..groups {
+                if f16 {
+                    let valid = 16.min(n - jt);
+                    let (hi, lo) = (pad_ptr.add(g * 2 * per) as *mut u16, pad_ptr.add((g * 2 + 1) * per) as *mut u16);
+                    f16_to_hilo(mats[g].add(jt * rb), rb, valid, k, 32 * kt, hi, lo);
+                    src[g] = [(hi as *const u8, 64 * kt), (lo as *const u8, 64 * kt)];
+                    continue;
+                }
                 for (t, s) in src[g].iter_mut().enumerate().take(na) {
                     let j = jt + 16 * t;
                     let valid = 16.min(n - j);
@@ -707,6 +786,19 @@ mod amx {
                         }
                     }
                     for t in 0..kt {
+                        if f16 {
+                            let ([(hi, stride), (lo, _)], b) = (src[g], 64 * t);
+                            load(4, hi.add(b), stride);
+                            load(5, lo.add(b), stride);
+                            for tb in 0..nb {
+                                load(6 + tb, xp.tile(b0 + tb, t), 64);
+                            }
+                            for tb in 0..nb {
+                                dot(tb);
+                                dot_lo(tb);
+                            }
+                            continue;
+                        }
                         for (ta, &(p, stride)) in src[g].iter().enumerate().take(na) {
                             if t < kfull {
                                 let a = p.add(64 * t);
