@@ -1,9 +1,9 @@
 //! `Precision::Fast` for dense weights: BF16 weights meet activations rounded to bf16, as
 //! llama.cpp computes them, in AMX-BF16 tiles (`FastBf16::Amx`, where the CPU and OS allow)
-//! or AVX512_BF16 dot products (`FastBf16::Dot`). The AMX kernel also takes F16 weights,
-//! each split exactly into two bf16 parts. F32 weights, F16 ones without AMX, and BF16 on a
-//! CPU without these extensions (or with them switched off, see `isa`) run the exact
-//! kernels.
+//! or AVX512_BF16 dot products (`FastBf16::Dot`). `FastBf16::AmxSplitF16` also takes F16
+//! weights, each split exactly into two bf16 parts (opt-in: it slows decode). F32 and F16
+//! weights otherwise, and BF16 on a CPU without these extensions (or with them switched
+//! off, see `isa`), run the exact kernels.
 //!
 //! Measured on the 2-core Xeon (Sapphire-Rapids class) this was written on: `vdpbf16ps`
 //! issues at half the rate of f32 FMAs there (114 vs 215 GFLOP/s per core), so `Dot` only
@@ -45,6 +45,11 @@ pub enum FastBf16 {
     /// AMX-BF16 tiles (`tdpbf16ps`): x rows as B tiles, 16 weight rows as A tiles, one tile
     /// product per 32 values of `k` in increasing order, accumulated in the hardware's order.
     Amx,
+    /// `Amx`, and F16 weights too: each split exactly into bf16 `hi + lo` (an f16 has 11
+    /// significant bits), two tile products per k tile. Prefill-heavy use only: measured
+    /// 1.7x the exact prefill but 3.6x slower decode (the split costs more than the weight
+    /// stream at m = 1), so `best()` never picks it.
+    AmxSplitF16,
 }
 
 impl FastBf16 {
@@ -64,16 +69,16 @@ impl FastBf16 {
             FastBf16::Off => "exact",
             FastBf16::Dot => "avx512bf16",
             FastBf16::Amx => "amx-bf16",
+            FastBf16::AmxSplitF16 => "amx-bf16+f16-split",
         }
     }
 
     /// Whether this kernel computes `dtype` weights (else they run the exact kernels): BF16
-    /// with `Dot` and `Amx`; F16 with `Amx`, each weight split exactly into two bf16 parts
-    /// (`w = hi + lo`: an f16 has 11 significant bits) and both multiplied.
+    /// with every kernel but `Off`; F16 with `AmxSplitF16`.
     pub fn applies(self, dtype: DType) -> bool {
         match dtype {
             DType::BF16 => self != FastBf16::Off,
-            DType::F16 => self == FastBf16::Amx,
+            DType::F16 => self == FastBf16::AmxSplitF16,
             _ => false,
         }
     }
@@ -82,7 +87,7 @@ impl FastBf16 {
         let ok = match self {
             FastBf16::Off => true,
             FastBf16::Dot => isa::avx512bf16_detected(),
-            FastBf16::Amx => isa::amx_bf16_detected(),
+            FastBf16::Amx | FastBf16::AmxSplitF16 => isa::amx_bf16_detected(),
         };
         assert!(ok, "matmul_fast: the {} kernel needs an extension this CPU (or OS) does not offer", self.name());
     }
@@ -192,7 +197,7 @@ fn run_kernel<C: AmxCols>(
     cols: &[C],
 ) {
     match kernel {
-        FastBf16::Amx => {
+        FastBf16::Amx | FastBf16::AmxSplitF16 => {
             #[cfg(target_arch = "x86_64")]
             {
                 let xp = amx::pack_x(x, m, k);
