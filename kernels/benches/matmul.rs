@@ -63,12 +63,12 @@ fn bench_decode(c: &mut Criterion) {
     });
     drop(buf);
 
-    for dtype in [DType::F32, DType::BF16] {
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
         let copies = (128 << 20) / (n * k * dtype.block_bytes()) + 1;
         let wbs: Vec<Vec<u8>> = (0..copies).map(|_| weights(dtype, n, k)).collect();
         let ws: Vec<WeightMat<'_>> = wbs.iter().map(|b| WeightMat::new(dtype, n, k, b).unwrap()).collect();
         g.throughput(Throughput::Bytes(wbs[0].len() as u64));
-        for m in [1usize, 16] {
+        for m in [1usize, 4, 16] {
             let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1).collect();
             let mut out = vec![0f32; m * n];
             let mut c = 0;
@@ -80,6 +80,16 @@ fn bench_decode(c: &mut Criterion) {
                     })
                 })
             });
+            if matmul::fast_bf16_applies(dtype) {
+                g.bench_with_input(BenchmarkId::new(format!("{dtype}_weights_fast"), format!("m{m}")), &m, |b, &m| {
+                    b.iter(|| {
+                        c = (c + 1) % copies;
+                        pool.install(|| {
+                            matmul::matmul_fast(black_box(&x), m, &mut [MatSeg { w: ws[c], bias: None, out: &mut out }])
+                        })
+                    })
+                });
+            }
         }
     }
     g.finish();
@@ -93,7 +103,7 @@ fn bench_prefill(c: &mut Criterion) {
     // Elements = floating-point operations (2 per multiply-add): read "elem/s" as FLOP/s.
     g.throughput(Throughput::Elements((2 * m * n * k) as u64));
     let x: Vec<f32> = (0..m * k).map(|i| (i % 13) as f32 * 0.1).collect();
-    for dtype in [DType::F32, DType::BF16] {
+    for dtype in [DType::F32, DType::F16, DType::BF16] {
         let wb = weights(dtype, n, k);
         let w = WeightMat::new(dtype, n, k, &wb).unwrap();
         let mut out = vec![0f32; m * n];
@@ -106,13 +116,79 @@ fn bench_prefill(c: &mut Criterion) {
         g.bench_function(format!("{dtype}_swiglu_flop"), |b| {
             b.iter(|| pool.install(|| matmul::matmul_swiglu(black_box(&x), m, gw, uw, &mut out)))
         });
+        if matmul::fast_bf16_applies(dtype) {
+            let mut out = vec![0f32; m * n];
+            g.bench_function(format!("{dtype}_fast_flop"), |b| {
+                b.iter(|| {
+                    pool.install(|| {
+                        matmul::matmul_fast(black_box(&x), m, &mut [MatSeg { w, bias: None, out: &mut out }])
+                    })
+                })
+            });
+        }
     }
     g.finish();
+}
+
+/// The machine's arithmetic peak, the yardstick of the GEMM numbers: a tight loop of
+/// independent AVX-512 FMAs (f32) and, where present, `vdpbf16ps` on every pool thread.
+/// Elements = floating-point operations.
+fn bench_peak(c: &mut Criterion) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        const ITERS: usize = 1 << 20;
+        const CHAINS: usize = 12;
+        #[target_feature(enable = "avx512f")]
+        unsafe fn fma_loop(seed: f32) -> f32 {
+            let (b, c) = (_mm512_set1_ps(0.999_999), _mm512_set1_ps(seed));
+            let mut a = [_mm512_set1_ps(1.0); CHAINS];
+            for _ in 0..ITERS {
+                for v in a.iter_mut() {
+                    *v = _mm512_fmadd_ps(*v, b, c);
+                }
+            }
+            a.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
+        }
+        #[target_feature(enable = "avx512f,avx512bf16")]
+        unsafe fn dpbf16_loop(seed: f32) -> f32 {
+            let x: __m512bh = _mm512_cvtne2ps_pbh(_mm512_set1_ps(seed), _mm512_set1_ps(1.0));
+            let mut a = [_mm512_setzero_ps(); CHAINS];
+            for _ in 0..ITERS {
+                for v in a.iter_mut() {
+                    *v = _mm512_dpbf16_ps(*v, x, x);
+                }
+            }
+            a.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
+        }
+        if tboost_kernels::isa::active() < tboost_kernels::isa::Isa::Avx512 {
+            return;
+        }
+        let pool = pool();
+        let threads = pool.current_num_threads();
+        let mut g = c.benchmark_group("peak");
+        g.sample_size(10).warm_up_time(Duration::from_millis(300)).measurement_time(Duration::from_secs(2));
+        g.throughput(Throughput::Elements((threads * ITERS * CHAINS * 32) as u64));
+        g.bench_function("f32_fma_flop", |b| {
+            b.iter(|| {
+                pool.broadcast(|ctx| unsafe { fma_loop(black_box(ctx.index() as f32 * 1e-9)) });
+            })
+        });
+        if tboost_kernels::isa::avx512bf16() {
+            g.throughput(Throughput::Elements((threads * ITERS * CHAINS * 64) as u64));
+            g.bench_function("bf16_dot_flop", |b| {
+                b.iter(|| {
+                    pool.broadcast(|ctx| unsafe { dpbf16_loop(black_box(ctx.index() as f32 * 1e-9)) });
+                })
+            });
+        }
+        g.finish();
+    }
 }
 
 criterion_group! {
     name = benches;
     config = Criterion::default();
-    targets = bench_decode, bench_prefill
+    targets = bench_peak, bench_decode, bench_prefill
 }
 criterion_main!(benches);

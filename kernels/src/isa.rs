@@ -2,6 +2,11 @@
 //!
 //! Detected once; `TBOOST_ISA=scalar|avx2|avx512` caps it (for tests of every path and for
 //! isolating a SIMD bug), never raises it above what the CPU has.
+//!
+//! Extensions beyond a level (queried one by one, e.g. `avx512bf16`) are on only when the
+//! CPU has them, the active level is the one they extend, and they are not named in
+//! `TBOOST_ISA_DISABLE` (comma-separated extension names: `avx512bf16`, `amx`), so
+//! `TBOOST_ISA=avx2` turns them off too.
 
 use std::sync::OnceLock;
 
@@ -64,4 +69,66 @@ pub fn active() -> Isa {
             None => best,
         }
     })
+}
+
+/// Whether `TBOOST_ISA_DISABLE` (comma-separated, case-insensitive) names `feature`.
+fn disabled_by_env(feature: &str) -> bool {
+    std::env::var("TBOOST_ISA_DISABLE")
+        .map(|v| v.split(',').any(|f| f.trim().eq_ignore_ascii_case(feature)))
+        .unwrap_or(false)
+}
+
+/// This CPU has AVX512_BF16 (`vdpbf16ps`, `vcvtne2ps2bf16`) on top of the AVX-512 level.
+pub fn avx512bf16_detected() -> bool {
+    #[cfg(target_arch = "x86_64")]
+    {
+        detected() == Isa::Avx512 && is_x86_feature_detected!("avx512bf16")
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    {
+        false
+    }
+}
+
+/// Kernels may use AVX512_BF16: detected, the active level is AVX-512 (not capped by
+/// `TBOOST_ISA`), and `TBOOST_ISA_DISABLE` does not name `avx512bf16`.
+pub fn avx512bf16() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| avx512bf16_detected() && active() == Isa::Avx512 && !disabled_by_env("avx512bf16"))
+}
+
+/// This CPU has AMX-BF16 tiles (`tdpbf16ps`) on top of the AVX-512 level with
+/// AVX512_BF16, and the OS lets this process use them (on Linux the first call asks for
+/// the tile-data permission with `arch_prctl(ARCH_REQ_XCOMP_PERM)`; a refusal means no).
+pub fn amx_bf16_detected() -> bool {
+    static OK: OnceLock<bool> = OnceLock::new();
+    *OK.get_or_init(|| {
+        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+        {
+            if !avx512bf16_detected() {
+                return false;
+            }
+            // cpuid leaf 7 exists on every CPU with AVX-512 (checked first).
+            let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+            if edx & (1 << 24) == 0 || edx & (1 << 22) == 0 {
+                return false; // no AMX-TILE or no AMX-BF16
+            }
+            const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
+            const XFEATURE_XTILEDATA: libc::c_long = 18;
+            // SAFETY: a plain syscall with integer arguments; it changes only whether this
+            // process may use the AMX register state.
+            unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
+        }
+        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+        {
+            false
+        }
+    })
+}
+
+/// Kernels may use AMX-BF16: detected and permitted, AVX512_BF16 available to kernels (so
+/// the same caps apply), and `TBOOST_ISA_DISABLE` does not name `amx`.
+pub fn amx_bf16() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| avx512bf16() && !disabled_by_env("amx") && amx_bf16_detected())
 }

@@ -6,7 +6,6 @@ use std::time::Instant;
 
 use clap::Args;
 use serde_json::json;
-use tboost_ops::DType;
 
 use super::{print_json, EngineArgs};
 use crate::backend::cpu::measure_bandwidth;
@@ -25,7 +24,7 @@ pub(crate) struct BenchArgs {
     /// A model file or directory instead of a synthetic shape.
     #[arg(long)]
     model: Option<std::path::PathBuf>,
-    /// Weight type of a synthetic model: f32, f16 or bf16.
+    /// Weight type of a synthetic model: f32, f16, bf16, q4_0, q5_0, q8_0, q4_k, q5_k, q6_k.
     #[arg(long, default_value = "f32")]
     dtype: String,
     /// Prompt tokens to prefill.
@@ -111,17 +110,15 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let ecfg = a.engine.engine_config()?;
     let (model, label) = match (&a.synthetic, &a.model) {
         (Some(name), None) => {
-            let dtype = match a.dtype.as_str() {
-                "f32" => DType::F32,
-                "f16" => DType::F16,
-                "bf16" => DType::BF16,
-                other => return Err(Error::invalid("dtype", format!("`{other}` is not one of f32, f16, bf16"))),
-            };
+            let dtype = synthetic::parse_dtype(&a.dtype)?;
             (synthetic::build(name, dtype, 42)?, format!("synthetic {name} {dtype}"))
         }
         (None, Some(path)) => (Model::load(path)?, path.display().to_string()),
         _ => return Err(Error::invalid("bench", "give --synthetic NAME or --model PATH")),
     };
+    // Read the weights in before any clock runs: a mapped file may be partly evicted from
+    // the page cache, and its first forward pass would otherwise time disk reads.
+    model.weights.touch(&mut |_, _| true);
     let backend = a.engine.open_backend()?;
     let opts = ecfg.plan_options(backend.as_ref())?;
     let threads =
@@ -139,6 +136,13 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     // Deterministic prompt ids in [3, vocab).
     let prompt: Vec<u32> =
         (0..a.prefill).map(|i| 3 + ((i as u64 * 2654435761) % (cfg.vocab_size as u64 - 3)) as u32).collect();
+    // One untimed short run, as llama-bench warms up: first-use costs (scratch buffers,
+    // the pool's threads, caches of the plan) are not a property of steady-state speed.
+    {
+        let mut s = Session::new(&mut runner, cap)?;
+        let logits = s.feed(&prompt[..prompt.len().min(32)], false)?;
+        s.feed(&[argmax(&logits)], false)?;
+    }
     let (mut pre, mut dec) = (Vec::new(), Vec::new());
     for _ in 0..a.repeat {
         let mut s = Session::new(&mut runner, cap)?;

@@ -3,6 +3,7 @@
 mod batch;
 mod bench;
 mod run;
+mod synth;
 mod tokenize;
 
 use std::io::Write;
@@ -52,6 +53,8 @@ enum Cmd {
     Batch(batch::BatchArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
+    /// Write a synthetic model as a GGUF file (for llama.cpp comparisons).
+    Synth(synth::SynthArgs),
 }
 
 #[derive(Args, Clone)]
@@ -196,6 +199,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Batch(b) => batch::run(b)?,
         Cmd::Tokenize(t) => tokenize::run(t)?,
         Cmd::Bench(b) => bench::run(b)?,
+        Cmd::Synth(a) => synth::run(a)?,
     }
     Ok(())
 }

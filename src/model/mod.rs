@@ -14,10 +14,12 @@ pub mod arch;
 pub mod config;
 pub mod files;
 pub mod gguf;
+pub mod gguf_write;
 pub mod hf;
 /// Rust-side caps, not part of the C ABI (the header generator must not export them).
 /// cbindgen:ignore
 pub mod limits;
+pub mod prefault;
 pub mod synthetic;
 pub mod tensor;
 pub mod weights;

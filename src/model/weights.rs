@@ -80,30 +80,9 @@ impl ModelWeights {
     /// faults, calling `progress(done, total)` in bytes along the way (progress bars, the C
     /// ABI's load callback). Stops early, returning false, when `progress` returns false.
     pub fn touch(&self, progress: &mut dyn FnMut(u64, u64) -> bool) -> bool {
-        let tensors = self.tensors();
-        let total: u64 = tensors.iter().map(|t| t.bytes().len() as u64).sum();
-        let mut done = 0u64;
-        let mut last = 0u64;
-        if !progress(0, total) {
-            return false;
-        }
-        for t in tensors {
-            let b = t.bytes();
-            let mut sum = 0u8;
-            for i in (0..b.len()).step_by(4096) {
-                // SAFETY: in bounds; volatile so the page touch is not optimized away.
-                sum ^= unsafe { std::ptr::read_volatile(b.as_ptr().add(i)) };
-            }
-            std::hint::black_box(sum);
-            done += b.len() as u64;
-            if done - last >= 8 << 20 {
-                if !progress(done, total) {
-                    return false;
-                }
-                last = done;
-            }
-        }
-        progress(total, total)
+        // `prefault` asks the kernel to read the pages in (MADV_POPULATE_READ) before
+        // falling back to touching each one.
+        super::prefault::prefault(self, progress)
     }
 }
 

@@ -183,6 +183,11 @@ fn gain_dtype(t: &Tensor, a: Ask) -> DType {
     }
 }
 
+/// What a backend took: the weight mode, the precision and its kernel's name.
+type Accepted = (WeightMode, Precision, Option<String>);
+/// The query a backend answered no to, and its answer.
+type Rejection = Box<(OpQuery, Unsupported)>;
+
 pub(super) struct Planner<'a> {
     cfg: &'a ModelConfig,
     w: &'a ModelWeights,
@@ -367,7 +372,7 @@ impl<'a> Planner<'a> {
         build: &dyn Fn(Ask) -> Vec<OpQuery>,
         sw: &SlotWeights<'_>,
         convert: bool,
-    ) -> Option<Result<(WeightMode, Precision, Option<String>), Box<(OpQuery, Unsupported)>>> {
+    ) -> Option<Result<Accepted, Rejection>> {
         let mut first_no = None;
         let mut precisions = vec![self.opts.precision];
         if self.opts.precision != Precision::Exact {

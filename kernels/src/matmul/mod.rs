@@ -29,9 +29,14 @@
 //! `n` (and `m` when `n` alone gives too few items) across the current rayon pool.
 
 mod blocked;
+mod dense_fast;
 mod kernel;
 pub mod reference;
 mod simd;
+
+pub use dense_fast::{
+    fast_bf16_applies, matmul_fast, matmul_fast_with, matmul_swiglu_fast, matmul_swiglu_fast_with, FastBf16,
+};
 
 use crate::isa::{self, Isa};
 use crate::{DType, WeightMat, WeightVec};

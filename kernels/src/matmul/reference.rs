@@ -38,3 +38,71 @@ pub fn matmul_swiglu(x: &[f32], m: usize, gate: &WeightMat<'_>, up: &WeightMat<'
     let u = matmul(x, m, up, None);
     g.iter().zip(&u).map(|(&g, &u)| g / (1.0 + (-g).exp()) * u).collect()
 }
+
+/// `f32 -> bf16` as AVX512_BF16's `vcvtne2ps2bf16` rounds: to nearest even, denormal inputs
+/// to signed zero, NaN kept quiet.
+pub fn bf16_round(x: f32) -> u16 {
+    let b = x.to_bits();
+    if x.is_nan() {
+        ((b >> 16) | 0x40) as u16
+    } else if b & 0x7f80_0000 == 0 {
+        ((b >> 16) & 0x8000) as u16
+    } else {
+        ((b + 0x7fff + ((b >> 16) & 1)) >> 16) as u16
+    }
+}
+
+/// A bf16 input of `vdpbf16ps`, widened; denormals count as signed zeros.
+fn bf16_f32(h: u16) -> f32 {
+    let h = if h & 0x7f80 == 0 { h & 0x8000 } else { h };
+    f32::from_bits((h as u32) << 16)
+}
+
+/// Flushes a denormal result to a signed zero (`vdpbf16ps` flushes its results).
+fn ftz(v: f32) -> f32 {
+    if v != 0.0 && v.is_subnormal() {
+        f32::from_bits(v.to_bits() & 0x8000_0000)
+    } else {
+        v
+    }
+}
+
+/// A scalar emulation of `matmul_fast` for BF16 weights (`Precision::Fast`), bit for bit:
+/// the order stated in `dense_fast`'s module docs, `[m, w.rows]`.
+///
+/// # Panics
+/// When `w` is not BF16 or `x` is not `[m, w.cols]`.
+pub fn matmul_fast_bf16(x: &[f32], m: usize, w: &WeightMat<'_>, bias: Option<&WeightVec<'_>>) -> Vec<f32> {
+    assert_eq!(w.dtype, DType::BF16, "reference matmul_fast_bf16: weights are {}", w.dtype);
+    let (n, k) = (w.rows, w.cols);
+    assert_eq!(x.len(), m * k, "reference matmul_fast_bf16: x is not [m={m}, k={k}]");
+    let kp = k.div_ceil(32) * 32;
+    let mut out = vec![0f32; m * n];
+    for i in 0..m {
+        let xb: Vec<u16> = (0..kp).map(|c| if c < k { bf16_round(x[i * k + c]) } else { 0 }).collect();
+        for j in 0..n {
+            let row = w.row(j);
+            let wb = |c: usize| if c < k { u16::from_le_bytes([row[2 * c], row[2 * c + 1]]) } else { 0 };
+            let mut lanes = [0f32; 16];
+            for t in 0..kp / 32 {
+                for (l, acc) in lanes.iter_mut().enumerate() {
+                    let c = 32 * t + 2 * l;
+                    for e in [c + 1, c] {
+                        // Both factors have 8 significant bits: the product is exact in f32.
+                        let p = ftz(bf16_f32(xb[e]) * bf16_f32(wb(e)));
+                        *acc = ftz(*acc + p);
+                    }
+                }
+            }
+            let s8: [f32; 8] = std::array::from_fn(|q| lanes[q] + lanes[q + 8]);
+            let s4: [f32; 4] = std::array::from_fn(|q| s8[q] + s8[q + 4]);
+            let s2: [f32; 2] = std::array::from_fn(|q| s4[q] + s4[q + 2]);
+            let sum = s2[0] + s2[1];
+            out[i * n + j] = match bias {
+                Some(b) => sum + b.get(j),
+                None => sum,
+            };
+        }
+    }
+    out
+}

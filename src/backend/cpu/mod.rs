@@ -6,6 +6,7 @@
 //!
 //! This is the only module that knows the CPU kernels (`tboost-kernels`).
 
+mod pool;
 mod run;
 mod views;
 mod weights;
@@ -120,11 +121,7 @@ impl CpuBackend {
     pub fn new(threads: usize) -> Result<CpuBackend> {
         let threads =
             if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
-        let pool = rayon::ThreadPoolBuilder::new()
-            .num_threads(threads)
-            .thread_name(|i| format!("tboost-cpu-{i}"))
-            .build()
-            .map_err(|e| Self::err(format!("cannot start {threads} threads: {e}")))?;
+        let pool = pool::build_pool(threads).map_err(Self::err)?;
         let profile = std::env::var_os("TBOOST_PROFILE").map(|_| Default::default());
         Ok(CpuBackend {
             profile,

@@ -1,0 +1,253 @@
+#!/usr/bin/env bash
+# tboost against llama.cpp on the same GGUF files, the same machine and the same threads:
+# prefill (pp512) and decode (tg128) per model, and aggregate decode of concurrent requests
+# (llama-batched-bench -npp 32 -ntg 64 -npl 1,4,16 against tboost bench --concurrency). Runs
+# alternate A B A B so slow drift of a shared machine hits both engines alike; each figure
+# is the median over the alternations. Prints a Markdown report ready for the README.
+#
+#   scripts/bench-vs-llamacpp.sh [options] [MODEL.gguf ...]
+#
+# Without MODEL arguments it measures the demo model (Qwen2.5-Coder-0.5B Q4_K_M, found with
+# scripts/fetch-demo-model.sh or $TBOOST_DEMO_MODEL) and the tinyllama-1.1b shape as Q4_0,
+# Q8_0, BF16 and F16, written once into the cache directory with `tboost synth`.
+#
+# Options (each also settable by the environment variable in brackets):
+#   --llama-bench BIN          llama.cpp's llama-bench            [LLAMA_BENCH]
+#   --llama-batched-bench BIN  llama.cpp's llama-batched-bench    [LLAMA_BATCHED_BENCH]
+#   --tboost BIN               the tboost binary (default: target/release/tboost, built if missing)
+#   --threads N                threads for both engines (default 2)
+#   --runs N                   alternations per model (default 3, at least 2 for a median)
+#   --cache DIR                where the synthetic GGUF files go [TBOOST_BENCH_CACHE]
+#                              (default ~/.cache/tboost/bench)
+#   --idle PCT                 CPU idle percentage wanted before each run (default 90)
+#   --wait S                   seconds to wait for it before running anyway, noted (default 120)
+#   --no-concurrency           skip the concurrent-request rows
+#   --quick                    a smoke run: the `small` shape as Q8_0 and BF16 plus the demo
+#                              model if cached, pp64/tg16, concurrency 1,4, one alternation
+#   --out FILE                 also write the report to FILE
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+die() { echo "bench-vs-llamacpp: $*" >&2; exit 2; }
+note() { echo "bench-vs-llamacpp: $*" >&2; }
+
+LLAMA_BENCH="${LLAMA_BENCH:-}"
+LLAMA_BATCHED_BENCH="${LLAMA_BATCHED_BENCH:-}"
+TBOOST="" THREADS=2 RUNS=3 IDLE=90 WAIT=120 QUICK=0 CONC=1 OUT=""
+CACHE="${TBOOST_BENCH_CACHE:-$HOME/.cache/tboost/bench}"
+MODELS=()
+while [ $# -gt 0 ]; do
+  case "$1" in
+    --llama-bench) LLAMA_BENCH="$2"; shift 2 ;;
+    --llama-batched-bench) LLAMA_BATCHED_BENCH="$2"; shift 2 ;;
+    --tboost) TBOOST="$2"; shift 2 ;;
+    --threads) THREADS="$2"; shift 2 ;;
+    --runs) RUNS="$2"; shift 2 ;;
+    --cache) CACHE="$2"; shift 2 ;;
+    --idle) IDLE="$2"; shift 2 ;;
+    --wait) WAIT="$2"; shift 2 ;;
+    --no-concurrency) CONC=0; shift ;;
+    --quick) QUICK=1; shift ;;
+    --out) OUT="$2"; shift 2 ;;
+    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -*) die "unknown option $1 (see --help)" ;;
+    *) MODELS+=("$1"); shift ;;
+  esac
+done
+
+how_to_get_llamacpp="set LLAMA_BENCH and LLAMA_BATCHED_BENCH (or --llama-bench / --llama-batched-bench) to the
+llama-bench and llama-batched-bench binaries of a llama.cpp build: CPU only, Release, GGML_NATIVE=ON,
+built outside this repository from llama.cpp's public source following its own build documentation
+(docs/build.md there); tboost never builds or ships llama.cpp"
+[ -n "$LLAMA_BENCH" ] || die "LLAMA_BENCH is not set: $how_to_get_llamacpp"
+[ -x "$LLAMA_BENCH" ] || die "LLAMA_BENCH=$LLAMA_BENCH is not an executable file: $how_to_get_llamacpp"
+if [ "$CONC" = 1 ]; then
+  [ -n "$LLAMA_BATCHED_BENCH" ] || die "LLAMA_BATCHED_BENCH is not set (or pass --no-concurrency): $how_to_get_llamacpp"
+  [ -x "$LLAMA_BATCHED_BENCH" ] || die "LLAMA_BATCHED_BENCH=$LLAMA_BATCHED_BENCH is not an executable file: $how_to_get_llamacpp"
+fi
+command -v python3 >/dev/null || die "python3 is needed to read the engines' JSON and tables"
+case "$RUNS" in ''|*[!0-9]*) die "--runs must be a number, got '$RUNS'" ;; esac
+case "$THREADS" in ''|*[!0-9]*|0) die "--threads must be a positive number, got '$THREADS'" ;; esac
+
+if [ -z "$TBOOST" ]; then
+  TBOOST=target/release/tboost
+  if [ ! -x "$TBOOST" ]; then
+    note "building tboost (release)..."
+    cargo build --release --bin tboost >&2
+  fi
+fi
+[ -x "$TBOOST" ] || die "--tboost $TBOOST is not an executable file"
+
+PP=512 TG=128 NPL=1,4,16 NPP=32 NTG=64 SHAPE=tinyllama-1.1b DTYPES="q4_0 q8_0 bf16 f16"
+if [ "$QUICK" = 1 ]; then
+  PP=64 TG=16 NPL=1,4 RUNS=1 SHAPE=small DTYPES="q8_0 bf16" WAIT=10
+fi
+
+if [ ${#MODELS[@]} -eq 0 ]; then
+  demo="${TBOOST_DEMO_MODEL:-}"
+  if [ -z "$demo" ] && [ "$QUICK" = 0 ]; then
+    demo="$(scripts/fetch-demo-model.sh)" || die "cannot get the demo model (scripts/fetch-demo-model.sh failed)"
+  fi
+  [ -z "$demo" ] && [ -f "$HOME/.cache/tboost/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf" ] &&
+    demo="$HOME/.cache/tboost/qwen2.5-coder-0.5b-instruct-q4_k_m.gguf"
+  [ -n "$demo" ] && MODELS+=("$demo")
+  mkdir -p "$CACHE"
+  for d in $DTYPES; do
+    f="$CACHE/$SHAPE-$d.gguf"
+    if [ ! -s "$f" ]; then
+      note "writing $f"
+      "$TBOOST" synth --shape "$SHAPE" --dtype "$d" --out "$f.tmp" && mv "$f.tmp" "$f"
+    fi
+    MODELS+=("$f")
+  done
+fi
+for m in "${MODELS[@]}"; do [ -f "$m" ] || die "model file $m does not exist"; done
+
+RAW="$(mktemp -d)"
+trap 'rm -rf "$RAW"' EXIT
+
+# CPU idle percentage over one second, from /proc/stat.
+cpu_idle() {
+  local a b
+  a=($(head -1 /proc/stat)); sleep 1; b=($(head -1 /proc/stat))
+  local idle=$(( (b[4] + b[5]) - (a[4] + a[5]) )) total=0 i
+  for i in 1 2 3 4 5 6 7 8; do total=$(( total + b[i] - a[i] )); done
+  [ "$total" -gt 0 ] || { echo 100; return; }
+  echo $(( 100 * idle / total ))
+}
+
+# Waits (up to --wait seconds) for the machine to be idle; records what it saw.
+BUSY_RUNS=0
+wait_idle() {
+  local what="$1" start=$SECONDS idle
+  while :; do
+    idle=$(cpu_idle)
+    if [ "$idle" -ge "$IDLE" ]; then
+      echo "$what idle=$idle load=$(cut -d' ' -f1 /proc/loadavg)" >> "$RAW/idle.log"
+      return
+    fi
+    if [ $(( SECONDS - start )) -ge "$WAIT" ]; then
+      note "machine busy before $what (CPU idle $idle% < $IDLE% after ${WAIT}s); running anyway, noted"
+      echo "$what BUSY idle=$idle load=$(cut -d' ' -f1 /proc/loadavg)" >> "$RAW/idle.log"
+      BUSY_RUNS=$((BUSY_RUNS + 1))
+      return
+    fi
+    sleep 5
+  done
+}
+
+run_tboost() { # model run-index
+  local m="$1" r="$2"
+  wait_idle "tboost $(basename "$m") #$r"
+  "$TBOOST" bench --model "$m" --prefill "$PP" --decode "$TG" --threads "$THREADS" --repeat 1 --json \
+    > "$RAW/tb.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "tboost bench failed on $m (see above)"
+}
+
+run_llama() {
+  local m="$1" r="$2"
+  wait_idle "llama-bench $(basename "$m") #$r"
+  "$LLAMA_BENCH" -m "$m" -t "$THREADS" -p "$PP" -n "$TG" -r 1 -o json \
+    > "$RAW/lb.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "llama-bench failed on $m (see $RAW/stderr.log)"
+}
+
+run_tboost_conc() {
+  local m="$1" r="$2"
+  wait_idle "tboost concurrency $(basename "$m") #$r"
+  "$TBOOST" bench --model "$m" --prefill "$NPP" --decode "$NTG" --threads "$THREADS" --repeat 1 \
+    --concurrency "$NPL" --concurrency-prompt "$NPP" --json \
+    > "$RAW/tbc.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "tboost bench --concurrency failed on $m"
+}
+
+run_llama_conc() {
+  local m="$1" r="$2"
+  wait_idle "llama-batched-bench $(basename "$m") #$r"
+  "$LLAMA_BATCHED_BENCH" -m "$m" -t "$THREADS" -c 4096 -b 2048 -ub 512 -npp "$NPP" -ntg "$NTG" -npl "$NPL" \
+    > "$RAW/lbc.$(basename "$m").$r.txt" 2>> "$RAW/stderr.log" || die "llama-batched-bench failed on $m"
+}
+
+for m in "${MODELS[@]}"; do
+  for r in $(seq 1 "$RUNS"); do
+    note "$(basename "$m"): alternation $r/$RUNS"
+    run_tboost "$m" "$r"
+    run_llama "$m" "$r"
+  done
+done
+# Concurrency rows: the demo model (the issue's target) or, with explicit files, the first.
+if [ "$CONC" = 1 ]; then
+  cm="${MODELS[0]}"
+  for r in $(seq 1 "$RUNS"); do
+    note "$(basename "$cm"): concurrency alternation $r/$RUNS"
+    run_tboost_conc "$cm" "$r"
+    run_llama_conc "$cm" "$r"
+  done
+fi
+
+CPU="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
+python3 - "$RAW" "$RUNS" "$THREADS" "$PP" "$TG" "$NPP" "$NTG" "$NPL" "$CPU" "$BUSY_RUNS" "$CONC" "${MODELS[@]}" <<'PY' | tee ${OUT:+"$OUT"}
+import json, os, re, statistics, sys, datetime
+raw, runs, threads, pp, tg, npp, ntg, npl, cpu, busy, conc = sys.argv[1:12]
+models = sys.argv[12:]
+runs, pp, tg = int(runs), int(pp), int(tg)
+npl = [int(v) for v in npl.split(',')]
+
+def med(v):
+    return statistics.median(v) if v else float('nan')
+
+def llama_rows(path):
+    text = open(path).read()
+    # llama-bench -o json: a list of test records (older builds print one object per line).
+    try:
+        recs = json.loads(text)
+    except json.JSONDecodeError:
+        recs = [json.loads(l) for l in text.splitlines() if l.strip().startswith('{')]
+    p = [r['avg_ts'] for r in recs if r.get('n_prompt') == pp and r.get('n_gen') == 0]
+    g = [r['avg_ts'] for r in recs if r.get('n_gen') == tg and r.get('n_prompt') == 0]
+    return (p[0] if p else float('nan')), (g[0] if g else float('nan'))
+
+def batched(path):
+    # Table rows: |  PP |  TG |  B | N_KV | T_PP s | S_PP t/s | T_TG s | S_TG t/s | T s | S t/s |
+    out = {}
+    for line in open(path):
+        cells = [c.strip() for c in line.strip().strip('|').split('|')]
+        if len(cells) >= 10 and cells[0].isdigit():
+            out[int(cells[2])] = float(cells[7])
+    return out
+
+def r(a, b):
+    return f"{a / b:.2f}×" if b and b == b and a == a else "n/a"
+
+print(f"tboost vs llama.cpp, {datetime.date.today().isoformat()}, {cpu}, {threads} threads, "
+      f"median of {runs} alternation(s) (A B A B), same GGUF files")
+print()
+print(f"| model | tboost pp{pp} | llama.cpp pp{pp} | pp ratio | tboost tg{tg} | llama.cpp tg{tg} | tg ratio |")
+print("|---|---|---|---|---|---|---|")
+for m in models:
+    b = os.path.basename(m)
+    tp, td, lp, ld = [], [], [], []
+    for i in range(1, runs + 1):
+        j = json.load(open(f"{raw}/tb.{b}.{i}.json"))
+        tp.append(j['prefill_tokens_per_s']); td.append(j['decode_tokens_per_s'])
+        p, g = llama_rows(f"{raw}/lb.{b}.{i}.json")
+        lp.append(p); ld.append(g)
+    a, c, e, f = med(tp), med(lp), med(td), med(ld)
+    print(f"| {b} | {a:.1f} | {c:.1f} | {r(a, c)} | {e:.2f} | {f:.2f} | {r(e, f)} |")
+if conc == '1':
+    b = os.path.basename(models[0])
+    print()
+    print(f"Aggregate decode tokens/s of N concurrent requests ({npp}-token prompts, {ntg} new tokens each), {b}:")
+    print()
+    print("| requests | tboost | llama.cpp (batched-bench S_TG) | ratio |")
+    print("|---|---|---|---|")
+    for n in npl:
+        t, l = [], []
+        for i in range(1, runs + 1):
+            j = json.load(open(f"{raw}/tbc.{b}.{i}.json"))
+            t += [c['aggregate_decode_tokens_per_s'] for c in j['concurrency'] if c['requests'] == n]
+            l.append(batched(f"{raw}/lbc.{b}.{i}.txt").get(n, float('nan')))
+        print(f"| {n} | {med(t):.1f} | {med(l):.1f} | {r(med(t), med(l))} |")
+print()
+log = open(f"{raw}/idle.log").read().splitlines()
+idles = [int(re.search(r'idle=(\d+)', l).group(1)) for l in log]
+print(f"Machine state before each run: CPU idle {min(idles)}–{max(idles)}%"
+      + (f"; {busy} run(s) started on a busy machine (below the idle threshold)" if int(busy) else "; idle throughout"))
+PY
