@@ -256,6 +256,21 @@ fn exact(p: Precision) -> Result<(), Unsupported> {
     Ok(())
 }
 
+/// Whether this CPU has a `precision` kernel for `case`'s weights: `Exact` always; `Fast`
+/// (activations rounded to bf16, AMX / AVX512_BF16 dot products) for bf16 weights where
+/// the CPU has those units.
+fn precision_for(case: &tboost_ops::MatMulCase) -> Result<(), Unsupported> {
+    match case.precision {
+        Precision::Exact => Ok(()),
+        Precision::Fast if case.dtype.is_float() && matmul::fast_bf16_applies(case.dtype) => Ok(()),
+        Precision::Fast => Err(Unsupported::new(
+            "precision",
+            "fast",
+            format!("exact for {} weights here (fast: bf16 weights on a CPU with AMX or AVX512_BF16)", case.dtype),
+        )),
+    }
+}
+
 impl Backend for CpuBackend {
     fn name(&self) -> &'static str {
         "cpu"
@@ -275,11 +290,11 @@ impl Backend for CpuBackend {
             OpQuery::RmsNorm { gain, act, .. } => f32_act(act).and(norm::supports(gain)),
             OpQuery::Add { act } | OpQuery::SwiGlu { act } | OpQuery::GatherRows { act } => f32_act(act),
             OpQuery::MoeScatterCombine { act } => f32_act(act),
-            OpQuery::MatMul(case) => exact(case.precision).and(matmul::supports(&case)),
+            OpQuery::MatMul(case) => precision_for(&case).and(matmul::supports(&case)),
             OpQuery::MatMulFused { cases } => {
                 let mut cols = None;
                 for case in cases.iter().flatten() {
-                    exact(case.precision).and(matmul::supports(case))?;
+                    precision_for(case).and(matmul::supports(case))?;
                     if *cols.get_or_insert(case.cols) != case.cols {
                         return Err(Unsupported::new("cols", case.cols, "equal for every fused weight"));
                     }
@@ -288,7 +303,7 @@ impl Backend for CpuBackend {
             }
             OpQuery::MatMulSwiGlu { gate, up } => {
                 for c in [&gate, &up] {
-                    exact(c.precision).and(matmul::supports(c))?;
+                    precision_for(c).and(matmul::supports(c))?;
                 }
                 // The fused kernel takes one dense dtype for both, or two block-quantized types.
                 let pair = gate.dtype == up.dtype || (gate.dtype.is_quantized() && up.dtype.is_quantized());
