@@ -6,6 +6,7 @@ mod common;
 use std::sync::Mutex;
 
 use common::*;
+use tboost::backend::Precision;
 use tboost::plan::{Choice, Decision, PlanOptions, Slot, Verdict};
 use tboost::session::Session;
 
@@ -159,4 +160,32 @@ fn forbidding_every_attention_op_is_a_clear_error() {
 fn unknown_names_are_rejected() {
     let err = PlanOptions::parse_disabled("flash_attention, warp_drive").unwrap_err().to_string();
     assert!(err.contains("warp_drive") && err.contains("fuse_qkv"), "{err}");
+}
+
+/// `precision: fast` is a per-matmul decision: bf16 weights get the fast kernel where the
+/// CPU has one (AMX / AVX512_BF16), the rest stay exact, and the plan records which. Fast
+/// rounds activations to bf16 (8 bits of mantissa), so the logits move by about
+/// 2^-8 of their scale; the golden tolerance (1e-3) is for exact only.
+#[test]
+fn fast_precision_is_recorded_per_matmul_and_stays_near_exact() {
+    let tokens: Vec<u32> = (0..30).map(|i| 3 + (i * 41) % 500).collect();
+    let fast_opts = PlanOptions { precision: Precision::Fast, ..Default::default() };
+    let exact = last_logits("llama_gqa_bf16", &PlanOptions::default(), &tokens);
+    let fast = last_logits("llama_gqa_bf16", &fast_opts, &tokens);
+    let r = runner_with(&golden_dir("llama_gqa_bf16"), &fast_opts, 1, 4);
+    let has_fast = tboost_kernels::matmul::fast_bf16_applies(tboost::backend::DType::BF16);
+    for l in 0..r.plan.layers.len() {
+        let d = decision(&r, l, Slot::Qkv);
+        let want = if has_fast { Precision::Fast } else { Precision::Exact };
+        assert_eq!(d.precision, want, "layer {l}: {d:?}");
+    }
+    let scale = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
+    let d = max_abs_diff(&exact, &fast);
+    eprintln!("fast vs exact: max abs diff {d:.3e} (logit scale {scale:.3})");
+    if has_fast {
+        assert!(d > 0.0, "fast must actually run the bf16 kernel");
+        assert!(d <= 0.05 * scale.max(1.0), "fast moved the logits by {d}");
+    } else {
+        assert_eq!(d, 0.0, "without a fast kernel, fast is exact");
+    }
 }

@@ -25,7 +25,7 @@ pub mod select;
 pub use ext::BackendExt;
 pub use op::{AttnKind, ExpertSet, KvLayer, MatSegOp, Op, OpQuery, Segs, SeqRange, StepViews, View};
 pub use select::{open, BackendKind, BackendSpec};
-pub use tboost_ops::{DType, Unsupported};
+pub use tboost_ops::{DType, Precision, Unsupported};
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
