@@ -167,6 +167,12 @@ struct Ask {
     precision: Precision,
 }
 
+/// A candidate's answer on one backend: what it runs with, or the query it was refused and why.
+type Evaluation = Result<(WeightMode, Precision, Option<String>), Box<(OpQuery, Unsupported)>>;
+
+/// Builds a candidate's queries under an `Ask`.
+type BuildQueries<'f> = &'f dyn Fn(Choice, Ask) -> Vec<OpQuery>;
+
 fn mm(t: &Tensor, a: Ask) -> MatMulCase {
     let (rows, cols) = t.rows_cols();
     let dtype = match a.mode {
@@ -367,7 +373,7 @@ impl<'a> Planner<'a> {
         choice: Choice,
         build: &dyn Fn(Ask) -> Vec<OpQuery>,
         sw: &SlotWeights<'_>,
-    ) -> Result<(WeightMode, Precision, Option<String>), Box<(OpQuery, Unsupported)>> {
+    ) -> Evaluation {
         let (mut first_no, mut blocker) = (None, None);
         let mut precisions = vec![self.opts.precision];
         if self.opts.precision != Precision::Exact {
@@ -651,7 +657,7 @@ impl<'a> Planner<'a> {
         let dec = |ch, a| self.attention_queries(ch, AttnPhase::Decode, a);
         let prefill = [Choice::FlashAttention, Choice::StandardAttention];
         let decode = [Choice::PagedDecodeAttention, Choice::FlashAttention, Choice::StandardAttention];
-        let slots: [(Slot, &[Choice], &dyn Fn(Choice, Ask) -> Vec<OpQuery>, String); 3] = [
+        let slots: [(Slot, &[Choice], BuildQueries<'_>, String); 3] = [
             (Slot::KvWrite, &[Choice::WriteKv], &kv, format!("{} cache", self.kv)),
             (Slot::AttentionPrefill, &prefill, &pre, hd.clone()),
             (Slot::AttentionDecode, &decode, &dec, hd),
