@@ -458,7 +458,8 @@ tboost_status tboost_config_free(struct tboost_config *cfg);
  * - `threads` [0, 1024]: compute threads, 0 = one per core (default 0)
  * - `kv_cache_bytes` [1, ..]: KV cache memory (default 512 MiB)
  * - `kv_cache_blocks` [1, ..]: KV cache size in blocks instead of bytes
- * - `block_size` [1, 1024]: tokens per KV block (default 16)
+ * - `block_size` [1, 1024]: tokens per KV block (default: the backend's choice, 16 on
+ *   the CPU, 128 on Ascend)
  * - `max_seqs` [1, ..]: most sequences running at once (default 64)
  * - `max_batched_tokens` [1, ..]: most tokens per step, >= max_seqs (default 512)
  * - `prefix_caching` 0/1: reuse cached prompt prefixes (default 1)
@@ -604,9 +605,10 @@ tboost_status tboost_engine_read(struct tboost_engine *engine,
  * `TBOOST_ANY_REQUEST`) is ready to read, or `timeout_ms` passes (0 = just check).
  * `*n_ready_out` (may be NULL) receives the number of events ready; 0 means the timeout
  * passed. Someone else must be stepping the engine for events to come. Returns
- * `TBOOST_ERR_NOT_FOUND` for an id the engine never issued, `TBOOST_ERR_INVALID_HANDLE`
- * if the engine is freed meanwhile, `TBOOST_ERR_POISONED` if a panic poisons it.
- * Thread-safe.
+ * `TBOOST_ERR_NOT_FOUND` at once for an id the engine never issued, or for a request that
+ * has ended and whose events were all read (nothing more will come);
+ * `TBOOST_ERR_INVALID_HANDLE` if the engine is freed meanwhile, `TBOOST_ERR_POISONED` if a
+ * panic poisons it. Thread-safe.
  */
 tboost_status tboost_engine_wait(struct tboost_engine *engine,
                                  tboost_request_id id,
