@@ -708,9 +708,9 @@ impl<'a> Planner<'a> {
 fn main_kernel(be: &dyn Backend, queries: &[OpQuery]) -> Option<String> {
     let mut names: Vec<String> = Vec::new();
     for q in queries {
-        if let Some(n) = be.kernel_name(q) {
-            if !names.contains(&n) {
-                names.push(n);
+        for n in be.kernel_name(q).iter().flat_map(|n| n.split('+')) {
+            if !names.iter().any(|x| x == n) {
+                names.push(n.to_string());
             }
         }
     }
