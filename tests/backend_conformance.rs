@@ -22,6 +22,14 @@
 //! The report (per op: cases run, passed, failed, skipped with the reason) is printed on
 //! every run, also when the test passes; passing cases one by one with
 //! `TBOOST_CONFORMANCE_VERBOSE=1`.
+//!
+//! Activations: each backend runs in its first activation dtype (f32 on the CPU, f16 on Ascend).
+//! Inputs are rounded to it before the reference sees them, outputs are read back from it, and
+//! for a 16-bit dtype every bound adds that dtype's roundings of the op's outputs and
+//! intermediates (u = 2⁻¹¹ for f16, 2⁻⁸ for bf16 per rounding, plus half the smallest f16
+//! subnormal), as each group's tolerance says; the f32 parts assume a device that accumulates in
+//! f32 (the CANN SIMULATOR computes in f64, so it sits well inside them). The Ascend backend runs
+//! on the CANN SIMULATOR (ascend-sim, not an NPU), found through `TBOOST_ASCEND_SIM`.
 
 // The reference loops index several arrays in lockstep; explicit indices mirror the math.
 #![allow(clippy::needless_range_loop)]
@@ -44,9 +52,41 @@ use tboost_ops::{AttentionCase, AttnParams, AttnPhase, Llama3Scaling, MatMulCase
 fn backends() -> Vec<(&'static str, Box<dyn Backend>)> {
     vec![
         ("cpu", Box::new(CpuBackend::new(2).expect("the CPU backend starts"))),
-        // #[cfg(feature = "ascend")]
-        // ("ascend", tboost::backend::open(tboost::backend::BackendSpec { kind: tboost::backend::BackendKind::Ascend { device: 0 }, threads: 2 }).expect("the Ascend backend opens (CANN or its simulator)")),
+        #[cfg(feature = "ascend")]
+        ("ascend", Box::new(ascend_on_the_simulator())),
     ]
+}
+
+/// The Ascend backend on the CANN SIMULATOR: `TBOOST_ASCEND_SIM` (scripts/test.sh builds it), else
+/// scripts/build-ascend-sim.sh. Loaded from that directory only (no other CANN on the search path
+/// is used), in this process: no other test of this binary touches CANN.
+#[cfg(feature = "ascend")]
+fn ascend_on_the_simulator() -> tboost::backend::ascend::AscendBackend {
+    use tboost::backend::ascend::sys::{Cann, SearchOrder};
+    let dir = match std::env::var_os("TBOOST_ASCEND_SIM") {
+        Some(d) => std::path::PathBuf::from(d),
+        None => {
+            let out = std::process::Command::new("bash")
+                .arg(concat!(env!("CARGO_MANIFEST_DIR"), "/scripts/build-ascend-sim.sh"))
+                .output()
+                .expect("run scripts/build-ascend-sim.sh (the CANN simulator needs gcc)");
+            assert!(
+                out.status.success(),
+                "building the CANN simulator failed; set TBOOST_ASCEND_SIM to the directory \
+                 scripts/build-ascend-sim.sh prints:\n{}",
+                String::from_utf8_lossy(&out.stderr)
+            );
+            std::path::PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+        }
+    };
+    let cann = Cann::load_from(&SearchOrder::dirs_only([dir.join("lib64")])).unwrap_or_else(|e| {
+        panic!(
+            "the CANN simulator at {} does not load ({e}): rebuild it with scripts/build-ascend-sim.sh",
+            dir.display()
+        )
+    });
+    assert!(cann.is_simulator(), "{} is not the CANN simulator", dir.display());
+    tboost::backend::ascend::AscendBackend::open_on(&cann, 0).expect("the Ascend backend opens on the simulator")
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -56,6 +96,26 @@ fn backends() -> Vec<(&'static str, Box<dyn Backend>)> {
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 /// Smallest normal f32: below it results are subnormal and lose relative precision.
 const MIN_NORMAL: f64 = f32::MIN_POSITIVE as f64;
+
+/// Unit roundoff of one rounding to a 16-bit activation dtype (0 for f32, whose roundings the
+/// f32 bounds already count).
+fn u_act(act: DType) -> f64 {
+    match act {
+        DType::F16 => 2f64.powi(-11),
+        DType::BF16 => 2f64.powi(-8),
+        _ => 0.0,
+    }
+}
+
+/// Absolute floor of one rounding to the activation dtype: half the smallest f16 subnormal, or
+/// (bf16, which has f32's range) the smallest normal f32.
+fn tiny_act(act: DType) -> f64 {
+    match act {
+        DType::F16 => 2f64.powi(-25),
+        DType::BF16 => MIN_NORMAL,
+        _ => 0.0,
+    }
+}
 
 /// A small seeded xorshift64* generator (`rand` is not a dev-dependency of this crate).
 struct Rng(u64);
@@ -167,8 +227,8 @@ impl Mat {
         Mat { dtype, rows, cols, bytes, vals }
     }
 
-    fn case(&self) -> MatMulCase {
-        MatMulCase::f32(self.dtype, self.rows, self.cols)
+    fn case(&self, act: DType) -> MatMulCase {
+        MatMulCase { act_dtype: act, ..MatMulCase::f32(self.dtype, self.rows, self.cols) }
     }
 }
 
@@ -219,11 +279,19 @@ fn swiglu_ref(g: &[f64], eg: &[f64], u: &[f64], eu: &[f64]) -> (Vec<f64>, Vec<f6
 }
 
 /// One token through a SwiGLU MLP (`down · (silu(gate · x) * (up · x))`) in f64, with the
-/// bound that carries every stage's f32 error forward.
-fn mlp_ref(x: &[f32], gate: &Mat, up: &Mat, down: &Mat) -> (Vec<f64>, Vec<f64>) {
-    let (g, eg) = matmul_ref(x, 1, gate, None);
-    let (u, eu) = matmul_ref(x, 1, up, None);
-    let (h, eh) = swiglu_ref(&g, &eg, &u, &eu);
+/// bound that carries every stage's f32 error forward, plus (`ua` > 0) the activation dtype's
+/// roundings of the gate/up, SwiGLU and down outputs.
+fn mlp_ref(x: &[f32], gate: &Mat, up: &Mat, down: &Mat, ua: f64) -> (Vec<f64>, Vec<f64>) {
+    let (g, mut eg) = matmul_ref(x, 1, gate, None);
+    let (u, mut eu) = matmul_ref(x, 1, up, None);
+    for i in 0..g.len() {
+        eg[i] += ua * g[i].abs();
+        eu[i] += ua * u[i].abs();
+    }
+    let (h, mut eh) = swiglu_ref(&g, &eg, &u, &eu);
+    for i in 0..h.len() {
+        eh[i] += ua * h[i].abs();
+    }
     let (hid, inter) = (down.rows, down.cols);
     let (mut y, mut ey) = (vec![0f64; hid], vec![0f64; hid]);
     for j in 0..hid {
@@ -236,7 +304,7 @@ fn mlp_ref(x: &[f32], gate: &Mat, up: &Mat, down: &Mat) -> (Vec<f64>, Vec<f64>) 
             carried += d.abs() * eh[i];
         }
         y[j] = s;
-        ey[j] = carried + (inter + 4) as f64 * U * a;
+        ey[j] = carried + (inter + 4) as f64 * U * a + ua * s.abs();
     }
     (y, ey)
 }
@@ -437,12 +505,21 @@ impl Dev<'_> {
         Ok(View::new(b, 0, len))
     }
 
-    fn f32s(&mut self, data: &[f32]) -> R<View> {
-        let v = self.alloc(DType::F32, data.len())?;
+    /// A buffer of activations: `data` stored in `act` (round it with `round_to` first for an exact
+    /// reference).
+    fn acts(&mut self, act: DType, data: &[f32]) -> R<View> {
+        let v = self.alloc(act, data.len())?;
         if !data.is_empty() {
-            self.be.write_typed(v, data).map_err(be_err)?;
+            self.be.write(v, &encode(act, data)).map_err(be_err)?;
         }
         Ok(v)
+    }
+
+    /// A float buffer's values (f32, f16 or bf16) as f32.
+    fn read_act(&mut self, v: View) -> R<Vec<f32>> {
+        let (dtype, _) = self.be.buffer(v.buf).ok_or("read of an unknown buffer")?;
+        let b = self.read_bytes(v)?;
+        Ok(decode(dtype, &b, v.len))
     }
 
     fn u32s(&mut self, data: &[u32]) -> R<View> {
@@ -497,12 +574,6 @@ impl Dev<'_> {
         self.be.synchronize().map_err(be_err)
     }
 
-    fn read_f32(&mut self, v: View) -> R<Vec<f32>> {
-        let mut out = vec![0f32; v.len];
-        self.be.read_typed(v, &mut out).map_err(be_err)?;
-        Ok(out)
-    }
-
     fn read_u32(&mut self, v: View) -> R<Vec<u32>> {
         let mut out = vec![0u32; v.len];
         self.be.read_typed(v, &mut out).map_err(be_err)?;
@@ -532,6 +603,11 @@ struct Group {
 struct Suite<'b> {
     backend: &'static str,
     be: &'b mut dyn Backend,
+    /// The activation dtype the backend computes in (its first choice).
+    act: DType,
+    /// Tokens per KV block of the attention cases: the CPU's table (8..32), or the backend's
+    /// preferred size when it wants larger blocks (Ascend's FIA: 128).
+    min_block: usize,
     groups: Vec<Group>,
     launched: [bool; 18],
     /// Op variants some case of the table launches, and those of cases that ran.
@@ -545,10 +621,13 @@ fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
 }
 
 impl<'b> Suite<'b> {
-    fn new(backend: &'static str, be: &'b mut dyn Backend) -> Suite<'b> {
+    fn new(backend: &'static str, be: &'b mut dyn Backend, act: DType) -> Suite<'b> {
+        let min_block = be.preferred_block_size();
         Suite {
             backend,
             be,
+            act,
+            min_block,
             groups: Vec::new(),
             launched: [false; 18],
             wanted: [false; 18],
@@ -630,7 +709,12 @@ impl<'b> Suite<'b> {
     }
 
     fn report(&self, secs: f64) -> String {
-        let mut s = format!("\n=== backend conformance: {} ({}) ===\n", self.backend, self.be.device().device);
+        let mut s = format!(
+            "\n=== backend conformance: {} ({}), activations {} ===\n",
+            self.backend,
+            self.be.device().device,
+            self.act
+        );
         let (mut run, mut failed, mut skipped) = (0, 0, 0);
         for g in &self.groups {
             s += &format!(
@@ -677,20 +761,21 @@ fn query_name(q: &OpQuery) -> String {
 const EXACT_COPY: &str = "exact: the op copies or converts values (a correctly rounded conversion has one answer)";
 
 fn embed(s: &mut Suite<'_>, rng: &mut Rng) {
+    let act = s.act;
     let vocab = 50;
     for dtype in WEIGHT_TYPES {
         // K-quant rows are whole 256-value super-blocks.
         let cols = if dtype.block_elems() == 256 { 256 } else { 96 };
         let table = Mat::random(rng, dtype, vocab, cols, 1.0);
         let ids: Vec<u32> = vec![0, vocab as u32 - 1, 7, 7, 23, 0, 48];
-        let q = [OpQuery::Embed { table: dtype, act: DType::F32 }];
+        let q = [OpQuery::Embed { table: dtype, act }];
         s.case("embed", EXACT_COPY, format!("{dtype} table {vocab}x{cols}, ids {ids:?}"), &q, &[0], |d| {
             let w = d.mat("embed", &table)?;
             let sv = d.step(&StepHost { ids: &ids, ..empty_host() }, 0)?;
-            let out = d.alloc(DType::F32, ids.len() * cols)?;
+            let out = d.alloc(act, ids.len() * cols)?;
             d.launch(Op::Embed { ids: sv.ids, table: w, out })?;
             d.sync()?;
-            let got = d.read_f32(out)?;
+            let got = d.read_act(out)?;
             let want: Vec<f32> = ids.iter().flat_map(|&i| table.vals[i as usize * cols..][..cols].to_vec()).collect();
             let mut m = Measured::default();
             m.exact("out", &got, &want)?;
@@ -723,41 +808,45 @@ fn rmsnorm_ref(x: &[f32], w: &[f32], eps: f32) -> (Vec<f64>, Vec<f64>) {
 }
 
 const TOL_NORM: &str = "(n/2 + 4)·2⁻²⁴·|want|: f32 sum of n squares (n·2⁻²⁴ rel), halved by the rsqrt, \
-                        plus 3 roundings; the residual of add_rmsnorm is one f32 add, exact";
+                        plus 3 roundings; the residual of add_rmsnorm is one f32 add, exact. 16-bit \
+                        activations: + u·|want| for the output (add_rmsnorm: 2u·|want|, the norm may read the \
+                        rounded sum), the residual exact against the rounded sum";
 
 fn norms(s: &mut Suite<'_>, rng: &mut Rng) {
+    let act = s.act;
+    let (ua, tiny) = (u_act(act), tiny_act(act));
     for gain in [DType::F32, DType::F16, DType::BF16] {
         // 100: a row that is not a whole number of SIMD vectors.
         for n in [64, 100, 896] {
             for eps in [1e-5f32, 1e-6] {
-                let x = norm_rows(rng, n);
+                let x = round_to(act, &norm_rows(rng, n));
                 let w = round_to(gain, &(0..n).map(|_| 1.0 + 0.5 * rng.unit()).collect::<Vec<_>>());
                 let name = format!("gain {gain}, hidden {n}, eps {eps:e}, rows: random, small, zero");
-                let q = [OpQuery::RmsNorm { gain, act: DType::F32, fused_add: false }];
+                let q = [OpQuery::RmsNorm { gain, act, fused_add: false }];
                 s.case("rmsnorm", TOL_NORM, name.clone(), &q, &[1], |d| {
                     let wid = d.vector("norm", gain, &w)?;
-                    let (xv, out) = (d.f32s(&x)?, d.alloc(DType::F32, x.len())?);
+                    let (xv, out) = (d.acts(act, &x)?, d.alloc(act, x.len())?);
                     d.launch(Op::RmsNorm { x: xv, w: wid, eps, out })?;
                     d.sync()?;
-                    let got = d.read_f32(out)?;
+                    let got = d.read_act(out)?;
                     let (want, bound) = rmsnorm_ref(&x, &w, eps);
                     let mut m = Measured::default();
-                    m.close("out", &got, &want, |i| bound[i])?;
+                    m.close("out", &got, &want, |i| bound[i] + ua * want[i].abs() + tiny)?;
                     Ok(m)
                 });
-                let res = norm_rows(rng, n);
-                let q = [OpQuery::RmsNorm { gain, act: DType::F32, fused_add: true }];
+                let res = round_to(act, &norm_rows(rng, n));
+                let q = [OpQuery::RmsNorm { gain, act, fused_add: true }];
                 s.case("add_rmsnorm", TOL_NORM, name, &q, &[2], |d| {
                     let wid = d.vector("norm", gain, &w)?;
-                    let (r, xv, out) = (d.f32s(&res)?, d.f32s(&x)?, d.alloc(DType::F32, x.len())?);
+                    let (r, xv, out) = (d.acts(act, &res)?, d.acts(act, &x)?, d.alloc(act, x.len())?);
                     d.launch(Op::AddRmsNorm { residual: r, x: xv, w: wid, eps, out })?;
                     d.sync()?;
-                    let (got_r, got) = (d.read_f32(r)?, d.read_f32(out)?);
+                    let (got_r, got) = (d.read_act(r)?, d.read_act(out)?);
                     let sum: Vec<f32> = res.iter().zip(&x).map(|(a, b)| a + b).collect();
                     let (want, bound) = rmsnorm_ref(&sum, &w, eps);
                     let mut m = Measured::default();
-                    m.exact("residual", &got_r, &sum)?;
-                    m.close("out", &got, &want, |i| bound[i])?;
+                    m.exact("residual", &got_r, &round_to(act, &sum))?;
+                    m.close("out", &got, &want, |i| bound[i] + 2.0 * ua * want[i].abs() + tiny)?;
                     Ok(m)
                 });
             }
@@ -771,7 +860,9 @@ fn edge_values() -> Vec<f32> {
 }
 
 fn add(s: &mut Suite<'_>, rng: &mut Rng) {
-    const TOL: &str = "exact: one f32 addition per element is correctly rounded";
+    const TOL: &str = "exact: one f32 addition per element is correctly rounded (16-bit activations: the f32 \
+                       sum of the rounded inputs, rounded once more)";
+    let act = s.act;
     for n in [1usize, 37, 4096, 70_000] {
         let mut a = rng.vec(n, 10.0);
         let mut b = rng.vec(n, 10.0);
@@ -790,22 +881,23 @@ fn add(s: &mut Suite<'_>, rng: &mut Rng) {
                 0.1,
             ]);
         }
+        let (a, b) = (round_to(act, &a), round_to(act, &b));
         // dst and src at offsets inside larger buffers, as the runner's views are.
-        let q = [OpQuery::Add { act: DType::F32 }];
+        let q = [OpQuery::Add { act }];
         s.case("add", TOL, format!("{n} values at offsets 3 / 5, edge values"), &q, &[3], |d| {
             let mut da = vec![7.0f32; 3];
             da.extend(&a);
             da.extend([7.0; 4]);
             let mut sb = vec![9.0f32; 5];
             sb.extend(&b);
-            let (dv, sv) = (d.f32s(&da)?, d.f32s(&sb)?);
+            let (dv, sv) = (d.acts(act, &da)?, d.acts(act, &sb)?);
             let (dst, src) = (dv.sub(3, n), sv.sub(5, n));
             d.launch(Op::Add { dst, src })?;
             d.sync()?;
-            let got = d.read_f32(dv)?;
+            let got = d.read_act(dv)?;
             let mut want = da.clone();
             for i in 0..n {
-                want[3 + i] = a[i] + b[i];
+                want[3 + i] = round_to(act, &[a[i] + b[i]])[0];
             }
             let mut m = Measured::default();
             m.exact("dst (with the untouched margins)", &got, &want)?;
@@ -815,7 +907,9 @@ fn add(s: &mut Suite<'_>, rng: &mut Rng) {
 }
 
 const TOL_MATMUL: &str = "(k + 4)·2⁻²⁴·(Σ|x·w| + |b|) per output: an f32 dot product over k terms in any order, \
-                          plus the bias add; weights as stored (ggml dequantization)";
+                          plus the bias add; weights as stored (ggml dequantization). 16-bit activations \
+                          (x rounded first): + 2u·(|want| + |b|) for the rounded product, the bias rounded to \
+                          the activation dtype and the rounded sum";
 
 /// One projection of a (possibly fused) matmul case.
 struct Seg {
@@ -829,8 +923,10 @@ fn seg(rng: &mut Rng, dtype: DType, rows: usize, cols: usize, bias: Option<DType
     Seg { w, bias }
 }
 
-/// Runs `segs` as one `Op::MatMul` on `x` (`[m, k]`) and checks every output.
-fn run_matmul(d: &mut Dev<'_>, x: &[f32], m: usize, segs: &[Seg], precision: Precision) -> R<Measured> {
+/// Runs `segs` as one `Op::MatMul` on `x` (`[m, k]`, in `act`) and checks every output.
+fn run_matmul(d: &mut Dev<'_>, act: DType, x: &[f32], m: usize, segs: &[Seg], precision: Precision) -> R<Measured> {
+    let x = &round_to(act, x)[..];
+    let (ua, tiny) = (u_act(act), tiny_act(act));
     let mut ops = Vec::new();
     for (i, s) in segs.iter().enumerate() {
         let w = d.mat(&format!("w{i}"), &s.w)?;
@@ -838,15 +934,20 @@ fn run_matmul(d: &mut Dev<'_>, x: &[f32], m: usize, segs: &[Seg], precision: Pre
             Some((bd, b)) => Some(d.vector(&format!("b{i}"), *bd, b)?),
             None => None,
         };
-        ops.push(MatSegOp { w, bias, out: d.alloc(DType::F32, m * s.w.rows)? });
+        ops.push(MatSegOp { w, bias, out: d.alloc(act, m * s.w.rows)? });
     }
-    let xv = d.f32s(x)?;
+    let xv = d.acts(act, x)?;
     d.launch(Op::MatMul { x: xv, m, segs: Segs::from_slice(&ops), precision })?;
     d.sync()?;
     let mut meas = Measured::default();
     for (i, (s, o)) in segs.iter().zip(&ops).enumerate() {
-        let got = d.read_f32(o.out)?;
+        let got = d.read_act(o.out)?;
         let (want, mut bound) = matmul_ref(x, m, &s.w, s.bias.as_ref().map(|b| b.1.as_slice()));
+        let n = s.w.rows;
+        for (j, b) in bound.iter_mut().enumerate() {
+            let bias = s.bias.as_ref().map_or(0.0, |bs| bs.1[j % n].abs() as f64);
+            *b += 2.0 * ua * (want[j].abs() + bias) + tiny;
+        }
         if precision == Precision::Fast {
             // Fast may quantize x to 8 bits per 32-value block: each x moves by up to
             // amax(block)/127, which the weights carry into the output.
@@ -870,6 +971,7 @@ fn run_matmul(d: &mut Dev<'_>, x: &[f32], m: usize, segs: &[Seg], precision: Pre
 }
 
 fn matmul(s: &mut Suite<'_>, rng: &mut Rng) {
+    let act = s.act;
     for dtype in WEIGHT_TYPES {
         let ks: [usize; 2] = match dtype.block_elems() {
             // 72: a tail that is not a whole 16-lane chunk.
@@ -884,8 +986,10 @@ fn matmul(s: &mut Suite<'_>, rng: &mut Rng) {
                     let sg = seg(rng, dtype, 37, k, bias.then_some(DType::F32));
                     let x = rng.vec(m * k, 1.0);
                     let name = format!("{dtype} m={m} k={k} n=37{}", if bias { " +bias" } else { "" });
-                    let q = [OpQuery::MatMul(sg.w.case())];
-                    s.case("matmul", TOL_MATMUL, name, &q, &[4], |d| run_matmul(d, &x, m, &[sg], Precision::Exact));
+                    let q = [OpQuery::MatMul(sg.w.case(act))];
+                    s.case("matmul", TOL_MATMUL, name, &q, &[4], |d| {
+                        run_matmul(d, act, &x, m, &[sg], Precision::Exact)
+                    });
                 }
             }
         }
@@ -896,9 +1000,9 @@ fn matmul(s: &mut Suite<'_>, rng: &mut Rng) {
             for m in [1usize, 17] {
                 let sg = seg(rng, dtype, n, 256, Some(DType::F32));
                 let x = rng.vec(m * 256, 1.0);
-                let q = [OpQuery::MatMul(sg.w.case())];
+                let q = [OpQuery::MatMul(sg.w.case(act))];
                 let name = format!("{dtype} m={m} k=256 n={n} +bias");
-                s.case("matmul", TOL_MATMUL, name, &q, &[4], |d| run_matmul(d, &x, m, &[sg], Precision::Exact));
+                s.case("matmul", TOL_MATMUL, name, &q, &[4], |d| run_matmul(d, act, &x, m, &[sg], Precision::Exact));
             }
         }
     }
@@ -907,21 +1011,21 @@ fn matmul(s: &mut Suite<'_>, rng: &mut Rng) {
         for m in [1usize, 64] {
             let sg = seg(rng, dtype, 1000, 512, None);
             let x = rng.vec(m * 512, 1.0);
-            let q = [OpQuery::MatMul(sg.w.case())];
+            let q = [OpQuery::MatMul(sg.w.case(act))];
             let name = format!("{dtype} m={m} k=512 n=1000");
-            s.case("matmul", TOL_MATMUL, name, &q, &[4], |d| run_matmul(d, &x, m, &[sg], Precision::Exact));
+            s.case("matmul", TOL_MATMUL, name, &q, &[4], |d| run_matmul(d, act, &x, m, &[sg], Precision::Exact));
         }
     }
     // Fast precision (8-bit activations), as `--precision fast` asks.
     {
         let sg = seg(rng, DType::Q8_0, 37, 256, None);
         let x = rng.vec(3 * 256, 1.0);
-        let mut case = sg.w.case();
+        let mut case = sg.w.case(act);
         case.precision = Precision::Fast;
         let q = [OpQuery::MatMul(case)];
         let tol = "as exact, plus Σ|w|·amax(x block)/127 for 8-bit activations";
         s.case("matmul (fast precision)", tol, "q8_0 m=3 k=256 n=37".into(), &q, &[4], |d| {
-            run_matmul(d, &x, 3, &[sg], Precision::Fast)
+            run_matmul(d, act, &x, 3, &[sg], Precision::Fast)
         });
     }
     // Fused QKV: three segments sharing x, GQA widths (8 query heads, 2 kv heads of 8).
@@ -945,34 +1049,43 @@ fn matmul(s: &mut Suite<'_>, rng: &mut Rng) {
                 .map(|(&dt, rows)| seg(rng, dt, rows, k, bias.then_some(DType::BF16)))
                 .collect();
             let x = rng.vec(m * k, 1.0);
-            let cases = [Some(segs[0].w.case()), Some(segs[1].w.case()), Some(segs[2].w.case())];
+            let cases = [Some(segs[0].w.case(act)), Some(segs[1].w.case(act)), Some(segs[2].w.case(act))];
             let q = [OpQuery::MatMulFused { cases }];
             let name = format!("qkv {label} m={m} k={k} n=64+16+16{}", if bias { " +bf16 bias" } else { "" });
-            s.case("matmul (fused qkv)", TOL_MATMUL, name, &q, &[4], |d| run_matmul(d, &x, m, &segs, Precision::Exact));
+            s.case("matmul (fused qkv)", TOL_MATMUL, name, &q, &[4], |d| {
+                run_matmul(d, act, &x, m, &segs, Precision::Exact)
+            });
         }
     }
 }
 
 const TOL_SWIGLU_MM: &str = "gate/up bounds as matmul, carried through |silu'| ≤ 1.1 and |silu(g)|, \
-                             plus 8·2⁻²⁴ relative for the f32 silu and product";
+                             plus 8·2⁻²⁴ relative for the f32 silu and product. 16-bit activations: gate and \
+                             up rounded (u·|g|, u·|u| carried the same way) and the output rounded (u·|want|)";
 
 fn matmul_swiglu(s: &mut Suite<'_>, rng: &mut Rng) {
+    let act = s.act;
+    let (ua, tiny) = (u_act(act), tiny_act(act));
     for dtype in WEIGHT_TYPES {
         for m in [1usize, 3, 17] {
             let k = 256;
             let (g, u) = (Mat::random(rng, dtype, 37, k, 1.0), Mat::random(rng, dtype, 37, k, 1.0));
-            let x = rng.vec(m * k, 1.0);
-            let q = [OpQuery::MatMulSwiGlu { gate: g.case(), up: u.case() }];
+            let x = round_to(act, &rng.vec(m * k, 1.0));
+            let q = [OpQuery::MatMulSwiGlu { gate: g.case(act), up: u.case(act) }];
             s.case("matmul_swiglu", TOL_SWIGLU_MM, format!("{dtype} m={m} k={k} n=37"), &q, &[5], |d| {
                 let (gw, uw) = (d.mat("gate", &g)?, d.mat("up", &u)?);
-                let (xv, out) = (d.f32s(&x)?, d.alloc(DType::F32, m * 37)?);
+                let (xv, out) = (d.acts(act, &x)?, d.alloc(act, m * 37)?);
                 d.launch(Op::MatMulSwiGlu { x: xv, m, gate: gw, up: uw, out, precision: Precision::Exact })?;
                 d.sync()?;
-                let got = d.read_f32(out)?;
-                let ((gr, eg), (ur, eu)) = (matmul_ref(&x, m, &g, None), matmul_ref(&x, m, &u, None));
+                let got = d.read_act(out)?;
+                let ((gr, mut eg), (ur, mut eu)) = (matmul_ref(&x, m, &g, None), matmul_ref(&x, m, &u, None));
+                for i in 0..gr.len() {
+                    eg[i] += ua * gr[i].abs();
+                    eu[i] += ua * ur[i].abs();
+                }
                 let (want, bound) = swiglu_ref(&gr, &eg, &ur, &eu);
                 let mut meas = Measured::default();
-                meas.close("out", &got, &want, |i| bound[i])?;
+                meas.close("out", &got, &want, |i| bound[i] + ua * want[i].abs() + tiny)?;
                 Ok(meas)
             });
         }
@@ -981,23 +1094,29 @@ fn matmul_swiglu(s: &mut Suite<'_>, rng: &mut Rng) {
 
 fn swiglu(s: &mut Suite<'_>, rng: &mut Rng) {
     const TOL: &str = "8·2⁻²⁴·|want| + 2⁻¹²⁶·(|up| + 1): f32 exp, add, divide and multiply; \
-                       results below the normal range are subnormal";
+                       results below the normal range are subnormal. 16-bit activations (inputs rounded): \
+                       + u·|want| + half the smallest f16 subnormal for the rounded output";
+    let act = s.act;
+    let (ua, tiny) = (u_act(act), tiny_act(act));
     for n in [5usize, 4099, 40_000] {
         let mut g = rng.vec(n, 8.0);
-        let u = rng.vec(n, 4.0);
+        let u = round_to(act, &rng.vec(n, 4.0));
         let edges = [0.0, -0.0, 50.0, -30.0, -88.0, -100.0, 1e-30, 20.0];
         for (i, e) in edges.iter().enumerate().take(n) {
             g[i] = *e;
         }
-        let q = [OpQuery::SwiGlu { act: DType::F32 }];
+        let g = round_to(act, &g);
+        let q = [OpQuery::SwiGlu { act }];
         s.case("swiglu", TOL, format!("{n} values, gate edges {edges:?}"), &q, &[6], |d| {
-            let (gv, uv, out) = (d.f32s(&g)?, d.f32s(&u)?, d.alloc(DType::F32, n)?);
+            let (gv, uv, out) = (d.acts(act, &g)?, d.acts(act, &u)?, d.alloc(act, n)?);
             d.launch(Op::SwiGlu { gate: gv, up: uv, out })?;
             d.sync()?;
-            let got = d.read_f32(out)?;
+            let got = d.read_act(out)?;
             let want: Vec<f64> = g.iter().zip(&u).map(|(&g, &u)| silu(g as f64) * u as f64).collect();
             let mut m = Measured::default();
-            m.close("out", &got, &want, |i| 8.0 * U * want[i].abs() + MIN_NORMAL * (u[i].abs() as f64 + 1.0))?;
+            m.close("out", &got, &want, |i| {
+                8.0 * U * want[i].abs() + MIN_NORMAL * (u[i].abs() as f64 + 1.0) + ua * want[i].abs() + tiny
+            })?;
             Ok(m)
         });
     }
@@ -1029,7 +1148,10 @@ fn inv_freq_ref(p: &RopeParams) -> Vec<f64> {
 
 fn rope_tables(s: &mut Suite<'_>) {
     const TOL: &str = "2⁻²⁵ + 2⁻³²: the tables are f32 roundings of f64 cos/sin (½ ulp of values ≤ 1), \
-                       with room for f64 angle rounding";
+                       with room for f64 angle rounding; tables in a 16-bit activation dtype (as the runner \
+                       allocates them): + u·|want| + half the smallest f16 subnormal";
+    let act = s.act;
+    let (ua, tiny) = (u_act(act), tiny_act(act));
     let llama3 = |factor| Llama3Scaling {
         factor,
         low_freq_factor: 1.0,
@@ -1064,10 +1186,10 @@ fn rope_tables(s: &mut Suite<'_>) {
             }
             let sv = d.step(&StepHost { positions: &positions, ..empty_host() }, 0)?;
             let n = positions.len() * half;
-            let (cos, sin) = (d.alloc(DType::F32, n)?, d.alloc(DType::F32, n)?);
+            let (cos, sin) = (d.alloc(act, n)?, d.alloc(act, n)?);
             d.launch(Op::RopeTables { positions: sv.positions, rope, cos, sin })?;
             d.sync()?;
-            let (gc, gs) = (d.read_f32(cos)?, d.read_f32(sin)?);
+            let (gc, gs) = (d.read_act(cos)?, d.read_act(sin)?);
             let (mut wc, mut ws) = (Vec::with_capacity(n), Vec::with_capacity(n));
             for &p in &positions {
                 for &f in &inv {
@@ -1076,9 +1198,9 @@ fn rope_tables(s: &mut Suite<'_>) {
                     ws.push(sn);
                 }
             }
-            let tol = 2f64.powi(-25) + 2f64.powi(-32);
-            m.close("cos", &gc, &wc, |_| tol)?;
-            m.close("sin", &gs, &ws, |_| tol)?;
+            let tol = 2f64.powi(-25) + 2f64.powi(-32) + tiny;
+            m.close("cos", &gc, &wc, |i| tol + ua * wc[i].abs())?;
+            m.close("sin", &gs, &ws, |i| tol + ua * ws[i].abs())?;
             Ok(m)
         });
     }
@@ -1086,14 +1208,17 @@ fn rope_tables(s: &mut Suite<'_>) {
 
 fn rope(s: &mut Suite<'_>, rng: &mut Rng) {
     const TOL: &str = "3·2⁻²⁴·(|x0·c| + |x1·s|) per rotated value (two f32 products and a sum, \
-                       against the same f32 tables); pass-through dims and the margins exact";
+                       against the same f32 tables); pass-through dims and the margins exact. 16-bit \
+                       activations (x and the tables rounded): + u·|want| for the rounded output";
+    let act = s.act;
+    let (ua, tiny) = (u_act(act), tiny_act(act));
     let positions: [u32; 5] = [0, 1, 100, 8191, 30_000];
     let shapes: [(usize, usize, usize); 6] =
         [(1, 64, 64), (8, 64, 64), (8, 128, 128), (8, 64, 32), (1, 24, 16), (8, 80, 32)];
     for style in [RopeStyle::HalfSplit, RopeStyle::Adjacent] {
         for (heads, hd, rot) in shapes {
             let rows = positions.len();
-            let x = rng.vec(rows * heads * hd, 2.0);
+            let x = round_to(act, &rng.vec(rows * heads * hd, 2.0));
             let inv = inv_freq_ref(&RopeParams { dim: rot, theta: 1e4, scaling: None, style });
             let half = rot / 2;
             let (mut cos, mut sin) = (Vec::new(), Vec::new());
@@ -1104,18 +1229,19 @@ fn rope(s: &mut Suite<'_>, rng: &mut Rng) {
                     sin.push(sn as f32);
                 }
             }
-            let q = [OpQuery::Rope { head_dim: hd, rot_dim: rot, style, act: DType::F32 }];
+            let (cos, sin) = (round_to(act, &cos), round_to(act, &sin));
+            let q = [OpQuery::Rope { head_dim: hd, rot_dim: rot, style, act }];
             let name = format!("{style:?} heads {heads} head_dim {hd} rot_dim {rot}, positions {positions:?}");
             s.case("rope", TOL, name, &q, &[8], |d| {
                 let pad = 3;
                 let mut buf = vec![5.0f32; pad];
                 buf.extend(&x);
                 buf.extend([5.0f32; 3]);
-                let xb = d.f32s(&buf)?;
-                let (cv, sv) = (d.f32s(&cos)?, d.f32s(&sin)?);
+                let xb = d.acts(act, &buf)?;
+                let (cv, sv) = (d.acts(act, &cos)?, d.acts(act, &sin)?);
                 d.launch(Op::Rope { x: xb.sub(pad, x.len()), heads, head_dim: hd, cos: cv, sin: sv, style })?;
                 d.sync()?;
-                let got = d.read_f32(xb)?;
+                let got = d.read_act(xb)?;
                 let mut want: Vec<f64> = buf.iter().map(|&v| v as f64).collect();
                 let mut bound = vec![0f64; buf.len()];
                 for r in 0..rows {
@@ -1130,8 +1256,10 @@ fn rope(s: &mut Suite<'_>, rng: &mut Rng) {
                             let (c, sn) = (cos[r * half + i] as f64, sin[r * half + i] as f64);
                             want[o + i0] = x0 * c - x1 * sn;
                             want[o + i1] = x0 * sn + x1 * c;
-                            bound[o + i0] = 3.0 * U * ((x0 * c).abs() + (x1 * sn).abs());
-                            bound[o + i1] = 3.0 * U * ((x0 * sn).abs() + (x1 * c).abs());
+                            bound[o + i0] =
+                                3.0 * U * ((x0 * c).abs() + (x1 * sn).abs()) + ua * want[o + i0].abs() + tiny;
+                            bound[o + i1] =
+                                3.0 * U * ((x0 * sn).abs() + (x1 * c).abs()) + ua * want[o + i1].abs() + tiny;
                         }
                     }
                 }
@@ -1159,6 +1287,7 @@ fn kv_edges() -> Vec<f32> {
 }
 
 fn write_kv(s: &mut Suite<'_>, rng: &mut Rng) {
+    let act = s.act;
     for dtype in [DType::F32, DType::F16, DType::BF16] {
         for (kvh, hd) in [(2usize, 64usize), (1, 24), (8, 128)] {
             let (bs, blocks, tokens) = (16usize, 12usize, 20usize);
@@ -1175,10 +1304,11 @@ fn write_kv(s: &mut Suite<'_>, rng: &mut Rng) {
             all[..tokens].reverse();
             let slots: Vec<u32> = all[..tokens].to_vec();
             let mut k = rng.vec(tokens * row, 3.0);
-            let v = rng.vec(tokens * row, 3.0);
+            let v = round_to(act, &rng.vec(tokens * row, 3.0));
             k[..8].copy_from_slice(&kv_edges());
-            let q =
-                [OpQuery::WriteKv { act: DType::F32, kv_dtype: dtype, block_size: bs, kv_heads: kvh, head_dim: hd }];
+            // K/V arrive as the activation dtype holds them.
+            let k = round_to(act, &k);
+            let q = [OpQuery::WriteKv { act, kv_dtype: dtype, block_size: bs, kv_heads: kvh, head_dim: hd }];
             let name =
                 format!("kv {dtype}, {kvh} kv heads x {hd}, {tokens} slots scattered over {blocks} blocks of {bs}");
             s.case("write_kv", EXACT_COPY, name, &q, &[9], |d| {
@@ -1196,7 +1326,7 @@ fn write_kv(s: &mut Suite<'_>, rng: &mut Rng) {
                     head_dim: hd,
                 };
                 let sv = d.step(&StepHost { slots: &slots, ..empty_host() }, 0)?;
-                let (kv_, vv) = (d.f32s(&k)?, d.f32s(&v)?);
+                let (kv_, vv) = (d.acts(act, &k)?, d.acts(act, &v)?);
                 d.launch(Op::WriteKv { k: kv_, v: vv, slots: sv.slots, cache })?;
                 d.sync()?;
                 let esz = dtype.block_bytes();
@@ -1249,7 +1379,9 @@ impl Phase {
 const TOL_ATTN: &str =
     "per output (e^{2Δ} − 1 + (3·ctx + 32)·2⁻²⁴)·Σ_j p_j·|v_j|, Δ = max_j (hd + 2)·2⁻²⁴·scale·Σ|q·k_j|: \
                         f32 score error perturbs each softmax weight by at most e^{2Δ}, exp/sum/P·V roundings add \
-                        O(ctx) ulps; reference reads K/V rounded to the kv dtype";
+                        O(ctx) ulps; reference reads K/V rounded to the kv dtype. 16-bit activations (q, k, v \
+                        rounded first): + 2u·Σ_j p_j·|v_j| for P·V with P in the activation dtype (as flash \
+                        kernels on NPUs feed it) and the rounded output";
 
 struct AttnCase {
     kind: AttnKind,
@@ -1258,6 +1390,11 @@ struct AttnCase {
     kv_heads: usize,
     kv: DType,
     phase: Phase,
+    /// The backend's activation dtype.
+    act: DType,
+    /// Tokens per KV block: the phase's, or the backend's preferred size when it is larger than
+    /// the CPU's 16 (FIA's paged prefill takes multiples of 128).
+    block: usize,
 }
 
 /// Causal attention in f64 over `k`/`v` given per sequence in position order (`[ctx,
@@ -1305,7 +1442,7 @@ fn attention_ref(
                         abs += e[j] * vv.abs();
                     }
                     out[qo + dd] = acc / sum;
-                    bound[qo + dd] = eps * abs / sum + MIN_NORMAL;
+                    bound[qo + dd] = (eps + 2.0 * u_act(c.act)) * abs / sum + MIN_NORMAL + tiny_act(c.act);
                 }
             }
         }
@@ -1314,7 +1451,8 @@ fn attention_ref(
 }
 
 fn attention_case(d: &mut Dev<'_>, c: &AttnCase, runs: &[(AttnKind, usize, usize)], rng: &mut Rng) -> R<Measured> {
-    let (lens, bs) = c.phase.seqs();
+    let (lens, _) = c.phase.seqs();
+    let (bs, act) = (c.block, c.act);
     let (hd, kvh, nh) = (c.hd, c.kv_heads, c.heads);
     let row = kvh * hd;
     // Block tables with holes: the pool has twice the blocks needed plus three, handed out
@@ -1337,8 +1475,9 @@ fn attention_case(d: &mut Dev<'_>, c: &AttnCase, runs: &[(AttnKind, usize, usize
     }
     let slot = |s: usize, p: usize| tables[s * max_blocks + p / bs] * bs as u32 + (p % bs) as u32;
     // K/V of every position, and the values the cache holds after rounding to its dtype.
-    let kf: Vec<Vec<f32>> = lens.iter().map(|&(ctx, _)| rng.vec(ctx * row, 1.5)).collect();
-    let vf: Vec<Vec<f32>> = lens.iter().map(|&(ctx, _)| rng.vec(ctx * row, 1.5)).collect();
+    // (As the activation dtype holds them: the K/V written come from activation buffers.)
+    let kf: Vec<Vec<f32>> = lens.iter().map(|&(ctx, _)| round_to(act, &rng.vec(ctx * row, 1.5))).collect();
+    let vf: Vec<Vec<f32>> = lens.iter().map(|&(ctx, _)| round_to(act, &rng.vec(ctx * row, 1.5))).collect();
     let ks: Vec<Vec<f32>> = kf.iter().map(|k| round_to(c.kv, k)).collect();
     let vs: Vec<Vec<f32>> = vf.iter().map(|v| round_to(c.kv, v)).collect();
 
@@ -1360,7 +1499,7 @@ fn attention_case(d: &mut Dev<'_>, c: &AttnCase, runs: &[(AttnKind, usize, usize
     }
     if !slots0.is_empty() {
         let sv = d.step(&StepHost { slots: &slots0, ..empty_host() }, 0)?;
-        let (kv_, vv) = (d.f32s(&k0)?, d.f32s(&v0)?);
+        let (kv_, vv) = (d.acts(act, &k0)?, d.acts(act, &v0)?);
         d.launch(Op::WriteKv { k: kv_, v: vv, slots: sv.slots, cache })?;
         d.sync()?;
     }
@@ -1383,10 +1522,10 @@ fn attention_case(d: &mut Dev<'_>, c: &AttnCase, runs: &[(AttnKind, usize, usize
     let host =
         StepHost { positions: &positions, slots: &slots, seqs: &seq_table, block_tables: &tables, ..empty_host() };
     let sv = d.step(&host, max_blocks)?;
-    let q = rng.vec(rows * nh * hd, 1.5);
-    let qv = d.f32s(&q)?;
-    let out = d.f32s(&vec![12345.0; q.len()])?;
-    let (kv_, vv) = (d.f32s(&k1)?, d.f32s(&v1)?);
+    let q = round_to(act, &rng.vec(rows * nh * hd, 1.5));
+    let qv = d.acts(act, &q)?;
+    let out = d.acts(act, &vec![12344.0; q.len()])?;
+    let (kv_, vv) = (d.acts(act, &k1)?, d.acts(act, &v1)?);
     d.launch(Op::WriteKv { k: kv_, v: vv, slots: sv.slots, cache })?;
     let scale = 1.0 / (hd as f32).sqrt();
     let params = AttnParams { n_heads: nh, kv_heads: kvh, head_dim: hd, scale };
@@ -1405,7 +1544,7 @@ fn attention_case(d: &mut Dev<'_>, c: &AttnCase, runs: &[(AttnKind, usize, usize
         d.launch(Op::Attention { kind, q: qv, cache, seqs, params, out })?;
     }
     d.sync()?;
-    let got = d.read_f32(out)?;
+    let got = d.read_act(out)?;
     let (want, bound) = attention_ref(&q, &spans, &ks, &vs, c, scale);
     let mut m = Measured::default();
     m.close("out", &got, &want, |i| bound[i])?;
@@ -1413,35 +1552,48 @@ fn attention_case(d: &mut Dev<'_>, c: &AttnCase, runs: &[(AttnKind, usize, usize
 }
 
 fn attention(s: &mut Suite<'_>, rng: &mut Rng) {
+    let act = s.act;
+    let block = |phase: Phase| if s.min_block > 16 { s.min_block } else { phase.seqs().1 };
     let mut cases = Vec::new();
     for kind in [AttnKind::Flash, AttnKind::PagedDecode, AttnKind::Standard] {
         for hd in [24usize, 64, 128] {
             for (heads, kv_heads) in [(4usize, 4usize), (8, 2)] {
                 for phase in [Phase::Prefill, Phase::Chunked, Phase::Decode, Phase::Mixed] {
                     for kv in [DType::F32, DType::F16] {
-                        cases.push(AttnCase { kind, hd, heads, kv_heads, kv, phase });
+                        cases.push(AttnCase { kind, hd, heads, kv_heads, kv, phase, act, block: block(phase) });
                     }
                 }
             }
         }
     }
     for kind in [AttnKind::Flash, AttnKind::Standard] {
-        cases.push(AttnCase { kind, hd: 64, heads: 8, kv_heads: 2, kv: DType::BF16, phase: Phase::Chunked });
+        let phase = Phase::Chunked;
+        cases.push(AttnCase { kind, hd: 64, heads: 8, kv_heads: 2, kv: DType::BF16, phase, act, block: block(phase) });
     }
     // An odd GQA group: Qwen2.5-0.5B's 14 query heads over 2 kv heads of 64.
     for kind in [AttnKind::Flash, AttnKind::PagedDecode, AttnKind::Standard] {
         for phase in [Phase::Prefill, Phase::Chunked, Phase::Decode, Phase::Mixed] {
-            cases.push(AttnCase { kind, hd: 64, heads: 14, kv_heads: 2, kv: DType::F16, phase });
+            cases.push(AttnCase {
+                kind,
+                hd: 64,
+                heads: 14,
+                kv_heads: 2,
+                kv: DType::F16,
+                phase,
+                act,
+                block: block(phase),
+            });
         }
     }
     for c in cases {
-        let (lens, bs) = c.phase.seqs();
+        let (lens, _) = c.phase.seqs();
+        let bs = c.block;
         let case = |phase| AttentionCase {
             phase,
             head_dim: c.hd,
             n_heads: c.heads,
             kv_heads: c.kv_heads,
-            act_dtype: DType::F32,
+            act_dtype: act,
             kv_dtype: c.kv,
             block_size: bs,
             max_context: 4096,
@@ -1469,31 +1621,27 @@ fn attention(s: &mut Suite<'_>, rng: &mut Rng) {
             "{:?} hd={} heads {}/{} (gqa {ratio}) kv {} bs={bs} seqs(ctx,q)={lens:?}",
             c.phase, c.hd, c.heads, c.kv_heads, c.kv
         );
-        // The plan-level rule: the CPU's paged decode kernel takes decodes only, and says
-        // so through the `phase` parameter (the case is then listed as skipped).
-        if s.backend == "cpu" && c.kind == AttnKind::PagedDecode && matches!(c.phase, Phase::Prefill | Phase::Chunked) {
+        // The plan-level rule: a paged decode kernel takes decodes only, and says so through
+        // the `phase` parameter (the case is then listed as skipped).
+        if c.kind == AttnKind::PagedDecode && matches!(c.phase, Phase::Prefill | Phase::Chunked) {
             match s.be.supports(&queries[0]) {
                 Err(u) if u.param == "phase" => {}
                 other => s.fail(
                     &group,
                     &name,
-                    format!(
-                        "the CPU must reject paged decode attention for a prefill with param `phase`, got {other:?}"
-                    ),
+                    format!("paged decode attention must be rejected for a prefill with param `phase`, got {other:?}"),
                 ),
             }
         }
         let seed = rng.u64();
         s.case(&group, TOL_ATTN, name, &queries, &[9, 10], |d| attention_case(d, &c, &runs, &mut Rng::new(seed)));
     }
-    if s.backend == "cpu" {
-        let g = s.group("attention paged_decode_attention", TOL_ATTN);
-        g.lines.push(
-            "  rule checked: the CPU rejects paged decode for every prefill and chunked-prefill case, \
-                      with param `phase` (those cases are the skips above)"
-                .into(),
-        );
-    }
+    let g = s.group("attention paged_decode_attention", TOL_ATTN);
+    g.lines.push(
+        "  rule checked: paged decode is rejected for every prefill and chunked-prefill case, with param \
+         `phase` (those cases are among the skips above)"
+            .into(),
+    );
 }
 
 // ---------------------------------------------------------------------------------------------
@@ -1519,7 +1667,10 @@ fn route_ref(logits: &[f32], experts: usize, k: usize) -> (Vec<u32>, Vec<f64>) {
 
 fn moe_route(s: &mut Suite<'_>, rng: &mut Rng) {
     const TOL: &str = "ids exact (ties: lower expert first); weights (2E + k + 8)·2⁻²⁴·|w|: f32 softmax over E \
-                       experts and the renormalization over k";
+                       experts and the renormalization over k; logits and weights in a 16-bit activation \
+                       dtype (the runner's buffers): + u·|w| for the rounded weights (the logits are exact in it)";
+    let act = s.act;
+    let (ua, tiny) = (u_act(act), tiny_act(act));
     for (experts, top_k) in [(8usize, 1usize), (8, 2), (8, 8), (64, 6)] {
         // Distinct logits 0.25 apart (no near-ties that rounding could flip), then rows of
         // exact ties: all equal, the top two, the second and third; a peaked row; all negative.
@@ -1541,16 +1692,19 @@ fn moe_route(s: &mut Suite<'_>, rng: &mut Rng) {
         let q = [OpQuery::MoeRoute { experts, top_k }];
         let name = format!("experts {experts} top_k {top_k}, {m} rows incl. 3 with exact ties");
         s.case("moe_route", TOL, name, &q, &[11], |d| {
-            let lv = d.f32s(&logits)?;
-            let (ids, weights) = (d.alloc(DType::U32, m * top_k)?, d.alloc(DType::F32, m * top_k)?);
+            if round_to(act, &logits) != logits {
+                return Err(format!("the case's logits are not exact in {act}"));
+            }
+            let lv = d.acts(act, &logits)?;
+            let (ids, weights) = (d.alloc(DType::U32, m * top_k)?, d.alloc(act, m * top_k)?);
             d.launch(Op::MoeRoute { logits: lv, m, experts, top_k, ids, weights })?;
             d.sync()?;
-            let (gi, gw) = (d.read_u32(ids)?, d.read_f32(weights)?);
+            let (gi, gw) = (d.read_u32(ids)?, d.read_act(weights)?);
             let (wi, ww) = route_ref(&logits, experts, top_k);
             let mut meas = Measured::default();
             meas.exact_u32("ids", &gi, &wi)?;
-            let tol = (2 * experts + top_k + 8) as f64 * U;
-            meas.close("weights", &gw, &ww, |i| tol * ww[i] + MIN_NORMAL)?;
+            let tol = (2 * experts + top_k + 8) as f64 * U + ua;
+            meas.close("weights", &gw, &ww, |i| tol * ww[i] + MIN_NORMAL + tiny)?;
             Ok(meas)
         });
     }
@@ -1565,9 +1719,19 @@ struct Moe {
     top_k: usize,
     ids: Vec<u32>,
     weights: Vec<f32>,
+    /// The activation dtype `x`, the routing weights and the outputs are held in.
+    act: DType,
 }
 
 impl Moe {
+    /// The same layer with `x` and the routing weights as `act` holds them.
+    fn in_act(mut self, act: DType) -> Moe {
+        self.x = round_to(act, &self.x);
+        self.weights = round_to(act, &self.weights);
+        self.act = act;
+        self
+    }
+
     fn random(rng: &mut Rng, dtype: DType, n_exp: usize, m: usize, top_k: usize) -> Moe {
         let hidden = 256;
         // The down projection's rows are `inter` long: whole K-quant super-blocks.
@@ -1596,12 +1760,13 @@ impl Moe {
             let sum: f32 = w.iter().sum();
             weights.extend(w.iter().map(|v| v / sum));
         }
-        Moe { experts, hidden, x: rng.vec(m * hidden, 1.0), m, top_k, ids, weights }
+        Moe { experts, hidden, x: rng.vec(m * hidden, 1.0), m, top_k, ids, weights, act: DType::F32 }
     }
 
     /// The layer in f64: `Σ_r w_r · expert_r(x)`, with each expert's bound (`mlp_ref`) and
-    /// the f32 weighted sum's `(k + 2)·2⁻²⁴·Σ|w·y|`.
+    /// the f32 weighted sum's `(k + 2)·2⁻²⁴·Σ|w·y|` (16-bit activations: plus the output's rounding).
     fn reference(&self) -> (Vec<f64>, Vec<f64>) {
+        let (ua, tiny) = (u_act(self.act), tiny_act(self.act));
         let hid = self.hidden;
         let (mut out, mut bound) = (vec![0f64; self.m * hid], vec![0f64; self.m * hid]);
         for t in 0..self.m {
@@ -1609,12 +1774,15 @@ impl Moe {
             for r in 0..self.top_k {
                 let (g, u, dn) = &self.experts[self.ids[t * self.top_k + r] as usize];
                 let w = self.weights[t * self.top_k + r] as f64;
-                let (y, ey) = mlp_ref(x, g, u, dn);
+                let (y, ey) = mlp_ref(x, g, u, dn, ua);
                 for j in 0..hid {
                     out[t * hid + j] += w * y[j];
                     bound[t * hid + j] += w.abs() * ey[j] + (self.top_k + 2) as f64 * U * (w * y[j]).abs();
                 }
             }
+        }
+        for (b, o) in bound.iter_mut().zip(&out) {
+            *b += ua * o.abs() + tiny;
         }
         (out, bound)
     }
@@ -1636,11 +1804,12 @@ impl Moe {
 
     fn grouped(&self, d: &mut Dev<'_>) -> R<Vec<f32>> {
         let experts = self.upload(d)?;
-        let (x, ids, w) = (d.f32s(&self.x)?, d.u32s(&self.ids)?, d.f32s(&self.weights)?);
-        let out = d.alloc(DType::F32, self.m * self.hidden)?;
+        let a = self.act;
+        let (x, ids, w) = (d.acts(a, &self.x)?, d.u32s(&self.ids)?, d.acts(a, &self.weights)?);
+        let out = d.alloc(a, self.m * self.hidden)?;
         d.launch(Op::MoeGrouped { x, m: self.m, experts, top_k: self.top_k, ids, weights: w, out })?;
         d.sync()?;
-        d.read_f32(out)
+        d.read_act(out)
     }
 
     /// The per-expert path exactly as the runner's `MoePerExpert` launches it: every expert
@@ -1650,11 +1819,10 @@ impl Moe {
         let experts = self.upload(d)?;
         let (m, hid, k) = (self.m, self.hidden, self.top_k);
         let inter = self.experts[0].0.rows;
-        let (x, ids, w) = (d.f32s(&self.x)?, d.u32s(&self.ids)?, d.f32s(&self.weights)?);
-        let (g, u, act) =
-            (d.alloc(DType::F32, m * inter)?, d.alloc(DType::F32, m * inter)?, d.alloc(DType::F32, m * inter)?);
-        let (y, ys, out) =
-            (d.alloc(DType::F32, m * hid)?, d.f32s(&vec![f32::NAN; m * k * hid])?, d.alloc(DType::F32, m * hid)?);
+        let a = self.act;
+        let (x, ids, w) = (d.acts(a, &self.x)?, d.u32s(&self.ids)?, d.acts(a, &self.weights)?);
+        let (g, u, act) = (d.alloc(a, m * inter)?, d.alloc(a, m * inter)?, d.alloc(a, m * inter)?);
+        let (y, ys, out) = (d.alloc(a, m * hid)?, d.acts(a, &vec![f32::NAN; m * k * hid])?, d.alloc(a, m * hid)?);
         // Every slot is routed to exactly one expert, so the scatters cover `ys`; zero it
         // first all the same, as a stale buffer would otherwise leak NaN into the combine.
         d.launch(Op::Zero { dst: ys })?;
@@ -1671,21 +1839,24 @@ impl Moe {
         }
         d.launch(Op::MoeCombine { ys, m, top_k: k, weights: w, out })?;
         d.sync()?;
-        d.read_f32(out)
+        d.read_act(out)
     }
 }
 
 const TOL_MOE: &str = "each expert's gate/up/down matmul bounds carried through silu and the down projection \
-                       (Σ|d|·err(h) + (inter + 4)·2⁻²⁴·Σ|d·h|), then (k + 2)·2⁻²⁴·Σ|w·y| for the weighted sum";
+                       (Σ|d|·err(h) + (inter + 4)·2⁻²⁴·Σ|d·h|), then (k + 2)·2⁻²⁴·Σ|w·y| for the weighted sum. \
+                       16-bit activations (x and the routing weights rounded): + u·|·| for the rounded gate, up, \
+                       SwiGLU and down outputs (carried the same way) and for the rounded result";
 
 fn moe_grouped(s: &mut Suite<'_>, rng: &mut Rng) {
+    let act = s.act;
     let dtypes = [DType::F32, DType::F16, DType::BF16, DType::Q8_0, DType::Q4K, DType::Q6K];
     for dtype in dtypes {
         // top_k 4: with one or two ranks the sum's order cannot show (a + b = b + a).
         for (m, top_k) in [(1usize, 2usize), (7, 2), (5, 1), (6, 4)] {
-            let moe = Moe::random(rng, dtype, 8, m, top_k);
+            let moe = Moe::random(rng, dtype, 8, m, top_k).in_act(act);
             let (g, dn) = (&moe.experts[0].0, &moe.experts[0].2);
-            let grouped_q = OpQuery::MoeGrouped { experts: 8, top_k, gate: g.case(), down: dn.case() };
+            let grouped_q = OpQuery::MoeGrouped { experts: 8, top_k, gate: g.case(act), down: dn.case(act) };
             let name = format!("{dtype} experts 8 top_k {top_k} m={m} hidden 256 inter {}", g.rows);
             s.case("moe_grouped", TOL_MOE, name.clone(), &[grouped_q], &[12], |d| {
                 let got = moe.grouped(d)?;
@@ -1697,11 +1868,11 @@ fn moe_grouped(s: &mut Suite<'_>, rng: &mut Rng) {
             // The per-expert path must give the grouped path's bits (the ops' contract: both
             // sum in rank order, and a matmul row does not depend on the other rows).
             let q = [
-                OpQuery::MatMul(g.case()),
-                OpQuery::MatMul(moe.experts[0].1.case()),
-                OpQuery::SwiGlu { act: DType::F32 },
-                OpQuery::MatMul(dn.case()),
-                OpQuery::MoeScatterCombine { act: DType::F32 },
+                OpQuery::MatMul(g.case(act)),
+                OpQuery::MatMul(moe.experts[0].1.case(act)),
+                OpQuery::SwiGlu { act },
+                OpQuery::MatMul(dn.case(act)),
+                OpQuery::MoeScatterCombine { act },
                 grouped_q,
             ];
             let tol = "as moe_grouped against the reference; bit-identical to moe_grouped";
@@ -1719,7 +1890,9 @@ fn moe_grouped(s: &mut Suite<'_>, rng: &mut Rng) {
 }
 
 fn moe_scatter_combine(s: &mut Suite<'_>, rng: &mut Rng) {
-    let q = [OpQuery::MoeScatterCombine { act: DType::F32 }];
+    let act = s.act;
+    let (ua, tiny) = (u_act(act), tiny_act(act));
+    let q = [OpQuery::MoeScatterCombine { act }];
     for (m, top_k, hid) in [(1usize, 2usize, 64usize), (9, 2, 96), (6, 4, 33)] {
         let n_exp = 8;
         let mut ids = Vec::new();
@@ -1728,7 +1901,7 @@ fn moe_scatter_combine(s: &mut Suite<'_>, rng: &mut Rng) {
             rng.shuffle(&mut e);
             ids.extend_from_slice(&e[..top_k]);
         }
-        let y = rng.vec(m * hid, 2.0);
+        let y = round_to(act, &rng.vec(m * hid, 2.0));
         let expert = ids[0];
         s.case(
             "moe_scatter",
@@ -1737,11 +1910,11 @@ fn moe_scatter_combine(s: &mut Suite<'_>, rng: &mut Rng) {
             &q,
             &[13],
             |d| {
-                let (yv, iv) = (d.f32s(&y)?, d.u32s(&ids)?);
-                let ys = d.f32s(&vec![-3.0; m * top_k * hid])?;
+                let (yv, iv) = (d.acts(act, &y)?, d.u32s(&ids)?);
+                let ys = d.acts(act, &vec![-3.0; m * top_k * hid])?;
                 d.launch(Op::MoeScatter { y: yv, m, expert, top_k, ids: iv, ys })?;
                 d.sync()?;
-                let got = d.read_f32(ys)?;
+                let got = d.read_act(ys)?;
                 let mut want = vec![-3.0f32; m * top_k * hid];
                 for (slot, &e) in ids.iter().enumerate() {
                     if e == expert {
@@ -1754,14 +1927,14 @@ fn moe_scatter_combine(s: &mut Suite<'_>, rng: &mut Rng) {
                 Ok(meas)
             },
         );
-        let ys = rng.vec(m * top_k * hid, 2.0);
-        let w = rng.vec(m * top_k, 1.0);
-        let tol = "(k + 2)·2⁻²⁴·Σ_r |w_r·y_r|: k f32 products and sums";
+        let ys = round_to(act, &rng.vec(m * top_k * hid, 2.0));
+        let w = round_to(act, &rng.vec(m * top_k, 1.0));
+        let tol = "(k + 2)·2⁻²⁴·Σ_r |w_r·y_r|: k f32 products and sums (16-bit activations: + u·|want|)";
         s.case("moe_combine", tol, format!("m={m} top_k {top_k} hidden {hid}"), &q, &[14], |d| {
-            let (yv, wv, out) = (d.f32s(&ys)?, d.f32s(&w)?, d.f32s(&vec![9.0; m * hid])?);
+            let (yv, wv, out) = (d.acts(act, &ys)?, d.acts(act, &w)?, d.acts(act, &vec![9.0; m * hid])?);
             d.launch(Op::MoeCombine { ys: yv, m, top_k, weights: wv, out })?;
             d.sync()?;
-            let got = d.read_f32(out)?;
+            let got = d.read_act(out)?;
             let (mut want, mut bound) = (vec![0f64; m * hid], vec![0f64; m * hid]);
             for t in 0..m {
                 for r in 0..top_k {
@@ -1774,7 +1947,7 @@ fn moe_scatter_combine(s: &mut Suite<'_>, rng: &mut Rng) {
                 }
             }
             let mut meas = Measured::default();
-            meas.close("out", &got, &want, |i| bound[i] + MIN_NORMAL)?;
+            meas.close("out", &got, &want, |i| bound[i] + MIN_NORMAL + ua * want[i].abs() + tiny)?;
             Ok(meas)
         });
     }
@@ -1784,11 +1957,12 @@ fn moe_scatter_combine(s: &mut Suite<'_>, rng: &mut Rng) {
 // Data movement
 
 fn gather_rows(s: &mut Suite<'_>, rng: &mut Rng) {
-    let q = [OpQuery::GatherRows { act: DType::F32 }];
+    let act = s.act;
+    let q = [OpQuery::GatherRows { act }];
     for (n, cols, rows) in
         [(10usize, 37usize, vec![9u32, 0, 3, 3, 9]), (64, 896, vec![63]), (5, 1, vec![4, 3, 2, 1, 0])]
     {
-        let x = rng.vec(n * cols, 1.0);
+        let x = round_to(act, &rng.vec(n * cols, 1.0));
         s.case(
             "gather_rows",
             EXACT_COPY,
@@ -1796,12 +1970,12 @@ fn gather_rows(s: &mut Suite<'_>, rng: &mut Rng) {
             &q,
             &[15],
             |d| {
-                let xv = d.f32s(&x)?;
+                let xv = d.acts(act, &x)?;
                 let sv = d.step(&StepHost { logit_rows: &rows, ..empty_host() }, 0)?;
-                let out = d.alloc(DType::F32, rows.len() * cols)?;
+                let out = d.alloc(act, rows.len() * cols)?;
                 d.launch(Op::GatherRows { x: xv, cols, rows: sv.logit_rows, out })?;
                 d.sync()?;
-                let got = d.read_f32(out)?;
+                let got = d.read_act(out)?;
                 let want: Vec<f32> = rows.iter().flat_map(|&r| x[r as usize * cols..][..cols].to_vec()).collect();
                 let mut m = Measured::default();
                 m.exact("out", &got, &want)?;
@@ -1896,9 +2070,9 @@ fn zero(s: &mut Suite<'_>) {
 
 // ---------------------------------------------------------------------------------------------
 
-fn run_suite(name: &'static str, be: &mut dyn Backend) -> (String, Vec<String>) {
+fn run_suite(name: &'static str, be: &mut dyn Backend, act: DType) -> (String, Vec<String>) {
     let t0 = Instant::now();
-    let mut s = Suite::new(name, be);
+    let mut s = Suite::new(name, be, act);
     let mut rng = Rng::new(0x7b00_57c0_f041);
     embed(&mut s, &mut rng);
     norms(&mut s, &mut rng);
@@ -1937,13 +2111,16 @@ fn run_suite(name: &'static str, be: &mut dyn Backend) -> (String, Vec<String>) 
 fn every_op_on_every_backend_matches_the_reference() {
     let mut failures = Vec::new();
     for (name, mut be) in backends() {
-        let (report, f) = run_suite(name, be.as_mut());
-        // Straight to the process's stdout (past the test harness's capture): the report is
-        // the point of the suite, also when it passes.
-        let mut out = std::io::stdout().lock();
-        let _ = out.write_all(report.as_bytes());
-        let _ = out.flush();
-        failures.extend(f);
+        // Once per activation dtype the backend computes in (the CPU: f32; Ascend: f16, bf16).
+        for act in be.activation_dtypes().to_vec() {
+            let (report, f) = run_suite(name, be.as_mut(), act);
+            // Straight to the process's stdout (past the test harness's capture): the report is
+            // the point of the suite, also when it passes.
+            let mut out = std::io::stdout().lock();
+            let _ = out.write_all(report.as_bytes());
+            let _ = out.flush();
+            failures.extend(f.into_iter().map(|x| format!("({act}) {x}")));
+        }
     }
     assert!(failures.is_empty(), "{} conformance failures:\n{}", failures.len(), failures.join("\n"));
 }

@@ -12,6 +12,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 /* ------------------------------------------------------------------ state */
 
@@ -553,7 +554,7 @@ aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count)
 
 /* ------------------------------------------------------------------ streams, tasks, events */
 
-typedef enum { TASK_OP, TASK_COPY, TASK_EVENT, TASK_WAIT } TaskKind;
+typedef enum { TASK_OP, TASK_COPY, TASK_EVENT, TASK_WAIT, TASK_MEMSET } TaskKind;
 typedef struct SimStream SimStream;
 typedef struct SimEvent SimEvent;
 typedef struct {
@@ -568,6 +569,7 @@ typedef struct {
     int64_t dstId, srcId;
     SimEvent *event;
     uint64_t eventSeq;
+    int value; /* TASK_MEMSET */
 } Task;
 
 struct SimStream {
@@ -583,6 +585,7 @@ struct SimEvent {
     SimStream *stream; /* where it was last recorded */
     uint64_t seq;      /* record count */
     uint64_t doneSeq;  /* last record that has run */
+    double doneMs;     /* host monotonic clock when that record ran (what aclrtEventElapsedTime compares) */
 };
 #define STREAM_MAGIC 0x5354524du
 #define EVENT_MAGIC 0x45564e54u
@@ -641,6 +644,14 @@ static PtrSet g_consumed;
 
 static void run_stream_locked(SimStream *s, size_t until);
 
+/* Host monotonic time in ms: the SIMULATOR's "device time" is the host time its tasks take when a synchronize
+ * runs them. */
+static double now_ms(void) {
+    struct timespec ts;
+    clock_gettime(CLOCK_MONOTONIC, &ts);
+    return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec / 1e6;
+}
+
 static void run_task_locked(SimStream *s, Task *t) {
     char msg[1024];
     switch (t->kind) {
@@ -698,7 +709,20 @@ static void run_task_locked(SimStream *s, Task *t) {
         }
         break;
     case TASK_EVENT:
-        if (t->event->doneSeq < t->eventSeq) t->event->doneSeq = t->eventSeq;
+        if (t->event->doneSeq < t->eventSeq) {
+            t->event->doneSeq = t->eventSeq;
+            t->event->doneMs = now_ms();
+        }
+        break;
+    case TASK_MEMSET:
+        if (t->dstId > 0 && !alloc_live_locked(t->dstId)) {
+            snprintf(msg, sizeof msg, SIM_TAG " aclrtMemsetAsync: the buffer %p was freed before the stream ran the memset",
+                     t->dst);
+            stream_fail(s, msg);
+            g_stats.ruleViolations++;
+        } else {
+            memset(t->dst, t->value, t->count);
+        }
         break;
     case TASK_WAIT: {
         SimEvent *ev = t->event;
@@ -836,6 +860,29 @@ aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t cou
     return ACL_SUCCESS;
 }
 
+aclError aclrtMemsetAsync(void *devPtr, size_t maxCount, int32_t value, size_t count, aclrtStream stream) {
+    REQUIRE_INIT("aclrtMemsetAsync");
+    int64_t id = tboostSimInternal_findAlloc(devPtr, count);
+    if (count > maxCount || id < 0) {
+        sim_error("aclrtMemsetAsync: %p..+%zu is not inside one live device allocation (or count > maxCount %zu)",
+                  devPtr, count, maxCount);
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    LOCK();
+    SimStream *s = stream_of(stream);
+    if (!s) {
+        UNLOCK();
+        sim_error("aclrtMemsetAsync: %p is not a live stream", stream);
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    Task t;
+    memset(&t, 0, sizeof t);
+    t.kind = TASK_MEMSET, t.dst = devPtr, t.count = count, t.value = value, t.dstId = id, t.srcId = -1;
+    push_task(s, t);
+    UNLOCK();
+    return ACL_SUCCESS;
+}
+
 aclError aclrtCreateEvent(aclrtEvent *event) {
     REQUIRE_INIT("aclrtCreateEvent");
     if (!event) return ACL_ERROR_INVALID_PARAM;
@@ -906,6 +953,26 @@ aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
     memset(&t, 0, sizeof t);
     t.kind = TASK_WAIT, t.event = ev, t.eventSeq = ev->seq;
     push_task(s, t);
+    UNLOCK();
+    return ACL_SUCCESS;
+}
+
+aclError aclrtEventElapsedTime(float *ms, aclrtEvent startEvent, aclrtEvent endEvent) {
+    REQUIRE_INIT("aclrtEventElapsedTime");
+    LOCK();
+    if (!ms || !startEvent || !endEvent || ps_find(&g_events, startEvent) < 0 || ps_find(&g_events, endEvent) < 0) {
+        UNLOCK();
+        sim_error("aclrtEventElapsedTime: ms %p, start %p and end %p must be non-NULL and live events", (void *)ms,
+                  startEvent, endEvent);
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    const SimEvent *a = startEvent, *b = endEvent;
+    if (a->seq == 0 || b->seq == 0 || a->doneSeq < a->seq || b->doneSeq < b->seq) {
+        UNLOCK();
+        sim_error("aclrtEventElapsedTime: both events must be recorded and completed (synchronize first)");
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    *ms = (float)(b->doneMs - a->doneMs);
     UNLOCK();
     return ACL_SUCCESS;
 }

@@ -1,5 +1,5 @@
 /*
- * ascend-sim ops_math.c -- CANN SIMULATOR: the ops-math family (Cast, Add, InplaceAdd, Mul) with
+ * ascend-sim ops_math.c -- CANN SIMULATOR: the ops-math family (Cast, Add, InplaceAdd, Mul, Div) with
  * numpy-style broadcasting, reference math in double. Not CANN: see ascend-sim/README.md.
  */
 #include "ops_common.h"
@@ -59,7 +59,7 @@ SIM_EXECUTE(aclnnCast)
 typedef struct {
     int a, b, out;
     double alpha;
-    int mul;
+    int mul; /* 0 add, 1 mul, 2 div */
 } BinP;
 
 static aclnnStatus bin_run(SimExec *e, void *ws, uint64_t wsSize) {
@@ -82,7 +82,7 @@ static aclnnStatus bin_run(SimExec *e, void *ws, uint64_t wsSize) {
             bo += (b->dims[i] == 1 ? 0 : idx[oi]) * b->strides[i];
         }
         double x = ld(a, ao), y = ld(b, bo);
-        st(o, oo, p->mul ? x * y : x + p->alpha * y);
+        st(o, oo, p->mul == 2 ? x / y : p->mul ? x * y : x + p->alpha * y);
     }
     return ACLNN_SUCCESS;
 }
@@ -157,3 +157,10 @@ aclnnStatus aclnnMulGetWorkspaceSize(const aclTensor *self, const aclTensor *oth
     return bin_gws("aclnnMul", self, other, NULL, 0, out, 0, 1, workspaceSize, executor);
 }
 SIM_EXECUTE(aclnnMul)
+
+/* hicann/ops-math math/div/op_host/op_api/aclnn_div.h: out = self / other (true division, broadcasting). */
+aclnnStatus aclnnDivGetWorkspaceSize(const aclTensor *self, const aclTensor *other, aclTensor *out,
+                                     uint64_t *workspaceSize, aclOpExecutor **executor) {
+    return bin_gws("aclnnDiv", self, other, NULL, 0, out, 0, 2, workspaceSize, executor);
+}
+SIM_EXECUTE(aclnnDiv)

@@ -164,6 +164,12 @@ TBOOST_CANN_FN(aclError, aclrtMemcpy, (void *dst, size_t destMax, const void *sr
 TBOOST_CANN_FN(aclError, aclrtMemcpyAsync,
                (void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind, aclrtStream stream))
 TBOOST_CANN_FN(aclError, aclrtMemset, (void *devPtr, size_t maxCount, int32_t value, size_t count))
+/* RT acl_rt.h: "Asynchronous initialize memory ... asynchronized task stream" (the Ascend backend's Zero op),
+ * and "computes the elapsed time between events" in ms (its TBOOST_PROFILE=1 op times; @see aclrtCreateEvent,
+ * aclrtRecordEvent). */
+TBOOST_CANN_FN(aclError, aclrtMemsetAsync,
+               (void *devPtr, size_t maxCount, int32_t value, size_t count, aclrtStream stream))
+TBOOST_CANN_FN(aclError, aclrtEventElapsedTime, (float *ms, aclrtEvent startEvent, aclrtEvent endEvent))
 
 /* ---------------------------------------------------------------------------------------------
  * aclnn meta API -- OPBASE acl_meta.h (types, create/destroy, executor control) and op_errno.h
@@ -368,6 +374,11 @@ TBOOST_ACLNN_OP(aclnnAdd, (const aclTensor *self, const aclTensor *other, const 
                            uint64_t *workspaceSize, aclOpExecutor **executor))
 TBOOST_ACLNN_OP(aclnnInplaceAdd, (const aclTensor *selfRef, const aclTensor *other, const aclScalar *alpha,
                                   uint64_t *workspaceSize, aclOpExecutor **executor))
+
+/* hicann/ops-math @ 556832f math/div/op_host/op_api/aclnn_div.h: out = self / other (broadcasting); the MoE
+ * routing's renormalisation over the top k. */
+TBOOST_ACLNN_OP(aclnnDiv, (const aclTensor *self, const aclTensor *other, aclTensor *out, uint64_t *workspaceSize,
+                           aclOpExecutor **executor))
 
 /* MATH math/mul/op_api/aclnn_mul.h */
 TBOOST_ACLNN_OP(aclnnMul, (const aclTensor *self, const aclTensor *other, aclTensor *out, uint64_t *workspaceSize,

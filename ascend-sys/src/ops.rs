@@ -193,6 +193,15 @@ pub fn mul(ctx: &mut Context, a: &TensorRef, b: &TensorRef, out: &TensorRef) -> 
     ctx.run(OP, |ws, ex| first_phase!(f, a.as_ptr(), b.as_ptr(), o.as_ptr(), ws, ex))
 }
 
+/// `aclnnDiv`: `out = a / b` with broadcasting.
+pub fn div(ctx: &mut Context, a: &TensorRef, b: &TensorRef, out: &TensorRef) -> Result<()> {
+    const OP: &str = "aclnnDiv";
+    // SAFETY: the type is this op's first phase in the header.
+    let f = unsafe { ctx.first_phase_fn::<raw::aclnnDivGetWorkspaceSize_fn>(OP)? };
+    let (a, b, o) = (acl(ctx, a)?, acl(ctx, b)?, acl(ctx, out)?);
+    ctx.run(OP, |ws, ex| first_phase!(f, a.as_ptr(), b.as_ptr(), o.as_ptr(), ws, ex))
+}
+
 /// `aclnnScatterPaKvCache`, scenario 2 ("Norm" caches): for token t with slot `s = slot_mapping[t]`,
 /// `key_cache[s / block_size, s % block_size] = key[t]` (all heads), same for values. key/value
 /// `[tokens, kv_heads, head_dim]`, caches `[blocks, block_size, kv_heads, head_dim]`, slots INT32/INT64.

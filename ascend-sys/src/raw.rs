@@ -173,6 +173,22 @@ pub type aclrtMemset_fn = ::std::option::Option<
         count: usize,
     ) -> aclError,
 >;
+pub type aclrtMemsetAsync_fn = ::std::option::Option<
+    unsafe extern "C" fn(
+        devPtr: *mut ::std::os::raw::c_void,
+        maxCount: usize,
+        value: i32,
+        count: usize,
+        stream: aclrtStream,
+    ) -> aclError,
+>;
+pub type aclrtEventElapsedTime_fn = ::std::option::Option<
+    unsafe extern "C" fn(
+        ms: *mut f32,
+        startEvent: aclrtEvent,
+        endEvent: aclrtEvent,
+    ) -> aclError,
+>;
 #[repr(C)]
 #[derive(Debug, Copy, Clone)]
 pub struct aclOpExecutor {
@@ -594,6 +610,15 @@ pub type aclnnInplaceAddGetWorkspaceSize_fn = ::std::option::Option<
         selfRef: *const aclTensor,
         other: *const aclTensor,
         alpha: *const aclScalar,
+        workspaceSize: *mut u64,
+        executor: *mut *mut aclOpExecutor,
+    ) -> aclnnStatus,
+>;
+pub type aclnnDivGetWorkspaceSize_fn = ::std::option::Option<
+    unsafe extern "C" fn(
+        self_: *const aclTensor,
+        other: *const aclTensor,
+        out: *mut aclTensor,
         workspaceSize: *mut u64,
         executor: *mut *mut aclOpExecutor,
     ) -> aclnnStatus,

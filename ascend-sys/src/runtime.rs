@@ -70,6 +70,8 @@ pub(crate) struct Api {
     pub aclrtMemcpy: raw::aclrtMemcpy_fn,
     pub aclrtMemcpyAsync: raw::aclrtMemcpyAsync_fn,
     pub aclrtMemset: raw::aclrtMemset_fn,
+    pub aclrtMemsetAsync: raw::aclrtMemsetAsync_fn,
+    pub aclrtEventElapsedTime: raw::aclrtEventElapsedTime_fn,
     pub tboostSimGetStats: raw::tboostSimGetStats_fn,
     pub aclCreateTensor: raw::aclCreateTensor_fn,
     pub aclDestroyTensor: raw::aclDestroyTensor_fn,
@@ -149,6 +151,8 @@ impl Api {
             aclrtMemcpy: cast(rt("aclrtMemcpy")),
             aclrtMemcpyAsync: cast(rt("aclrtMemcpyAsync")),
             aclrtMemset: cast(rt("aclrtMemset")),
+            aclrtMemsetAsync: cast(rt("aclrtMemsetAsync")),
+            aclrtEventElapsedTime: cast(rt("aclrtEventElapsedTime")),
             tboostSimGetStats: cast(rt("tboostSimGetStats")),
             aclCreateTensor: cast(nn("aclCreateTensor")),
             aclDestroyTensor: cast(nn("aclDestroyTensor")),
@@ -257,6 +261,11 @@ impl Cann {
     /// True when this is the tboost CANN SIMULATOR (it exports `tboostSimGetStats`).
     pub fn is_simulator(&self) -> bool {
         self.api().tboostSimGetStats.is_some()
+    }
+
+    /// Whether `aclrtEventElapsedTime` is exported (events can time work on the stream).
+    pub fn has_event_timing(&self) -> bool {
+        self.api().aclrtEventElapsedTime.is_some()
     }
 
     /// Whether the installation has op `name` (e.g. `"aclnnRmsNorm"`): both halves of the pair exist.
@@ -870,6 +879,48 @@ impl Stream {
         })
     }
 
+    /// Queues a device → device copy of `n` bytes from byte `src_at` of `src` to byte `at` of `dst`.
+    ///
+    /// # Safety
+    /// Both buffers must stay alive until the stream is synchronized.
+    pub unsafe fn copy_device_async(
+        &self,
+        src: &DeviceBuffer,
+        src_at: usize,
+        dst: &DeviceBuffer,
+        at: usize,
+        n: usize,
+    ) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        src.range(src_at, n)?;
+        dst.range(at, n)?;
+        let c = self.dev.cann();
+        let f = call_fn!(c.api().aclrtMemcpyAsync, "aclrtMemcpyAsync", c);
+        // SAFETY: ranges checked; lifetime is the caller's contract.
+        let (d, s) = unsafe { (dst.as_ptr().cast::<u8>().add(at), src.as_ptr().cast::<u8>().add(src_at)) };
+        c.check("aclrtMemcpyAsync", unsafe {
+            f(d.cast(), dst.len - at, s.cast(), n, raw::aclrtMemcpyKind_ACL_MEMCPY_DEVICE_TO_DEVICE, self.raw)
+        })
+    }
+
+    /// Queues `aclrtMemsetAsync`: bytes `at..at + n` of `dst` are set to `value` in stream order.
+    ///
+    /// # Safety
+    /// `dst` must stay alive until the stream is synchronized.
+    pub unsafe fn memset_async(&self, dst: &DeviceBuffer, at: usize, n: usize, value: u8) -> Result<()> {
+        if n == 0 {
+            return Ok(());
+        }
+        dst.range(at, n)?;
+        let c = self.dev.cann();
+        let f = call_fn!(c.api().aclrtMemsetAsync, "aclrtMemsetAsync", c);
+        // SAFETY: range checked; lifetime is the caller's contract.
+        let d = unsafe { dst.as_ptr().cast::<u8>().add(at) };
+        c.check("aclrtMemsetAsync", unsafe { f(d.cast(), dst.len - at, value as i32, n, self.raw) })
+    }
+
     /// Work queued after this waits until `event` (recorded on another stream) has completed.
     pub fn wait_event(&self, event: &Event) -> Result<()> {
         let c = self.dev.cann();
@@ -919,6 +970,17 @@ impl Event {
         let f = call_fn!(c.api().aclrtSynchronizeEvent, "aclrtSynchronizeEvent", c);
         // SAFETY: live event.
         c.check("aclrtSynchronizeEvent", unsafe { f(self.raw) })
+    }
+
+    /// `aclrtEventElapsedTime(ms, start, self)`: milliseconds between `start`'s last record and this
+    /// event's, both completed (synchronize first).
+    pub fn elapsed_ms_since(&self, start: &Event) -> Result<f32> {
+        let c = self.dev.cann();
+        let f = call_fn!(c.api().aclrtEventElapsedTime, "aclrtEventElapsedTime", c);
+        let mut ms = 0f32;
+        // SAFETY: live events, valid out pointer.
+        c.check("aclrtEventElapsedTime", unsafe { f(&mut ms, start.raw, self.raw) })?;
+        Ok(ms)
     }
 }
 

@@ -24,7 +24,7 @@ fn ok<T>(r: ascend_sys::Result<T>, what: &str) -> T {
     r.unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
-const ALL_OPS: [&str; 19] = [
+const ALL_OPS: [&str; 20] = [
     "aclnnFusedInferAttentionScoreV2",
     "aclnnFusedInferAttentionScoreV3",
     "aclnnFusedInferAttentionScoreV4",
@@ -44,6 +44,7 @@ const ALL_OPS: [&str; 19] = [
     "aclnnAdd",
     "aclnnInplaceAdd",
     "aclnnMul",
+    "aclnnDiv",
 ];
 
 // ------------------------------------------------------------------------------------------ loading
@@ -1422,6 +1423,50 @@ fn events_and_staged_uploads_order_work_across_streams() {
         drop(host);
         ok(producer.synchronize(), "sync");
         drop((ev, done, a, b, producer, consumer, dev));
+        assert_clean(&cann);
+    });
+}
+
+#[test]
+fn stream_ordered_memset_device_copy_div_and_event_times() {
+    isolated("stream_ordered_memset_device_copy_div_and_event_times", &[], || {
+        let (cann, dev) = device();
+        let mut c = ctx(&dev);
+        let (a, b, q) =
+            (upload(&dev, &[3.0f32, 6.0, 9.0, 12.0]), upload(&dev, &[1.0f32, 2.0, 3.0, 4.0]), alloc(&dev, 16));
+        let (start, end) = (ok(dev.create_event(), "event"), ok(dev.create_event(), "event"));
+        ok(start.record(c.stream()), "record");
+        ok(
+            ops::div(
+                &mut c,
+                &ok(a.view(DType::F32, &[2, 2]), "a"),
+                &ok(b.view(DType::F32, &[1, 2]), "b (broadcast)"),
+                &ok(q.view(DType::F32, &[2, 2]), "q"),
+            ),
+            "div",
+        );
+        ok(end.record(c.stream()), "record");
+        // The copy and the memset are ordered after the division on the stream: before the synchronize the
+        // destination still holds its old bytes.
+        // SAFETY: every buffer outlives the synchronize below.
+        unsafe {
+            ok(c.stream().copy_device_async(&q, 0, &b, 0, 16), "d2d");
+            ok(c.stream().memset_async(&a, 4, 8, 0), "memset");
+        }
+        assert_eq!(read::<f32>(&b, 4), vec![1.0, 2.0, 3.0, 4.0], "nothing ran before the synchronize");
+        let early = end.elapsed_ms_since(&start).expect_err("the events have not completed yet");
+        assert!(early.message().contains("completed"), "{early}");
+        ok(c.synchronize(), "sync");
+        assert_eq!(read::<f32>(&q, 4), vec![3.0, 3.0, 9.0, 6.0]);
+        assert_eq!(read::<f32>(&b, 4), vec![3.0, 3.0, 9.0, 6.0], "device-to-device copy of the quotient");
+        assert_eq!(read::<f32>(&a, 4), vec![3.0, 0.0, 0.0, 12.0], "bytes 4..12 cleared");
+        let ms = ok(end.elapsed_ms_since(&start), "elapsed");
+        assert!((0.0..10_000.0).contains(&ms), "{ms} ms");
+        // out of range: an error before anything is queued
+        // SAFETY: nothing is queued.
+        let err = unsafe { c.stream().memset_async(&a, 8, 16, 0) }.expect_err("past the end");
+        assert!(err.to_string().contains("outside"), "{err}");
+        drop((start, end, a, b, q, c, dev));
         assert_clean(&cann);
     });
 }

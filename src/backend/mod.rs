@@ -15,8 +15,11 @@
 //! - ops ([`Op`]) that name buffers ([`View`]) and weights ([`WeightId`]), never elements.
 //!
 //! The vocabulary (dtypes, cases, rejections) comes from `tboost-ops`, which the kernel
-//! crates share; only `backend/cpu` knows the CPU kernels.
+//! crates share; only `backend/cpu` knows the CPU kernels. `backend/ascend` (cargo feature
+//! `ascend`, on by default) runs the ops as aclnn ops through the runtime-loaded CANN bindings.
 
+#[cfg(feature = "ascend")]
+pub mod ascend;
 pub mod cpu;
 mod ext;
 pub mod op;

@@ -3,9 +3,10 @@
 //!
 //! - `cpu`: the CPU backend.
 //! - `ascend` / `ascend:N`: the Ascend NPU `N` (default 0) through CANN, loaded at run time;
-//!   compiled in with the `ascend` cargo feature.
+//!   compiled in with the `ascend` cargo feature (on by default: CANN is dlopened, so it builds
+//!   everywhere). Without CANN: `CANN runtime not found; searched: ...`.
 //! - `auto` (the default): a device backend when its runtime loads, else the CPU, with one
-//!   info line saying why.
+//!   info line saying why. The CANN SIMULATOR is never chosen by `auto`.
 //!
 //! An explicit choice wins; `auto` defers to `TBOOST_BACKEND` when that is set.
 
@@ -79,7 +80,7 @@ pub fn open(spec: BackendSpec) -> Result<Box<dyn Backend>> {
     match spec.kind.with_env()? {
         BackendKind::Cpu => Ok(Box::new(CpuBackend::new(spec.threads)?)),
         BackendKind::Ascend { device } => open_ascend(device),
-        BackendKind::Auto => match open_ascend(0) {
+        BackendKind::Auto => match open_auto_device() {
             Ok(be) => Ok(be),
             Err(why) => {
                 static ONCE: Once = Once::new();
@@ -90,6 +91,30 @@ pub fn open(spec: BackendSpec) -> Result<Box<dyn Backend>> {
     }
 }
 
+/// `auto`'s device: an Ascend NPU when CANN loads. The CANN SIMULATOR is never picked by `auto`
+/// (it is a test double, far slower than the CPU): it runs only when asked for by name.
+fn open_auto_device() -> Result<Box<dyn Backend>> {
+    #[cfg(feature = "ascend")]
+    {
+        let cann = ascend_sys::Cann::load().map_err(|e| Error::Unsupported(e.to_string()))?;
+        if cann.is_simulator() {
+            return Err(Error::Unsupported(format!(
+                "{} holds the CANN SIMULATOR (ascend-sim), which auto never picks; use --backend ascend to run on it",
+                cann.lib_dir().display()
+            )));
+        }
+        Ok(Box::new(super::ascend::AscendBackend::open_on(&cann, 0)?))
+    }
+    #[cfg(not(feature = "ascend"))]
+    open_ascend(0)
+}
+
+#[cfg(feature = "ascend")]
+fn open_ascend(device: u32) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(super::ascend::AscendBackend::open(device)?))
+}
+
+#[cfg(not(feature = "ascend"))]
 fn open_ascend(device: u32) -> Result<Box<dyn Backend>> {
     let _ = device;
     Err(Error::Unsupported("the ascend backend is not compiled into this build (cargo feature `ascend`)".into()))

@@ -167,6 +167,9 @@ struct Ask {
     precision: Precision,
 }
 
+/// Builds a candidate's queries under an `Ask`.
+type BuildQueries<'f> = &'f dyn Fn(Choice, Ask) -> Vec<OpQuery>;
+
 fn mm(t: &Tensor, a: Ask) -> MatMulCase {
     let (rows, cols) = t.rows_cols();
     let dtype = match a.mode {
@@ -362,8 +365,12 @@ impl<'a> Planner<'a> {
     }
 
     /// Asks `be` about `choice`: the first (mode, precision) it takes all queries of, or the
-    /// answer to the first, preferred attempt. `convert` selects the weight modes tried: the
-    /// weights as stored, or converted at upload.
+    /// answer to the first, preferred attempt — unless a later attempt failed on another
+    /// parameter (a converted weight meeting a missing symbol or a gated version): that answer
+    /// names what really blocks. `convert` selects the weight modes tried: the weights as
+    /// stored, or converted at upload; `against` is the parameter the stored weights were
+    /// refused on (a conversion's answer on another parameter is the blocker).
+    #[allow(clippy::too_many_arguments)]
     fn evaluate(
         &self,
         be: &dyn Backend,
@@ -372,8 +379,9 @@ impl<'a> Planner<'a> {
         build: &dyn Fn(Ask) -> Vec<OpQuery>,
         sw: &SlotWeights<'_>,
         convert: bool,
+        against: Option<&str>,
     ) -> Option<Result<Accepted, Rejection>> {
-        let mut first_no = None;
+        let (mut first_no, mut blocker) = (None, None);
         let mut precisions = vec![self.opts.precision];
         if self.opts.precision != Precision::Exact {
             precisions.push(Precision::Exact);
@@ -389,13 +397,20 @@ impl<'a> Planner<'a> {
                 let queries = build(a);
                 match queries.iter().try_for_each(|q| be.supports(q).map_err(|why| Box::new((*q, why)))) {
                     Ok(()) => return Some(Ok((mode, precision, main_kernel(be, &queries)))),
-                    Err(no) => {
-                        first_no.get_or_insert(no);
-                    }
+                    Err(no) => match &first_no {
+                        None if against.is_some_and(|p| p != no.1.param) => blocker = Some(no),
+                        None => first_no = Some(no),
+                        // A later attempt failing on another parameter: the conversion (or the
+                        // precision) cured the first objection and this one is what blocks.
+                        Some(f) if blocker.is_none() && no.1.param != against.unwrap_or(&f.1.param) => {
+                            blocker = Some(no)
+                        }
+                        Some(_) => {}
+                    },
                 }
             }
         }
-        Some(Err(first_no.unwrap_or_else(|| {
+        Some(Err(blocker.or(first_no).unwrap_or_else(|| {
             Box::new((OpQuery::Add { act }, Unsupported::new("candidate", choice.name(), "some query to ask")))
         })))
     }
@@ -422,7 +437,23 @@ impl<'a> Planner<'a> {
         detail: String,
         only: Option<Placement>,
     ) -> Result<Decision> {
-        let mut tried = Vec::new();
+        self.decide_after(Vec::new(), layer, slot, candidates, sw, build, detail, only).map_err(|e| e.0)
+    }
+
+    /// `decide`, with `tried` holding earlier attempts (the primary's, when a group moves to the
+    /// CPU): they stay in the decision's record and its reason. A failure keeps what was tried.
+    #[allow(clippy::too_many_arguments)]
+    fn decide_after(
+        &self,
+        mut tried: Vec<Tried>,
+        layer: Option<usize>,
+        slot: Slot,
+        candidates: &[Choice],
+        sw: &SlotWeights<'_>,
+        build: &dyn Fn(Choice, Ask) -> Vec<OpQuery>,
+        detail: String,
+        only: Option<Placement>,
+    ) -> Result<Decision, (Error, Vec<Tried>)> {
         for (be, placement, act) in self.backends() {
             if only.is_some_and(|p| p != placement) {
                 continue;
@@ -441,7 +472,15 @@ impl<'a> Planner<'a> {
                         }
                         continue;
                     }
-                    let Some(answer) = self.evaluate(be, act, choice, &|a| build(choice, a), sw, convert) else {
+                    let Some(answer) = self.evaluate(
+                        be,
+                        act,
+                        choice,
+                        &|a| build(choice, a),
+                        sw,
+                        convert,
+                        native_param(&tried, choice, be),
+                    ) else {
                         continue;
                     };
                     match answer {
@@ -468,8 +507,18 @@ impl<'a> Planner<'a> {
                                 tried,
                             });
                         }
-                        // A failed conversion adds nothing to the stored weights' answer.
-                        Err(_) if convert => {}
+                        // A conversion failing on another parameter than the stored weights
+                        // (a missing symbol, a gated version) names what really blocks; one
+                        // failing on the same adds nothing.
+                        Err(no) if convert => {
+                            let native =
+                                tried.iter_mut().rev().find(|t| t.candidate == choice && t.backend == be.name());
+                            if let Some(t) = native {
+                                if matches!(&t.verdict, Verdict::Rejected { why, .. } if why.param != no.1.param) {
+                                    t.verdict = Verdict::Rejected { query: no.0, why: no.1 };
+                                }
+                            }
+                        }
                         Err(no) => tried.push(Tried {
                             candidate: choice,
                             backend: be.name().into(),
@@ -481,12 +530,13 @@ impl<'a> Planner<'a> {
         }
         let at = layer.map_or("model".to_string(), |l| format!("layer {l}"));
         let why: Vec<String> = tried.iter().map(tried_text).collect();
-        Err(Error::Unsupported(format!(
+        let e = Error::Unsupported(format!(
             "{at}: no backend can run {} ({}): {}",
             slot.name(),
             self.case_text(),
             why.join("; ")
-        )))
+        ));
+        Err((e, tried))
     }
 
     fn case_text(&self) -> String {
@@ -654,28 +704,49 @@ impl<'a> Planner<'a> {
         let dec = |ch, a| self.attention_queries(ch, AttnPhase::Decode, a);
         let prefill = [Choice::FlashAttention, Choice::StandardAttention];
         let decode = [Choice::PagedDecodeAttention, Choice::FlashAttention, Choice::StandardAttention];
-        let group = |only| -> Result<Vec<Decision>> {
-            Ok(vec![
-                self.decide(Some(i), Slot::KvWrite, &[Choice::WriteKv], &sw, &kv, format!("{} cache", self.kv), only)?,
-                self.decide(Some(i), Slot::AttentionPrefill, &prefill, &sw, &pre, hd.clone(), only)?,
-                self.decide(Some(i), Slot::AttentionDecode, &decode, &sw, &dec, hd.clone(), only)?,
-            ])
+        let slots: [(Slot, &[Choice], BuildQueries<'_>, String); 3] = [
+            (Slot::KvWrite, &[Choice::WriteKv], &kv, format!("{} cache", self.kv)),
+            (Slot::AttentionPrefill, &prefill, &pre, hd.clone()),
+            (Slot::AttentionDecode, &decode, &dec, hd),
+        ];
+        let group = |prior: Vec<Vec<Tried>>, only| {
+            let mut out = Vec::with_capacity(3);
+            for ((slot, cands, build, detail), prior) in slots.iter().zip(prior) {
+                out.push(self.decide_after(prior, Some(i), *slot, cands, &sw, *build, detail.clone(), only));
+            }
+            out
         };
-        match group(Some(Placement::Primary)) {
-            Ok(d) => Ok(d),
-            Err(on_primary) => match self.cpu {
-                None => Err(on_primary),
-                Some(_) => {
-                    let mut d = group(Some(Placement::Cpu))
-                        .map_err(|on_cpu| Error::Unsupported(format!("{on_primary}; and on the cpu: {on_cpu}")))?;
-                    for x in &mut d {
-                        x.fallback = true;
-                        x.reason = format!("{} (the primary backend cannot run the whole attention group)", x.reason);
-                    }
-                    Ok(d)
-                }
-            },
+        let on_primary = group(vec![Vec::new(); 3], Some(Placement::Primary));
+        if on_primary.iter().all(Result::is_ok) || self.cpu.is_none() {
+            return on_primary.into_iter().map(|r| r.map_err(|e| e.0)).collect();
         }
+        // The primary cannot run the whole group: all three go to the CPU, and their records keep
+        // what the primary answered (its rejections are the reason).
+        let mut why_primary = Vec::new();
+        let prior: Vec<Vec<Tried>> = on_primary
+            .into_iter()
+            .map(|r| {
+                let tried = match r {
+                    Ok(d) => d.tried,
+                    Err((e, tried)) => {
+                        why_primary.push(e.to_string());
+                        tried
+                    }
+                };
+                tried.into_iter().filter(|t| t.verdict != Verdict::Chosen).collect()
+            })
+            .collect();
+        let mut d = Vec::with_capacity(3);
+        for r in group(prior, Some(Placement::Cpu)) {
+            let mut x = r.map_err(|(on_cpu, _)| {
+                Error::Unsupported(format!("{}; and on the cpu: {on_cpu}", why_primary.join("; ")))
+            })?;
+            x.fallback = true;
+            x.reason =
+                format!("{} (kv_write and both attention phases share the KV pools: one backend runs them)", x.reason);
+            d.push(x);
+        }
+        Ok(d)
     }
 }
 
@@ -684,9 +755,9 @@ impl<'a> Planner<'a> {
 fn main_kernel(be: &dyn Backend, queries: &[OpQuery]) -> Option<String> {
     let mut names: Vec<String> = Vec::new();
     for q in queries {
-        if let Some(n) = be.kernel_name(q) {
-            if !names.contains(&n) {
-                names.push(n);
+        for n in be.kernel_name(q).iter().flat_map(|n| n.split('+')) {
+            if !names.iter().any(|x| x == n) {
+                names.push(n.to_string());
             }
         }
     }
@@ -717,4 +788,12 @@ fn fallback_reason(choice: Choice, tried: &[Tried]) -> String {
     } else {
         format!("fallback to {} on {chosen} ({})", choice.words(), why.join("; "))
     }
+}
+
+/// The parameter `be` refused `choice`'s stored weights on, if it did.
+fn native_param<'t>(tried: &'t [Tried], choice: Choice, be: &dyn Backend) -> Option<&'t str> {
+    tried.iter().rev().find(|t| t.candidate == choice && t.backend == be.name()).and_then(|t| match &t.verdict {
+        Verdict::Rejected { why, .. } => Some(why.param.as_ref()),
+        _ => None,
+    })
 }

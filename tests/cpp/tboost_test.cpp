@@ -1129,7 +1129,8 @@ struct CliResult {
 };
 
 // Runs `tboost batch` (the Rust API) on JSONL requests and parses its per-request lines.
-std::vector<CliResult> RunCli(const std::string& model, const std::vector<std::string>& lines) {
+std::vector<CliResult> RunCli(const std::string& model, const std::vector<std::string>& lines,
+                              const std::string& extra_args = "") {
   const char* env = std::getenv("TBOOST_CLI");
   const std::string cli = env != nullptr ? env : TBOOST_CLI_DEFAULT;
   EXPECT_TRUE(IsFile(cli)) << cli << " is missing: build it with `cargo build --bin tboost` or set TBOOST_CLI";
@@ -1139,7 +1140,8 @@ std::vector<CliResult> RunCli(const std::string& model, const std::vector<std::s
   for (auto& l : lines) body += l + "\n";
   WriteFile(req, body);
   const std::string cmd =
-      cli + " batch --model '" + model + "' --requests '" + req + "' --kv-blocks 256 --threads 2 --max-batched-tokens 64";
+      cli + " batch --model '" + model + "' --requests '" + req + "' --kv-blocks 256 --threads 2 --max-batched-tokens 64" +
+      extra_args;
   std::vector<CliResult> out;
   FILE* f = popen(cmd.c_str(), "r");
   EXPECT_NE(f, nullptr) << cmd;
@@ -1223,6 +1225,52 @@ TEST(RustApi, SameTokensAsTheRustEngineOnGoldenModels) {
       EXPECT_EQ(TokensOf(evs), want[i].tokens) << "request " << i;
       EXPECT_EQ(tboost_finish_reason_name(evs.back().finish), want[i].finish) << "request " << i;
     }
+  }
+}
+
+// ---- the Ascend backend through the C ABI, on the CANN SIMULATOR (not an NPU) ---------------
+
+std::string AscendSimulator() {
+  const char* env = std::getenv("TBOOST_ASCEND_SIM");
+  return env != nullptr ? env : TBOOST_ASCEND_SIM_DEFAULT;
+}
+
+// `backend` = "ascend" through the config keys: the plan names FusedInferAttentionScore and the
+// simulator, and the tokens equal the Rust engine's (`tboost batch --backend ascend`) on the same
+// simulated device. ctest runs each test in its own process, so this one points the CANN search
+// path at the simulator for itself (the backend `auto` never picks the simulator anyway).
+TEST(Ascend, BackendKeyRunsOnTheSimulatorWithTheRustEnginesTokens) {
+  const std::string sim = AscendSimulator();
+  ASSERT_TRUE(IsFile(sim + "/lib64/libascendcl.so"))
+      << "the CANN simulator is not at " << sim
+      << ": build it with scripts/build-ascend-sim.sh and set TBOOST_ASCEND_SIM to the directory it prints";
+  ASSERT_EQ(setenv("ASCEND_HOME_PATH", sim.c_str(), 1), 0);
+  Config cfg{{"backend", "ascend"}, {"threads", "2"}, {"kv_cache_blocks", "8"}, {"max_batched_tokens", "64"}};
+  Model m(Golden("llama_gqa"), cfg.p);
+  Engine e(m.p, cfg.p);
+  ASSERT_NE(e.p, nullptr) << LastError();
+  const std::string plan = PlanJson(e.p);
+  EXPECT_NE(plan.find("\"backend\":\"ascend\""), std::string::npos) << plan.substr(0, 400);
+  EXPECT_NE(plan.find("FusedInferAttentionScore"), std::string::npos);
+  EXPECT_NE(plan.find("SIMULATOR"), std::string::npos);
+  std::vector<Tokens> prompts;
+  std::vector<std::string> lines;
+  for (int k = 0; k < 4; ++k) {
+    prompts.push_back(Prompt(k, 3 + 5 * k));
+    std::string toks;
+    for (size_t j = 0; j < prompts.back().size(); ++j) toks += (j ? "," : "") + std::to_string(prompts.back()[j]);
+    lines.push_back("{\"tokens\":[" + toks + "],\"max_tokens\":8,\"ignore_eos\":true,\"temperature\":0}");
+  }
+  const auto want = RunCli(Golden("llama_gqa"), lines, " --backend ascend --block-size 128");
+  ASSERT_EQ(want.size(), prompts.size());
+  std::vector<tboost_request_id> ids;
+  for (auto& p : prompts) ids.push_back(Enqueue(e.p, p, Params(8)));
+  RunToCompletion(e.p);
+  for (size_t i = 0; i < ids.size(); ++i) {
+    const auto evs = ReadAll(e.p, ids[i]);
+    ExpectWellFormed(evs, ids[i]);
+    EXPECT_EQ(TokensOf(evs), want[i].tokens) << "request " << i;
+    EXPECT_EQ(tboost_finish_reason_name(evs.back().finish), want[i].finish) << "request " << i;
   }
 }
 

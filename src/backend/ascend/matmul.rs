@@ -1,0 +1,146 @@
+//! Projections (`aclnnMm`), the fused QKV (one `aclnnMm` per segment over the same input),
+//! SwiGLU (`aclnnSwiGlu`) and the fused gate/up + SwiGLU.
+//!
+//! Layout: `x` `[m, k]`, each weight `[n, k]` as stored (HF layout) passed as its transposed view
+//! `[k, n]` (no copy), out `[m, n]`; cubeMathType KEEP_DTYPE. Weights must be in the activation
+//! dtype (f16/bf16: the plan converts f32 and GGUF block types at upload). A bias (stored as in the
+//! file, often f32) is cast once on the device to the activation dtype and added with a broadcast
+//! `aclnnInplaceAdd`.
+//!
+//! SwiGLU: `aclnnSwiGlu` splits its input in two halves along a dim: the gate and up results are
+//! placed in the two halves of a `[2, m, inter]` scratch (dim 0), by the two matmuls themselves in
+//! `MatMulSwiGlu` (one read of the scratch, no separate activation pass) or by two stream copies
+//! in `SwiGlu`.
+
+use ascend_sys::ops::{self, CubeMathType};
+use tboost_ops::{DType, Precision};
+
+use super::memory::Scratch;
+use super::{acl_err, be_err, AscendBackend};
+use crate::backend::{Segs, View, WeightId};
+use crate::Result;
+
+fn exact(p: Precision) -> Result<()> {
+    if p != Precision::Exact {
+        return Err(be_err("precision fast has no aclnn path on Ascend (the plan asks exact)"));
+    }
+    Ok(())
+}
+
+impl AscendBackend {
+    /// `out = x · wᵀ` for one weight (`x` `[m, k]`), queued.
+    fn mm(&mut self, x: View, m: usize, w: WeightId, out: View, what: &str) -> Result<()> {
+        let wt = self.mem.weight(w)?.clone();
+        let (n, k) = (wt.rows, wt.cols);
+        let act = self.mem.dtype(x)?;
+        if x.len != m * k || out.len != m * n {
+            return Err(be_err(format!(
+                "{what}: x of {} and out of {} values do not fit m={m} and weight `{}` {n}x{k}",
+                x.len, out.len, wt.name
+            )));
+        }
+        if wt.dtype != act || self.mem.dtype(out)? != act {
+            return Err(be_err(format!(
+                "{what}: weight `{}` is {}, activations {act} (the plan converts weights at upload)",
+                wt.name, wt.dtype
+            )));
+        }
+        let (ctx, mem) = (&mut self.ctx, &self.mem);
+        let wv = mem.weight_tensor(&wt, &[n, k])?.transpose(0, 1).map_err(|e| acl_err(what, e))?;
+        let (xt, ot) = (mem.tensor(x, &[m, k])?, mem.tensor(out, &[m, n])?);
+        ops::mm(ctx, &xt, &wv, &ot, CubeMathType::KeepDtype).map_err(|e| acl_err("aclnnMm", e))
+    }
+
+    pub(super) fn matmul(&mut self, x: View, m: usize, segs: &Segs, precision: Precision) -> Result<()> {
+        exact(precision)?;
+        let mut cols = None;
+        for s in segs.iter() {
+            let k = self.mem.weight(s.w)?.cols;
+            if *cols.get_or_insert(k) != k {
+                return Err(be_err("matmul: fused weights of different widths"));
+            }
+        }
+        for s in segs.iter() {
+            self.mm(x, m, s.w, s.out, "matmul")?;
+            if let Some(b) = s.bias {
+                let act = self.mem.dtype(s.out)?;
+                let bias = self.mem.weight_as(&mut self.ctx, b, act)?;
+                let n = self.mem.weight(s.w)?.rows;
+                if bias.numel != n {
+                    return Err(be_err(format!(
+                        "matmul: bias `{}` has {} values for {n} outputs",
+                        bias.name, bias.numel
+                    )));
+                }
+                let (ctx, mem) = (&mut self.ctx, &self.mem);
+                let (o, bt) = (mem.tensor(s.out, &[m, n])?, mem.weight_tensor(&bias, &[n])?);
+                ops::inplace_add(ctx, &o, &bt, 1.0).map_err(|e| acl_err("aclnnInplaceAdd (bias)", e))?;
+            }
+        }
+        Ok(())
+    }
+
+    /// `out = silu(h[0]) * h[1]` for the `[2, n]` scratch `h`.
+    fn swiglu_halves(&mut self, n: usize, act: DType, out: View) -> Result<()> {
+        let (ctx, mem) = (&mut self.ctx, &self.mem);
+        let h = mem.scratch(Scratch::GateUp, act, 0, &[2, n])?;
+        let o = mem.tensor(out, &[1, n])?;
+        ops::swi_glu(ctx, &h, 0, &o).map_err(|e| acl_err("aclnnSwiGlu", e))
+    }
+
+    pub(super) fn matmul_swiglu(
+        &mut self,
+        x: View,
+        m: usize,
+        gate: WeightId,
+        up: WeightId,
+        out: View,
+        precision: Precision,
+    ) -> Result<()> {
+        exact(precision)?;
+        let (g, u) = (self.mem.weight(gate)?.clone(), self.mem.weight(up)?.clone());
+        if (g.rows, g.cols, g.dtype) != (u.rows, u.cols, u.dtype) {
+            return Err(be_err("matmul_swiglu: gate and up differ in shape or dtype"));
+        }
+        let (inter, act) = (g.rows, self.mem.dtype(x)?);
+        let n = m * inter;
+        if out.len != n || self.mem.dtype(out)? != act {
+            return Err(be_err(format!("matmul_swiglu: out of {} values for m={m} x {inter}", out.len)));
+        }
+        self.mem.ensure(Scratch::GateUp, 2 * n * act.block_bytes())?;
+        for (i, w) in [gate, up].into_iter().enumerate() {
+            let wt = self.mem.weight(w)?.clone();
+            let (ctx, mem) = (&mut self.ctx, &self.mem);
+            if x.len != m * wt.cols || wt.dtype != act {
+                return Err(be_err(format!("matmul_swiglu: x of {} values for weight `{}`", x.len, wt.name)));
+            }
+            let wv =
+                mem.weight_tensor(&wt, &[inter, wt.cols])?.transpose(0, 1).map_err(|e| acl_err("matmul_swiglu", e))?;
+            let half = mem.scratch(Scratch::GateUp, act, i * n * act.block_bytes(), &[m, inter])?;
+            let xt = mem.tensor(x, &[m, wt.cols])?;
+            ops::mm(ctx, &xt, &wv, &half, CubeMathType::KeepDtype).map_err(|e| acl_err("aclnnMm", e))?;
+        }
+        self.swiglu_halves(n, act, out)
+    }
+
+    pub(super) fn swiglu(&mut self, gate: View, up: View, out: View) -> Result<()> {
+        let n = gate.len;
+        let act = self.mem.dtype(gate)?;
+        if up.len != n || out.len != n || self.mem.dtype(up)? != act || self.mem.dtype(out)? != act {
+            return Err(be_err("swiglu: gate, up and out differ in length or dtype"));
+        }
+        let esz = act.block_bytes();
+        self.mem.ensure(Scratch::GateUp, 2 * n * esz)?;
+        {
+            let (ctx, mem) = (&mut self.ctx, &self.mem);
+            let h = mem.scratch_buf(Scratch::GateUp)?;
+            for (i, v) in [gate, up].into_iter().enumerate() {
+                let (src, at, bytes) = mem.bytes_of(v)?;
+                // SAFETY: both buffers are freed only after a synchronize.
+                unsafe { ctx.stream().copy_device_async(src, at, h, i * n * esz, bytes) }
+                    .map_err(|e| acl_err("swiglu: staging gate/up", e))?;
+            }
+        }
+        self.swiglu_halves(n, act, out)
+    }
+}

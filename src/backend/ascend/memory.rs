@@ -1,0 +1,427 @@
+//! Device memory of the Ascend backend: the orchestrator's buffers (`BufId`), the weights
+//! (`WeightId`), the backend's own scratch and constants, and the rule that nothing queued work
+//! may still read is freed before the stream ran it (freed buffers wait in `retired` until the
+//! next synchronize).
+//!
+//! Every allocation is an `aclrtMalloc` through `ascend_sys::Device` (`DeviceBuffer` frees on
+//! drop). Views become `TensorRef`s here, bounds-checked against the view *and* the buffer, so an
+//! op never builds an aclTensor that reaches outside what the orchestrator named.
+//!
+//! Index buffers: the orchestrator's `u32` buffers (token ids, positions, slots, block tables,
+//! logit rows, expert ids) are handed to aclnn as `INT32` tensors — the same bytes for every id
+//! below 2^31, which `set_step` checks for the step arrays. `u32::MAX` (an unused block-table
+//! entry) reads as -1, ATB's "no block" marker.
+
+use std::collections::HashMap;
+
+use ascend_sys::{DType as Acl, Device, DeviceBuffer, TensorRef};
+use tboost_ops::DType;
+
+use super::{acl_err, be_err};
+use crate::backend::{BufId, View, WeightId};
+use crate::model::Tensor;
+use crate::Result;
+
+/// The aclnn element type of a buffer of `d` (u32 index buffers as INT32: see the module docs).
+pub(super) fn acl_dtype(d: DType) -> Result<Acl> {
+    Ok(match d {
+        DType::F32 => Acl::F32,
+        DType::F16 => Acl::F16,
+        DType::BF16 => Acl::Bf16,
+        DType::I64 => Acl::I64,
+        DType::I32 | DType::U32 => Acl::I32,
+        DType::I8 => Acl::I8,
+        DType::U8 => Acl::U8,
+        q => return Err(be_err(format!("{q} is a GGUF block type: aclnn has no tensor of it"))),
+    })
+}
+
+/// One orchestrator buffer.
+pub(super) struct DevBuf {
+    pub buf: DeviceBuffer,
+    pub dtype: DType,
+    pub len: usize,
+}
+
+/// Where a weight lives: a byte range of one of the weight stores (experts of an MoE layer are
+/// moved into one stacked store at their first grouped use).
+#[derive(Clone, Debug)]
+pub(super) struct Weight {
+    pub store: usize,
+    pub offset: usize,
+    pub dtype: DType,
+    pub rows: usize,
+    pub cols: usize,
+    pub numel: usize,
+    pub name: String,
+}
+
+/// An MoE layer's experts stacked for GroupedMatmul: `gate_up` is `[experts, 2·inter, hidden]`
+/// (expert e's gate rows, then its up rows), `down` is `[experts, hidden, inter]`.
+#[derive(Clone, Copy, Debug)]
+pub(super) struct MoeStack {
+    pub gate_up: usize,
+    pub down: usize,
+    pub experts: usize,
+    pub inter: usize,
+    pub hidden: usize,
+    pub dtype: DType,
+}
+
+/// The backend's own working buffers, one per purpose, grown on demand and reused.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Scratch {
+    Rstd,
+    NormOut,
+    RopeCos,
+    RopeSin,
+    RopeOut,
+    GateUp,
+    RouteLogits,
+    RouteProbs,
+    RouteRowIdx,
+    RouteSum,
+    RouteNorm,
+    MoeExpanded,
+    MoeRowIdx,
+    MoeCounts,
+    MoeCounts64,
+    MoeGateUp,
+    MoeAct,
+    MoeDown,
+}
+
+/// Constants made once: the 2048×2048 causal mask FIA's sparse mode 3 takes, zeros for
+/// broadcast copies, ones for row sums.
+#[derive(Clone, Copy, Debug, PartialEq, Eq, Hash)]
+pub(super) enum Const {
+    CausalMask,
+    Zeros,
+    OnesF32,
+}
+
+pub(super) const MASK_SIDE: usize = 2048;
+const ZEROS_BYTES: usize = 64;
+const ONES: usize = 1024;
+
+pub(super) struct Memory {
+    dev: Device,
+    bufs: Vec<Option<DevBuf>>,
+    free_ids: Vec<u32>,
+    allocated: usize,
+    weights: Vec<Weight>,
+    stores: Vec<Option<DeviceBuffer>>,
+    /// Weights in another dtype, made once on the device (`aclnnCast`): biases as stored in the
+    /// file meeting f16/bf16 activations.
+    casts: HashMap<(u32, DType), Weight>,
+    stacks: HashMap<u32, MoeStack>,
+    scratch: HashMap<Scratch, DeviceBuffer>,
+    consts: HashMap<Const, DeviceBuffer>,
+    /// Buffers freed while queued work may still use them; dropped after the next synchronize.
+    retired: Vec<DeviceBuffer>,
+}
+
+impl Memory {
+    pub fn new(dev: &Device) -> Memory {
+        Memory {
+            dev: dev.clone(),
+            bufs: Vec::new(),
+            free_ids: Vec::new(),
+            allocated: 0,
+            weights: Vec::new(),
+            stores: Vec::new(),
+            casts: HashMap::new(),
+            stacks: HashMap::new(),
+            scratch: HashMap::new(),
+            consts: HashMap::new(),
+            retired: Vec::new(),
+        }
+    }
+
+    fn malloc(&self, what: &str, bytes: usize) -> Result<DeviceBuffer> {
+        self.dev.alloc(bytes.max(1)).map_err(|e| acl_err(&format!("{what} ({bytes} bytes)"), e))
+    }
+
+    // ------------------------------------------------------------------ orchestrator buffers
+
+    pub fn alloc(&mut self, dtype: DType, len: usize) -> Result<BufId> {
+        let bytes = dtype
+            .bytes_for(len)
+            .ok_or_else(|| be_err(format!("alloc: {len} elements are not whole {dtype} blocks")))?;
+        let buf = self.malloc(&format!("alloc of {len} x {dtype}"), bytes)?;
+        // The trait promises zeros (a fresh allocation holds whatever the device had).
+        buf.fill_bytes(0).map_err(|e| acl_err("alloc: zero-fill", e))?;
+        self.allocated += bytes;
+        let b = DevBuf { buf, dtype, len };
+        Ok(BufId(match self.free_ids.pop() {
+            Some(id) => {
+                self.bufs[id as usize] = Some(b);
+                id
+            }
+            None => {
+                self.bufs.push(Some(b));
+                (self.bufs.len() - 1) as u32
+            }
+        }))
+    }
+
+    pub fn free(&mut self, id: BufId) {
+        if let Some(b) = self.bufs.get_mut(id.0 as usize).and_then(Option::take) {
+            self.allocated -= b.dtype.bytes_for(b.len).unwrap_or(0);
+            self.free_ids.push(id.0);
+            self.retired.push(b.buf);
+        }
+    }
+
+    pub fn allocated(&self) -> usize {
+        self.allocated
+    }
+
+    pub fn buffer(&self, id: BufId) -> Option<(DType, usize)> {
+        self.bufs.get(id.0 as usize).and_then(|b| b.as_ref()).map(|b| (b.dtype, b.len))
+    }
+
+    pub fn buf(&self, id: BufId) -> Result<&DevBuf> {
+        self.bufs.get(id.0 as usize).and_then(|b| b.as_ref()).ok_or_else(|| be_err(format!("unknown buffer {}", id.0)))
+    }
+
+    pub fn dtype(&self, v: View) -> Result<DType> {
+        Ok(self.buf(v.buf)?.dtype)
+    }
+
+    /// The view's buffer and byte range, checked.
+    pub fn bytes_of(&self, v: View) -> Result<(&DeviceBuffer, usize, usize)> {
+        let b = self.buf(v.buf)?;
+        let end = v.offset.checked_add(v.len).filter(|&e| e <= b.len).ok_or_else(|| {
+            be_err(format!("view {}+{} out of buffer {} of {} elements", v.offset, v.len, v.buf.0, b.len))
+        })?;
+        match (b.dtype.bytes_for(v.offset), b.dtype.bytes_for(end)) {
+            (Some(s), Some(e)) => Ok((&b.buf, s, e - s)),
+            _ => Err(be_err(format!("view {}+{} splits a {} block", v.offset, v.len, b.dtype))),
+        }
+    }
+
+    /// The view as a contiguous tensor of `shape` (whose element count must be the view's).
+    pub fn tensor(&self, v: View, shape: &[usize]) -> Result<TensorRef<'_>> {
+        let n: usize = shape.iter().product();
+        if n != v.len {
+            return Err(be_err(format!(
+                "a view of {} elements of buffer {} cannot be a {shape:?} tensor (a bug in the caller)",
+                v.len, v.buf.0
+            )));
+        }
+        let (buf, at, _) = self.bytes_of(v)?;
+        let dt = acl_dtype(self.buf(v.buf)?.dtype)?;
+        TensorRef::new(buf, at, dt, &i64s(shape)).map_err(|e| acl_err("tensor view", e))
+    }
+
+    // ------------------------------------------------------------------ weights
+
+    pub fn upload_weight(&mut self, t: &Tensor) -> Result<WeightId> {
+        let bytes = t.bytes();
+        let numel = t.numel();
+        if t.dtype.bytes_for(numel) != Some(bytes.len()) {
+            return Err(be_err(format!(
+                "weight `{}`: {} bytes do not hold {numel} x {}",
+                t.name,
+                bytes.len(),
+                t.dtype
+            )));
+        }
+        let buf = self.malloc(&format!("upload_weight `{}`", t.name), bytes.len())?;
+        buf.write(0, bytes).map_err(|e| acl_err(&format!("upload_weight `{}`", t.name), e))?;
+        let (rows, cols) = t.rows_cols();
+        self.stores.push(Some(buf));
+        self.weights.push(Weight {
+            store: self.stores.len() - 1,
+            offset: 0,
+            dtype: t.dtype,
+            rows,
+            cols,
+            numel,
+            name: t.name.clone(),
+        });
+        Ok(WeightId((self.weights.len() - 1) as u32))
+    }
+
+    pub fn weight(&self, id: WeightId) -> Result<&Weight> {
+        self.weights.get(id.0 as usize).ok_or_else(|| be_err(format!("unknown weight {}", id.0)))
+    }
+
+    fn store(&self, i: usize) -> Result<&DeviceBuffer> {
+        self.stores.get(i).and_then(|s| s.as_ref()).ok_or_else(|| be_err(format!("weight store {i} is gone")))
+    }
+
+    /// A weight as a contiguous tensor of `shape` (element count checked).
+    pub fn weight_tensor(&self, w: &Weight, shape: &[usize]) -> Result<TensorRef<'_>> {
+        if shape.iter().product::<usize>() != w.numel {
+            return Err(be_err(format!("weight `{}` of {} values cannot be a {shape:?} tensor", w.name, w.numel)));
+        }
+        TensorRef::new(self.store(w.store)?, w.offset, acl_dtype(w.dtype)?, &i64s(shape))
+            .map_err(|e| acl_err(&format!("weight `{}`", w.name), e))
+    }
+
+    /// `id` in `dtype`: itself, or a copy cast on the device once (queued on `ctx`).
+    pub fn weight_as(&mut self, ctx: &mut ascend_sys::Context, id: WeightId, dtype: DType) -> Result<Weight> {
+        let w = self.weight(id)?.clone();
+        if w.dtype == dtype {
+            return Ok(w);
+        }
+        if let Some(c) = self.casts.get(&(id.0, dtype)) {
+            return Ok(c.clone());
+        }
+        if !w.dtype.is_float() || !dtype.is_float() {
+            return Err(be_err(format!("weight `{}`: cannot cast {} to {dtype} on the device", w.name, w.dtype)));
+        }
+        let bytes = dtype.bytes_for(w.numel).unwrap_or(0);
+        let buf = self.malloc(&format!("weight `{}` as {dtype}", w.name), bytes)?;
+        self.stores.push(Some(buf));
+        let c = Weight { store: self.stores.len() - 1, offset: 0, dtype, ..w.clone() };
+        {
+            let src = self.weight_tensor(&w, &[w.numel])?;
+            let dst = self.weight_tensor(&c, &[c.numel])?;
+            ascend_sys::ops::cast(ctx, &src, &dst).map_err(|e| acl_err(&format!("weight `{}` cast", w.name), e))?;
+        }
+        self.casts.insert((id.0, dtype), c.clone());
+        Ok(c)
+    }
+
+    /// The experts of `first..first + 3·count` stacked for GroupedMatmul (made at the first call:
+    /// device-to-device copies queued on `ctx`, after which the experts' ids name the stack and
+    /// their own stores are freed after the next synchronize).
+    pub fn moe_stack(&mut self, ctx: &mut ascend_sys::Context, first: WeightId, count: usize) -> Result<MoeStack> {
+        if let Some(s) = self.stacks.get(&first.0) {
+            if s.experts == count {
+                return Ok(*s);
+            }
+        }
+        let ids = |e: usize| (first.0 as usize + 3 * e, first.0 as usize + 3 * e + 1, first.0 as usize + 3 * e + 2);
+        let (g0, _, d0) = ids(0);
+        let (gw, dw) = (self.weight(WeightId(g0 as u32))?.clone(), self.weight(WeightId(d0 as u32))?.clone());
+        let (inter, hidden, dtype) = (gw.rows, gw.cols, gw.dtype);
+        let esz = dtype.block_bytes();
+        if dtype.block_elems() != 1 || (dw.rows, dw.cols) != (hidden, inter) {
+            return Err(be_err(format!(
+                "moe: expert weights {} {}x{} / down {}x{} cannot be stacked",
+                dtype, gw.rows, gw.cols, dw.rows, dw.cols
+            )));
+        }
+        for e in 0..count {
+            let (g, u, d) = ids(e);
+            for (i, want) in [(g, (inter, hidden)), (u, (inter, hidden)), (d, (hidden, inter))] {
+                let w = self.weight(WeightId(i as u32))?;
+                if (w.rows, w.cols) != want || w.dtype != dtype {
+                    return Err(be_err(format!(
+                        "moe: expert {e} weight `{}` is {} {}x{}, the layer's experts are {dtype} {}x{}",
+                        w.name, w.dtype, w.rows, w.cols, want.0, want.1
+                    )));
+                }
+            }
+        }
+        let mat = inter * hidden * esz;
+        let gu = self.malloc("moe gate/up stack", count * 2 * mat)?;
+        let dn = self.malloc("moe down stack", count * mat)?;
+        for e in 0..count {
+            let (g, u, d) = ids(e);
+            for (i, dst, at) in [(g, &gu, 2 * e * mat), (u, &gu, (2 * e + 1) * mat), (d, &dn, e * mat)] {
+                let w = &self.weights[i];
+                let src = self.store(w.store)?;
+                // SAFETY: every store lives until after the next synchronize (retired, not dropped).
+                unsafe { ctx.stream().copy_device_async(src, w.offset, dst, at, mat) }
+                    .map_err(|e| acl_err("moe: stacking expert weights", e))?;
+            }
+        }
+        self.stores.push(Some(gu));
+        self.stores.push(Some(dn));
+        let (gs, ds) = (self.stores.len() - 2, self.stores.len() - 1);
+        for e in 0..count {
+            let (g, u, d) = ids(e);
+            for (i, store, at) in [(g, gs, 2 * e * mat), (u, gs, (2 * e + 1) * mat), (d, ds, e * mat)] {
+                let old = self.weights[i].store;
+                self.weights[i].store = store;
+                self.weights[i].offset = at;
+                if !self.weights.iter().any(|w| w.store == old) {
+                    if let Some(b) = self.stores[old].take() {
+                        self.retired.push(b);
+                    }
+                }
+            }
+        }
+        let s = MoeStack { gate_up: gs, down: ds, experts: count, inter, hidden, dtype };
+        self.stacks.insert(first.0, s);
+        Ok(s)
+    }
+
+    /// A stacked store as a tensor.
+    pub fn store_tensor(&self, store: usize, dtype: DType, shape: &[usize]) -> Result<TensorRef<'_>> {
+        TensorRef::new(self.store(store)?, 0, acl_dtype(dtype)?, &i64s(shape)).map_err(|e| acl_err("moe stack", e))
+    }
+
+    // ------------------------------------------------------------------ scratch and constants
+
+    /// Makes scratch `s` hold at least `bytes`.
+    pub fn ensure(&mut self, s: Scratch, bytes: usize) -> Result<()> {
+        if self.scratch.get(&s).is_some_and(|b| b.len() >= bytes) {
+            return Ok(());
+        }
+        let b = self.malloc(&format!("scratch {s:?}"), bytes.next_power_of_two().max(4096))?;
+        if let Some(old) = self.scratch.insert(s, b) {
+            self.retired.push(old); // queued work may still use it
+        }
+        Ok(())
+    }
+
+    /// `shape` elements of `dtype` from byte `at` of scratch `s` (ensured before).
+    pub fn scratch(&self, s: Scratch, dtype: DType, at: usize, shape: &[usize]) -> Result<TensorRef<'_>> {
+        let b = self.scratch.get(&s).ok_or_else(|| be_err(format!("scratch {s:?} was not made")))?;
+        TensorRef::new(b, at, acl_dtype(dtype)?, &i64s(shape)).map_err(|e| acl_err(&format!("scratch {s:?}"), e))
+    }
+
+    pub fn scratch_buf(&self, s: Scratch) -> Result<&DeviceBuffer> {
+        self.scratch.get(&s).ok_or_else(|| be_err(format!("scratch {s:?} was not made")))
+    }
+
+    /// Makes constant `c` (synchronous copies into fresh memory: no queued work touches it).
+    pub fn ensure_const(&mut self, c: Const) -> Result<()> {
+        if self.consts.contains_key(&c) {
+            return Ok(());
+        }
+        let b = match c {
+            Const::CausalMask => {
+                // 1 strictly above the diagonal: key j masked out for query i when j > i
+                // (ascend-sys README: sparse mode 3 with the optimized 2048x2048 mask).
+                let m: Vec<u8> = (0..MASK_SIDE * MASK_SIDE).map(|i| (i % MASK_SIDE > i / MASK_SIDE) as u8).collect();
+                let b = self.malloc("causal mask", m.len())?;
+                b.write(0, &m).map_err(|e| acl_err("causal mask", e))?;
+                b
+            }
+            Const::Zeros => {
+                let b = self.malloc("zeros", ZEROS_BYTES)?;
+                b.fill_bytes(0).map_err(|e| acl_err("zeros", e))?;
+                b
+            }
+            Const::OnesF32 => {
+                let b = self.malloc("ones", ONES * 4)?;
+                b.write(0, &[1.0f32; ONES]).map_err(|e| acl_err("ones", e))?;
+                b
+            }
+        };
+        self.consts.insert(c, b);
+        Ok(())
+    }
+
+    pub fn constant(&self, c: Const, dtype: DType, shape: &[usize]) -> Result<TensorRef<'_>> {
+        let b = self.consts.get(&c).ok_or_else(|| be_err(format!("constant {c:?} was not made")))?;
+        TensorRef::new(b, 0, acl_dtype(dtype)?, &i64s(shape)).map_err(|e| acl_err(&format!("constant {c:?}"), e))
+    }
+
+    /// Drops what waited for the stream (call after a synchronize returned, whatever it returned:
+    /// the stream has then run or abandoned every task).
+    pub fn release_retired(&mut self) {
+        self.retired.clear();
+    }
+}
+
+pub(super) fn i64s(v: &[usize]) -> Vec<i64> {
+    v.iter().map(|&x| x as i64).collect()
+}
