@@ -34,7 +34,7 @@ const DIRECT_M: usize = 4;
 const DIRECT_R: usize = 4;
 /// How far ahead of the direct path's reads weight bytes are prefetched (measured: 8 KiB
 /// and more reach full DRAM bandwidth on short rows, 2 KiB does not).
-const PREFETCH_BYTES: usize = 8192;
+pub(super) const PREFETCH_BYTES: usize = 8192;
 
 /// 16 f32 lanes.
 pub(super) trait V16: Copy {
@@ -54,10 +54,21 @@ pub(super) trait V16: Copy {
     unsafe fn from_i8x32(v: __m256i) -> (Self, Self);
     /// Byte `i` is 0xFF when bit `i` of `bits` is set, else 0.
     unsafe fn bits_to_bytes(bits: u32) -> __m256i;
+    // Used by the Fast kernels (`fast_x86`).
+    /// `-v` exactly (the sign bit flipped, also for zeros).
+    unsafe fn neg(self) -> Self;
+    /// 16 little-endian f16 at `p`, widened exactly.
+    unsafe fn load_f16x16(p: *const u8) -> Self;
+    /// 16 bytes at `p` as unsigned integers, converted exactly.
+    unsafe fn from_u8x16(p: *const u8) -> Self;
+    /// `a` in lanes 0..8, `b` in lanes 8..16.
+    unsafe fn halves(a: f32, b: f32) -> Self;
+    /// Lanes `0..n` from `new`, the others from `old`.
+    unsafe fn keep_first(n: usize, new: Self, old: Self) -> Self;
 }
 
 #[derive(Clone, Copy)]
-pub(super) struct Z(__m512);
+pub(super) struct Z(pub(super) __m512);
 
 impl V16 for Z {
     #[inline(always)]
@@ -108,10 +119,30 @@ impl V16 for Z {
     unsafe fn bits_to_bytes(bits: u32) -> __m256i {
         _mm256_movm_epi8(bits)
     }
+    #[inline(always)]
+    unsafe fn neg(self) -> Self {
+        Z(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(self.0), _mm512_set1_epi32(i32::MIN))))
+    }
+    #[inline(always)]
+    unsafe fn load_f16x16(p: *const u8) -> Self {
+        Z(_mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)))
+    }
+    #[inline(always)]
+    unsafe fn from_u8x16(p: *const u8) -> Self {
+        Z(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))))
+    }
+    #[inline(always)]
+    unsafe fn halves(a: f32, b: f32) -> Self {
+        Z(_mm512_insertf32x8::<1>(_mm512_set1_ps(a), _mm256_set1_ps(b)))
+    }
+    #[inline(always)]
+    unsafe fn keep_first(n: usize, new: Self, old: Self) -> Self {
+        Z(_mm512_mask_blend_ps(((1u32 << n) - 1) as u16, old.0, new.0))
+    }
 }
 
 #[derive(Clone, Copy)]
-pub(super) struct Y(__m256, __m256);
+pub(super) struct Y(pub(super) __m256, pub(super) __m256);
 
 impl V16 for Y {
     #[inline(always)]
@@ -168,6 +199,34 @@ impl V16 for Y {
         let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
         _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, pick), sel), sel)
     }
+    #[inline(always)]
+    unsafe fn neg(self) -> Self {
+        let m = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
+        Y(_mm256_xor_ps(self.0, m), _mm256_xor_ps(self.1, m))
+    }
+    #[inline(always)]
+    unsafe fn load_f16x16(p: *const u8) -> Self {
+        Y(
+            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
+            _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i)),
+        )
+    }
+    #[inline(always)]
+    unsafe fn from_u8x16(p: *const u8) -> Self {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        Y(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(v))))
+    }
+    #[inline(always)]
+    unsafe fn halves(a: f32, b: f32) -> Self {
+        Y(_mm256_set1_ps(a), _mm256_set1_ps(b))
+    }
+    #[inline(always)]
+    unsafe fn keep_first(n: usize, new: Self, old: Self) -> Self {
+        let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
+        let lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), idx));
+        let hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32 - 8), idx));
+        Y(_mm256_blendv_ps(old.0, new.0, lo), _mm256_blendv_ps(old.1, new.1, hi))
+    }
 }
 
 /// The low 8 signed bytes of `x` as floats.
@@ -185,19 +244,19 @@ unsafe fn hsum8(s8: __m256) -> f32 {
 }
 
 #[inline(always)]
-unsafe fn f16_at(p: *const u8) -> f32 {
+pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
     let bits = ptr::read_unaligned(p as *const u16);
     _mm_cvtss_f32(_mm_cvtph_ps(_mm_cvtsi32_si128(bits as i32)))
 }
 
 #[inline(always)]
-unsafe fn load32(p: *const u8) -> __m256i {
+pub(super) unsafe fn load32(p: *const u8) -> __m256i {
     _mm256_loadu_si256(p as *const __m256i)
 }
 
 /// 16 packed bytes as 32 nibbles: low nibbles in bytes 0..16, high nibbles in 16..32.
 #[inline(always)]
-unsafe fn nibbles16(p: *const u8) -> __m256i {
+pub(super) unsafe fn nibbles16(p: *const u8) -> __m256i {
     let q = _mm_loadu_si128(p as *const __m128i);
     let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
     _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
@@ -342,7 +401,7 @@ impl Format for Q4K {
 
 /// 16 where bit `j` of byte `l` of `qh` is set: the fifth bit of value `l` of sub-block `j`.
 #[inline(always)]
-unsafe fn q5k_high(qh: __m256i, j: usize) -> __m256i {
+pub(super) unsafe fn q5k_high(qh: __m256i, j: usize) -> __m256i {
     let bit = _mm256_set1_epi8((1u8 << j) as i8);
     _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(16))
 }
