@@ -14,6 +14,16 @@
 //! the 16 groups in order. Offsets (`-8 S_g` for Q4_0, ...) are subtracted as integers,
 //! then the float chain step runs on 16 groups at once: lane `c` of the accumulator is chain
 //! `c`, exactly the canonical order.
+//!
+//! Tiled path (many activation rows, prefill): 16 weight rows are packed once per task into
+//! a panel with the rows in lanes (per group: 8 quads of 16 rows x 4 signed bytes, then the
+//! group's scales, all in chain-major group order), and each activation quad is broadcast
+//! against it: one `vpdpbusd` per 64 multiply-adds, the float step once per group for 16
+//! outputs. Chains are walked one at a time, so a chain's weights (1/16 of the panel) stay
+//! in L1 while all activation rows stream past; the 16 chain sums per output meet in the
+//! same tree as the direct path's lanes. With VNNI the activations are biased to unsigned
+//! (`q + 128`) and the accumulator starts at `-128 Σ w`; without it the sign trick keeps
+//! `vpmaddubsw` exact.
 
 // Kernels index several same-length arrays (rows, lanes, accumulators) with one counter.
 #![allow(clippy::needless_range_loop)]
@@ -55,6 +65,16 @@ pub(super) trait IV: Copy {
     /// `[s0 x 8, s1 x 8, s2 x 8, s3 x 8]` as i16 from the 4 i16 at `p`.
     unsafe fn sc_unit(p: *const i16) -> Self;
     unsafe fn cvt(self) -> Self::F;
+    // The packed GEMM (weights signed, output rows in lanes).
+    /// The 4 bytes at `p` in every lane.
+    unsafe fn bcast32(p: *const u8) -> Self;
+    unsafe fn abs8(self) -> Self;
+    /// `acc + Σ_{t<4} w[4l+t] x[4l+t]` per lane with signed weight bytes `w` (`aw = |w|`):
+    /// with VNNI `x` is unsigned (`q + 128`, the caller starts from `-128 Σ w`), without it
+    /// `x` is signed and the product is `|w|` times `x` with `w`'s sign (no saturation).
+    unsafe fn dpw<const VNNI: bool>(acc: Self, w: Self, aw: Self, x: Self) -> Self;
+    unsafe fn add(a: Self, b: Self) -> Self;
+    unsafe fn mullo(a: Self, b: Self) -> Self;
 }
 
 #[derive(Clone, Copy)]
@@ -141,6 +161,32 @@ impl IV for ZI {
     #[inline(always)]
     unsafe fn cvt(self) -> Z {
         Z(_mm512_cvtepi32_ps(self.0))
+    }
+    #[inline(always)]
+    unsafe fn bcast32(p: *const u8) -> Self {
+        ZI(_mm512_set1_epi32(ptr::read_unaligned(p as *const i32)))
+    }
+    #[inline(always)]
+    unsafe fn abs8(self) -> Self {
+        ZI(_mm512_abs_epi8(self.0))
+    }
+    #[inline(always)]
+    unsafe fn dpw<const VNNI: bool>(acc: Self, w: Self, aw: Self, x: Self) -> Self {
+        if VNNI {
+            ZI(_mm512_dpbusd_epi32(acc.0, x.0, w.0))
+        } else {
+            let xs = _mm512_mask_sub_epi8(x.0, _mm512_movepi8_mask(w.0), _mm512_setzero_si512(), x.0);
+            let p = _mm512_madd_epi16(_mm512_maddubs_epi16(aw.0, xs), _mm512_set1_epi16(1));
+            ZI(_mm512_add_epi32(acc.0, p))
+        }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        ZI(_mm512_add_epi32(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn mullo(a: Self, b: Self) -> Self {
+        ZI(_mm512_mullo_epi32(a.0, b.0))
     }
 }
 
@@ -252,6 +298,34 @@ impl IV for YI {
     unsafe fn cvt(self) -> Y {
         Y(_mm256_cvtepi32_ps(self.0), _mm256_cvtepi32_ps(self.1))
     }
+    #[inline(always)]
+    unsafe fn bcast32(p: *const u8) -> Self {
+        let v = _mm256_set1_epi32(ptr::read_unaligned(p as *const i32));
+        YI(v, v)
+    }
+    #[inline(always)]
+    unsafe fn abs8(self) -> Self {
+        YI(_mm256_abs_epi8(self.0), _mm256_abs_epi8(self.1))
+    }
+    #[inline(always)]
+    unsafe fn dpw<const VNNI: bool>(acc: Self, w: Self, aw: Self, x: Self) -> Self {
+        if VNNI {
+            YI(_mm256_dpbusd_avx_epi32(acc.0, x.0, w.0), _mm256_dpbusd_avx_epi32(acc.1, x.1, w.1))
+        } else {
+            let one = _mm256_set1_epi16(1);
+            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw.0, _mm256_sign_epi8(x.0, w.0)), one);
+            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw.1, _mm256_sign_epi8(x.1, w.1)), one);
+            YI(_mm256_add_epi32(acc.0, p0), _mm256_add_epi32(acc.1, p1))
+        }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        YI(_mm256_add_epi32(a.0, b.0), _mm256_add_epi32(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn mullo(a: Self, b: Self) -> Self {
+        YI(_mm256_mullo_epi32(a.0, b.0), _mm256_mullo_epi32(a.1, b.1))
+    }
 }
 
 /// A GGUF block format as the Fast kernels read it.
@@ -267,6 +341,9 @@ pub(super) trait FF {
     /// `D_g = dot(unsigned bytes, q) - (S_g << OFF)`; 0: no offset. For Q8_0 (with VNNI,
     /// whose bytes are XORed with 0x80 to make them unsigned) 7.
     const OFF: u32 = 0;
+    /// What the unpacked unsigned bytes carry above the signed weight `w` (Q4_0 8, Q5_0 16,
+    /// Q6_K 32; 0 for Q8_0, whose bytes are `w`, and Q4_K / Q5_K).
+    const BIAS: i8 = 0;
     /// Groups `2u` and `2u + 1` of the row at `p` (`u` counts units from the row start);
     /// only group `2u` when `!two` (the second is then zero and not read).
     unsafe fn unit<V: V16>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i);
@@ -297,6 +374,7 @@ impl FF for Q4_0 {
     const BE: usize = 32;
     const BB: usize = 18;
     const OFF: u32 = 3;
+    const BIAS: i8 = 8;
     #[inline(always)]
     unsafe fn unit<V: V16>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
         let b = p.add(2 * u * 18);
@@ -319,6 +397,7 @@ impl FF for Q5_0 {
     const BE: usize = 32;
     const BB: usize = 22;
     const OFF: u32 = 4;
+    const BIAS: i8 = 16;
     #[inline(always)]
     unsafe fn unit<V: V16>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
         let b = p.add(2 * u * 22);
@@ -417,6 +496,7 @@ impl FF for Q6K {
     const BE: usize = 256;
     const BB: usize = 210;
     const Q6K: bool = true;
+    const BIAS: i8 = 32;
     #[inline(always)]
     unsafe fn unit<V: V16>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
         // Unit u' of a super-block: half n = u'/2, quarters gq = 2(u'%2) and 2(u'%2)+1: the
@@ -689,19 +769,310 @@ unsafe fn direct_y<F: FF, const VNNI: bool>(job: &FJob<'_>) {
     }
 }
 
+/// Output rows per packed panel (one i32 / f32 lane each).
+pub(super) const PANEL: usize = 16;
+
+/// Byte offsets inside one packed group record of a panel: 8 quads of `PANEL` rows x 4
+/// signed weight bytes, then `A` (f32), the VNNI start value `-128 Σ w` (i32; Q6_K: one per
+/// half), `-M` (f32, formats with mins) and Q6_K's two i32 half scales.
+struct Rec;
+impl Rec {
+    const A: usize = 8 * 4 * PANEL;
+    const CORR: usize = Self::A + 4 * PANEL;
+    const CORR_B: usize = Self::CORR + 4 * PANEL;
+    /// After the first correction: `-M` (mins) or the second one (Q6_K).
+    const M: usize = Self::CORR_B;
+    const SC_A: usize = Self::CORR_B + 4 * PANEL;
+    const SC_B: usize = Self::SC_A + 4 * PANEL;
+    fn bytes<F: FF>() -> usize {
+        if F::Q6K {
+            Self::SC_B + 4 * PANEL
+        } else if F::MINS {
+            Self::M + 4 * PANEL
+        } else {
+            Self::CORR_B
+        }
+    }
+}
+
+/// Chain-major position of the first group of each chain (and the total, at index 16).
+fn chain_starts(ng: usize) -> [usize; CHAINS + 1] {
+    let mut st = [0; CHAINS + 1];
+    for c in 0..CHAINS {
+        st[c + 1] = st[c] + (ng + CHAINS - 1 - c) / CHAINS;
+    }
+    st
+}
+
+/// Packs `rows` (at most `PANEL`) weight rows at `w` into `panel` (`ng` records of
+/// `Rec::bytes::<F>()`, chain-major; rows past `rows` are zero).
+#[inline(always)]
+unsafe fn pack<V: V16, F: FF>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
+    let rec = Rec::bytes::<F>();
+    let st = chain_starts(ng);
+    if rows < PANEL {
+        ptr::write_bytes(panel, 0, ng * rec);
+    }
+    let mut sc = [0i16; 32];
+    let bias = _mm256_set1_epi8(F::BIAS);
+    let flip = _mm256_set1_epi8(-128);
+    for r in 0..rows {
+        let p = w.add(r * row_bytes);
+        for ch in 0..ng.div_ceil(CHAINS) {
+            let gn = (ng - CHAINS * ch).min(CHAINS);
+            let (a, mn) = F::header::<V>(p, ch, gn, &mut sc);
+            let (mut av, mut mv) = ([0f32; CHAINS], [0f32; CHAINS]);
+            a.store(av.as_mut_ptr());
+            mn.neg().store(mv.as_mut_ptr());
+            for u in 0..gn.div_ceil(2) {
+                let (lo, hi) = F::unit::<V>(p, CHAINS / 2 * ch + u, 2 * u + 1 < gn);
+                for (h, v) in [(0, lo), (1, hi)] {
+                    let gl = 2 * u + h;
+                    if gl >= gn {
+                        break;
+                    }
+                    let g = CHAINS * ch + gl;
+                    let ws = _mm256_sub_epi8(v, bias);
+                    let rp = panel.add((st[g % CHAINS] + g / CHAINS) * rec);
+                    let mut q = [0u32; 8];
+                    _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, ws);
+                    for t in 0..8 {
+                        ptr::write_unaligned(rp.add(16 * 4 * t + 4 * r) as *mut u32, q[t]);
+                    }
+                    // Σ w per 8 bytes: Σ (w + 128) - 1024.
+                    let sad = _mm256_sad_epu8(_mm256_xor_si256(ws, flip), _mm256_setzero_si256());
+                    let mut s8 = [0i64; 4];
+                    _mm256_storeu_si256(s8.as_mut_ptr() as *mut __m256i, sad);
+                    let s8 = s8.map(|v| v as i32 - 1024);
+                    ptr::write_unaligned(rp.add(Rec::A + 4 * r) as *mut f32, av[gl]);
+                    if F::Q6K {
+                        ptr::write_unaligned(rp.add(Rec::CORR + 4 * r) as *mut i32, -128 * (s8[0] + s8[1]));
+                        ptr::write_unaligned(rp.add(Rec::CORR_B + 4 * r) as *mut i32, -128 * (s8[2] + s8[3]));
+                        ptr::write_unaligned(rp.add(Rec::SC_A + 4 * r) as *mut i32, sc[2 * gl] as i32);
+                        ptr::write_unaligned(rp.add(Rec::SC_B + 4 * r) as *mut i32, sc[2 * gl + 1] as i32);
+                    } else {
+                        let corr = -128 * (s8[0] + s8[1] + s8[2] + s8[3]);
+                        ptr::write_unaligned(rp.add(Rec::CORR + 4 * r) as *mut i32, corr);
+                        if F::MINS {
+                            ptr::write_unaligned(rp.add(Rec::M + 4 * r) as *mut f32, mv[gl]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// One activation row of the chain-major copy.
+#[derive(Clone, Copy)]
+struct ChainRow {
+    q: *const u8,
+    xs: *const f32,
+    ys: *const f32,
+}
+
+/// Activation rows per register tile of the GEMM.
+const GEMM_MR_Z: usize = 8;
+const GEMM_MR_Y: usize = 2;
+
+/// The integer accumulator's start: `-128 Σ w` (stored at `off` of the record) with VNNI,
+/// whose activations carry +128, else zero.
+#[inline(always)]
+unsafe fn start<I: IV, const VNNI: bool>(rp: *const u8, off: usize) -> I {
+    if VNNI {
+        I::load(rp.add(off))
+    } else {
+        I::zero()
+    }
+}
+
+/// Quads `t0..t0 + 4` of the record at `rp` (chain-major position `pos`) into `d`.
+#[inline(always)]
+unsafe fn quads<I: IV, const VNNI: bool, const MR: usize>(
+    d: &mut [I; MR],
+    rp: *const u8,
+    x: &[ChainRow; MR],
+    pos: usize,
+    t0: usize,
+) {
+    for t in t0..t0 + 4 {
+        let w = I::load(rp.add(4 * PANEL * t));
+        let aw = if VNNI { w } else { w.abs8() };
+        for i in 0..MR {
+            d[i] = I::dpw::<VNNI>(d[i], w, aw, I::bcast32(x[i].q.add(GROUP * pos + 4 * t)));
+        }
+    }
+}
+
+/// Chain `c`'s records `p0..p1` of a packed panel against `MR` activation rows: the chain's
+/// accumulator per row (lanes = the panel's output rows).
+#[inline(always)]
+unsafe fn gemm_chain<I: IV, F: FF, const VNNI: bool, const MR: usize>(
+    panel: *const u8,
+    (p0, p1): (usize, usize),
+    x: &[ChainRow; MR],
+) -> [I::F; MR] {
+    let rec = Rec::bytes::<F>();
+    let mut acc = [I::F::zero(); MR];
+    for pos in p0..p1 {
+        let rp = panel.add(pos * rec);
+        let mut d = [start::<I, VNNI>(rp, Rec::CORR); MR];
+        quads::<I, VNNI, MR>(&mut d, rp, x, pos, 0);
+        if F::Q6K {
+            let mut e = [start::<I, VNNI>(rp, Rec::CORR_B); MR];
+            quads::<I, VNNI, MR>(&mut e, rp, x, pos, 4);
+            let (sa, sb) = (I::load(rp.add(Rec::SC_A)), I::load(rp.add(Rec::SC_B)));
+            for i in 0..MR {
+                d[i] = I::add(I::mullo(d[i], sa), I::mullo(e[i], sb));
+            }
+        } else {
+            quads::<I, VNNI, MR>(&mut d, rp, x, pos, 4);
+        }
+        let a = I::F::load(rp.add(Rec::A) as *const f32);
+        for i in 0..MR {
+            let s = I::F::mul(a, I::F::splat(*x[i].xs.add(pos)));
+            acc[i] = I::F::fma(d[i].cvt(), s, acc[i]);
+        }
+        if F::MINS {
+            let mn = I::F::load(rp.add(Rec::M) as *const f32);
+            for i in 0..MR {
+                acc[i] = I::F::fma(mn, I::F::splat(*x[i].ys.add(pos)), acc[i]);
+            }
+        }
+    }
+    acc
+}
+
+impl ChainRow {
+    fn of(a: &QAct, i: usize) -> ChainRow {
+        // SAFETY: row i exists (i < a.m), so the offsets stay inside the chain-major arrays.
+        unsafe {
+            ChainRow {
+                q: a.cq.as_ptr().add(i * a.ng * GROUP),
+                xs: a.cxs.as_ptr().add(i * a.ng),
+                ys: a.cys.as_ptr().add(i * a.ng),
+            }
+        }
+    }
+}
+
+/// Activation rows whose chain accumulators are kept per packed panel (their chain-major
+/// values stay in L2 while each chain's weights, 1/16 of the panel, stay in L1).
+pub(super) const GEMM_IC: usize = 128;
+
+/// Tiled path: `PANEL` weight rows packed once (into `panel`), then every activation row of
+/// the job, chain by chain, `MR` rows per register tile; `chains` holds `GEMM_IC` rows'
+/// chain accumulators until the canonical tree sums them.
+#[inline(always)]
+unsafe fn tiled<I: IV, F: FF, const VNNI: bool, const MR: usize>(job: &FJob<'_>, panel: *mut u8, chains: *mut f32) {
+    let act = job.act;
+    let ng = act.ng;
+    let st = chain_starts(ng);
+    let mut j0 = 0;
+    while j0 < job.n {
+        let rows = (job.n - j0).min(PANEL);
+        pack::<I::F, F>(job.w.add(j0 * job.row_bytes), job.row_bytes, rows, ng, panel);
+        let mut ic = 0;
+        while ic < job.m {
+            let mc = (job.m - ic).min(GEMM_IC);
+            for c in 0..CHAINS {
+                let mut ib = 0;
+                while ib < mc {
+                    // A short last tile repeats its last row (results discarded).
+                    let mut x = [ChainRow::of(act, job.i0 + ic + ib); MR];
+                    for t in 0..MR {
+                        x[t] = ChainRow::of(act, job.i0 + ic + (ib + t).min(mc - 1));
+                    }
+                    let acc = gemm_chain::<I, F, VNNI, MR>(panel, (st[c], st[c + 1]), &x);
+                    for t in 0..MR.min(mc - ib) {
+                        acc[t].store(chains.add(((ib + t) * CHAINS + c) * PANEL));
+                    }
+                    ib += MR;
+                }
+            }
+            for t in 0..mc {
+                let ch = chains.add(t * CHAINS * PANEL);
+                let mut s8 = [I::F::zero(); 8];
+                for l in 0..8 {
+                    s8[l] = I::F::add(I::F::load(ch.add(l * PANEL)), I::F::load(ch.add((l + 8) * PANEL)));
+                }
+                let mut s4 = [I::F::zero(); 4];
+                for l in 0..4 {
+                    s4[l] = I::F::add(s8[l], s8[l + 4]);
+                }
+                let y = I::F::add(I::F::add(s4[0], s4[2]), I::F::add(s4[1], s4[3]));
+                let dst = job.dst.add((ic + t) * job.ld + j0);
+                if rows == PANEL {
+                    y.store(dst);
+                } else {
+                    let mut v = [0f32; PANEL];
+                    y.store(v.as_mut_ptr());
+                    ptr::copy_nonoverlapping(v.as_ptr(), dst, rows);
+                }
+            }
+            ic += mc;
+        }
+        j0 += PANEL;
+    }
+}
+
+thread_local! {
+    /// Per-thread packed panel and chain accumulators of the tiled path, reused.
+    static GEMM: std::cell::RefCell<(Vec<u64>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Runs `f` with `panel_bytes` of panel and `chain_f32s` of chain scratch (fresh memory if
+/// this thread's is in use).
+fn with_gemm_scratch<T>(panel_bytes: usize, chain_f32s: usize, f: impl FnOnce(*mut u8, *mut f32) -> T) -> T {
+    let run = |(p, c): &mut (Vec<u64>, Vec<f32>)| {
+        if p.len() * 8 < panel_bytes {
+            p.resize(panel_bytes.div_ceil(8), 0);
+        }
+        if c.len() < chain_f32s {
+            c.resize(chain_f32s, 0.0);
+        }
+        f(p.as_mut_ptr() as *mut u8, c.as_mut_ptr())
+    };
+    GEMM.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => run(&mut s),
+        Err(_) => run(&mut (Vec::new(), Vec::new())),
+    })
+}
+
 macro_rules! entry_points {
-    ($name:ident, $body:ident, $vnni:literal, $features:literal) => {
+    ($name:ident, $tiled:ident, $i:ty, $mr:expr, $body:ident, $vnni:literal, $features:literal) => {
         #[target_feature(enable = $features)]
         unsafe fn $name<F: FF>(job: &FJob<'_>) {
             $body::<F, $vnni>(job)
         }
+
+        #[target_feature(enable = $features)]
+        unsafe fn $tiled<F: FF>(job: &FJob<'_>, panel: *mut u8, chains: *mut f32) {
+            tiled::<$i, F, $vnni, { $mr }>(job, panel, chains)
+        }
     };
 }
 
-entry_points!(direct_z_vnni, direct_z, true, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c");
-entry_points!(direct_z_plain, direct_z, false, "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c");
-entry_points!(direct_y_vnni, direct_y, true, "avx2,fma,f16c,avxvnni");
-entry_points!(direct_y_plain, direct_y, false, "avx2,fma,f16c");
+entry_points!(
+    direct_z_vnni,
+    tiled_z_vnni,
+    ZI,
+    GEMM_MR_Z,
+    direct_z,
+    true,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"
+);
+entry_points!(
+    direct_z_plain,
+    tiled_z_plain,
+    ZI,
+    GEMM_MR_Z,
+    direct_z,
+    false,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+);
+entry_points!(direct_y_vnni, tiled_y_vnni, YI, GEMM_MR_Y, direct_y, true, "avx2,fma,f16c,avxvnni");
+entry_points!(direct_y_plain, tiled_y_plain, YI, GEMM_MR_Y, direct_y, false, "avx2,fma,f16c");
 
 /// Which of the four instantiations runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -735,6 +1106,44 @@ pub(super) unsafe fn dots_direct(level: Level, dtype: DType, job: &FJob<'_>) {
         (true, false) => go!(direct_z_plain),
         (false, true) => go!(direct_y_vnni),
         (false, false) => go!(direct_y_plain),
+    }
+}
+
+/// Raw Fast dot products for `job` on the tiled path (packed panels); the activations must
+/// have their chain-major copy, biased exactly when `level.vnni`.
+///
+/// # Safety
+/// As [`dots_direct`].
+pub(super) unsafe fn dots_tiled(level: Level, dtype: DType, job: &FJob<'_>) {
+    macro_rules! go {
+        ($f:ident) => {{
+            fn bytes<F: FF>() -> usize {
+                Rec::bytes::<F>()
+            }
+            let rec = match dtype {
+                DType::Q4_0 => bytes::<Q4_0>(),
+                DType::Q5_0 => bytes::<Q5_0>(),
+                DType::Q8_0 => bytes::<Q8_0>(),
+                DType::Q4K => bytes::<Q4K>(),
+                DType::Q5K => bytes::<Q5K>(),
+                DType::Q6K => bytes::<Q6K>(),
+                _ => unreachable!("checked by matmul_quant"),
+            };
+            with_gemm_scratch(job.act.ng * rec, GEMM_IC * CHAINS * PANEL, |panel, chains| match dtype {
+                DType::Q4_0 => $f::<Q4_0>(job, panel, chains),
+                DType::Q5_0 => $f::<Q5_0>(job, panel, chains),
+                DType::Q8_0 => $f::<Q8_0>(job, panel, chains),
+                DType::Q4K => $f::<Q4K>(job, panel, chains),
+                DType::Q5K => $f::<Q5K>(job, panel, chains),
+                _ => $f::<Q6K>(job, panel, chains),
+            })
+        }};
+    }
+    match (level.avx512, level.vnni) {
+        (true, true) => go!(tiled_z_vnni),
+        (true, false) => go!(tiled_z_plain),
+        (false, true) => go!(tiled_y_vnni),
+        (false, false) => go!(tiled_y_plain),
     }
 }
 

@@ -74,7 +74,7 @@ pub fn matmul_quant_with(isa: Isa, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '
     let mats: Vec<(WeightMat<'_>, Option<WeightVec<'_>>, OutPtr)> =
         segs.iter_mut().map(|s| (s.w, s.bias, OutPtr(s.out.as_mut_ptr()))).collect();
     let ws: Vec<WeightMat<'_>> = mats.iter().map(|m| m.0).collect();
-    let tasks = plan(&ws, m, tile_min_rows(isa));
+    let tasks = plan(&ws, m, tile_min_rows(isa), false);
     run_tasks(&tasks, |t| {
         let (w, bias, out) = &mats[t.mat];
         // SAFETY: tasks cover disjoint [i0, i1) x [j0, j1) rectangles of each output, which
@@ -104,7 +104,7 @@ pub fn matmul_quant_prec_with(isa: Isa, vnni: bool, prec: Precision, x: &[f32], 
     let mats: Vec<(WeightMat<'_>, Option<WeightVec<'_>>, OutPtr)> =
         segs.iter_mut().map(|s| (s.w, s.bias, OutPtr(s.out.as_mut_ptr()))).collect();
     let ws: Vec<WeightMat<'_>> = mats.iter().map(|m| m.0).collect();
-    let tasks = plan(&ws, m, level.tile_min_rows());
+    let tasks = plan(&ws, m, level.tile_min_rows(), true);
     fast::with_act(|act| {
         act.fill(x, m, k, level.chain_layout(&tasks), level.quantizer());
         run_tasks(&tasks, |t| {
@@ -230,12 +230,12 @@ pub fn matmul_swiglu_quant_prec_with(
     };
     if prec == Precision::Exact {
         let isa = isa.min(isa::detected());
-        let tasks = plan(&[gate], m, tile_min_rows(isa));
+        let tasks = plan(&[gate], m, tile_min_rows(isa), false);
         // SAFETY (both closures): the scratch holds the task's [mi, nj] rectangle.
         run_tasks(&tasks, |t| fused(t, &|w, dst| unsafe { dots(isa, w, t, x, k, dst, t.j1 - t.j0) }));
     } else {
         let level = FastLevel::new(isa, vnni);
-        let tasks = plan(&[gate], m, level.tile_min_rows());
+        let tasks = plan(&[gate], m, level.tile_min_rows(), true);
         fast::with_act(|act| {
             act.fill(x, m, k, level.chain_layout(&tasks), level.quantizer());
             run_tasks(&tasks, |t| fused(t, &|w, dst| unsafe { dots_fast(level, w, t, act, dst, t.j1 - t.j0) }));
@@ -330,7 +330,7 @@ fn tile_min_rows(isa: Isa) -> usize {
 /// Splits the work over weight rows (and activation rows for large `m`); from `tile_min`
 /// activation rows on, tasks are tiled. The split never changes a result, only who
 /// computes it.
-fn plan(ws: &[WeightMat<'_>], m: usize, tile_min: usize) -> Vec<Task> {
+fn plan(ws: &[WeightMat<'_>], m: usize, tile_min: usize, fast: bool) -> Vec<Task> {
     let mut tasks = Vec::new();
     if m == 0 {
         return tasks;
@@ -348,7 +348,7 @@ fn plan(ws: &[WeightMat<'_>], m: usize, tile_min: usize) -> Vec<Task> {
         }
     } else {
         for (mat, w) in ws.iter().enumerate() {
-            let mc = tile_task_m(w.cols);
+            let mc = if fast { FAST_TASK_M } else { tile_task_m(w.cols) };
             for j0 in (0..w.rows).step_by(TILE_TASK_N) {
                 for i0 in (0..m).step_by(mc) {
                     tasks.push(Task { mat, j0, j1: (j0 + TILE_TASK_N).min(w.rows), i0, i1: (i0 + mc).min(m) });
@@ -404,6 +404,12 @@ unsafe fn dots_scalar(w: &WeightMat<'_>, t: &Task, x: &[f32], k: usize, dst: *mu
     }
 }
 
+/// Activation rows from which the Fast path packs weight panels for an integer GEMM.
+const FAST_TILE_MIN_ROWS: usize = 8;
+/// Activation rows per tiled Fast task: packing a panel costs about as much as multiplying
+/// it with a few dozen rows, so a task takes (nearly) all of them.
+const FAST_TASK_M: usize = 1024;
+
 /// The kernels a Fast call runs on: scalar, or one of the four x86 instantiations.
 #[derive(Clone, Copy, Debug)]
 struct FastLevel {
@@ -420,7 +426,10 @@ impl FastLevel {
 
     /// Activation rows from which Fast tasks are tiled (packed GEMM).
     fn tile_min_rows(self) -> usize {
-        usize::MAX
+        match self.isa {
+            Isa::Scalar => usize::MAX,
+            _ => FAST_TILE_MIN_ROWS,
+        }
     }
 
     /// Whether the activations need the chain-major copy (tiled tasks), and biased.
@@ -460,7 +469,11 @@ unsafe fn dots_fast(level: FastLevel, w: &WeightMat<'_>, t: &Task, act: &fast::Q
                 ld,
             };
             let l = fast_x86::Level { avx512: level.isa == Isa::Avx512, vnni: level.vnni };
-            fast_x86::dots_direct(l, w.dtype, &job)
+            if job.m >= level.tile_min_rows() {
+                fast_x86::dots_tiled(l, w.dtype, &job)
+            } else {
+                fast_x86::dots_direct(l, w.dtype, &job)
+            }
         }
         _ => fast::dots_scalar(w.dtype, w, (t.j0, t.j1), act, (t.i0, t.i1), dst, ld),
     }

@@ -55,6 +55,7 @@ pub(super) trait V16: Copy {
     /// Byte `i` is 0xFF when bit `i` of `bits` is set, else 0.
     unsafe fn bits_to_bytes(bits: u32) -> __m256i;
     // Used by the Fast kernels (`fast_x86`).
+    unsafe fn add(a: Self, b: Self) -> Self;
     /// `-v` exactly (the sign bit flipped, also for zeros).
     unsafe fn neg(self) -> Self;
     /// 16 little-endian f16 at `p`, widened exactly.
@@ -118,6 +119,10 @@ impl V16 for Z {
     #[inline(always)]
     unsafe fn bits_to_bytes(bits: u32) -> __m256i {
         _mm256_movm_epi8(bits)
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        Z(_mm512_add_ps(a.0, b.0))
     }
     #[inline(always)]
     unsafe fn neg(self) -> Self {
@@ -198,6 +203,10 @@ impl V16 for Y {
         );
         let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
         _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, pick), sel), sel)
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        Y(_mm256_add_ps(a.0, b.0), _mm256_add_ps(a.1, b.1))
     }
     #[inline(always)]
     unsafe fn neg(self) -> Self {
