@@ -10,7 +10,7 @@
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tboost_kernels::isa::Isa;
+use tboost_kernels::isa::{self, Isa};
 use tboost_kernels::matmul::{MatMulCase, MatSeg};
 use tboost_kernels::quant::{self, dequantize_row, matmul_quant_with, matmul_swiglu_quant_with};
 use tboost_kernels::{DType, WeightMat, WeightVec};
@@ -233,4 +233,26 @@ fn mismatched_segments_panic() {
     let (mut oa, mut ob) = (vec![0.0; 1], vec![0.0; 1]);
     let mut segs = [MatSeg { w: a, bias: None, out: &mut oa }, MatSeg { w: b, bias: None, out: &mut ob }];
     matmul_quant_with(Isa::Scalar, &[0.0; 32], 1, &mut segs);
+}
+
+#[test]
+fn activation_alignment_does_not_change_results() {
+    // The tiled kernels read 64-byte aligned activations in place and copy others into aligned
+    // scratch: both must give the same bits (the engine's buffers are aligned, Vecs usually not).
+    let mut rng = StdRng::seed_from_u64(6);
+    let (n, k, m) = (13, 768, 11);
+    for dt in [DType::Q4_0, DType::Q4K, DType::Q6K] {
+        let wb = random_weights(dt, n, k, &mut rng);
+        let w = WeightMat::new(dt, n, k, &wb).unwrap();
+        let x = random_x(m, k, &mut rng);
+        let mut buf = vec![0f32; m * k + 32];
+        let at = |a: usize| (0..16).find(|o| (buf.as_ptr() as usize + 4 * o) % 64 == a).unwrap();
+        let (aligned, off) = (at(0), at(4));
+        buf[aligned..aligned + m * k].copy_from_slice(&x);
+        let a = run(isa::active(), &buf[aligned..aligned + m * k], m, w, None);
+        buf[off..off + m * k].copy_from_slice(&x);
+        let b = run(isa::active(), &buf[off..off + m * k], m, w, None);
+        assert_bits_eq(&a, &b, &format!("{dt} aligned vs offset activations"));
+        assert_bits_eq(&a, &run(Isa::Scalar, &x, m, w, None), &format!("{dt} vs scalar"));
+    }
 }

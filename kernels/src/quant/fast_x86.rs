@@ -816,10 +816,11 @@ unsafe fn pack<V: V16, F: FF>(w: *const u8, row_bytes: usize, rows: usize, ng: u
     let mut sc = [0i16; 32];
     let bias = _mm256_set1_epi8(F::BIAS);
     let flip = _mm256_set1_epi8(-128);
-    for r in 0..rows {
-        let p = w.add(r * row_bytes);
-        for ch in 0..ng.div_ceil(CHAINS) {
-            let gn = (ng - CHAINS * ch).min(CHAINS);
+    // Chunk by chunk, all rows: the 16 records a chunk writes stay in L1.
+    for ch in 0..ng.div_ceil(CHAINS) {
+        let gn = (ng - CHAINS * ch).min(CHAINS);
+        for r in 0..rows {
+            let p = w.add(r * row_bytes);
             let (a, mn) = F::header::<V>(p, ch, gn, &mut sc);
             let (mut av, mut mv) = ([0f32; CHAINS], [0f32; CHAINS]);
             a.store(av.as_mut_ptr());
@@ -1025,13 +1026,16 @@ thread_local! {
 /// this thread's is in use).
 fn with_gemm_scratch<T>(panel_bytes: usize, chain_f32s: usize, f: impl FnOnce(*mut u8, *mut f32) -> T) -> T {
     let run = |(p, c): &mut (Vec<u64>, Vec<f32>)| {
-        if p.len() * 8 < panel_bytes {
-            p.resize(panel_bytes.div_ceil(8), 0);
+        // 64-byte aligned records: every weight and scale load is one cache line.
+        if p.len() * 8 < panel_bytes + 64 {
+            p.resize((panel_bytes + 64).div_ceil(8), 0);
         }
-        if c.len() < chain_f32s {
-            c.resize(chain_f32s, 0.0);
+        if c.len() < chain_f32s + 16 {
+            c.resize(chain_f32s + 16, 0.0);
         }
-        f(p.as_mut_ptr() as *mut u8, c.as_mut_ptr())
+        let (pp, cp) = (p.as_mut_ptr() as *mut u8, c.as_mut_ptr());
+        // SAFETY: the offsets are below 64 bytes, inside the 64 bytes of slack reserved above.
+        unsafe { f(pp.add(pp.align_offset(64)), cp.add(cp.align_offset(64))) }
     };
     GEMM.with(|cell| match cell.try_borrow_mut() {
         Ok(mut s) => run(&mut s),
