@@ -75,6 +75,11 @@ pub(super) trait IV: Copy {
     unsafe fn dpw<const VNNI: bool>(acc: Self, w: Self, aw: Self, x: Self) -> Self;
     unsafe fn add(a: Self, b: Self) -> Self;
     unsafe fn mullo(a: Self, b: Self) -> Self;
+    /// Packs `rows` weight rows into a panel (see [`pack`]).
+    #[inline(always)]
+    unsafe fn pack<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
+        pack::<Self::F, F>(w, row_bytes, rows, ng, panel)
+    }
 }
 
 #[derive(Clone, Copy)]
@@ -187,6 +192,10 @@ impl IV for ZI {
     #[inline(always)]
     unsafe fn mullo(a: Self, b: Self) -> Self {
         ZI(_mm512_mullo_epi32(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn pack<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
+        pack_z::<F, VNNI>(w, row_bytes, rows, ng, panel)
     }
 }
 
@@ -864,6 +873,117 @@ unsafe fn pack<V: V16, F: FF>(w: *const u8, row_bytes: usize, rows: usize, ng: u
     }
 }
 
+/// Transposes 16 rows of 8 dwords (row `r` at `src + r * stride`) into 8 vectors of 16
+/// (vector `t` = dword `t` of every row), stored 64 bytes apart from `dst`.
+#[inline(always)]
+unsafe fn transpose16x8(src: *const u8, stride: usize, dst: *mut u8) {
+    // r[i] = [row i | row i + 8]: two independent 8x8 transposes, one per 256-bit half.
+    let mut r = [_mm512_setzero_si512(); 8];
+    for i in 0..8 {
+        r[i] = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(load32(src.add(i * stride))),
+            load32(src.add((i + 8) * stride)),
+        );
+    }
+    let mut t = [_mm512_setzero_si512(); 8];
+    for i in 0..4 {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    // u[d] (d < 4): rows 0-3 (4-7 for u[4 + d]) of dword d in 128-bit lane 0, of dword d + 4
+    // in lane 1; lanes 2 and 3 the same for rows 8-11 (12-15).
+    let mut u = [_mm512_setzero_si512(); 8];
+    for h in 0..2 {
+        let (a, b, c, d) = (t[4 * h], t[4 * h + 1], t[4 * h + 2], t[4 * h + 3]);
+        u[4 * h] = _mm512_unpacklo_epi64(a, c);
+        u[4 * h + 1] = _mm512_unpackhi_epi64(a, c);
+        u[4 * h + 2] = _mm512_unpacklo_epi64(b, d);
+        u[4 * h + 3] = _mm512_unpackhi_epi64(b, d);
+    }
+    let lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    let hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for d in 0..4 {
+        _mm512_storeu_si512(dst.add(64 * d) as *mut _, _mm512_permutex2var_epi64(u[d], lo, u[4 + d]));
+        _mm512_storeu_si512(dst.add(64 * (d + 4)) as *mut _, _mm512_permutex2var_epi64(u[d], hi, u[4 + d]));
+    }
+}
+
+/// `-128 v` per lane.
+#[inline(always)]
+unsafe fn neg128(v: __m512i) -> __m512i {
+    _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(v))
+}
+
+/// [`pack`] on AVX-512: per chunk, every row's signed bytes go to an L1 buffer first, then
+/// each group's 16 rows are transposed into its quads at once; the VNNI start values come
+/// from the transposed quads. (The scalar-scatter `pack` spends most of its time on 8
+/// separate dword stores per row and group.)
+#[inline(always)]
+unsafe fn pack_z<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
+    let rec = Rec::bytes::<F>();
+    let st = chain_starts(ng);
+    let mut buf = [[0u8; CHAINS * GROUP]; PANEL];
+    let (mut av, mut mv) = ([[0f32; CHAINS]; PANEL], [[0f32; CHAINS]; PANEL]);
+    let mut sc = [[0i16; 32]; PANEL];
+    let bias = _mm256_set1_epi8(F::BIAS);
+    for ch in 0..ng.div_ceil(CHAINS) {
+        let gn = (ng - CHAINS * ch).min(CHAINS);
+        for r in 0..PANEL {
+            if r >= rows {
+                // Missing rows multiply as zeros (their outputs are dropped).
+                buf[r].fill(0);
+                av[r].fill(0.0);
+                mv[r].fill(0.0);
+                sc[r].fill(0);
+                continue;
+            }
+            let p = w.add(r * row_bytes);
+            let (a, mn) = F::header::<Z>(p, ch, gn, &mut sc[r]);
+            a.store(av[r].as_mut_ptr());
+            mn.neg().store(mv[r].as_mut_ptr());
+            for u in 0..gn.div_ceil(2) {
+                let (lo, hi) = F::unit::<Z>(p, CHAINS / 2 * ch + u, 2 * u + 1 < gn);
+                let b = buf[r].as_mut_ptr().add(2 * u * GROUP);
+                _mm256_storeu_si256(b as *mut __m256i, _mm256_sub_epi8(lo, bias));
+                _mm256_storeu_si256(b.add(GROUP) as *mut __m256i, _mm256_sub_epi8(hi, bias));
+            }
+        }
+        for gl in 0..gn {
+            let g = CHAINS * ch + gl;
+            let rp = panel.add((st[g % CHAINS] + g / CHAINS) * rec);
+            transpose16x8(buf[0].as_ptr().add(gl * GROUP), CHAINS * GROUP, rp);
+            for r in 0..PANEL {
+                ptr::write_unaligned(rp.add(Rec::A + 4 * r) as *mut f32, av[r][gl]);
+            }
+            if F::Q6K {
+                for r in 0..PANEL {
+                    ptr::write_unaligned(rp.add(Rec::SC_A + 4 * r) as *mut i32, sc[r][2 * gl] as i32);
+                    ptr::write_unaligned(rp.add(Rec::SC_B + 4 * r) as *mut i32, sc[r][2 * gl + 1] as i32);
+                }
+            } else if F::MINS {
+                for r in 0..PANEL {
+                    ptr::write_unaligned(rp.add(Rec::M + 4 * r) as *mut f32, mv[r][gl]);
+                }
+            }
+            if VNNI {
+                // -128 Σ w per row (per half for Q6_K): byte sums of the quads.
+                let ones = _mm512_set1_epi8(1);
+                let mut s = [_mm512_setzero_si512(); 2];
+                for t in 0..8 {
+                    let q = _mm512_loadu_si512(rp.add(64 * t) as *const _);
+                    s[t / 4] = _mm512_dpbusd_epi32(s[t / 4], ones, q);
+                }
+                if F::Q6K {
+                    _mm512_storeu_si512(rp.add(Rec::CORR) as *mut _, neg128(s[0]));
+                    _mm512_storeu_si512(rp.add(Rec::CORR_B) as *mut _, neg128(s[1]));
+                } else {
+                    _mm512_storeu_si512(rp.add(Rec::CORR) as *mut _, neg128(_mm512_add_epi32(s[0], s[1])));
+                }
+            }
+        }
+    }
+}
+
 /// One activation row of the chain-major copy.
 #[derive(Clone, Copy)]
 struct ChainRow {
@@ -972,7 +1092,7 @@ unsafe fn tiled<I: IV, F: FF, const VNNI: bool, const MR: usize>(job: &FJob<'_>,
     let mut j0 = 0;
     while j0 < job.n {
         let rows = (job.n - j0).min(PANEL);
-        pack::<I::F, F>(job.w.add(j0 * job.row_bytes), job.row_bytes, rows, ng, panel);
+        I::pack::<F, VNNI>(job.w.add(j0 * job.row_bytes), job.row_bytes, rows, ng, panel);
         let mut ic = 0;
         while ic < job.m {
             let mc = (job.m - ic).min(GEMM_IC);
