@@ -1077,6 +1077,29 @@ impl ChainRow {
     }
 }
 
+/// One register tile: rows `ib..ib + MR` (of `mc`, from activation row `i0`) against chain
+/// `c` of the panel, accumulators to `chains`. A short tile repeats its last row (results
+/// discarded).
+#[inline(always)]
+unsafe fn chain_tile<I: IV, F: FF, const VNNI: bool, const MR: usize>(
+    act: &QAct,
+    i0: usize,
+    (ib, mc): (usize, usize),
+    panel: *const u8,
+    range: (usize, usize),
+    c: usize,
+    chains: *mut f32,
+) {
+    let mut x = [ChainRow::of(act, i0 + ib); MR];
+    for t in 0..MR {
+        x[t] = ChainRow::of(act, i0 + (ib + t).min(mc - 1));
+    }
+    let acc = gemm_chain::<I, F, VNNI, MR>(panel, range, &x);
+    for t in 0..MR.min(mc - ib) {
+        acc[t].store(chains.add(((ib + t) * CHAINS + c) * PANEL));
+    }
+}
+
 /// Activation rows whose chain accumulators are kept per packed panel (their chain-major
 /// values stay in L2 while each chain's weights, 1/16 of the panel, stay in L1).
 pub(super) const GEMM_IC: usize = 128;
@@ -1099,16 +1122,13 @@ unsafe fn tiled<I: IV, F: FF, const VNNI: bool, const MR: usize>(job: &FJob<'_>,
             for c in 0..CHAINS {
                 let mut ib = 0;
                 while ib < mc {
-                    // A short last tile repeats its last row (results discarded).
-                    let mut x = [ChainRow::of(act, job.i0 + ic + ib); MR];
-                    for t in 0..MR {
-                        x[t] = ChainRow::of(act, job.i0 + ic + (ib + t).min(mc - 1));
+                    if MR > 4 && mc - ib <= 4 {
+                        chain_tile::<I, F, VNNI, 4>(act, job.i0 + ic, (ib, mc), panel, (st[c], st[c + 1]), c, chains);
+                        ib += 4;
+                    } else {
+                        chain_tile::<I, F, VNNI, MR>(act, job.i0 + ic, (ib, mc), panel, (st[c], st[c + 1]), c, chains);
+                        ib += MR;
                     }
-                    let acc = gemm_chain::<I, F, VNNI, MR>(panel, (st[c], st[c + 1]), &x);
-                    for t in 0..MR.min(mc - ib) {
-                        acc[t].store(chains.add(((ib + t) * CHAINS + c) * PANEL));
-                    }
-                    ib += MR;
                 }
             }
             for t in 0..mc {
