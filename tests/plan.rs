@@ -189,3 +189,38 @@ fn fast_precision_is_recorded_per_matmul_and_stays_near_exact() {
         assert_eq!(d, 0.0, "without a fast kernel, fast is exact");
     }
 }
+
+/// `precision: fast` on block-quantized weights: every matmul takes the integer kernel (8-bit
+/// activations per 32 values, the way llama.cpp's q8 dot products work) and the plan records
+/// it; the logits stay within the activation-quantization error of exact (2^-8 of the scale
+/// per matmul input, here ~1% of the logit scale), and differ from exact at all (the fast
+/// kernel really ran).
+#[test]
+fn fast_precision_on_quantized_weights_takes_the_integer_kernel() {
+    use tboost::backend::cpu::CpuBackend;
+    use tboost::model::synthetic;
+    use tboost::runner::ModelRunner;
+    use tboost_ops::DType;
+    let tokens: Vec<u32> = (0..20).map(|i| 3 + (i * 97) % 4000).collect();
+    for dtype in [DType::Q4_0, DType::Q8_0, DType::Q5_0] {
+        let model = synthetic::build("small", dtype, 7).unwrap();
+        let logits = |o: &PlanOptions| {
+            let mut r = ModelRunner::new(&model, Box::new(CpuBackend::new(2).unwrap()), o, 2).unwrap();
+            r.alloc_kv(8, 16).unwrap();
+            let precisions: Vec<Precision> = (0..r.plan.layers.len())
+                .flat_map(|l| [Slot::Qkv, Slot::OProj, Slot::Mlp].map(|s| decision(&r, l, s).precision))
+                .collect();
+            let mut s = Session::new(&mut r, tokens.len()).unwrap();
+            (s.feed(&tokens, true).unwrap(), precisions)
+        };
+        let (exact, pe) = logits(&PlanOptions::default());
+        let (fast, pf) = logits(&PlanOptions { precision: Precision::Fast, ..Default::default() });
+        assert!(pe.iter().all(|&p| p == Precision::Exact), "{dtype}: {pe:?}");
+        assert!(pf.iter().all(|&p| p == Precision::Fast), "{dtype}: every quantized matmul is fast: {pf:?}");
+        let scale = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
+        let d = max_abs_diff(&exact, &fast);
+        eprintln!("{dtype}: fast vs exact max abs diff {d:.3e} (logit scale {scale:.3})");
+        assert!(d > 0.0, "{dtype}: fast must run the integer kernel");
+        assert!(d <= 0.05 * scale.max(1.0), "{dtype}: fast moved the logits by {d} (scale {scale})");
+    }
+}

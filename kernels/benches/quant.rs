@@ -1,24 +1,32 @@
 //! Quantized matmul throughput (a plain timing harness: short runs, median of repeats).
 //!
-//! `cargo bench -p tboost-kernels --bench quant -- [bw] [gemv] [gemm] [decode] [small] [threads=N]`
+//! `cargo bench -p tboost-kernels --bench quant -- [bw] [peak] [gemv] [batch] [gemm] [decode] [small]
+//! [threads=N] [exact] [fast]`
 //! - bw:     streaming-read memory bandwidth (the ceiling for m=1 GEMV)
-//! - gemv:   m=1, GB/s of weight bytes per type and shape (weights cycled through > L3)
+//! - peak:   f32 FMA peak of one thread (register-only loop), the yardstick for gemm
+//! - gemv:   m=1, GB/s of weight bytes per type and shape (weights cycled through > 256 MiB)
+//! - batch:  m=16 (batched decode), GB/s and GFLOP/s
 //! - gemm:   m=512, GFLOP/s
 //! - small:  m = 1..12, one thread (only when named)
 //! - decode: the m=1 matmuls of one Qwen2.5-0.5B Q4_K_M token (24 layers + output head)
 //!
-//! Weights are random blocks with ordinary scales; the kernels' speed does not depend on values.
+//! `exact` / `fast` pick the precision (default: both). Shapes: Qwen2.5-0.5B (896 x 4864) and
+//! TinyLlama-1.1B (2048 x 5632). Weights are random blocks with ordinary scales; the kernels'
+//! speed does not depend on values.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use half::f16;
 use tboost_kernels::matmul::MatSeg;
-use tboost_kernels::quant::{matmul_quant, matmul_swiglu_quant};
+use tboost_kernels::quant::{matmul_quant_prec, matmul_swiglu_quant_prec, Precision};
 use tboost_kernels::{DType, WeightMat};
 
-/// Bytes of weights cycled through so that every call reads from DRAM, not L3 (32 MiB here).
-const COLD_BYTES: usize = 256 << 20;
+/// Bytes of weights cycled through so that calls read from DRAM rather than cache (the
+/// machine's L3 may be large: raise with COLD_MIB=N).
+fn cold_bytes() -> usize {
+    std::env::var("COLD_MIB").ok().and_then(|s| s.parse().ok()).unwrap_or(256usize) << 20
+}
 
 struct Lcg(u64);
 impl Lcg {
@@ -42,9 +50,20 @@ fn weights(dt: DType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
     w
 }
 
-fn x(m: usize, k: usize) -> Vec<f32> {
+/// Activations, 64-byte aligned like the engine's buffers (the tiled kernels copy others).
+struct Act(Vec<f32>, usize, usize);
+impl std::ops::Deref for Act {
+    type Target = [f32];
+    fn deref(&self) -> &[f32] {
+        &self.0[self.1..self.1 + self.2]
+    }
+}
+
+fn x(m: usize, k: usize) -> Act {
     let mut r = Lcg(99);
-    (0..m * k).map(|_| (r.next() % 2001) as f32 / 1000.0 - 1.0).collect()
+    let v: Vec<f32> = (0..m * k + 16).map(|_| (r.next() % 2001) as f32 / 1000.0 - 1.0).collect();
+    let off = v.as_ptr().align_offset(64);
+    Act(v, off, m * k)
 }
 
 /// CPU time of the calling thread (Linux), so single-thread numbers do not count the time
@@ -131,11 +150,56 @@ fn bandwidth(threads: usize) {
         let how = if prefetch { "with prefetch" } else { "plain" };
         println!("bw       threads={threads}: streaming read ({how}) {:.1} GB/s", n as f64 / secs / 1e9);
     }
+    // The yardstick `tboost bench` reports: membw::stream_read of 256 MiB, best of 7.
+    let data = vec![1u8; 256 << 20];
+    let mut best = 0f64;
+    for _ in 0..7 {
+        let s = Instant::now();
+        black_box(p.install(|| tboost_kernels::membw::stream_read(&data)));
+        best = best.max(data.len() as f64 / s.elapsed().as_secs_f64());
+    }
+    println!("bw       threads={threads}: membw::stream_read (tboost bench's yardstick) {:.1} GB/s", best / 1e9);
 }
 
-fn gemv(threads: usize) {
+/// The f32 FMA peak of one thread: 12 independent zmm (AVX-512) or ymm chains.
+fn peak() {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::*;
+        #[target_feature(enable = "avx512f")]
+        unsafe fn run(iters: usize) -> f32 {
+            let (a, b) = (_mm512_set1_ps(0.999), _mm512_set1_ps(1e-6));
+            let mut acc = [_mm512_set1_ps(1.0); 12];
+            for _ in 0..iters {
+                for v in acc.iter_mut() {
+                    *v = _mm512_fmadd_ps(*v, a, b);
+                }
+            }
+            acc.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
+        }
+        if !is_x86_feature_detected!("avx512f") {
+            println!("peak     (no AVX-512)");
+            return;
+        }
+        let iters = 20_000_000;
+        let secs = time(&pool(1), Duration::from_secs(2), || {
+            // SAFETY: AVX-512F checked above.
+            black_box(unsafe { run(black_box(iters)) });
+        });
+        println!("peak     threads=1: f32 FMA {:.1} GFLOP/s", (iters * 12 * 16 * 2) as f64 / secs / 1e9);
+    }
+}
+
+fn prec_name(p: Precision) -> &'static str {
+    match p {
+        Precision::Exact => "exact",
+        Precision::Fast => "fast ",
+    }
+}
+
+fn gemv(threads: usize, prec: Precision) {
     let p = pool(threads);
-    let shapes: [(DType, usize, usize); 10] = [
+    let shapes: [(DType, usize, usize); 15] = [
         (DType::Q5_0, 4864, 896),
         (DType::Q5_0, 896, 4864),
         (DType::Q4_0, 4864, 896),
@@ -146,10 +210,15 @@ fn gemv(threads: usize) {
         (DType::Q5K, 896, 4864),
         (DType::Q6K, 896, 4864),
         (DType::Q8_0, 151936, 896),
+        (DType::Q4_0, 5632, 2048),
+        (DType::Q4_0, 2048, 5632),
+        (DType::Q8_0, 5632, 2048),
+        (DType::Q4K, 5632, 2048),
+        (DType::Q6K, 2048, 5632),
     ];
     for (dt, n, k) in shapes {
         let bytes = dt.bytes_for(k).unwrap() * n;
-        let copies = if std::env::var_os("HOT").is_some() { 1 } else { (COLD_BYTES / bytes).max(2) };
+        let copies = if std::env::var_os("HOT").is_some() { 1 } else { (cold_bytes() / bytes).max(2) };
         let ws: Vec<Vec<u8>> = (0..copies).map(|c| weights(dt, n, k, c as u64)).collect();
         let xs = x(1, k);
         let mut out = vec![0f32; n];
@@ -157,31 +226,67 @@ fn gemv(threads: usize) {
         let secs = time(&p, Duration::from_millis(1500), || {
             let w = WeightMat::new(dt, n, k, &ws[c % copies]).unwrap();
             c += 1;
-            matmul_quant(&xs, 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
+            matmul_quant_prec(prec, &xs, 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
         });
         println!(
-            "gemv     threads={threads} {dt:>5} n={n:>6} k={k:>4}: {:8.1} us  {:5.1} GB/s",
+            "gemv     threads={threads} {} {dt:>5} n={n:>6} k={k:>4}: {:8.1} us  {:5.1} GB/s",
+            prec_name(prec),
             secs * 1e6,
             bytes as f64 / secs / 1e9
         );
     }
 }
 
-fn gemm(threads: usize) {
+/// Batched decode: m = 16 activation rows, weights cycled as in `gemv`.
+fn batch(threads: usize, prec: Precision) {
+    let p = pool(threads);
+    let m = 16;
+    for (dt, n, k) in
+        [(DType::Q5_0, 4864, 896), (DType::Q4K, 896, 4864), (DType::Q4_0, 5632, 2048), (DType::Q8_0, 5632, 2048)]
+    {
+        let bytes = dt.bytes_for(k).unwrap() * n;
+        let copies = (cold_bytes() / bytes).max(2);
+        let ws: Vec<Vec<u8>> = (0..copies).map(|c| weights(dt, n, k, c as u64)).collect();
+        let xs = x(m, k);
+        let mut out = vec![0f32; m * n];
+        let mut c = 0;
+        let secs = time(&p, Duration::from_millis(1500), || {
+            let w = WeightMat::new(dt, n, k, &ws[c % copies]).unwrap();
+            c += 1;
+            matmul_quant_prec(prec, &xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
+        });
+        println!(
+            "batch    threads={threads} {} {dt:>5} m={m} n={n:>5} k={k:>4}: {:8.1} us  {:5.1} GB/s  {:6.1} GFLOP/s",
+            prec_name(prec),
+            secs * 1e6,
+            bytes as f64 / secs / 1e9,
+            2.0 * (m * n * k) as f64 / secs / 1e9
+        );
+    }
+}
+
+fn gemm(threads: usize, prec: Precision) {
     let p = pool(threads);
     let m = 512;
-    for (dt, n, k) in
-        [(DType::Q5_0, 4864, 896), (DType::Q5_0, 896, 896), (DType::Q4K, 896, 4864), (DType::Q6K, 896, 4864)]
-    {
+    for (dt, n, k) in [
+        (DType::Q5_0, 4864, 896),
+        (DType::Q5_0, 896, 896),
+        (DType::Q4K, 896, 4864),
+        (DType::Q6K, 896, 4864),
+        (DType::Q4_0, 5632, 2048),
+        (DType::Q8_0, 5632, 2048),
+        (DType::Q4K, 2048, 5632),
+    ] {
         let wb = weights(dt, n, k, 1);
         let w = WeightMat::new(dt, n, k, &wb).unwrap();
         let xs = x(m, k);
         let mut out = vec![0f32; m * n];
         let secs = time(&p, Duration::from_secs(2), || {
-            matmul_quant(&xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
+            matmul_quant_prec(prec, &xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
         });
         println!(
-            "gemm     threads={threads} {dt:>5} m={m} n={n:>5} k={k:>4}: {:8.2} ms  {:6.1} GFLOP/s",
+            "gemm     threads={threads} {} {dt:>5} m={m} n={n:>5} k={k:>4}: {:8.2} ms  {:6.1} GFLOP/s",
+            prec_name(prec),
             secs * 1e3,
             2.0 * (m * n * k) as f64 / secs / 1e9
         );
@@ -190,7 +295,7 @@ fn gemm(threads: usize) {
 
 /// The m=1 matmuls of one decode step of Qwen2.5-Coder-0.5B Q4_K_M (types per layer from
 /// the model file), every layer with its own weights as in the real model.
-fn decode(threads: usize) {
+fn decode(threads: usize, prec: Precision) {
     let p = pool(threads);
     let (d, ff, kv) = (896, 4864, 128);
     let q6_layers = [0, 1, 3, 6, 7, 8, 9, 10, 13, 16, 19, 21];
@@ -238,7 +343,8 @@ fn decode(threads: usize) {
             let wq = WeightMat::new(DType::Q5_0, d, d, &l.q).unwrap();
             let wk = WeightMat::new(DType::Q5_0, kv, d, &l.k).unwrap();
             let wv = WeightMat::new(l.v_dt, kv, d, &l.v).unwrap();
-            matmul_quant(
+            matmul_quant_prec(
+                prec,
                 &xd,
                 1,
                 &mut [
@@ -248,18 +354,19 @@ fn decode(threads: usize) {
                 ],
             );
             let wo = WeightMat::new(DType::Q5_0, d, d, &l.o).unwrap();
-            matmul_quant(&xd, 1, &mut [MatSeg { w: wo, bias: None, out: &mut o }]);
+            matmul_quant_prec(prec, &xd, 1, &mut [MatSeg { w: wo, bias: None, out: &mut o }]);
             let wg = WeightMat::new(DType::Q5_0, ff, d, &l.gate).unwrap();
             let wu = WeightMat::new(DType::Q5_0, ff, d, &l.up).unwrap();
-            matmul_swiglu_quant(&xd, 1, wg, wu, &mut h);
+            matmul_swiglu_quant_prec(prec, &xd, 1, wg, wu, &mut h);
             let wd = WeightMat::new(l.down_dt, d, ff, &l.down).unwrap();
-            matmul_quant(&xf, 1, &mut [MatSeg { w: wd, bias: None, out: &mut y }]);
+            matmul_quant_prec(prec, &xf, 1, &mut [MatSeg { w: wd, bias: None, out: &mut y }]);
         }
         let wh = WeightMat::new(DType::Q8_0, 151936, d, &head).unwrap();
-        matmul_quant(&xd, 1, &mut [MatSeg { w: wh, bias: None, out: &mut logits }]);
+        matmul_quant_prec(prec, &xd, 1, &mut [MatSeg { w: wh, bias: None, out: &mut logits }]);
     });
     println!(
-        "decode   threads={threads}: matmuls of one token {:.2} ms ({:.0} MB of weights, {:.1} GB/s) -> at most {:.1} tokens/s",
+        "decode   threads={threads} {}: matmuls of one token {:.2} ms ({:.0} MB of weights, {:.1} GB/s) -> at most {:.1} tokens/s",
+        prec_name(prec),
         secs * 1e3,
         total as f64 / 1e6,
         total as f64 / secs / 1e9,
@@ -268,18 +375,18 @@ fn decode(threads: usize) {
 }
 
 /// Cost per activation row for m = 1..12 on one thread (where the direct and tiled paths meet).
-fn small_m() {
+fn small_m(prec: Precision) {
     let p = pool(1);
     for (dt, n, k) in [(DType::Q5_0, 4864, 896), (DType::Q4K, 896, 4864), (DType::Q8_0, 4864, 896)] {
         let wb = weights(dt, n, k, 1);
         let w = WeightMat::new(dt, n, k, &wb).unwrap();
-        for m in 1..=12 {
+        for m in [1, 2, 3, 4, 6, 8, 12, 16] {
             let xs = x(m, k);
             let mut out = vec![0f32; m * n];
             let secs = time(&p, Duration::from_millis(300), || {
-                matmul_quant(&xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
+                matmul_quant_prec(prec, &xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
             });
-            println!("small {dt} m={m}: {:.1} us  {:.1} us/row", secs * 1e6, secs * 1e6 / m as f64);
+            println!("small {} {dt} m={m}: {:.1} us  {:.1} us/row", prec_name(prec), secs * 1e6, secs * 1e6 / m as f64);
         }
     }
 }
@@ -290,23 +397,37 @@ fn main() {
         Some(t) => vec![t.parse().expect("threads=N")],
         None => vec![1, 2],
     };
-    let want = |name: &str| args.iter().all(|a| a.starts_with("threads=")) || args.iter().any(|a| a == name);
-    println!("isa: {}", tboost_kernels::isa::active().name());
+    let is_opt = |a: &String| a.starts_with("threads=") || a == "exact" || a == "fast";
+    let want = |name: &str| args.iter().all(is_opt) || args.iter().any(|a| a == name);
+    let precs: Vec<Precision> = match (args.iter().any(|a| a == "exact"), args.iter().any(|a| a == "fast")) {
+        (true, false) => vec![Precision::Exact],
+        (false, true) => vec![Precision::Fast],
+        _ => vec![Precision::Exact, Precision::Fast],
+    };
+    println!("isa: {} vnni: {}", tboost_kernels::isa::active().name(), tboost_kernels::isa::vnni_active());
+    if args.iter().any(|a| a == "peak") {
+        peak();
+    }
     for &t in &threads {
         if want("bw") {
             bandwidth(t);
         }
-        if want("gemv") {
-            gemv(t);
-        }
-        if want("gemm") {
-            gemm(t);
-        }
-        if want("decode") {
-            decode(t);
-        }
-        if t == 1 && args.iter().any(|a| a == "small") {
-            small_m();
+        for &prec in &precs {
+            if want("gemv") {
+                gemv(t, prec);
+            }
+            if args.iter().any(|a| a == "batch") {
+                batch(t, prec);
+            }
+            if want("gemm") {
+                gemm(t, prec);
+            }
+            if want("decode") {
+                decode(t, prec);
+            }
+            if t == 1 && args.iter().any(|a| a == "small") {
+                small_m(prec);
+            }
         }
     }
 }

@@ -5,8 +5,16 @@
 //!
 //! Extensions beyond a level (queried one by one, e.g. `avx512bf16`) are on only when the
 //! CPU has them, the active level is the one they extend, and they are not named in
-//! `TBOOST_ISA_DISABLE` (comma-separated extension names: `avx512bf16`, `amx`), so
+//! `TBOOST_ISA_DISABLE` (comma-separated extension names: `avx512bf16`, `amx`, `vnni`), so
 //! `TBOOST_ISA=avx2` turns them off too.
+//!
+//! VNNI (`vpdpbusd`: u8 × s8 dot products of 4 into i32, used by the `Fast` quantized
+//! kernels) is a separate flag on top of the level, not a level of [`Isa`]: AVX512-VNNI (with
+//! VL) at [`Isa::Avx512`], AVX-VNNI at [`Isa::Avx2`]. So the levels a test can select are
+//! `(Avx512, vnni)`, `(Avx512, no vnni)`, `(Avx2, vnni)`, `(Avx2, no vnni)` and `Scalar`.
+//! A `TBOOST_ISA` cap names the level and whether VNNI stays on: `avx512vnni` / `avx2vnni`
+//! keep it, plain `avx512` / `avx2` / `scalar` turn it off (so the integer kernels without
+//! VNNI can be exercised on a VNNI machine). Without `TBOOST_ISA` everything detected is used.
 
 use std::sync::OnceLock;
 
@@ -64,8 +72,8 @@ pub fn active() -> Isa {
     static ACTIVE: OnceLock<Isa> = OnceLock::new();
     *ACTIVE.get_or_init(|| {
         let best = detected();
-        match std::env::var("TBOOST_ISA").ok().as_deref().and_then(Isa::parse) {
-            Some(cap) => cap.min(best),
+        match cap() {
+            Some((level, _)) => level.min(best),
             None => best,
         }
     })
@@ -131,4 +139,41 @@ pub fn amx_bf16_detected() -> bool {
 pub fn amx_bf16() -> bool {
     static ON: OnceLock<bool> = OnceLock::new();
     *ON.get_or_init(|| avx512bf16() && !disabled_by_env("amx") && amx_bf16_detected())
+}
+
+/// A `TBOOST_ISA` value: the level it caps at and whether VNNI stays allowed.
+pub fn parse_cap(s: &str) -> Option<(Isa, bool)> {
+    let s = s.trim().to_ascii_lowercase();
+    match s.strip_suffix("vnni").map(|l| l.trim_end_matches(['+', '-', '_'])) {
+        Some(level) => Isa::parse(level).filter(|&l| l != Isa::Scalar).map(|l| (l, true)),
+        None => Isa::parse(&s).map(|l| (l, false)),
+    }
+}
+
+fn cap() -> Option<(Isa, bool)> {
+    std::env::var("TBOOST_ISA").ok().as_deref().and_then(parse_cap)
+}
+
+/// Whether this CPU has VNNI at `isa` (AVX512-VNNI with VL for `Avx512`, AVX-VNNI for
+/// `Avx2`), and has `isa` itself.
+pub fn vnni_detected(isa: Isa) -> bool {
+    if isa > detected() {
+        return false;
+    }
+    #[cfg(target_arch = "x86_64")]
+    {
+        match isa {
+            Isa::Avx512 => return is_x86_feature_detected!("avx512vnni"),
+            Isa::Avx2 => return is_x86_feature_detected!("avxvnni"),
+            Isa::Scalar => {}
+        }
+    }
+    false
+}
+
+/// Whether kernels use VNNI at the [`active`] level: detected there, not capped off and not
+/// named in `TBOOST_ISA_DISABLE`.
+pub fn vnni_active() -> bool {
+    static VNNI: OnceLock<bool> = OnceLock::new();
+    *VNNI.get_or_init(|| vnni_detected(active()) && cap().is_none_or(|(_, vnni)| vnni) && !disabled_by_env("vnni"))
 }

@@ -15,54 +15,8 @@ use tboost_kernels::matmul::{MatMulCase, MatSeg};
 use tboost_kernels::quant::{self, dequantize_row, matmul_quant_with, matmul_swiglu_quant_with};
 use tboost_kernels::{DType, WeightMat, WeightVec};
 
-const QUANT: [DType; 6] = [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];
-
-fn isas() -> Vec<Isa> {
-    [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|&i| i <= isa::detected()).collect()
-}
-
-/// f16 scales that stress the kernels: the largest, the smallest subnormal, zero, negative.
-const EXTREME_SCALES: [f32; 7] = [65504.0, -65504.0, 5.9604645e-8, 0.0, -0.0, -0.5, 6.1035156e-5];
-
-fn put_f16(b: &mut [u8], at: usize, v: f32) {
-    b[at..at + 2].copy_from_slice(&f16::from_f32(v).to_le_bytes());
-}
-
-/// Random blocks: random quant bytes, scales mostly ordinary with some extreme, some blocks all
-/// zero and some with every quant bit set.
-fn random_weights(dt: DType, rows: usize, k: usize, rng: &mut StdRng) -> Vec<u8> {
-    let bb = dt.block_bytes();
-    let mut w = vec![0u8; dt.bytes_for(k).unwrap() * rows];
-    rng.fill(&mut w[..]);
-    let scale = |rng: &mut StdRng| {
-        if rng.random_range(0..6) == 0 {
-            EXTREME_SCALES[rng.random_range(0..EXTREME_SCALES.len())]
-        } else {
-            rng.random_range(-0.05f32..0.05)
-        }
-    };
-    for b in w.chunks_exact_mut(bb) {
-        match rng.random_range(0..16) {
-            0 => b.fill(0),
-            1 => b.fill(0xFF),
-            _ => {}
-        }
-        match dt {
-            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => put_f16(b, 0, scale(rng)),
-            DType::Q4K | DType::Q5K => {
-                put_f16(b, 0, scale(rng));
-                put_f16(b, 2, scale(rng));
-            }
-            DType::Q6K => put_f16(b, 208, scale(rng)),
-            _ => unreachable!(),
-        }
-    }
-    w
-}
-
-fn random_x(m: usize, k: usize, rng: &mut StdRng) -> Vec<f32> {
-    (0..m * k).map(|_| rng.random_range(-1.0f32..1.0)).collect()
-}
+mod quant_util;
+use quant_util::*;
 
 /// f64 reference `x · wᵀ + bias` and the error bound of each output.
 fn reference(w: &WeightMat<'_>, bias: Option<&[f32]>, x: &[f32], m: usize) -> (Vec<f64>, Vec<f64>) {
@@ -87,23 +41,6 @@ fn run(isa: Isa, x: &[f32], m: usize, w: WeightMat<'_>, bias: Option<WeightVec<'
     let mut out = vec![f32::NAN; m * w.rows];
     matmul_quant_with(isa, x, m, &mut [MatSeg { w, bias, out: &mut out }]);
     out
-}
-
-fn assert_bits_eq(a: &[f32], b: &[f32], what: &str) {
-    assert_eq!(a.len(), b.len(), "{what}: lengths");
-    for (i, (p, q)) in a.iter().zip(b).enumerate() {
-        assert!(p.to_bits() == q.to_bits(), "{what}: value {i} is {p} vs {q}");
-    }
-}
-
-fn assert_close(got: &[f32], want: &[f64], tol: &[f64], what: &str) {
-    for (i, ((&g, &w), &t)) in got.iter().zip(want).zip(tol).enumerate() {
-        assert!((g as f64 - w).abs() <= t, "{what}: value {i} is {g}, f64 reference {w}, tolerance {t}");
-    }
-}
-
-fn in_pool<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(f)
 }
 
 #[test]
@@ -296,4 +233,26 @@ fn mismatched_segments_panic() {
     let (mut oa, mut ob) = (vec![0.0; 1], vec![0.0; 1]);
     let mut segs = [MatSeg { w: a, bias: None, out: &mut oa }, MatSeg { w: b, bias: None, out: &mut ob }];
     matmul_quant_with(Isa::Scalar, &[0.0; 32], 1, &mut segs);
+}
+
+#[test]
+fn activation_alignment_does_not_change_results() {
+    // The tiled kernels read 64-byte aligned activations in place and copy others into aligned
+    // scratch: both must give the same bits (the engine's buffers are aligned, Vecs usually not).
+    let mut rng = StdRng::seed_from_u64(6);
+    let (n, k, m) = (13, 768, 11);
+    for dt in [DType::Q4_0, DType::Q4K, DType::Q6K] {
+        let wb = random_weights(dt, n, k, &mut rng);
+        let w = WeightMat::new(dt, n, k, &wb).unwrap();
+        let x = random_x(m, k, &mut rng);
+        let mut buf = vec![0f32; m * k + 32];
+        let at = |a: usize| (0..16).find(|o| (buf.as_ptr() as usize + 4 * o) % 64 == a).unwrap();
+        let (aligned, off) = (at(0), at(4));
+        buf[aligned..aligned + m * k].copy_from_slice(&x);
+        let a = run(isa::active(), &buf[aligned..aligned + m * k], m, w, None);
+        buf[off..off + m * k].copy_from_slice(&x);
+        let b = run(isa::active(), &buf[off..off + m * k], m, w, None);
+        assert_bits_eq(&a, &b, &format!("{dt} aligned vs offset activations"));
+        assert_bits_eq(&a, &run(Isa::Scalar, &x, m, w, None), &format!("{dt} vs scalar"));
+    }
 }

@@ -338,3 +338,46 @@ unsafe fn run_generic<V: Lanes, W: WKind, C: Cols>(
         kernel::run::<V, W, C, 3, 2, 4>(x, k, ir, jr, cols)
     }
 }
+
+/// [`matmul`] with the given precision. `Exact` is [`matmul`]; with `Fast`, block-quantized
+/// segments quantize the activations to 8 bits and use integer dot products
+/// (`quant::matmul_quant_prec`), dense segments take [`matmul_fast`] (bf16 dot products where
+/// the CPU has them, exact otherwise).
+///
+/// # Panics
+/// As `matmul`.
+pub fn matmul_prec(prec: tboost_ops::Precision, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
+    if prec == tboost_ops::Precision::Exact {
+        return matmul(x, m, segs);
+    }
+    if segs.iter().all(|s| !s.w.dtype.is_quantized()) {
+        return matmul_fast(x, m, segs);
+    }
+    let (mut q, mut d): (Vec<MatSeg<'_, '_>>, Vec<MatSeg<'_, '_>>) = segs
+        .iter_mut()
+        .map(|s| MatSeg { w: s.w, bias: s.bias, out: &mut *s.out })
+        .partition(|s| s.w.dtype.is_quantized());
+    crate::quant::matmul_quant_prec(prec, x, m, &mut q);
+    if !d.is_empty() {
+        matmul_fast(x, m, &mut d)
+    }
+}
+
+/// [`matmul_swiglu`] with the given precision (as [`matmul_prec`]).
+///
+/// # Panics
+/// As `matmul_swiglu`.
+pub fn matmul_swiglu_prec(
+    prec: tboost_ops::Precision,
+    x: &[f32],
+    m: usize,
+    gate: WeightMat<'_>,
+    up: WeightMat<'_>,
+    out: &mut [f32],
+) {
+    match prec {
+        _ if gate.dtype.is_quantized() => crate::quant::matmul_swiglu_quant_prec(prec, x, m, gate, up, out),
+        tboost_ops::Precision::Fast => matmul_swiglu_fast(x, m, gate, up, out),
+        tboost_ops::Precision::Exact => matmul_swiglu(x, m, gate, up, out),
+    }
+}

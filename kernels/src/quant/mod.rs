@@ -18,12 +18,22 @@
 //! bit-identical whatever `m`, the other rows, the thread count, the split or the ISA.
 //! Activations stay f32 (no int8 quantization of `x`), which keeps the error to that of
 //! an f32 dot product over the dequantized weights.
+//!
+//! That is [`Precision::Exact`], the default. [`Precision::Fast`] ([`matmul_quant_prec`])
+//! quantizes each activation row to 8 bits once per call (per 32-value group, shared by all
+//! segments) and uses integer dot products (VNNI where the CPU has it); its arithmetic, its
+//! error bound and why it is batch-invariant (and even ISA-invariant) are in `fast`'s
+//! module doc.
 
+mod fast;
+#[cfg(target_arch = "x86_64")]
+mod fast_x86;
 mod reference;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
-pub use reference::{dequantize_row, quantize_row_reference};
+pub use reference::{dequantize_row, fast_reference, quantize_row_reference, FastReference};
+pub use tboost_ops::Precision;
 
 use rayon::prelude::*;
 
@@ -59,44 +69,89 @@ pub fn matmul_quant(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
 
 /// [`matmul_quant`] on at most `isa` (capped at what this CPU has).
 pub fn matmul_quant_with(isa: Isa, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
-    let Some(first) = segs.first() else { return };
-    let k = first.w.cols;
-    assert_eq!(x.len(), m * k, "matmul_quant: x has {} values, expected [m={m}, k={k}]", x.len());
-    for (s, seg) in segs.iter().enumerate() {
-        check_weight("matmul_quant", &format!("segment {s}"), &seg.w, k);
-        let n = seg.w.rows;
-        assert_eq!(
-            seg.out.len(),
-            m * n,
-            "matmul_quant: segment {s} output has {} values, expected [m={m}, rows={n}]",
-            seg.out.len()
-        );
-        if let Some(b) = &seg.bias {
-            assert_eq!(b.len, n, "matmul_quant: segment {s} bias has {} values, expected {n}", b.len);
-        }
-    }
+    let Some(k) = check_segs("matmul_quant", x, m, segs) else { return };
     let isa = isa.min(isa::detected());
     let mats: Vec<(WeightMat<'_>, Option<WeightVec<'_>>, OutPtr)> =
         segs.iter_mut().map(|s| (s.w, s.bias, OutPtr(s.out.as_mut_ptr()))).collect();
     let ws: Vec<WeightMat<'_>> = mats.iter().map(|m| m.0).collect();
-    let tasks = plan(&ws, m, isa);
+    let tasks = plan(&ws, m, tile_min_rows(isa), false);
     run_tasks(&tasks, |t| {
         let (w, bias, out) = &mats[t.mat];
-        let n = w.rows;
         // SAFETY: tasks cover disjoint [i0, i1) x [j0, j1) rectangles of each output, which
         // stays mutably borrowed (through `segs`) until every task has finished.
         unsafe {
-            let dst = out.get().add(t.i0 * n + t.j0);
-            dots(isa, w, t, x, k, dst, n);
-            if let Some(b) = bias {
-                for i in 0..t.i1 - t.i0 {
-                    for j in 0..t.j1 - t.j0 {
-                        *dst.add(i * n + j) += b.get(t.j0 + j);
-                    }
-                }
-            }
+            let dst = out.get().add(t.i0 * w.rows + t.j0);
+            dots(isa, w, t, x, k, dst, w.rows);
+            add_bias(bias, t, dst, w.rows);
         }
     });
+}
+
+/// [`matmul_quant`] with the given precision: `Exact` is [`matmul_quant`] itself, `Fast`
+/// quantizes the activations to 8 bits (see the module doc).
+pub fn matmul_quant_prec(prec: Precision, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
+    matmul_quant_prec_with(isa::active(), isa::vnni_active(), prec, x, m, segs)
+}
+
+/// [`matmul_quant_prec`] on at most `isa`, with VNNI only if `vnni` (both capped at what this
+/// CPU has): tests select every kernel level this way.
+pub fn matmul_quant_prec_with(isa: Isa, vnni: bool, prec: Precision, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
+    if prec == Precision::Exact {
+        return matmul_quant_with(isa, x, m, segs);
+    }
+    let Some(k) = check_segs("matmul_quant", x, m, segs) else { return };
+    let level = FastLevel::new(isa, vnni);
+    let mats: Vec<(WeightMat<'_>, Option<WeightVec<'_>>, OutPtr)> =
+        segs.iter_mut().map(|s| (s.w, s.bias, OutPtr(s.out.as_mut_ptr()))).collect();
+    let ws: Vec<WeightMat<'_>> = mats.iter().map(|m| m.0).collect();
+    let tasks = plan(&ws, m, level.tile_min_rows(), true);
+    fast::with_act(|act| {
+        act.fill(x, m, k, level.chain_layout(&tasks), level.quantizer());
+        run_tasks(&tasks, |t| {
+            let (w, bias, out) = &mats[t.mat];
+            // SAFETY: as in `matmul_quant_with`.
+            unsafe {
+                let dst = out.get().add(t.i0 * w.rows + t.j0);
+                dots_fast(level, w, t, act, dst, w.rows);
+                add_bias(bias, t, dst, w.rows);
+            }
+        });
+    })
+}
+
+/// Checks the shapes of a (multi-segment) call; `None` when there is nothing to do, else `k`.
+fn check_segs(op: &str, x: &[f32], m: usize, segs: &[MatSeg<'_, '_>]) -> Option<usize> {
+    let first = segs.first()?;
+    let k = first.w.cols;
+    assert_eq!(x.len(), m * k, "{op}: x has {} values, expected [m={m}, k={k}]", x.len());
+    for (s, seg) in segs.iter().enumerate() {
+        check_weight(op, &format!("segment {s}"), &seg.w, k);
+        let n = seg.w.rows;
+        assert_eq!(
+            seg.out.len(),
+            m * n,
+            "{op}: segment {s} output has {} values, expected [m={m}, rows={n}]",
+            seg.out.len()
+        );
+        if let Some(b) = &seg.bias {
+            assert_eq!(b.len, n, "{op}: segment {s} bias has {} values, expected {n}", b.len);
+        }
+    }
+    Some(k)
+}
+
+/// Adds `bias` (if any) to the task's rectangle of raw dot products at `dst` (row stride `ld`).
+///
+/// # Safety
+/// `dst` is writable for the task's rectangle.
+unsafe fn add_bias(bias: &Option<WeightVec<'_>>, t: &Task, dst: *mut f32, ld: usize) {
+    if let Some(b) = bias {
+        for i in 0..t.i1 - t.i0 {
+            for j in 0..t.j1 - t.j0 {
+                *dst.add(i * ld + j) += b.get(t.j0 + j);
+            }
+        }
+    }
 }
 
 /// `out = silu(x · gateᵀ) * (x · upᵀ)`, `out` is `[m, gate.rows]`: the same dot products as two
@@ -109,6 +164,33 @@ pub fn matmul_swiglu_quant(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightM
 /// [`matmul_swiglu_quant`] on at most `isa` (capped at what this CPU has).
 pub fn matmul_swiglu_quant_with(
     isa: Isa,
+    x: &[f32],
+    m: usize,
+    gate: WeightMat<'_>,
+    up: WeightMat<'_>,
+    out: &mut [f32],
+) {
+    matmul_swiglu_quant_prec_with(isa, false, Precision::Exact, x, m, gate, up, out)
+}
+
+/// [`matmul_swiglu_quant`] with the given precision (`Fast`: see [`matmul_quant_prec`]).
+pub fn matmul_swiglu_quant_prec(
+    prec: Precision,
+    x: &[f32],
+    m: usize,
+    gate: WeightMat<'_>,
+    up: WeightMat<'_>,
+    out: &mut [f32],
+) {
+    matmul_swiglu_quant_prec_with(isa::active(), isa::vnni_active(), prec, x, m, gate, up, out)
+}
+
+/// [`matmul_swiglu_quant_prec`] on at most `isa`, with VNNI only if `vnni`.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_swiglu_quant_prec_with(
+    isa: Isa,
+    vnni: bool,
+    prec: Precision,
     x: &[f32],
     m: usize,
     gate: WeightMat<'_>,
@@ -128,26 +210,55 @@ pub fn matmul_swiglu_quant_with(
     check_weight("matmul_swiglu_quant", "up", &up, k);
     assert_eq!(x.len(), m * k, "matmul_swiglu_quant: x has {} values, expected [m={m}, k={k}]", x.len());
     assert_eq!(out.len(), m * n, "matmul_swiglu_quant: out has {} values, expected [m={m}, n={n}]", out.len());
-    let isa = isa.min(isa::detected());
-    let tasks = plan(&[gate], m, isa);
     let out = OutPtr(out.as_mut_ptr());
-    run_tasks(&tasks, |t| {
+    // Gate and up into per-task scratch, then silu(g) * u into the task's rectangle.
+    let fused = |t: &Task, dots2: &dyn Fn(&WeightMat<'_>, *mut f32)| {
         let (mi, nj) = (t.i1 - t.i0, t.j1 - t.j0);
-        let mut g = vec![0f32; mi * nj];
-        let mut u = vec![0f32; mi * nj];
-        // SAFETY: `g`/`u` are [mi, nj]; tasks write disjoint rectangles of `out`, which stays
-        // mutably borrowed until every task has finished.
-        unsafe {
-            dots(isa, &gate, t, x, k, g.as_mut_ptr(), nj);
-            dots(isa, &up, t, x, k, u.as_mut_ptr(), nj);
+        with_scratch(2 * mi * nj, |gu| {
+            let (g, u) = gu.split_at_mut(mi * nj);
+            dots2(&gate, g.as_mut_ptr());
+            dots2(&up, u.as_mut_ptr());
             for i in 0..mi {
-                let o = std::slice::from_raw_parts_mut(out.get().add((t.i0 + i) * n + t.j0), nj);
+                // SAFETY: tasks write disjoint rectangles of `out`, which stays mutably
+                // borrowed until every task has finished.
+                let o = unsafe { std::slice::from_raw_parts_mut(out.get().add((t.i0 + i) * n + t.j0), nj) };
                 for ((o, &g), &u) in o.iter_mut().zip(&g[i * nj..(i + 1) * nj]).zip(&u[i * nj..(i + 1) * nj]) {
                     *o = silu(g) * u;
                 }
             }
+        })
+    };
+    if prec == Precision::Exact {
+        let isa = isa.min(isa::detected());
+        let tasks = plan(&[gate], m, tile_min_rows(isa), false);
+        // SAFETY (both closures): the scratch holds the task's [mi, nj] rectangle.
+        run_tasks(&tasks, |t| fused(t, &|w, dst| unsafe { dots(isa, w, t, x, k, dst, t.j1 - t.j0) }));
+    } else {
+        let level = FastLevel::new(isa, vnni);
+        let tasks = plan(&[gate], m, level.tile_min_rows(), true);
+        fast::with_act(|act| {
+            act.fill(x, m, k, level.chain_layout(&tasks), level.quantizer());
+            run_tasks(&tasks, |t| fused(t, &|w, dst| unsafe { dots_fast(level, w, t, act, dst, t.j1 - t.j0) }));
+        })
+    }
+}
+
+thread_local! {
+    /// Per-thread f32 scratch of the fused SwiGLU (gate and up of one task), reused.
+    static SCRATCH: std::cell::RefCell<Vec<f32>> = const { std::cell::RefCell::new(Vec::new()) };
+}
+
+/// Runs `f` on `len` f32 of this thread's scratch (fresh memory if it is already in use).
+fn with_scratch<T>(len: usize, f: impl FnOnce(&mut [f32]) -> T) -> T {
+    SCRATCH.with(|c| match c.try_borrow_mut() {
+        Ok(mut v) => {
+            if v.len() < len {
+                v.resize(len, 0.0);
+            }
+            f(&mut v[..len])
         }
-    });
+        Err(_) => f(&mut vec![0.0; len]),
+    })
 }
 
 use crate::activation::silu;
@@ -197,12 +308,13 @@ struct Task {
 /// that idle threads can steal the rest.
 const TASK_MIN_BYTES: usize = 32 << 10;
 const TASK_MAX_BYTES: usize = 1 << 20;
-/// Tiled tasks: weight rows per task, and the activation bytes a task keeps hot in L2 (each
-/// group of weight rows is multiplied with all its activation rows).
-const TILE_TASK_N: usize = 64;
-const TILE_TASK_X_BYTES: usize = 512 << 10;
+/// Tiled tasks: weight rows per task (whole 6-row Exact tiles and 16-row Fast panels), and
+/// the activation bytes a task keeps hot in L2 (each group of weight rows is multiplied with
+/// all its activation rows; 1 MiB measured better than 512 KiB for k >= 4864).
+const TILE_TASK_N: usize = 48;
+const TILE_TASK_X_BYTES: usize = 1 << 20;
 
-/// Activation rows per tiled task: a multiple of 12 (whole micro-tiles of 6 or 2 rows).
+/// Activation rows per tiled task: a multiple of 12 (whole micro-tiles of 4 or 2 rows).
 fn tile_task_m(k: usize) -> usize {
     (TILE_TASK_X_BYTES / (4 * k.max(1))).clamp(12, 96) / 12 * 12
 }
@@ -216,15 +328,16 @@ fn tile_min_rows(isa: Isa) -> usize {
     }
 }
 
-/// Splits the work over weight rows (and activation rows for large `m`). The split never
-/// changes a result, only who computes it.
-fn plan(ws: &[WeightMat<'_>], m: usize, isa: Isa) -> Vec<Task> {
+/// Splits the work over weight rows (and activation rows for large `m`); from `tile_min`
+/// activation rows on, tasks are tiled. The split never changes a result, only who
+/// computes it.
+fn plan(ws: &[WeightMat<'_>], m: usize, tile_min: usize, fast: bool) -> Vec<Task> {
     let mut tasks = Vec::new();
     if m == 0 {
         return tasks;
     }
     let threads = rayon::current_num_threads();
-    if m < tile_min_rows(isa) {
+    if m < tile_min {
         let total: usize = ws.iter().map(|w| w.data.len()).sum();
         let target = if threads > 1 { total / (threads * 4) } else { total };
         let task_bytes = target.clamp(TASK_MIN_BYTES, TASK_MAX_BYTES);
@@ -236,7 +349,7 @@ fn plan(ws: &[WeightMat<'_>], m: usize, isa: Isa) -> Vec<Task> {
         }
     } else {
         for (mat, w) in ws.iter().enumerate() {
-            let mc = tile_task_m(w.cols);
+            let mc = if fast { FAST_TASK_M } else { tile_task_m(w.cols) };
             for j0 in (0..w.rows).step_by(TILE_TASK_N) {
                 for i0 in (0..m).step_by(mc) {
                     tasks.push(Task { mat, j0, j1: (j0 + TILE_TASK_N).min(w.rows), i0, i1: (i0 + mc).min(m) });
@@ -289,5 +402,81 @@ unsafe fn dots_scalar(w: &WeightMat<'_>, t: &Task, x: &[f32], k: usize, dst: *mu
         for i in t.i0..t.i1 {
             *dst.add((i - t.i0) * ld + (j - t.j0)) = reference::dot_ordered(&x[i * k..(i + 1) * k], &row);
         }
+    }
+}
+
+/// Activation rows from which the Fast path packs weight panels for an integer GEMM
+/// (measured, one thread, Q5_0 / Q4_K / Q8_0: direct wins at 4 rows, tiled from 6).
+const FAST_TILE_MIN_ROWS: usize = 6;
+/// Activation rows per tiled Fast task: packing a panel costs about as much as multiplying
+/// it with a few dozen rows, so a task takes (nearly) all of them.
+const FAST_TASK_M: usize = 1024;
+
+/// The kernels a Fast call runs on: scalar, or one of the four x86 instantiations.
+#[derive(Clone, Copy, Debug)]
+struct FastLevel {
+    isa: Isa,
+    vnni: bool,
+}
+
+impl FastLevel {
+    /// At most `isa` and `vnni`, capped at what this CPU has.
+    fn new(isa: Isa, vnni: bool) -> FastLevel {
+        let isa = isa.min(isa::detected());
+        FastLevel { isa, vnni: vnni && isa::vnni_detected(isa) }
+    }
+
+    /// Activation rows from which Fast tasks are tiled (packed GEMM).
+    fn tile_min_rows(self) -> usize {
+        match self.isa {
+            Isa::Scalar => usize::MAX,
+            _ => FAST_TILE_MIN_ROWS,
+        }
+    }
+
+    /// Whether the activations need the chain-major copy (tiled tasks), and biased.
+    fn chain_layout(self, tasks: &[Task]) -> Option<bool> {
+        let tiled = tasks.iter().any(|t| t.i1 - t.i0 >= self.tile_min_rows());
+        tiled.then_some(self.vnni)
+    }
+
+    fn quantizer(self) -> fast::GroupQuantizer {
+        match self.isa {
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx512 => fast_x86::quantize_group_avx512,
+            #[cfg(target_arch = "x86_64")]
+            Isa::Avx2 => fast_x86::quantize_group_avx2,
+            _ => fast::quantize_group_scalar,
+        }
+    }
+}
+
+/// Raw Fast dot products of task `t` into `dst` (row stride `ld`).
+///
+/// # Safety
+/// `dst` must be writable for the task's rectangle; `act` holds the quantized activations of
+/// every row of the call.
+unsafe fn dots_fast(level: FastLevel, w: &WeightMat<'_>, t: &Task, act: &fast::QAct, dst: *mut f32, ld: usize) {
+    match level.isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 | Isa::Avx2 => {
+            let job = fast_x86::FJob {
+                w: w.data.as_ptr().add(t.j0 * w.row_bytes()),
+                row_bytes: w.row_bytes(),
+                n: t.j1 - t.j0,
+                act,
+                i0: t.i0,
+                m: t.i1 - t.i0,
+                dst,
+                ld,
+            };
+            let l = fast_x86::Level { avx512: level.isa == Isa::Avx512, vnni: level.vnni };
+            if job.m >= level.tile_min_rows() {
+                fast_x86::dots_tiled(l, w.dtype, &job)
+            } else {
+                fast_x86::dots_direct(l, w.dtype, &job)
+            }
+        }
+        _ => fast::dots_scalar(w.dtype, w, (t.j0, t.j1), act, (t.i0, t.i1), dst, ld),
     }
 }

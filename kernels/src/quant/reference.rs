@@ -318,3 +318,59 @@ pub(crate) fn dot_ordered(x: &[f32], w: &[f32]) -> f32 {
     }
     hsum16(&acc)
 }
+
+/// What a `Fast`-precision dot product of one weight row with one activation row must give
+/// (the arithmetic in `quant::fast`'s module doc), with its two error bounds.
+#[derive(Clone, Copy, Debug)]
+pub struct FastReference {
+    /// `Σ_g A_g X_g D_g - M_g X_g S_g` in f64, from the exact integer group dot products of
+    /// the quantized activations: the kernels' result up to the rounding of their float chain.
+    pub value: f64,
+    /// Bound on `|kernel - value|`: `(n + 5) 2^-24` times the summed magnitude of the chain's
+    /// terms, `n` the terms per chain (each term is rounded once when it is formed, once when
+    /// it joins its chain, by each later fma of the chain, and by the 4 levels of the tree).
+    pub rounding: f64,
+    /// Bound on `|value - Σ_e w_e x_e|`, `w` the `dequantize_row` values and `x` the f32
+    /// activations: half a quantization step `X_g / 2` plus `3.01·2^-24 |x_e|` per activation
+    /// (`x̂ = X q` with `q = round(fl(x * inv))`: three f32 roundings), the value itself for a
+    /// group flushed to zero, and `2.01·2^-24 (|A sc w| + |M|) |x̂|` for the f32 roundings of
+    /// ggml's dequantization that the integer path does not make.
+    pub quantization: f64,
+}
+
+/// The [`FastReference`] of `row` (one `dtype` weight row of `x.len()` values) with `x`.
+pub fn fast_reference(dtype: DType, row: &[u8], x: &[f32]) -> Result<FastReference, String> {
+    use super::fast::{group, has_mins, quantize_group, CHAINS, GROUP, TINY};
+    if !dtype.is_quantized() || dtype.bytes_for(x.len()) != Some(row.len()) || !x.len().is_multiple_of(GROUP) {
+        return Err(format!("fast_reference: {} bytes of {dtype} do not hold {} values", row.len(), x.len()));
+    }
+    let u = 2f64.powi(-24);
+    let mins = has_mins(dtype);
+    let mut wd = vec![0f32; x.len()];
+    dequantize_row(dtype, row, &mut wd)?;
+    let ng = x.len() / GROUP;
+    let (mut value, mut mag, mut quant) = (0f64, 0f64, 0f64);
+    for g in 0..ng {
+        let xs = &x[g * GROUP..(g + 1) * GROUP];
+        let mut q = [0i8; GROUP];
+        let (xg, [h0, h1]) = quantize_group(xs, &mut q);
+        let gr = group(dtype, row, g);
+        let d: i64 = (0..GROUP).map(|e| gr.sc[e / 16] as i64 * gr.w[e] as i64 * q[e] as i64).sum();
+        let s = (h0 + h1) as f64;
+        let (a, m, xg) = (gr.a as f64, gr.m as f64, xg as f64);
+        value += a * xg * d as f64 - m * xg * s;
+        mag += (a * xg * d as f64).abs() + if mins { (m * xg * s).abs() } else { 0.0 };
+        let amax = xs.iter().fold(0f32, |a, v| a.max(v.abs()));
+        for e in 0..GROUP {
+            let (w, xe, xh) = (wd[g * GROUP + e].abs() as f64, xs[e] as f64, xg * q[e] as f64);
+            quant += if amax < TINY {
+                w * xe.abs()
+            } else {
+                w * (xg / 2.0 + 3.01 * u * xe.abs())
+                    + 2.01 * u * ((a * (gr.sc[e / 16] * gr.w[e] as i32) as f64).abs() + m.abs()) * xh.abs()
+            };
+        }
+    }
+    let n = ng.div_ceil(CHAINS) * if mins { 2 } else { 1 };
+    Ok(FastReference { value, rounding: (n + 5) as f64 * u * mag * 1.001, quantization: quant })
+}

@@ -257,16 +257,21 @@ fn exact(p: Precision) -> Result<(), Unsupported> {
 }
 
 /// Whether this CPU has a `precision` kernel for `case`'s weights: `Exact` always; `Fast`
-/// (activations rounded to bf16, AMX / AVX512_BF16 dot products) for bf16 weights where
-/// the CPU has those units.
+/// for block-quantized weights (activations quantized to 8 bits per 32 values, integer dot
+/// products: VNNI where present, any x86 level otherwise) and for bf16 weights where the CPU
+/// has AMX or AVX512_BF16 (activations rounded to bf16).
 fn precision_for(case: &tboost_ops::MatMulCase) -> Result<(), Unsupported> {
     match case.precision {
         Precision::Exact => Ok(()),
+        Precision::Fast if case.dtype.is_quantized() => Ok(()),
         Precision::Fast if case.dtype.is_float() && matmul::fast_bf16_applies(case.dtype) => Ok(()),
         Precision::Fast => Err(Unsupported::new(
             "precision",
             "fast",
-            format!("exact for {} weights here (fast: bf16 weights on a CPU with AMX or AVX512_BF16)", case.dtype),
+            format!(
+                "exact for {} weights here (fast: GGUF block types; bf16 weights on a CPU with AMX or AVX512_BF16)",
+                case.dtype
+            ),
         )),
     }
 }

@@ -10,7 +10,6 @@ use super::weights::{mat, vec};
 use super::CpuBackend;
 use crate::backend::op::{AttnKind, Op};
 use crate::{Error, Result};
-use tboost_ops::Precision;
 
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     if got != want {
@@ -83,15 +82,7 @@ impl CpuBackend {
                     };
                     ms.push(MatSeg { w, bias, out: vs.f32_mut(s.out)? });
                 }
-                if precision == Precision::Fast && ms.iter().any(|s| s.w.dtype.is_quantized()) {
-                    return Err(CpuBackend::err(
-                        "matmul: precision fast has no kernel for block-quantized weights here",
-                    ));
-                }
-                match precision {
-                    Precision::Exact => matmul::matmul(xs, m, &mut ms),
-                    Precision::Fast => matmul::matmul_fast(xs, m, &mut ms),
-                }
+                matmul::matmul_prec(precision, xs, m, &mut ms)
             }
             Op::MatMulSwiGlu { x, m, gate, up, out, precision } => {
                 let (g, u) = (mat(self.weight(gate)?), mat(self.weight(up)?));
@@ -103,15 +94,7 @@ impl CpuBackend {
                 check_len("matmul_swiglu x", x.len, m * g.cols)?;
                 check_len("matmul_swiglu out", out.len, m * g.rows)?;
                 let (xs, out) = (vs.f32(x)?, vs.f32_mut(out)?);
-                if precision == Precision::Fast && g.dtype.is_quantized() {
-                    return Err(CpuBackend::err(
-                        "matmul_swiglu: precision fast has no kernel for block-quantized weights here",
-                    ));
-                }
-                match precision {
-                    Precision::Exact => matmul::matmul_swiglu(xs, m, g, u, out),
-                    Precision::Fast => matmul::matmul_swiglu_fast(xs, m, g, u, out),
-                }
+                matmul::matmul_swiglu_prec(precision, xs, m, g, u, out)
             }
             Op::SwiGlu { gate, up, out } => {
                 check_len("swiglu", up.len, gate.len)?;

@@ -1,0 +1,358 @@
+//! The `Fast` precision of the quantized matmul: the activations are quantized to 8 bits once
+//! per call (per row, per 32-value group), then every weight group meets them in exact
+//! integer dot products, as llama.cpp's `q8_0` / `q8_K` paths do.
+//!
+//! ## The arithmetic (every path computes exactly this)
+//!
+//! Activations, per row and 32-value group `g` (values `x_e`):
+//! - `amax = max |x_e|`; `X_g = amax / 127` and `inv = 127 / amax` in f32;
+//! - `q_e = round_half_even(x_e * inv)` (f32 product, in -127..=127), `S_g = Σ q_e`, and the
+//!   two 16-value half sums `H`;
+//! - `Y_g = fl(X_g * S_g)` (used by formats with mins);
+//! - a group with `amax < 2^-100` is all zero (`X_g = 0`, `q = 0`), so `127 / amax` never
+//!   overflows; a group with a non-finite value has `X_g = NaN` (the output is NaN).
+//!
+//! Weights, per 32-value group: signed 8-bit values `w_e`, two 16-value integer scales `sc`
+//! (1 except Q6_K), an f32 scale `A_g` and, for Q4_K / Q5_K, an f32 min `M_g`:
+//! - Q4_0 `w = nibble - 8`, Q5_0 `w = (nibble | high bit << 4) - 16`, Q8_0 `w = qs`, all with
+//!   `A = d`;
+//! - Q4_K / Q5_K `w = q` (the 4 / 5-bit quant), `A = fl(d * sc_j)`, `M = fl(dmin * m_j)` (the
+//!   sub-block scale and min exactly as ggml's dequantization rounds them);
+//! - Q6_K `w = q - 32`, `sc` the two signed sub-block scales, `A = d`.
+//!
+//! The group's integer dot product `D_g = Σ_h sc_h Σ_{e in half h} w_e q_e` is exact (in i32,
+//! and exact in f32 too: `|D_g| < 2^24` for every format). Groups are summed in 16 chains,
+//! `c = g mod 16`, each starting at `+0.0`, in increasing `g`:
+//! `acc[c] = fma(f32(D_g), fl(A_g * X_g), acc[c])`, then for Q4_K / Q5_K
+//! `acc[c] = fma(-M_g, Y_g, acc[c])`; the output is `reference::hsum16(acc) + bias`.
+//!
+//! Integer sums can be formed in any order, so the SIMD kernels are free to pick their
+//! layouts (natural weight order with horizontal sums for few activation rows, weights
+//! repacked with output rows in lanes for many); every float operation above is one IEEE
+//! operation on the same operands. Results are therefore bit-identical across ISAs, `m`,
+//! thread counts and splits.
+//!
+//! ## Error
+//! Against the exact dot product of the f32 activations with the dequantized weights, the
+//! activation rounding contributes at most `Σ_e |w_e| (X_g / 2 + 3.01·2^-24 |x_e|)` (half a
+//! quantization step, plus the three f32 roundings in `x * inv` and `X`); the float chain at
+//! most `(n + 5)·2^-24` times the sum of the magnitudes of its terms, `n` being the terms per
+//! chain. [`super::fast_reference`] evaluates both bounds for a test.
+
+use std::cell::RefCell;
+
+use rayon::prelude::*;
+
+use super::reference;
+use crate::DType;
+
+/// Values per activation and weight group.
+pub(crate) const GROUP: usize = 32;
+/// Independent float chains per output (the canonical order above).
+pub(crate) const CHAINS: usize = 16;
+/// Groups whose largest magnitude is below this are quantized to zero.
+pub(crate) const TINY: f32 = 7.888_609e-31; // 2^-100
+
+/// Whether the format subtracts per-group mins (the `-M_g * Y_g` term).
+pub(crate) fn has_mins(dtype: DType) -> bool {
+    matches!(dtype, DType::Q4K | DType::Q5K)
+}
+
+/// One 32-value group of a weight row in the integer form (see the module doc).
+#[derive(Clone, Copy, Debug)]
+pub(crate) struct Group {
+    pub w: [i8; GROUP],
+    pub sc: [i32; 2],
+    pub a: f32,
+    pub m: f32,
+}
+
+fn f16_at(b: &[u8], i: usize) -> f32 {
+    half::f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
+}
+
+/// Group `g` of the weight row `row` (scalar decode, the definition the SIMD unpacking follows).
+pub(crate) fn group(dtype: DType, row: &[u8], g: usize) -> Group {
+    let (qk, bb) = (dtype.block_elems(), dtype.block_bytes());
+    let b = &row[(g * GROUP / qk) * bb..][..bb];
+    let j = (g * GROUP % qk) / GROUP;
+    let mut w = [0i8; GROUP];
+    let (mut sc, mut m) = ([1, 1], 0f32);
+    let a;
+    match dtype {
+        DType::Q4_0 => {
+            a = f16_at(b, 0);
+            for l in 0..16 {
+                w[l] = (b[2 + l] & 0xF) as i8 - 8;
+                w[l + 16] = (b[2 + l] >> 4) as i8 - 8;
+            }
+        }
+        DType::Q5_0 => {
+            a = f16_at(b, 0);
+            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            for l in 0..16 {
+                let hi0 = ((qh >> l) & 1) as u8;
+                let hi1 = ((qh >> (l + 16)) & 1) as u8;
+                w[l] = ((b[6 + l] & 0xF) | (hi0 << 4)) as i8 - 16;
+                w[l + 16] = ((b[6 + l] >> 4) | (hi1 << 4)) as i8 - 16;
+            }
+        }
+        DType::Q8_0 => {
+            a = f16_at(b, 0);
+            for l in 0..GROUP {
+                w[l] = b[2 + l] as i8;
+            }
+        }
+        DType::Q4K | DType::Q5K => {
+            let (s, mn) = reference::scale_min_k4(j, &b[4..16]);
+            a = f16_at(b, 0) * s as f32;
+            m = f16_at(b, 2) * mn as f32;
+            // Sub-blocks 2p (low nibbles) and 2p+1 (high nibbles) share 32 bytes.
+            let (p, shift) = (j / 2, 4 * (j % 2));
+            let (qs, qh) = if dtype == DType::Q4K { (&b[16..144], None) } else { (&b[48..176], Some(&b[16..48])) };
+            for l in 0..GROUP {
+                let lo = (qs[32 * p + l] >> shift) & 0xF;
+                let hi = qh.map_or(0, |qh| ((qh[l] >> j) & 1) << 4);
+                w[l] = (lo | hi) as i8;
+            }
+        }
+        DType::Q6K => {
+            a = f16_at(b, 208);
+            // Group j: half n = j / 4 of the super-block, quarter gq = j % 4 (ggml's q1..q4).
+            let (n, gq) = (j / 4, j % 4);
+            let ql = &b[64 * n + 32 * (gq % 2)..];
+            let qh = &b[128 + 32 * n..];
+            for l in 0..GROUP {
+                let lo = (ql[l] >> (4 * (gq / 2))) & 0xF;
+                let hi = (qh[l] >> (2 * gq)) & 3;
+                w[l] = (lo | (hi << 4)) as i8 - 32;
+            }
+            sc = [b[192 + 2 * j] as i8 as i32, b[192 + 2 * j + 1] as i8 as i32];
+        }
+        _ => unreachable!("group is only called for block types"),
+    }
+    Group { w, sc, a, m }
+}
+
+/// Quantizes one activation group (see the module doc): returns `X`, fills `q`, and the half
+/// sums. Scalar; the SIMD versions reproduce it exactly.
+pub(crate) fn quantize_group(x: &[f32], q: &mut [i8]) -> (f32, [i32; 2]) {
+    let bits = x.iter().fold(0u32, |a, v| a.max(v.to_bits() & 0x7FFF_FFFF));
+    let amax = f32::from_bits(bits);
+    if bits >= 0x7F80_0000 || amax < TINY {
+        q.fill(0);
+        return (if bits >= 0x7F80_0000 { f32::NAN } else { 0.0 }, [0, 0]);
+    }
+    let inv = 127.0 / amax;
+    let mut h = [0i32; 2];
+    for (e, (&v, q)) in x.iter().zip(q.iter_mut()).enumerate() {
+        *q = (v * inv).round_ties_even() as i8;
+        h[e / 16] += *q as i32;
+    }
+    (amax / 127.0, h)
+}
+
+/// Activations quantized for one call. Each row has `ngp` groups: `ng` rounded up to whole
+/// chunks of 16 (the direct kernels read whole chunks), the padding all zero. The `chain`
+/// arrays hold the same values with groups in chain-major order (all groups of chain 0 in
+/// increasing `g`, then chain 1, ...), the order the packed GEMM walks them in.
+#[derive(Default)]
+pub(crate) struct QAct {
+    pub k: usize,
+    pub m: usize,
+    pub ng: usize,
+    pub ngp: usize,
+    /// `[m][ngp * 32]` quantized values.
+    pub xq: Vec<i8>,
+    /// `[m][ngp]` `X_g`, `Y_g` and `S_g`.
+    pub xs: Vec<f32>,
+    pub ys: Vec<f32>,
+    pub s: Vec<i32>,
+    /// `[m][2 * ngp]` half sums.
+    pub h: Vec<i16>,
+    /// Chain-major copies (only when `chain` was asked for): `[m][ng * 32]` values (XOR 0x80,
+    /// i.e. `q + 128` as u8, when `biased`), `[m][ng]` `X_g` and `Y_g`.
+    pub cq: Vec<u8>,
+    pub cxs: Vec<f32>,
+    pub cys: Vec<f32>,
+}
+
+/// Position of group `g` of `ng` in chain-major order.
+#[inline]
+pub(crate) fn chain_pos(g: usize, ng: usize) -> usize {
+    let c = g % CHAINS;
+    // Chains before c hold ceil((ng - c') / 16) groups each.
+    let before: usize = (0..c).map(|cc| (ng + CHAINS - 1 - cc) / CHAINS).sum();
+    before + g / CHAINS
+}
+
+/// Raw row pointers into a [`QAct`], shared by the threads that fill disjoint rows.
+#[derive(Clone, Copy)]
+struct ActPtrs {
+    xq: *mut i8,
+    xs: *mut f32,
+    ys: *mut f32,
+    s: *mut i32,
+    h: *mut i16,
+    cq: *mut u8,
+    cxs: *mut f32,
+    cys: *mut f32,
+}
+// SAFETY: only used to write disjoint rows while the QAct is mutably borrowed.
+unsafe impl Send for ActPtrs {}
+unsafe impl Sync for ActPtrs {}
+
+/// How a row's groups are quantized: scalar, or a SIMD routine with the same results.
+pub(crate) type GroupQuantizer = unsafe fn(x: *const f32, q: *mut i8) -> (f32, [i32; 2]);
+
+/// Scalar [`GroupQuantizer`].
+///
+/// # Safety
+/// `x` is readable for 32 f32, `q` writable for 32 bytes.
+pub(crate) unsafe fn quantize_group_scalar(x: *const f32, q: *mut i8) -> (f32, [i32; 2]) {
+    quantize_group(std::slice::from_raw_parts(x, GROUP), std::slice::from_raw_parts_mut(q, GROUP))
+}
+
+/// Work (values) from which rows are quantized in parallel.
+const PAR_MIN_VALUES: usize = 1 << 16;
+
+impl QAct {
+    /// Quantizes `x` (`[m, k]`, `k` a multiple of 32) into `self`, reusing its buffers.
+    /// `chain`: also build the chain-major copy, biased (`q + 128`) or not.
+    pub(crate) fn fill(&mut self, x: &[f32], m: usize, k: usize, chain: Option<bool>, quant: GroupQuantizer) {
+        assert!(k.is_multiple_of(GROUP) && x.len() == m * k);
+        let ng = k / GROUP;
+        let ngp = ng.next_multiple_of(CHAINS);
+        (self.k, self.m, self.ng, self.ngp) = (k, m, ng, ngp);
+        // Padding must be zero: clear and resize (no reallocation once grown).
+        reset(&mut self.xq, m * ngp * GROUP);
+        reset(&mut self.xs, m * ngp);
+        reset(&mut self.ys, m * ngp);
+        reset(&mut self.s, m * ngp);
+        reset(&mut self.h, m * 2 * ngp);
+        if chain.is_some() {
+            reset(&mut self.cq, m * ng * GROUP);
+            reset(&mut self.cxs, m * ng);
+            reset(&mut self.cys, m * ng);
+        }
+        let p = ActPtrs {
+            xq: self.xq.as_mut_ptr(),
+            xs: self.xs.as_mut_ptr(),
+            ys: self.ys.as_mut_ptr(),
+            s: self.s.as_mut_ptr(),
+            h: self.h.as_mut_ptr(),
+            cq: self.cq.as_mut_ptr(),
+            cxs: self.cxs.as_mut_ptr(),
+            cys: self.cys.as_mut_ptr(),
+        };
+        let row = |i: usize| {
+            // SAFETY: row i of every array is in bounds (sized above) and written by this
+            // closure call only.
+            unsafe { quantize_row(&x[i * k..(i + 1) * k], i, ng, ngp, p, chain, quant) }
+        };
+        if m * k >= PAR_MIN_VALUES && m > 1 && rayon::current_num_threads() > 1 {
+            (0..m).into_par_iter().for_each(row);
+        } else {
+            (0..m).for_each(row);
+        }
+    }
+}
+
+/// `n` zeros in `v`, keeping its allocation.
+fn reset<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
+    v.clear();
+    v.resize(n, T::default());
+}
+
+/// # Safety
+/// `p` points at arrays sized for row `i` as `QAct::fill` sizes them; no other thread writes
+/// row `i`.
+unsafe fn quantize_row(
+    x: &[f32],
+    i: usize,
+    ng: usize,
+    ngp: usize,
+    p: ActPtrs,
+    chain: Option<bool>,
+    quant: GroupQuantizer,
+) {
+    let q = p.xq.add(i * ngp * GROUP);
+    for g in 0..ng {
+        let (xg, [h0, h1]) = quant(x.as_ptr().add(g * GROUP), q.add(g * GROUP));
+        let s = h0 + h1;
+        let r = i * ngp + g;
+        *p.xs.add(r) = xg;
+        *p.s.add(r) = s;
+        *p.ys.add(r) = xg * s as f32;
+        *p.h.add(2 * r) = h0 as i16;
+        *p.h.add(2 * r + 1) = h1 as i16;
+        if let Some(biased) = chain {
+            let pos = i * ng + chain_pos(g, ng);
+            *p.cxs.add(pos) = xg;
+            *p.cys.add(pos) = xg * s as f32;
+            let dst = p.cq.add(pos * GROUP);
+            for e in 0..GROUP {
+                let v = *q.add(g * GROUP + e) as u8;
+                *dst.add(e) = if biased { v ^ 0x80 } else { v };
+            }
+        }
+    }
+}
+
+thread_local! {
+    /// The calling thread's activation buffer, grown to the largest call and then reused.
+    static ACT: RefCell<QAct> = RefCell::new(QAct::default());
+}
+
+/// Runs `f` with this thread's reusable [`QAct`] (a fresh one if it is already in use, e.g.
+/// when a rayon worker runs a nested matmul while it waits).
+pub(crate) fn with_act<T>(f: impl FnOnce(&mut QAct) -> T) -> T {
+    ACT.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut a) => f(&mut a),
+        Err(_) => f(&mut QAct::default()),
+    })
+}
+
+/// Scalar Fast kernel: weight rows `j0..j1` (of `w`, row stride `row_bytes`) against
+/// activation rows `i0..i1` of `act`; raw dot products to `dst[(i - i0) * ld + (j - j0)]`.
+///
+/// # Safety
+/// `dst` is writable for that rectangle.
+pub(crate) unsafe fn dots_scalar(
+    dtype: DType,
+    w: &crate::WeightMat<'_>,
+    (j0, j1): (usize, usize),
+    act: &QAct,
+    (i0, i1): (usize, usize),
+    dst: *mut f32,
+    ld: usize,
+) {
+    let ng = act.ng;
+    let mins = has_mins(dtype);
+    let mut groups = Vec::with_capacity(ng);
+    for j in j0..j1 {
+        let row = w.row(j);
+        groups.clear();
+        groups.extend((0..ng).map(|g| group(dtype, row, g)));
+        for i in i0..i1 {
+            let base = i * act.ngp;
+            let xq = &act.xq[base * GROUP..];
+            let mut acc = [0f32; CHAINS];
+            for (g, gr) in groups.iter().enumerate() {
+                let q = &xq[g * GROUP..(g + 1) * GROUP];
+                let d: i32 = (0..2)
+                    .map(|h| {
+                        let s: i32 = (16 * h..16 * h + 16).map(|e| gr.w[e] as i32 * q[e] as i32).sum();
+                        gr.sc[h] * s
+                    })
+                    .sum();
+                let c = g % CHAINS;
+                acc[c] = (d as f32).mul_add(gr.a * act.xs[base + g], acc[c]);
+                if mins {
+                    acc[c] = (-gr.m).mul_add(act.ys[base + g], acc[c]);
+                }
+            }
+            *dst.add((i - i0) * ld + (j - j0)) = reference::hsum16(&acc);
+        }
+    }
+}

@@ -1,0 +1,1360 @@
+//! AVX-512 and AVX2 kernels of the `Fast` precision (the arithmetic is in `fast`'s module
+//! doc), with and without VNNI.
+//!
+//! One generic body per shape of work, instantiated four times (`entry_points!` at the
+//! bottom): 16 i32 lanes as one zmm ([`ZI`]) or two ymm ([`YI`]), and `VNNI` choosing
+//! `vpdpbusd` / `vpdpwssd` or their `vpmaddubsw` + `vpmaddwd` emulation (exact: no pair sum
+//! can saturate, see [`IV::dot`]). Weight bytes are unpacked with 256-bit AVX2 instructions
+//! present in all four, 32 values (one group) per register, as in `x86`.
+//!
+//! Direct path (few activation rows, decode): the weights in their GGUF layout, one pass.
+//! A chunk of 16 groups of a row gives 8 units of 64 values; per unit and activation row one
+//! integer dot product leaves 16 i32 lanes of partial sums (8 per group), and a three-level
+//! tree of pairwise sums (`comb1..3`) turns the 8 units into one vector holding `D'_g` of
+//! the 16 groups in order. Offsets (`-8 S_g` for Q4_0, ...) are subtracted as integers,
+//! then the float chain step runs on 16 groups at once: lane `c` of the accumulator is chain
+//! `c`, exactly the canonical order.
+//!
+//! Tiled path (many activation rows, prefill): 16 weight rows are packed once per task into
+//! a panel with the rows in lanes (per group: 8 quads of 16 rows x 4 signed bytes, then the
+//! group's scales, all in chain-major group order), and each activation quad is broadcast
+//! against it: one `vpdpbusd` per 64 multiply-adds, the float step once per group for 16
+//! outputs. Chains are walked one at a time, so a chain's weights (1/16 of the panel) stay
+//! in L1 while all activation rows stream past; the 16 chain sums per output meet in the
+//! same tree as the direct path's lanes. With VNNI the activations are biased to unsigned
+//! (`q + 128`) and the accumulator starts at `-128 Σ w`; without it the sign trick keeps
+//! `vpmaddubsw` exact.
+
+// Kernels index several same-length arrays (rows, lanes, accumulators) with one counter.
+#![allow(clippy::needless_range_loop)]
+
+use std::arch::x86_64::*;
+use std::ptr;
+
+use super::fast::{QAct, CHAINS, GROUP};
+use super::x86::{f16_at, load32, nibbles16, q5k_high, PREFETCH_BYTES, V16, Y, Z};
+use crate::DType;
+
+/// 16 i32 lanes (or 64 bytes, or 32 i16) and the integer steps of the Fast kernels.
+pub(super) trait IV: Copy {
+    type F: V16;
+    unsafe fn zero() -> Self;
+    /// Bytes 0..32 from `a`, 32..64 from `b`.
+    unsafe fn from2(a: __m256i, b: __m256i) -> Self;
+    /// 64 bytes at `p`.
+    unsafe fn load(p: *const u8) -> Self;
+    unsafe fn xor80(self) -> Self;
+    /// `acc + Σ_{t<4} w[4l+t] * x[4l+t]` per lane, `w` unsigned and `x` signed bytes. Without
+    /// VNNI through `vpmaddubsw` pair sums: exact because every caller's `w` is at most 63.
+    unsafe fn dot<const VNNI: bool>(acc: Self, w: Self, x: Self) -> Self;
+    /// As `dot` with signed `w` (Q8_0 without VNNI): `|w|` times `x` with `w`'s sign, pair
+    /// sums at most 2 * 128 * 127 < 2^15.
+    unsafe fn dot_ss(acc: Self, w: Self, x: Self) -> Self;
+    /// Q6_K: `acc + Σ_{t<2} sc[2l+t] * (w[4l+2t] x[4l+2t] + w[4l+2t+1] x[4l+2t+1])` with the
+    /// i16 scales `sc` (pair sums at most 2 * 63 * 127).
+    unsafe fn dot_sc<const VNNI: bool>(acc: Self, w: Self, x: Self, sc: Self) -> Self;
+    /// Levels 1, 2, 3 of the tree that turns 8 units of per-group partial sums into one
+    /// vector of 16 group sums (`fast_x86`'s module doc). Only the final lane order is fixed.
+    unsafe fn comb1(a: Self, b: Self) -> Self;
+    unsafe fn comb2(a: Self, b: Self) -> Self;
+    unsafe fn comb3(a: Self, b: Self) -> Self;
+    unsafe fn sub(a: Self, b: Self) -> Self;
+    unsafe fn shl(self, n: u32) -> Self;
+    /// i16 pairs multiplied and summed into i32 lanes.
+    unsafe fn madd16(a: Self, b: Self) -> Self;
+    /// `[s0 x 8, s1 x 8, s2 x 8, s3 x 8]` as i16 from the 4 i16 at `p`.
+    unsafe fn sc_unit(p: *const i16) -> Self;
+    unsafe fn cvt(self) -> Self::F;
+    // The packed GEMM (weights signed, output rows in lanes).
+    /// The 4 bytes at `p` in every lane.
+    unsafe fn bcast32(p: *const u8) -> Self;
+    unsafe fn abs8(self) -> Self;
+    /// `acc + Σ_{t<4} w[4l+t] x[4l+t]` per lane with signed weight bytes `w` (`aw = |w|`):
+    /// with VNNI `x` is unsigned (`q + 128`, the caller starts from `-128 Σ w`), without it
+    /// `x` is signed and the product is `|w|` times `x` with `w`'s sign (no saturation).
+    unsafe fn dpw<const VNNI: bool>(acc: Self, w: Self, aw: Self, x: Self) -> Self;
+    unsafe fn add(a: Self, b: Self) -> Self;
+    unsafe fn mullo(a: Self, b: Self) -> Self;
+    /// Packs `rows` weight rows into a panel (see [`pack`]).
+    #[inline(always)]
+    unsafe fn pack<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
+        pack::<Self::F, F>(w, row_bytes, rows, ng, panel)
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct ZI(__m512i);
+
+impl IV for ZI {
+    type F = Z;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        ZI(_mm512_setzero_si512())
+    }
+    #[inline(always)]
+    unsafe fn from2(a: __m256i, b: __m256i) -> Self {
+        ZI(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b))
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Self {
+        ZI(_mm512_loadu_si512(p as *const _))
+    }
+    #[inline(always)]
+    unsafe fn xor80(self) -> Self {
+        ZI(_mm512_xor_si512(self.0, _mm512_set1_epi8(-128)))
+    }
+    #[inline(always)]
+    unsafe fn dot<const VNNI: bool>(acc: Self, w: Self, x: Self) -> Self {
+        if VNNI {
+            ZI(_mm512_dpbusd_epi32(acc.0, w.0, x.0))
+        } else {
+            let p = _mm512_madd_epi16(_mm512_maddubs_epi16(w.0, x.0), _mm512_set1_epi16(1));
+            ZI(_mm512_add_epi32(acc.0, p))
+        }
+    }
+    #[inline(always)]
+    unsafe fn dot_ss(acc: Self, w: Self, x: Self) -> Self {
+        let neg = _mm512_movepi8_mask(w.0);
+        let xs = _mm512_mask_sub_epi8(x.0, neg, _mm512_setzero_si512(), x.0);
+        let p = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(w.0), xs), _mm512_set1_epi16(1));
+        ZI(_mm512_add_epi32(acc.0, p))
+    }
+    #[inline(always)]
+    unsafe fn dot_sc<const VNNI: bool>(acc: Self, w: Self, x: Self, sc: Self) -> Self {
+        let p = _mm512_maddubs_epi16(w.0, x.0);
+        if VNNI {
+            ZI(_mm512_dpwssd_epi32(acc.0, p, sc.0))
+        } else {
+            ZI(_mm512_add_epi32(acc.0, _mm512_madd_epi16(p, sc.0)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn comb1(a: Self, b: Self) -> Self {
+        // Lane q < 8: a[2q] + a[2q+1]; q >= 8: b[2q-16] + b[2q-15].
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        ZI(_mm512_add_epi32(_mm512_permutex2var_epi32(a.0, even, b.0), _mm512_permutex2var_epi32(a.0, odd, b.0)))
+    }
+    #[inline(always)]
+    unsafe fn comb2(a: Self, b: Self) -> Self {
+        Self::comb1(a, b)
+    }
+    #[inline(always)]
+    unsafe fn comb3(a: Self, b: Self) -> Self {
+        Self::comb1(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sub(a: Self, b: Self) -> Self {
+        ZI(_mm512_sub_epi32(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn shl(self, n: u32) -> Self {
+        ZI(_mm512_sll_epi32(self.0, _mm_cvtsi32_si128(n as i32)))
+    }
+    #[inline(always)]
+    unsafe fn madd16(a: Self, b: Self) -> Self {
+        ZI(_mm512_madd_epi16(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn sc_unit(p: *const i16) -> Self {
+        let v = _mm512_castsi128_si512(_mm_loadl_epi64(p as *const __m128i));
+        let idx = _mm512_set_epi16(
+            3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0,
+        );
+        ZI(_mm512_permutexvar_epi16(idx, v))
+    }
+    #[inline(always)]
+    unsafe fn cvt(self) -> Z {
+        Z(_mm512_cvtepi32_ps(self.0))
+    }
+    #[inline(always)]
+    unsafe fn bcast32(p: *const u8) -> Self {
+        ZI(_mm512_set1_epi32(ptr::read_unaligned(p as *const i32)))
+    }
+    #[inline(always)]
+    unsafe fn abs8(self) -> Self {
+        ZI(_mm512_abs_epi8(self.0))
+    }
+    #[inline(always)]
+    unsafe fn dpw<const VNNI: bool>(acc: Self, w: Self, aw: Self, x: Self) -> Self {
+        if VNNI {
+            ZI(_mm512_dpbusd_epi32(acc.0, x.0, w.0))
+        } else {
+            let xs = _mm512_mask_sub_epi8(x.0, _mm512_movepi8_mask(w.0), _mm512_setzero_si512(), x.0);
+            let p = _mm512_madd_epi16(_mm512_maddubs_epi16(aw.0, xs), _mm512_set1_epi16(1));
+            ZI(_mm512_add_epi32(acc.0, p))
+        }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        ZI(_mm512_add_epi32(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn mullo(a: Self, b: Self) -> Self {
+        ZI(_mm512_mullo_epi32(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn pack<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
+        pack_z::<F, VNNI>(w, row_bytes, rows, ng, panel)
+    }
+}
+
+#[derive(Clone, Copy)]
+pub(super) struct YI(__m256i, __m256i);
+
+#[inline(always)]
+unsafe fn dot_y<const VNNI: bool>(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    if VNNI {
+        _mm256_dpbusd_avx_epi32(acc, w, x)
+    } else {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
+    }
+}
+
+#[inline(always)]
+unsafe fn dot_sc_y<const VNNI: bool>(acc: __m256i, w: __m256i, x: __m256i, sc: __m256i) -> __m256i {
+    let p = _mm256_maddubs_epi16(w, x);
+    if VNNI {
+        _mm256_dpwssd_avx_epi32(acc, p, sc)
+    } else {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc))
+    }
+}
+
+#[inline(always)]
+unsafe fn dot_ss_y(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+}
+
+#[inline(always)]
+unsafe fn fold_halves(e0: __m256i, e1: __m256i) -> __m256i {
+    _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(e0, e1), _mm256_permute2x128_si256::<0x31>(e0, e1))
+}
+
+impl IV for YI {
+    type F = Y;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        YI(_mm256_setzero_si256(), _mm256_setzero_si256())
+    }
+    #[inline(always)]
+    unsafe fn from2(a: __m256i, b: __m256i) -> Self {
+        YI(a, b)
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Self {
+        YI(load32(p), load32(p.add(32)))
+    }
+    #[inline(always)]
+    unsafe fn xor80(self) -> Self {
+        let m = _mm256_set1_epi8(-128);
+        YI(_mm256_xor_si256(self.0, m), _mm256_xor_si256(self.1, m))
+    }
+    #[inline(always)]
+    unsafe fn dot<const VNNI: bool>(acc: Self, w: Self, x: Self) -> Self {
+        YI(dot_y::<VNNI>(acc.0, w.0, x.0), dot_y::<VNNI>(acc.1, w.1, x.1))
+    }
+    #[inline(always)]
+    unsafe fn dot_ss(acc: Self, w: Self, x: Self) -> Self {
+        YI(dot_ss_y(acc.0, w.0, x.0), dot_ss_y(acc.1, w.1, x.1))
+    }
+    #[inline(always)]
+    unsafe fn dot_sc<const VNNI: bool>(acc: Self, w: Self, x: Self, sc: Self) -> Self {
+        YI(dot_sc_y::<VNNI>(acc.0, w.0, x.0, sc.0), dot_sc_y::<VNNI>(acc.1, w.1, x.1, sc.1))
+    }
+    #[inline(always)]
+    unsafe fn comb1(a: Self, b: Self) -> Self {
+        // Units hold one group per ymm; hadd keeps pair sums of the same group together.
+        YI(_mm256_hadd_epi32(a.0, a.1), _mm256_hadd_epi32(b.0, b.1))
+    }
+    #[inline(always)]
+    unsafe fn comb2(a: Self, b: Self) -> Self {
+        Self::comb1(a, b)
+    }
+    #[inline(always)]
+    unsafe fn comb3(a: Self, b: Self) -> Self {
+        // After two hadd levels each 128-bit half holds four groups' partial sums (low half:
+        // lanes 0..4 of each group, high half: lanes 4..8); add the halves, groups in order.
+        YI(fold_halves(a.0, a.1), fold_halves(b.0, b.1))
+    }
+    #[inline(always)]
+    unsafe fn sub(a: Self, b: Self) -> Self {
+        YI(_mm256_sub_epi32(a.0, b.0), _mm256_sub_epi32(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn shl(self, n: u32) -> Self {
+        let c = _mm_cvtsi32_si128(n as i32);
+        YI(_mm256_sll_epi32(self.0, c), _mm256_sll_epi32(self.1, c))
+    }
+    #[inline(always)]
+    unsafe fn madd16(a: Self, b: Self) -> Self {
+        YI(_mm256_madd_epi16(a.0, b.0), _mm256_madd_epi16(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn sc_unit(p: *const i16) -> Self {
+        let v = _mm256_broadcastq_epi64(_mm_loadl_epi64(p as *const __m128i));
+        // Per 128-bit half: i16 number `s` in all 8 lanes (bytes 2s, 2s+1).
+        let lo = _mm256_setr_epi8(
+            0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+        );
+        let hi = _mm256_setr_epi8(
+            4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7,
+        );
+        YI(_mm256_shuffle_epi8(v, lo), _mm256_shuffle_epi8(v, hi))
+    }
+    #[inline(always)]
+    unsafe fn cvt(self) -> Y {
+        Y(_mm256_cvtepi32_ps(self.0), _mm256_cvtepi32_ps(self.1))
+    }
+    #[inline(always)]
+    unsafe fn bcast32(p: *const u8) -> Self {
+        let v = _mm256_set1_epi32(ptr::read_unaligned(p as *const i32));
+        YI(v, v)
+    }
+    #[inline(always)]
+    unsafe fn abs8(self) -> Self {
+        YI(_mm256_abs_epi8(self.0), _mm256_abs_epi8(self.1))
+    }
+    #[inline(always)]
+    unsafe fn dpw<const VNNI: bool>(acc: Self, w: Self, aw: Self, x: Self) -> Self {
+        if VNNI {
+            YI(_mm256_dpbusd_avx_epi32(acc.0, x.0, w.0), _mm256_dpbusd_avx_epi32(acc.1, x.1, w.1))
+        } else {
+            let one = _mm256_set1_epi16(1);
+            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw.0, _mm256_sign_epi8(x.0, w.0)), one);
+            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw.1, _mm256_sign_epi8(x.1, w.1)), one);
+            YI(_mm256_add_epi32(acc.0, p0), _mm256_add_epi32(acc.1, p1))
+        }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        YI(_mm256_add_epi32(a.0, b.0), _mm256_add_epi32(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn mullo(a: Self, b: Self) -> Self {
+        YI(_mm256_mullo_epi32(a.0, b.0), _mm256_mullo_epi32(a.1, b.1))
+    }
+}
+
+/// A GGUF block format as the Fast kernels read it.
+pub(super) trait FF {
+    /// Values and bytes per block.
+    const BE: usize;
+    const BB: usize;
+    /// Q4_K / Q5_K: the `-M_g * Y_g` term.
+    const MINS: bool = false;
+    /// The unpacked bytes are signed (Q8_0); otherwise unsigned.
+    const SIGNED: bool = false;
+    const Q6K: bool = false;
+    /// `D_g = dot(unsigned bytes, q) - (S_g << OFF)`; 0: no offset. For Q8_0 (with VNNI,
+    /// whose bytes are XORed with 0x80 to make them unsigned) 7.
+    const OFF: u32 = 0;
+    /// What the unpacked unsigned bytes carry above the signed weight `w` (Q4_0 8, Q5_0 16,
+    /// Q6_K 32; 0 for Q8_0, whose bytes are `w`, and Q4_K / Q5_K).
+    const BIAS: i8 = 0;
+    /// Groups `2u` and `2u + 1` of the row at `p` (`u` counts units from the row start);
+    /// only group `2u` when `!two` (the second is then zero and not read).
+    unsafe fn unit<V: V16>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i);
+    /// `(A, M)` of the 16 groups of chunk `ch` (`gn` of them exist, the rest 0); Q6_K also
+    /// writes the chunk's 32 sub-block scales to `sc`.
+    unsafe fn header<V: V16>(p: *const u8, ch: usize, gn: usize, sc: &mut [i16; 32]) -> (V, V);
+}
+
+pub(super) struct Q4_0;
+pub(super) struct Q5_0;
+pub(super) struct Q8_0;
+pub(super) struct Q4K;
+pub(super) struct Q5K;
+pub(super) struct Q6K;
+
+/// `A` of 32-value blocks (`d`, an f16 at the block start) for a chunk of 16 blocks.
+#[inline(always)]
+unsafe fn header_0<V: V16>(p: *const u8, bb: usize, ch: usize, gn: usize) -> V {
+    let mut d = [0u16; 16];
+    let b = p.add(16 * ch * bb);
+    for i in 0..gn {
+        d[i] = ptr::read_unaligned(b.add(i * bb) as *const u16);
+    }
+    V::load_f16x16(d.as_ptr() as *const u8)
+}
+
+impl FF for Q4_0 {
+    const BE: usize = 32;
+    const BB: usize = 18;
+    const OFF: u32 = 3;
+    const BIAS: i8 = 8;
+    #[inline(always)]
+    unsafe fn unit<V: V16>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
+        let b = p.add(2 * u * 18);
+        (nibbles16(b.add(2)), if two { nibbles16(b.add(20)) } else { _mm256_setzero_si256() })
+    }
+    #[inline(always)]
+    unsafe fn header<V: V16>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
+        (header_0(p, 18, ch, gn), V::zero())
+    }
+}
+
+/// Q5_0 block at `b`: nibbles with the fifth bit from `qh` (unsigned, 0..32).
+#[inline(always)]
+unsafe fn q5_0_block<V: V16>(b: *const u8) -> __m256i {
+    let qh = ptr::read_unaligned(b.add(2) as *const u32);
+    _mm256_or_si256(nibbles16(b.add(6)), _mm256_and_si256(V::bits_to_bytes(qh), _mm256_set1_epi8(16)))
+}
+
+impl FF for Q5_0 {
+    const BE: usize = 32;
+    const BB: usize = 22;
+    const OFF: u32 = 4;
+    const BIAS: i8 = 16;
+    #[inline(always)]
+    unsafe fn unit<V: V16>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
+        let b = p.add(2 * u * 22);
+        (q5_0_block::<V>(b), if two { q5_0_block::<V>(b.add(22)) } else { _mm256_setzero_si256() })
+    }
+    #[inline(always)]
+    unsafe fn header<V: V16>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
+        (header_0(p, 22, ch, gn), V::zero())
+    }
+}
+
+impl FF for Q8_0 {
+    const BE: usize = 32;
+    const BB: usize = 34;
+    const SIGNED: bool = true;
+    const OFF: u32 = 7;
+    #[inline(always)]
+    unsafe fn unit<V: V16>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
+        let b = p.add(2 * u * 34);
+        (load32(b.add(2)), if two { load32(b.add(36)) } else { _mm256_setzero_si256() })
+    }
+    #[inline(always)]
+    unsafe fn header<V: V16>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
+        (header_0(p, 34, ch, gn), V::zero())
+    }
+}
+
+/// The 8 six-bit scales and mins of a Q4_K / Q5_K super-block (ggml's `get_scale_min_k4`
+/// for all j at once), as bytes.
+#[inline(always)]
+unsafe fn k4_scales(p: *const u8) -> (u64, u64) {
+    let q0 = ptr::read_unaligned(p.add(4) as *const u32);
+    let q1 = ptr::read_unaligned(p.add(8) as *const u32);
+    let q2 = ptr::read_unaligned(p.add(12) as *const u32);
+    let sc_lo = q0 & 0x3f3f_3f3f;
+    let m_lo = q1 & 0x3f3f_3f3f;
+    let sc_hi = (q2 & 0x0f0f_0f0f) | (((q0 >> 6) & 0x0303_0303) << 4);
+    let m_hi = ((q2 >> 4) & 0x0f0f_0f0f) | (((q1 >> 6) & 0x0303_0303) << 4);
+    ((sc_lo as u64) | ((sc_hi as u64) << 32), (m_lo as u64) | ((m_hi as u64) << 32))
+}
+
+/// `(A, M)` of a chunk of Q4_K / Q5_K: two super-blocks of `bb` bytes (one when `gn == 8`).
+#[inline(always)]
+unsafe fn header_k<V: V16>(p: *const u8, bb: usize, ch: usize, gn: usize) -> (V, V) {
+    let b0 = p.add(2 * ch * bb);
+    let (s0, m0) = k4_scales(b0);
+    let (d0, n0) = (f16_at(b0), f16_at(b0.add(2)));
+    let (mut s, mut m, mut d1, mut n1) = ([s0, 0u64], [m0, 0u64], 0f32, 0f32);
+    if gn > 8 {
+        let b1 = b0.add(bb);
+        (s[1], m[1]) = k4_scales(b1);
+        (d1, n1) = (f16_at(b1), f16_at(b1.add(2)));
+    }
+    let a = V::mul(V::from_u8x16(s.as_ptr() as *const u8), V::halves(d0, d1));
+    let mm = V::mul(V::from_u8x16(m.as_ptr() as *const u8), V::halves(n0, n1));
+    (a, mm)
+}
+
+impl FF for Q4K {
+    const BE: usize = 256;
+    const BB: usize = 144;
+    const MINS: bool = true;
+    #[inline(always)]
+    unsafe fn unit<V: V16>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
+        let raw = load32(p.add((u / 4) * 144 + 16 + 32 * (u % 4)));
+        let m4 = _mm256_set1_epi8(0x0F);
+        (_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4))
+    }
+    #[inline(always)]
+    unsafe fn header<V: V16>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
+        header_k(p, 144, ch, gn)
+    }
+}
+
+impl FF for Q5K {
+    const BE: usize = 256;
+    const BB: usize = 176;
+    const MINS: bool = true;
+    #[inline(always)]
+    unsafe fn unit<V: V16>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
+        let (b, pair) = (p.add((u / 4) * 176), u % 4);
+        let raw = load32(b.add(48 + 32 * pair));
+        let qh = load32(b.add(16));
+        let m4 = _mm256_set1_epi8(0x0F);
+        let lo = _mm256_or_si256(_mm256_and_si256(raw, m4), q5k_high(qh, 2 * pair));
+        let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4), q5k_high(qh, 2 * pair + 1));
+        (lo, hi)
+    }
+    #[inline(always)]
+    unsafe fn header<V: V16>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
+        header_k(p, 176, ch, gn)
+    }
+}
+
+impl FF for Q6K {
+    const BE: usize = 256;
+    const BB: usize = 210;
+    const Q6K: bool = true;
+    const BIAS: i8 = 32;
+    #[inline(always)]
+    unsafe fn unit<V: V16>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
+        // Unit u' of a super-block: half n = u'/2, quarters gq = 2(u'%2) and 2(u'%2)+1: the
+        // low (gq < 2) or high nibbles of ql[64n + 32(gq%2)..] and bits 2gq, 2gq+1 of qh[32n..].
+        let (b, v) = (p.add((u / 4) * 210), u % 4);
+        let n = v / 2;
+        let a = load32(b.add(64 * n));
+        let c = load32(b.add(64 * n + 32));
+        let h = load32(b.add(128 + 32 * n));
+        let (m4, m30) = (_mm256_set1_epi8(0x0F), _mm256_set1_epi8(0x30));
+        if v % 2 == 0 {
+            // Quarters 0 and 1: low nibbles of a and c, qh bits 0-1 and 2-3.
+            let q0 = _mm256_or_si256(_mm256_and_si256(a, m4), _mm256_and_si256(_mm256_slli_epi16::<4>(h), m30));
+            let q1 = _mm256_or_si256(_mm256_and_si256(c, m4), _mm256_and_si256(_mm256_slli_epi16::<2>(h), m30));
+            (q0, q1)
+        } else {
+            let q2 = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(a), m4), _mm256_and_si256(h, m30));
+            let q3 = _mm256_or_si256(
+                _mm256_and_si256(_mm256_srli_epi16::<4>(c), m4),
+                _mm256_and_si256(_mm256_srli_epi16::<2>(h), m30),
+            );
+            (q2, q3)
+        }
+    }
+    #[inline(always)]
+    unsafe fn header<V: V16>(p: *const u8, ch: usize, gn: usize, sc: &mut [i16; 32]) -> (V, V) {
+        let b0 = p.add(2 * ch * 210);
+        let d0 = f16_at(b0.add(208));
+        let s0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b0.add(192) as *const __m128i));
+        _mm256_storeu_si256(sc.as_mut_ptr() as *mut __m256i, s0);
+        let mut d1 = 0f32;
+        if gn > 8 {
+            let b1 = b0.add(210);
+            d1 = f16_at(b1.add(208));
+            let s1 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b1.add(192) as *const __m128i));
+            _mm256_storeu_si256(sc.as_mut_ptr().add(16) as *mut __m256i, s1);
+        } else {
+            _mm256_storeu_si256(sc.as_mut_ptr().add(16) as *mut __m256i, _mm256_setzero_si256());
+        }
+        (V::halves(d0, d1), V::zero())
+    }
+}
+
+/// One activation row of a [`QAct`] (natural layout).
+#[derive(Clone, Copy)]
+struct ActRow {
+    xq: *const u8,
+    xs: *const f32,
+    ys: *const f32,
+    s: *const u8,
+    h: *const u8,
+}
+
+impl ActRow {
+    fn of(a: &QAct, i: usize) -> ActRow {
+        let g = i * a.ngp;
+        // SAFETY: row i exists (i < a.m), so these offsets stay inside the arrays.
+        unsafe {
+            ActRow {
+                xq: a.xq.as_ptr().add(g * GROUP) as *const u8,
+                xs: a.xs.as_ptr().add(g),
+                ys: a.ys.as_ptr().add(g),
+                s: a.s.as_ptr().add(g) as *const u8,
+                h: a.h.as_ptr().add(2 * g) as *const u8,
+            }
+        }
+    }
+}
+
+/// One call of the kernels: weight rows `w` (stride `row_bytes`), activation rows
+/// `i0..i0 + m` of `act`, raw dot products to `dst[(i - i0) * ld + j]`.
+pub(super) struct FJob<'a> {
+    pub w: *const u8,
+    pub row_bytes: usize,
+    pub n: usize,
+    pub act: &'a QAct,
+    pub i0: usize,
+    pub m: usize,
+    pub dst: *mut f32,
+    pub ld: usize,
+}
+
+/// Tree level `L` (1, 2, 3) applied elementwise.
+#[inline(always)]
+unsafe fn comb<I: IV, const L: u8, const M: usize, const R: usize>(a: [[I; M]; R], b: [[I; M]; R]) -> [[I; M]; R] {
+    let mut o = a;
+    for r in 0..R {
+        for i in 0..M {
+            o[r][i] = match L {
+                1 => I::comb1(a[r][i], b[r][i]),
+                2 => I::comb2(a[r][i], b[r][i]),
+                _ => I::comb3(a[r][i], b[r][i]),
+            };
+        }
+    }
+    o
+}
+
+/// Partial sums of unit `u` (groups `2u`, `2u + 1` of chunk `ch`) for every (row, activation
+/// row) pair; zero past the chunk's `gn` groups. (A function, not a closure: closures do not
+/// inherit the target features of the entry point they are inlined into.)
+#[inline(always)]
+unsafe fn unit_dots<I: IV, F: FF, const VNNI: bool, const R: usize, const M: usize>(
+    p: &[*const u8; R],
+    x: &[ActRow; M],
+    sc: &[[i16; 32]; R],
+    ch: usize,
+    u: usize,
+    gn: usize,
+) -> [[I; M]; R] {
+    let mut out = [[I::zero(); M]; R];
+    if 2 * u < gn {
+        let two = 2 * u + 1 < gn;
+        for r in 0..R {
+            let (lo, hi) = F::unit::<I::F>(p[r], CHAINS / 2 * ch + u, two);
+            let mut wv = I::from2(lo, hi);
+            if F::SIGNED && VNNI {
+                wv = wv.xor80();
+            }
+            let scv = if F::Q6K { I::sc_unit(sc[r].as_ptr().add(4 * u)) } else { I::zero() };
+            for i in 0..M {
+                let xv = I::load(x[i].xq.add((CHAINS * ch + 2 * u) * GROUP));
+                out[r][i] = if F::Q6K {
+                    I::dot_sc::<VNNI>(I::zero(), wv, xv, scv)
+                } else if F::SIGNED && !VNNI {
+                    I::dot_ss(I::zero(), wv, xv)
+                } else {
+                    I::dot::<VNNI>(I::zero(), wv, xv)
+                };
+            }
+        }
+    }
+    out
+}
+
+/// Dot products of `R` consecutive weight rows at `w` with `M` activation rows.
+#[inline(always)]
+unsafe fn rows_direct<I: IV, F: FF, const VNNI: bool, const R: usize, const M: usize>(
+    w: *const u8,
+    row_bytes: usize,
+    x: &[ActRow; M],
+    ng: usize,
+) -> [[f32; M]; R] {
+    let mut acc = [[I::F::zero(); M]; R];
+    let mut p = [w; R];
+    for r in 0..R {
+        p[r] = w.add(r * row_bytes);
+    }
+    let chunk_bytes = F::BB * (CHAINS * GROUP) / F::BE;
+    // As in the Exact direct path: rows are short, so fetch `dist` ahead explicitly.
+    let dist = (R * row_bytes).max(PREFETCH_BYTES);
+    let mut sc = [[0i16; 32]; R];
+    for ch in 0..ng.div_ceil(CHAINS) {
+        let gn = (ng - CHAINS * ch).min(CHAINS);
+        for r in 0..R {
+            let mut o = 0;
+            while o < chunk_bytes {
+                _mm_prefetch::<_MM_HINT_T0>(p[r].wrapping_add(ch * chunk_bytes + dist + o) as *const i8);
+                o += 64;
+            }
+        }
+        let (mut a, mut mn) = ([I::F::zero(); R], [I::F::zero(); R]);
+        for r in 0..R {
+            (a[r], mn[r]) = F::header::<I::F>(p[r], ch, gn, &mut sc[r]);
+        }
+        let u01 = comb::<I, 1, M, R>(
+            unit_dots::<I, F, VNNI, R, M>(&p, x, &sc, ch, 0, gn),
+            unit_dots::<I, F, VNNI, R, M>(&p, x, &sc, ch, 1, gn),
+        );
+        let u23 = comb::<I, 1, M, R>(
+            unit_dots::<I, F, VNNI, R, M>(&p, x, &sc, ch, 2, gn),
+            unit_dots::<I, F, VNNI, R, M>(&p, x, &sc, ch, 3, gn),
+        );
+        let q0 = comb::<I, 2, M, R>(u01, u23);
+        let u45 = comb::<I, 1, M, R>(
+            unit_dots::<I, F, VNNI, R, M>(&p, x, &sc, ch, 4, gn),
+            unit_dots::<I, F, VNNI, R, M>(&p, x, &sc, ch, 5, gn),
+        );
+        let u67 = comb::<I, 1, M, R>(
+            unit_dots::<I, F, VNNI, R, M>(&p, x, &sc, ch, 6, gn),
+            unit_dots::<I, F, VNNI, R, M>(&p, x, &sc, ch, 7, gn),
+        );
+        let q1 = comb::<I, 2, M, R>(u45, u67);
+        let d = comb::<I, 3, M, R>(q0, q1);
+        for r in 0..R {
+            for i in 0..M {
+                let mut dv = d[r][i];
+                if F::Q6K {
+                    // -32 Σ_h sc_h H_h per group: i16 scale and half-sum pairs.
+                    let c = I::madd16(I::load(sc[r].as_ptr() as *const u8), I::load(x[i].h.add(4 * CHAINS * ch)));
+                    dv = I::sub(dv, c.shl(5));
+                } else if F::OFF > 0 && (VNNI || !F::SIGNED) {
+                    dv = I::sub(dv, I::load(x[i].s.add(4 * CHAINS * ch)).shl(F::OFF));
+                }
+                let s = I::F::mul(a[r], I::F::load(x[i].xs.add(CHAINS * ch)));
+                let mut v = I::F::fma(dv.cvt(), s, acc[r][i]);
+                if F::MINS {
+                    v = I::F::fma(mn[r].neg(), I::F::load(x[i].ys.add(CHAINS * ch)), v);
+                }
+                // A short last chunk leaves the chains it has no group for untouched (adding
+                // fma(0, 0, acc) would be exact too, as no chain can hold -0.0 after the 2^-100
+                // flush; the blend does not rely on that).
+                acc[r][i] = if gn == CHAINS { v } else { I::F::keep_first(gn, v, acc[r][i]) };
+            }
+        }
+    }
+    let mut out = [[0f32; M]; R];
+    for r in 0..R {
+        for i in 0..M {
+            out[r][i] = acc[r][i].hsum();
+        }
+    }
+    out
+}
+
+/// All weight rows of `job` against activation rows `i..i + M`, `R` weight rows at a time.
+#[inline(always)]
+unsafe fn direct_m<I: IV, F: FF, const VNNI: bool, const R: usize, const M: usize>(job: &FJob<'_>, i: usize) {
+    let mut x = [ActRow::of(job.act, job.i0 + i); M];
+    for t in 0..M {
+        x[t] = ActRow::of(job.act, job.i0 + i + t);
+    }
+    let ng = job.act.ng;
+    let mut j = 0;
+    while j + R <= job.n {
+        let res = rows_direct::<I, F, VNNI, R, M>(job.w.add(j * job.row_bytes), job.row_bytes, &x, ng);
+        for r in 0..R {
+            for t in 0..M {
+                *job.dst.add((i + t) * job.ld + j + r) = res[r][t];
+            }
+        }
+        j += R;
+    }
+    while j < job.n {
+        let res = rows_direct::<I, F, VNNI, 1, M>(job.w.add(j * job.row_bytes), job.row_bytes, &x, ng);
+        for t in 0..M {
+            *job.dst.add((i + t) * job.ld + j) = res[0][t];
+        }
+        j += 1;
+    }
+}
+
+/// Direct path on zmm: up to 4 activation rows per pass, 4 weight rows when there is one.
+#[inline(always)]
+unsafe fn direct_z<F: FF, const VNNI: bool>(job: &FJob<'_>) {
+    let mut i = 0;
+    while i < job.m {
+        let mm = (job.m - i).min(4);
+        match mm {
+            1 => direct_m::<ZI, F, VNNI, 4, 1>(job, i),
+            2 => direct_m::<ZI, F, VNNI, 2, 2>(job, i),
+            3 => direct_m::<ZI, F, VNNI, 1, 3>(job, i),
+            _ => direct_m::<ZI, F, VNNI, 1, 4>(job, i),
+        }
+        i += mm;
+    }
+}
+
+/// Direct path on ymm pairs (16 registers): two rows of one kind or the other per pass.
+#[inline(always)]
+unsafe fn direct_y<F: FF, const VNNI: bool>(job: &FJob<'_>) {
+    let mut i = 0;
+    while i < job.m {
+        let mm = (job.m - i).min(2);
+        match mm {
+            1 => direct_m::<YI, F, VNNI, 2, 1>(job, i),
+            _ => direct_m::<YI, F, VNNI, 1, 2>(job, i),
+        }
+        i += mm;
+    }
+}
+
+/// Output rows per packed panel (one i32 / f32 lane each).
+pub(super) const PANEL: usize = 16;
+
+/// Byte offsets inside one packed group record of a panel: 8 quads of `PANEL` rows x 4
+/// signed weight bytes, then `A` (f32), the VNNI start value `-128 Σ w` (i32; Q6_K: one per
+/// half), `-M` (f32, formats with mins) and Q6_K's two i32 half scales.
+struct Rec;
+impl Rec {
+    const A: usize = 8 * 4 * PANEL;
+    const CORR: usize = Self::A + 4 * PANEL;
+    const CORR_B: usize = Self::CORR + 4 * PANEL;
+    /// After the first correction: `-M` (mins) or the second one (Q6_K).
+    const M: usize = Self::CORR_B;
+    const SC_A: usize = Self::CORR_B + 4 * PANEL;
+    const SC_B: usize = Self::SC_A + 4 * PANEL;
+    fn bytes<F: FF>() -> usize {
+        if F::Q6K {
+            Self::SC_B + 4 * PANEL
+        } else if F::MINS {
+            Self::M + 4 * PANEL
+        } else {
+            Self::CORR_B
+        }
+    }
+}
+
+/// Chain-major position of the first group of each chain (and the total, at index 16).
+fn chain_starts(ng: usize) -> [usize; CHAINS + 1] {
+    let mut st = [0; CHAINS + 1];
+    for c in 0..CHAINS {
+        st[c + 1] = st[c] + (ng + CHAINS - 1 - c) / CHAINS;
+    }
+    st
+}
+
+/// Packs `rows` (at most `PANEL`) weight rows at `w` into `panel` (`ng` records of
+/// `Rec::bytes::<F>()`, chain-major; rows past `rows` are zero).
+#[inline(always)]
+unsafe fn pack<V: V16, F: FF>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
+    let rec = Rec::bytes::<F>();
+    let st = chain_starts(ng);
+    if rows < PANEL {
+        ptr::write_bytes(panel, 0, ng * rec);
+    }
+    let mut sc = [0i16; 32];
+    let bias = _mm256_set1_epi8(F::BIAS);
+    let flip = _mm256_set1_epi8(-128);
+    // Chunk by chunk, all rows: the 16 records a chunk writes stay in L1.
+    for ch in 0..ng.div_ceil(CHAINS) {
+        let gn = (ng - CHAINS * ch).min(CHAINS);
+        for r in 0..rows {
+            let p = w.add(r * row_bytes);
+            let (a, mn) = F::header::<V>(p, ch, gn, &mut sc);
+            let (mut av, mut mv) = ([0f32; CHAINS], [0f32; CHAINS]);
+            a.store(av.as_mut_ptr());
+            mn.neg().store(mv.as_mut_ptr());
+            for u in 0..gn.div_ceil(2) {
+                let (lo, hi) = F::unit::<V>(p, CHAINS / 2 * ch + u, 2 * u + 1 < gn);
+                for (h, v) in [(0, lo), (1, hi)] {
+                    let gl = 2 * u + h;
+                    if gl >= gn {
+                        break;
+                    }
+                    let g = CHAINS * ch + gl;
+                    let ws = _mm256_sub_epi8(v, bias);
+                    let rp = panel.add((st[g % CHAINS] + g / CHAINS) * rec);
+                    let mut q = [0u32; 8];
+                    _mm256_storeu_si256(q.as_mut_ptr() as *mut __m256i, ws);
+                    for t in 0..8 {
+                        ptr::write_unaligned(rp.add(16 * 4 * t + 4 * r) as *mut u32, q[t]);
+                    }
+                    // Σ w per 8 bytes: Σ (w + 128) - 1024.
+                    let sad = _mm256_sad_epu8(_mm256_xor_si256(ws, flip), _mm256_setzero_si256());
+                    let mut s8 = [0i64; 4];
+                    _mm256_storeu_si256(s8.as_mut_ptr() as *mut __m256i, sad);
+                    let s8 = s8.map(|v| v as i32 - 1024);
+                    ptr::write_unaligned(rp.add(Rec::A + 4 * r) as *mut f32, av[gl]);
+                    if F::Q6K {
+                        ptr::write_unaligned(rp.add(Rec::CORR + 4 * r) as *mut i32, -128 * (s8[0] + s8[1]));
+                        ptr::write_unaligned(rp.add(Rec::CORR_B + 4 * r) as *mut i32, -128 * (s8[2] + s8[3]));
+                        ptr::write_unaligned(rp.add(Rec::SC_A + 4 * r) as *mut i32, sc[2 * gl] as i32);
+                        ptr::write_unaligned(rp.add(Rec::SC_B + 4 * r) as *mut i32, sc[2 * gl + 1] as i32);
+                    } else {
+                        let corr = -128 * (s8[0] + s8[1] + s8[2] + s8[3]);
+                        ptr::write_unaligned(rp.add(Rec::CORR + 4 * r) as *mut i32, corr);
+                        if F::MINS {
+                            ptr::write_unaligned(rp.add(Rec::M + 4 * r) as *mut f32, mv[gl]);
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// Transposes 16 rows of 8 dwords (row `r` at `src + r * stride`) into 8 vectors of 16
+/// (vector `t` = dword `t` of every row), stored 64 bytes apart from `dst`.
+#[inline(always)]
+unsafe fn transpose16x8(src: *const u8, stride: usize, dst: *mut u8) {
+    // r[i] = [row i | row i + 8]: two independent 8x8 transposes, one per 256-bit half.
+    let mut r = [_mm512_setzero_si512(); 8];
+    for i in 0..8 {
+        r[i] = _mm512_inserti64x4::<1>(
+            _mm512_castsi256_si512(load32(src.add(i * stride))),
+            load32(src.add((i + 8) * stride)),
+        );
+    }
+    let mut t = [_mm512_setzero_si512(); 8];
+    for i in 0..4 {
+        t[2 * i] = _mm512_unpacklo_epi32(r[2 * i], r[2 * i + 1]);
+        t[2 * i + 1] = _mm512_unpackhi_epi32(r[2 * i], r[2 * i + 1]);
+    }
+    // u[d] (d < 4): rows 0-3 (4-7 for u[4 + d]) of dword d in 128-bit lane 0, of dword d + 4
+    // in lane 1; lanes 2 and 3 the same for rows 8-11 (12-15).
+    let mut u = [_mm512_setzero_si512(); 8];
+    for h in 0..2 {
+        let (a, b, c, d) = (t[4 * h], t[4 * h + 1], t[4 * h + 2], t[4 * h + 3]);
+        u[4 * h] = _mm512_unpacklo_epi64(a, c);
+        u[4 * h + 1] = _mm512_unpackhi_epi64(a, c);
+        u[4 * h + 2] = _mm512_unpacklo_epi64(b, d);
+        u[4 * h + 3] = _mm512_unpackhi_epi64(b, d);
+    }
+    let lo = _mm512_setr_epi64(0, 1, 8, 9, 4, 5, 12, 13);
+    let hi = _mm512_setr_epi64(2, 3, 10, 11, 6, 7, 14, 15);
+    for d in 0..4 {
+        _mm512_storeu_si512(dst.add(64 * d) as *mut _, _mm512_permutex2var_epi64(u[d], lo, u[4 + d]));
+        _mm512_storeu_si512(dst.add(64 * (d + 4)) as *mut _, _mm512_permutex2var_epi64(u[d], hi, u[4 + d]));
+    }
+}
+
+/// `-128 v` per lane.
+#[inline(always)]
+unsafe fn neg128(v: __m512i) -> __m512i {
+    _mm512_sub_epi32(_mm512_setzero_si512(), _mm512_slli_epi32::<7>(v))
+}
+
+/// [`pack`] on AVX-512: per chunk, every row's signed bytes go to an L1 buffer first, then
+/// each group's 16 rows are transposed into its quads at once; the VNNI start values come
+/// from the transposed quads. (The scalar-scatter `pack` spends most of its time on 8
+/// separate dword stores per row and group.)
+#[inline(always)]
+unsafe fn pack_z<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
+    let rec = Rec::bytes::<F>();
+    let st = chain_starts(ng);
+    let mut buf = [[0u8; CHAINS * GROUP]; PANEL];
+    let (mut av, mut mv) = ([[0f32; CHAINS]; PANEL], [[0f32; CHAINS]; PANEL]);
+    let mut sc = [[0i16; 32]; PANEL];
+    let bias = _mm256_set1_epi8(F::BIAS);
+    for ch in 0..ng.div_ceil(CHAINS) {
+        let gn = (ng - CHAINS * ch).min(CHAINS);
+        for r in 0..PANEL {
+            if r >= rows {
+                // Missing rows multiply as zeros (their outputs are dropped).
+                buf[r].fill(0);
+                av[r].fill(0.0);
+                mv[r].fill(0.0);
+                sc[r].fill(0);
+                continue;
+            }
+            let p = w.add(r * row_bytes);
+            let (a, mn) = F::header::<Z>(p, ch, gn, &mut sc[r]);
+            a.store(av[r].as_mut_ptr());
+            mn.neg().store(mv[r].as_mut_ptr());
+            for u in 0..gn.div_ceil(2) {
+                let (lo, hi) = F::unit::<Z>(p, CHAINS / 2 * ch + u, 2 * u + 1 < gn);
+                let b = buf[r].as_mut_ptr().add(2 * u * GROUP);
+                _mm256_storeu_si256(b as *mut __m256i, _mm256_sub_epi8(lo, bias));
+                _mm256_storeu_si256(b.add(GROUP) as *mut __m256i, _mm256_sub_epi8(hi, bias));
+            }
+        }
+        for gl in 0..gn {
+            let g = CHAINS * ch + gl;
+            let rp = panel.add((st[g % CHAINS] + g / CHAINS) * rec);
+            transpose16x8(buf[0].as_ptr().add(gl * GROUP), CHAINS * GROUP, rp);
+            for r in 0..PANEL {
+                ptr::write_unaligned(rp.add(Rec::A + 4 * r) as *mut f32, av[r][gl]);
+            }
+            if F::Q6K {
+                for r in 0..PANEL {
+                    ptr::write_unaligned(rp.add(Rec::SC_A + 4 * r) as *mut i32, sc[r][2 * gl] as i32);
+                    ptr::write_unaligned(rp.add(Rec::SC_B + 4 * r) as *mut i32, sc[r][2 * gl + 1] as i32);
+                }
+            } else if F::MINS {
+                for r in 0..PANEL {
+                    ptr::write_unaligned(rp.add(Rec::M + 4 * r) as *mut f32, mv[r][gl]);
+                }
+            }
+            if VNNI {
+                // -128 Σ w per row (per half for Q6_K): byte sums of the quads.
+                let ones = _mm512_set1_epi8(1);
+                let mut s = [_mm512_setzero_si512(); 2];
+                for t in 0..8 {
+                    let q = _mm512_loadu_si512(rp.add(64 * t) as *const _);
+                    s[t / 4] = _mm512_dpbusd_epi32(s[t / 4], ones, q);
+                }
+                if F::Q6K {
+                    _mm512_storeu_si512(rp.add(Rec::CORR) as *mut _, neg128(s[0]));
+                    _mm512_storeu_si512(rp.add(Rec::CORR_B) as *mut _, neg128(s[1]));
+                } else {
+                    _mm512_storeu_si512(rp.add(Rec::CORR) as *mut _, neg128(_mm512_add_epi32(s[0], s[1])));
+                }
+            }
+        }
+    }
+}
+
+/// One activation row of the chain-major copy.
+#[derive(Clone, Copy)]
+struct ChainRow {
+    q: *const u8,
+    xs: *const f32,
+    ys: *const f32,
+}
+
+/// Activation rows per register tile of the GEMM.
+const GEMM_MR_Z: usize = 8;
+const GEMM_MR_Y: usize = 2;
+
+/// The integer accumulator's start: `-128 Σ w` (stored at `off` of the record) with VNNI,
+/// whose activations carry +128, else zero.
+#[inline(always)]
+unsafe fn start<I: IV, const VNNI: bool>(rp: *const u8, off: usize) -> I {
+    if VNNI {
+        I::load(rp.add(off))
+    } else {
+        I::zero()
+    }
+}
+
+/// Quads `t0..t0 + 4` of the record at `rp` (chain-major position `pos`) into `d`.
+#[inline(always)]
+unsafe fn quads<I: IV, const VNNI: bool, const MR: usize>(
+    d: &mut [I; MR],
+    rp: *const u8,
+    x: &[ChainRow; MR],
+    pos: usize,
+    t0: usize,
+) {
+    for t in t0..t0 + 4 {
+        let w = I::load(rp.add(4 * PANEL * t));
+        let aw = if VNNI { w } else { w.abs8() };
+        for i in 0..MR {
+            d[i] = I::dpw::<VNNI>(d[i], w, aw, I::bcast32(x[i].q.add(GROUP * pos + 4 * t)));
+        }
+    }
+}
+
+/// Chain `c`'s records `p0..p1` of a packed panel against `MR` activation rows: the chain's
+/// accumulator per row (lanes = the panel's output rows).
+#[inline(always)]
+unsafe fn gemm_chain<I: IV, F: FF, const VNNI: bool, const MR: usize>(
+    panel: *const u8,
+    (p0, p1): (usize, usize),
+    x: &[ChainRow; MR],
+) -> [I::F; MR] {
+    let rec = Rec::bytes::<F>();
+    let mut acc = [I::F::zero(); MR];
+    for pos in p0..p1 {
+        let rp = panel.add(pos * rec);
+        let mut d = [start::<I, VNNI>(rp, Rec::CORR); MR];
+        quads::<I, VNNI, MR>(&mut d, rp, x, pos, 0);
+        if F::Q6K {
+            let mut e = [start::<I, VNNI>(rp, Rec::CORR_B); MR];
+            quads::<I, VNNI, MR>(&mut e, rp, x, pos, 4);
+            let (sa, sb) = (I::load(rp.add(Rec::SC_A)), I::load(rp.add(Rec::SC_B)));
+            for i in 0..MR {
+                d[i] = I::add(I::mullo(d[i], sa), I::mullo(e[i], sb));
+            }
+        } else {
+            quads::<I, VNNI, MR>(&mut d, rp, x, pos, 4);
+        }
+        let a = I::F::load(rp.add(Rec::A) as *const f32);
+        for i in 0..MR {
+            let s = I::F::mul(a, I::F::splat(*x[i].xs.add(pos)));
+            acc[i] = I::F::fma(d[i].cvt(), s, acc[i]);
+        }
+        if F::MINS {
+            let mn = I::F::load(rp.add(Rec::M) as *const f32);
+            for i in 0..MR {
+                acc[i] = I::F::fma(mn, I::F::splat(*x[i].ys.add(pos)), acc[i]);
+            }
+        }
+    }
+    acc
+}
+
+impl ChainRow {
+    fn of(a: &QAct, i: usize) -> ChainRow {
+        // SAFETY: row i exists (i < a.m), so the offsets stay inside the chain-major arrays.
+        unsafe {
+            ChainRow {
+                q: a.cq.as_ptr().add(i * a.ng * GROUP),
+                xs: a.cxs.as_ptr().add(i * a.ng),
+                ys: a.cys.as_ptr().add(i * a.ng),
+            }
+        }
+    }
+}
+
+/// One register tile: rows `ib..ib + MR` (of `mc`, from activation row `i0`) against chain
+/// `c` of the panel, accumulators to `chains`. A short tile repeats its last row (results
+/// discarded).
+#[inline(always)]
+unsafe fn chain_tile<I: IV, F: FF, const VNNI: bool, const MR: usize>(
+    act: &QAct,
+    i0: usize,
+    (ib, mc): (usize, usize),
+    panel: *const u8,
+    range: (usize, usize),
+    c: usize,
+    chains: *mut f32,
+) {
+    let mut x = [ChainRow::of(act, i0 + ib); MR];
+    for t in 0..MR {
+        x[t] = ChainRow::of(act, i0 + (ib + t).min(mc - 1));
+    }
+    let acc = gemm_chain::<I, F, VNNI, MR>(panel, range, &x);
+    for t in 0..MR.min(mc - ib) {
+        acc[t].store(chains.add(((ib + t) * CHAINS + c) * PANEL));
+    }
+}
+
+/// Activation rows whose chain accumulators are kept per packed panel (their chain-major
+/// values stay in L2 while each chain's weights, 1/16 of the panel, stay in L1).
+pub(super) const GEMM_IC: usize = 128;
+
+/// Tiled path: `PANEL` weight rows packed once (into `panel`), then every activation row of
+/// the job, chain by chain, `MR` rows per register tile; `chains` holds `GEMM_IC` rows'
+/// chain accumulators until the canonical tree sums them.
+#[inline(always)]
+unsafe fn tiled<I: IV, F: FF, const VNNI: bool, const MR: usize>(job: &FJob<'_>, panel: *mut u8, chains: *mut f32) {
+    let act = job.act;
+    let ng = act.ng;
+    let st = chain_starts(ng);
+    let mut j0 = 0;
+    while j0 < job.n {
+        let rows = (job.n - j0).min(PANEL);
+        I::pack::<F, VNNI>(job.w.add(j0 * job.row_bytes), job.row_bytes, rows, ng, panel);
+        let mut ic = 0;
+        while ic < job.m {
+            let mc = (job.m - ic).min(GEMM_IC);
+            for c in 0..CHAINS {
+                let mut ib = 0;
+                while ib < mc {
+                    if MR > 4 && mc - ib <= 4 {
+                        chain_tile::<I, F, VNNI, 4>(act, job.i0 + ic, (ib, mc), panel, (st[c], st[c + 1]), c, chains);
+                        ib += 4;
+                    } else {
+                        chain_tile::<I, F, VNNI, MR>(act, job.i0 + ic, (ib, mc), panel, (st[c], st[c + 1]), c, chains);
+                        ib += MR;
+                    }
+                }
+            }
+            for t in 0..mc {
+                let ch = chains.add(t * CHAINS * PANEL);
+                let mut s8 = [I::F::zero(); 8];
+                for l in 0..8 {
+                    s8[l] = I::F::add(I::F::load(ch.add(l * PANEL)), I::F::load(ch.add((l + 8) * PANEL)));
+                }
+                let mut s4 = [I::F::zero(); 4];
+                for l in 0..4 {
+                    s4[l] = I::F::add(s8[l], s8[l + 4]);
+                }
+                let y = I::F::add(I::F::add(s4[0], s4[2]), I::F::add(s4[1], s4[3]));
+                let dst = job.dst.add((ic + t) * job.ld + j0);
+                if rows == PANEL {
+                    y.store(dst);
+                } else {
+                    let mut v = [0f32; PANEL];
+                    y.store(v.as_mut_ptr());
+                    ptr::copy_nonoverlapping(v.as_ptr(), dst, rows);
+                }
+            }
+            ic += mc;
+        }
+        j0 += PANEL;
+    }
+}
+
+thread_local! {
+    /// Per-thread packed panel and chain accumulators of the tiled path, reused.
+    static GEMM: std::cell::RefCell<(Vec<u64>, Vec<f32>)> = const { std::cell::RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// Runs `f` with `panel_bytes` of panel and `chain_f32s` of chain scratch (fresh memory if
+/// this thread's is in use).
+fn with_gemm_scratch<T>(panel_bytes: usize, chain_f32s: usize, f: impl FnOnce(*mut u8, *mut f32) -> T) -> T {
+    let run = |(p, c): &mut (Vec<u64>, Vec<f32>)| {
+        // 64-byte aligned records: every weight and scale load is one cache line.
+        if p.len() * 8 < panel_bytes + 64 {
+            p.resize((panel_bytes + 64).div_ceil(8), 0);
+        }
+        if c.len() < chain_f32s + 16 {
+            c.resize(chain_f32s + 16, 0.0);
+        }
+        let (pp, cp) = (p.as_mut_ptr() as *mut u8, c.as_mut_ptr());
+        // SAFETY: the offsets are below 64 bytes, inside the 64 bytes of slack reserved above.
+        unsafe { f(pp.add(pp.align_offset(64)), cp.add(cp.align_offset(64))) }
+    };
+    GEMM.with(|cell| match cell.try_borrow_mut() {
+        Ok(mut s) => run(&mut s),
+        Err(_) => run(&mut (Vec::new(), Vec::new())),
+    })
+}
+
+macro_rules! entry_points {
+    ($name:ident, $tiled:ident, $i:ty, $mr:expr, $body:ident, $vnni:literal, $features:literal) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name<F: FF>(job: &FJob<'_>) {
+            $body::<F, $vnni>(job)
+        }
+
+        #[target_feature(enable = $features)]
+        unsafe fn $tiled<F: FF>(job: &FJob<'_>, panel: *mut u8, chains: *mut f32) {
+            tiled::<$i, F, $vnni, { $mr }>(job, panel, chains)
+        }
+    };
+}
+
+entry_points!(
+    direct_z_vnni,
+    tiled_z_vnni,
+    ZI,
+    GEMM_MR_Z,
+    direct_z,
+    true,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c"
+);
+entry_points!(
+    direct_z_plain,
+    tiled_z_plain,
+    ZI,
+    GEMM_MR_Z,
+    direct_z,
+    false,
+    "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
+);
+entry_points!(direct_y_vnni, tiled_y_vnni, YI, GEMM_MR_Y, direct_y, true, "avx2,fma,f16c,avxvnni");
+entry_points!(direct_y_plain, tiled_y_plain, YI, GEMM_MR_Y, direct_y, false, "avx2,fma,f16c");
+
+/// Which of the four instantiations runs.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub(super) struct Level {
+    pub avx512: bool,
+    pub vnni: bool,
+}
+
+/// Raw Fast dot products for `job` (direct path).
+///
+/// # Safety
+/// The CPU supports `level` (checked by the caller through `isa`), `job` describes valid
+/// memory: `n` rows of `row_bytes` bytes of `dtype` blocks of `act.k` values, activation rows
+/// `i0..i0 + m` of `act`, and a writable `dst`.
+pub(super) unsafe fn dots_direct(level: Level, dtype: DType, job: &FJob<'_>) {
+    macro_rules! go {
+        ($f:ident) => {
+            match dtype {
+                DType::Q4_0 => $f::<Q4_0>(job),
+                DType::Q5_0 => $f::<Q5_0>(job),
+                DType::Q8_0 => $f::<Q8_0>(job),
+                DType::Q4K => $f::<Q4K>(job),
+                DType::Q5K => $f::<Q5K>(job),
+                DType::Q6K => $f::<Q6K>(job),
+                _ => unreachable!("checked by matmul_quant"),
+            }
+        };
+    }
+    match (level.avx512, level.vnni) {
+        (true, true) => go!(direct_z_vnni),
+        (true, false) => go!(direct_z_plain),
+        (false, true) => go!(direct_y_vnni),
+        (false, false) => go!(direct_y_plain),
+    }
+}
+
+/// Raw Fast dot products for `job` on the tiled path (packed panels); the activations must
+/// have their chain-major copy, biased exactly when `level.vnni`.
+///
+/// # Safety
+/// As [`dots_direct`].
+pub(super) unsafe fn dots_tiled(level: Level, dtype: DType, job: &FJob<'_>) {
+    macro_rules! go {
+        ($f:ident) => {{
+            fn bytes<F: FF>() -> usize {
+                Rec::bytes::<F>()
+            }
+            let rec = match dtype {
+                DType::Q4_0 => bytes::<Q4_0>(),
+                DType::Q5_0 => bytes::<Q5_0>(),
+                DType::Q8_0 => bytes::<Q8_0>(),
+                DType::Q4K => bytes::<Q4K>(),
+                DType::Q5K => bytes::<Q5K>(),
+                DType::Q6K => bytes::<Q6K>(),
+                _ => unreachable!("checked by matmul_quant"),
+            };
+            with_gemm_scratch(job.act.ng * rec, GEMM_IC * CHAINS * PANEL, |panel, chains| match dtype {
+                DType::Q4_0 => $f::<Q4_0>(job, panel, chains),
+                DType::Q5_0 => $f::<Q5_0>(job, panel, chains),
+                DType::Q8_0 => $f::<Q8_0>(job, panel, chains),
+                DType::Q4K => $f::<Q4K>(job, panel, chains),
+                DType::Q5K => $f::<Q5K>(job, panel, chains),
+                _ => $f::<Q6K>(job, panel, chains),
+            })
+        }};
+    }
+    match (level.avx512, level.vnni) {
+        (true, true) => go!(tiled_z_vnni),
+        (true, false) => go!(tiled_z_plain),
+        (false, true) => go!(tiled_y_vnni),
+        (false, false) => go!(tiled_y_plain),
+    }
+}
+
+/// [`super::fast::GroupQuantizer`] on AVX-512: the scalar quantization's exact results.
+///
+/// # Safety
+/// AVX-512 F/BW/VL/DQ available; `x` readable for 32 f32, `q` writable for 32 bytes.
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+pub(super) unsafe fn quantize_group_avx512(x: *const f32, q: *mut i8) -> (f32, [i32; 2]) {
+    let a = _mm512_loadu_ps(x);
+    let b = _mm512_loadu_ps(x.add(16));
+    let abs = _mm512_set1_epi32(0x7FFF_FFFF);
+    // |x| bit patterns order like the values (and NaN above infinity).
+    let mx =
+        _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(a), abs), _mm512_and_si512(_mm512_castps_si512(b), abs));
+    let bits = _mm512_reduce_max_epu32(mx);
+    let amax = f32::from_bits(bits);
+    if bits >= 0x7F80_0000 || amax < super::fast::TINY {
+        ptr::write_bytes(q, 0, GROUP);
+        return (if bits >= 0x7F80_0000 { f32::NAN } else { 0.0 }, [0, 0]);
+    }
+    let inv = _mm512_set1_ps(127.0 / amax);
+    let qa = _mm512_cvtps_epi32(_mm512_mul_ps(a, inv));
+    let qb = _mm512_cvtps_epi32(_mm512_mul_ps(b, inv));
+    _mm_storeu_si128(q as *mut __m128i, _mm512_cvtsepi32_epi8(qa));
+    _mm_storeu_si128(q.add(16) as *mut __m128i, _mm512_cvtsepi32_epi8(qb));
+    (amax / 127.0, [_mm512_reduce_add_epi32(qa), _mm512_reduce_add_epi32(qb)])
+}
+
+#[inline(always)]
+unsafe fn hsum_i32x8(v: __m256i) -> i32 {
+    let s = _mm_add_epi32(_mm256_castsi256_si128(v), _mm256_extracti128_si256::<1>(v));
+    let s = _mm_add_epi32(s, _mm_unpackhi_epi64(s, s));
+    _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
+}
+
+/// [`super::fast::GroupQuantizer`] on AVX2.
+///
+/// # Safety
+/// AVX2 available; `x` readable for 32 f32, `q` writable for 32 bytes.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn quantize_group_avx2(x: *const f32, q: *mut i8) -> (f32, [i32; 2]) {
+    let v = [_mm256_loadu_ps(x), _mm256_loadu_ps(x.add(8)), _mm256_loadu_ps(x.add(16)), _mm256_loadu_ps(x.add(24))];
+    let abs = _mm256_set1_epi32(0x7FFF_FFFF);
+    let mut a = [_mm256_setzero_si256(); 4];
+    for t in 0..4 {
+        a[t] = _mm256_and_si256(_mm256_castps_si256(v[t]), abs);
+    }
+    let mx = _mm256_max_epu32(_mm256_max_epu32(a[0], a[1]), _mm256_max_epu32(a[2], a[3]));
+    let m4 = _mm_max_epu32(_mm256_castsi256_si128(mx), _mm256_extracti128_si256::<1>(mx));
+    let m2 = _mm_max_epu32(m4, _mm_unpackhi_epi64(m4, m4));
+    let bits = _mm_cvtsi128_si32(_mm_max_epu32(m2, _mm_shuffle_epi32::<1>(m2))) as u32;
+    let amax = f32::from_bits(bits);
+    if bits >= 0x7F80_0000 || amax < super::fast::TINY {
+        ptr::write_bytes(q, 0, GROUP);
+        return (if bits >= 0x7F80_0000 { f32::NAN } else { 0.0 }, [0, 0]);
+    }
+    let inv = _mm256_set1_ps(127.0 / amax);
+    let mut i = [_mm256_setzero_si256(); 4];
+    for t in 0..4 {
+        i[t] = _mm256_cvtps_epi32(_mm256_mul_ps(v[t], inv));
+    }
+    let h0 = hsum_i32x8(_mm256_add_epi32(i[0], i[1]));
+    let h1 = hsum_i32x8(_mm256_add_epi32(i[2], i[3]));
+    // packs work per 128-bit half: 0-3 8-11 16-19 24-27 | 4-7 12-15 20-23 28-31, then fix.
+    let p = _mm256_packs_epi16(_mm256_packs_epi32(i[0], i[1]), _mm256_packs_epi32(i[2], i[3]));
+    let p = _mm256_permutevar8x32_epi32(p, _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7));
+    _mm256_storeu_si256(q as *mut __m256i, p);
+    (amax / 127.0, [h0, h1])
+}
