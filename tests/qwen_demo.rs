@@ -91,3 +91,48 @@ fn the_prompts_tokenize_as_llama_cpp_does() {
         assert_eq!(e.tokenize(p["prompt"].as_str().unwrap(), true).unwrap(), common::ids(&p["prompt_ids"]));
     }
 }
+
+/// `precision: fast` (8-bit activations, integer dot products) on the demo model, held to the
+/// golden README's rule for engines that quantize activations like llama.cpp: prefill logits
+/// within llama.cpp's own distance from the float64 reference (0.29-0.45 there; asserted
+/// <= 0.45, measured values printed), and greedy ids equal llama.cpp's under the margin rule
+/// with TAU = 0.35; all four prompts batched.
+#[test]
+fn fast_precision_keeps_llama_cpps_greedy_ids() {
+    use tboost::backend::Precision;
+    use tboost::plan::PlanOptions;
+    let g = golden();
+    let prompts = g["prompts"].as_array().unwrap();
+    let (shape, data) = prefill_logits();
+    let vocab = shape[1];
+    let fast = PlanOptions { precision: Precision::Fast, ..Default::default() };
+    let mut r = runner_with(&demo_model(), &fast, 2, 8);
+    let mut worst = 0f32;
+    for (i, p) in prompts.iter().enumerate() {
+        let prompt = common::ids(&p["prompt_ids"]);
+        let mut s = Session::new(&mut r, prompt.len()).unwrap();
+        let logits = s.feed(&prompt, false).unwrap();
+        let d = max_abs_diff(&logits, &data[i * vocab..(i + 1) * vocab]);
+        eprintln!("prompt {i}: fast prefill logits max abs diff vs f64 {d:.2e}");
+        worst = worst.max(d);
+    }
+    assert!(worst > 1e-3, "fast must differ from exact (did the integer kernels run?)");
+    assert!(worst <= 0.45, "fast prefill logits max abs diff {worst} vs the f64 reference (llama.cpp: <= 0.45)");
+    let cfg =
+        EngineConfig { threads: 2, kv_size: KvSize::Blocks(64), precision: Precision::Fast, ..Default::default() };
+    let e = Engine::new(cfg).unwrap();
+    e.load(&demo_model()).unwrap();
+    let ids: Vec<u64> =
+        prompts.iter().map(|p| e.enqueue(Request::new(common::ids(&p["prompt_ids"]), 48)).unwrap()).collect();
+    e.run_to_completion().unwrap();
+    for (p, id) in prompts.iter().zip(ids) {
+        let got = e.output(id).unwrap().tokens;
+        let want = common::ids(&p["llamacpp_generated_ids"]);
+        let margins: Vec<f64> = p["f64_margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
+        let second: Vec<u32> = p["f64_top5"].as_array().unwrap().iter().map(|t| common::ids(&t["ids"])[1]).collect();
+        let n = got.len().min(want.len());
+        let exact_steps = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+        eprintln!("prompt {}: fast greedy ids equal llama.cpp's for {exact_steps} of {n} steps", p["index"]);
+        check_greedy(&format!("prompt {} (fast)", p["index"]), &got[..n], &want[..n], &margins, &second, 0.35);
+    }
+}
