@@ -385,8 +385,14 @@ fn the_plan_names_fused_infer_attention_and_every_fallback_with_its_reason() {
         }
         assert_eq!(decision(&p, l, "kv_write")["kernel"], "aclnnScatterPaKvCache");
         assert_eq!(decision(&p, l, "mlp")["choice"], "fused_gate_up_swiglu");
-        // f32 weights converted to f16 at upload (aclnnMm takes one dtype)
-        assert_eq!(decision(&p, l, "qkv")["weights"]["to"], "f16");
+        // f32 weights converted to f16 at upload (aclnnMm takes one dtype): the preferred op
+        // still runs on the device, so that is no fallback, and the reason says why.
+        for slot in ["qkv", "mlp", "ffn_norm"] {
+            let d = decision(&p, l, slot);
+            assert_eq!(d["weights"]["to"], "f16", "{d}");
+            assert_eq!(d["fallback"], false, "a weight conversion is not a fallback: {d}");
+            assert!(d["reason"].as_str().unwrap().contains("stored weights refused"), "{d}");
+        }
     }
     assert_eq!(p["copy_bytes_per_token"], 0, "everything on the device");
 

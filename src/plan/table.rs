@@ -490,8 +490,19 @@ impl<'a> Planner<'a> {
                                 backend: be.name().into(),
                                 verdict: Verdict::Chosen,
                             });
-                            let fallback = tried.len() > 1 || placement != Placement::Primary;
-                            let reason = if fallback { fallback_reason(choice, &tried) } else { detail };
+                            // Converting weights at upload is not a fallback: the preferred op
+                            // runs where it should (the reason still says why the stored weights
+                            // were refused). A fallback is a less preferred candidate or the CPU.
+                            let rank = |c: Choice| candidates.iter().position(|&x| x == c);
+                            let fallback = placement != Placement::Primary
+                                || tried.iter().any(|t| rank(t.candidate) < rank(choice));
+                            let refused: Vec<String> =
+                                tried.iter().filter(|t| t.verdict != Verdict::Chosen).map(tried_text).collect();
+                            let reason = match () {
+                                _ if fallback => fallback_reason(choice, &tried),
+                                _ if refused.is_empty() => detail,
+                                _ => format!("{detail}; stored weights refused: {}", refused.join("; ")),
+                            };
                             let copy = if placement == Placement::Cpu { self.copy_bytes(slot) } else { 0 };
                             return Ok(Decision {
                                 slot,
