@@ -16,6 +16,9 @@
 #   --llama-batched-bench BIN  llama.cpp's llama-batched-bench    [LLAMA_BATCHED_BENCH]
 #   --tboost BIN               the tboost binary (default: target/release/tboost, built if missing)
 #   --threads N                threads for both engines (default 2)
+#   --precision P              tboost's matmul precision, exact or fast (default fast: 8-bit
+#                              activations for quantized weights, bf16 dot products for bf16
+#                              ones, as llama.cpp's CPU dot products do; exact is f32 activations)
 #   --runs N                   alternations per model (default 3, at least 2 for a median)
 #   --cache DIR                where the synthetic GGUF files go [TBOOST_BENCH_CACHE]
 #                              (default ~/.cache/tboost/bench)
@@ -33,7 +36,7 @@ note() { echo "bench-vs-llamacpp: $*" >&2; }
 
 LLAMA_BENCH="${LLAMA_BENCH:-}"
 LLAMA_BATCHED_BENCH="${LLAMA_BATCHED_BENCH:-}"
-TBOOST="" THREADS=2 RUNS=3 IDLE=90 WAIT=120 QUICK=0 CONC=1 OUT=""
+TBOOST="" PRECISION=fast THREADS=2 RUNS=3 IDLE=90 WAIT=120 QUICK=0 CONC=1 OUT=""
 CACHE="${TBOOST_BENCH_CACHE:-$HOME/.cache/tboost/bench}"
 MODELS=()
 while [ $# -gt 0 ]; do
@@ -42,6 +45,7 @@ while [ $# -gt 0 ]; do
     --llama-batched-bench) LLAMA_BATCHED_BENCH="$2"; shift 2 ;;
     --tboost) TBOOST="$2"; shift 2 ;;
     --threads) THREADS="$2"; shift 2 ;;
+    --precision) PRECISION="$2"; shift 2 ;;
     --runs) RUNS="$2"; shift 2 ;;
     --cache) CACHE="$2"; shift 2 ;;
     --idle) IDLE="$2"; shift 2 ;;
@@ -139,7 +143,7 @@ wait_idle() {
 run_tboost() { # model run-index
   local m="$1" r="$2"
   wait_idle "tboost $(basename "$m") #$r"
-  "$TBOOST" bench --model "$m" --prefill "$PP" --decode "$TG" --threads "$THREADS" --repeat 1 --json \
+  "$TBOOST" bench --model "$m" --prefill "$PP" --decode "$TG" --threads "$THREADS" --repeat 1 --precision "$PRECISION" --json \
     > "$RAW/tb.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "tboost bench failed on $m (see above)"
 }
 
@@ -153,7 +157,7 @@ run_llama() {
 run_tboost_conc() {
   local m="$1" r="$2"
   wait_idle "tboost concurrency $(basename "$m") #$r"
-  "$TBOOST" bench --model "$m" --prefill "$NPP" --decode "$NTG" --threads "$THREADS" --repeat 1 \
+  "$TBOOST" bench --model "$m" --prefill "$NPP" --decode "$NTG" --threads "$THREADS" --repeat 1 --precision "$PRECISION" \
     --concurrency "$NPL" --concurrency-prompt "$NPP" --json \
     > "$RAW/tbc.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "tboost bench --concurrency failed on $m"
 }
@@ -183,10 +187,10 @@ if [ "$CONC" = 1 ]; then
 fi
 
 CPU="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
-python3 - "$RAW" "$RUNS" "$THREADS" "$PP" "$TG" "$NPP" "$NTG" "$NPL" "$CPU" "$BUSY_RUNS" "$CONC" "${MODELS[@]}" <<'PY' | tee ${OUT:+"$OUT"}
+python3 - "$RAW" "$RUNS" "$THREADS" "$PP" "$TG" "$NPP" "$NTG" "$NPL" "$CPU" "$BUSY_RUNS" "$CONC" "$PRECISION" "${MODELS[@]}" <<'PY' | tee ${OUT:+"$OUT"}
 import json, os, re, statistics, sys, datetime
-raw, runs, threads, pp, tg, npp, ntg, npl, cpu, busy, conc = sys.argv[1:12]
-models = sys.argv[12:]
+raw, runs, threads, pp, tg, npp, ntg, npl, cpu, busy, conc, precision = sys.argv[1:13]
+models = sys.argv[13:]
 runs, pp, tg = int(runs), int(pp), int(tg)
 npl = [int(v) for v in npl.split(',')]
 
@@ -217,20 +221,22 @@ def r(a, b):
     return f"{a / b:.2f}×" if b and b == b and a == a else "n/a"
 
 print(f"tboost vs llama.cpp, {datetime.date.today().isoformat()}, {cpu}, {threads} threads, "
-      f"median of {runs} alternation(s) (A B A B), same GGUF files")
+      f"median of {runs} alternation(s) (A B A B), same GGUF files, tboost --precision {precision}")
 print()
-print(f"| model | tboost pp{pp} | llama.cpp pp{pp} | pp ratio | tboost tg{tg} | llama.cpp tg{tg} | tg ratio |")
-print("|---|---|---|---|---|---|---|")
+print(f"| model | tboost pp{pp} | llama.cpp pp{pp} | pp ratio | tboost tg{tg} | llama.cpp tg{tg} | tg ratio | tg roof | tboost / roof |")
+print("|---|---|---|---|---|---|---|---|---|")
 for m in models:
     b = os.path.basename(m)
-    tp, td, lp, ld = [], [], [], []
+    tp, td, lp, ld, roof = [], [], [], [], []
     for i in range(1, runs + 1):
         j = json.load(open(f"{raw}/tb.{b}.{i}.json"))
         tp.append(j['prefill_tokens_per_s']); td.append(j['decode_tokens_per_s'])
+        # The decode roof: measured read bandwidth / the weight bytes each token streams.
+        roof.append(j['memory_bandwidth_bytes_per_s'] / j['weight_bytes'])
         p, g = llama_rows(f"{raw}/lb.{b}.{i}.json")
         lp.append(p); ld.append(g)
     a, c, e, f = med(tp), med(lp), med(td), med(ld)
-    print(f"| {b} | {a:.1f} | {c:.1f} | {r(a, c)} | {e:.2f} | {f:.2f} | {r(e, f)} |")
+    print(f"| {b} | {a:.1f} | {c:.1f} | {r(a, c)} | {e:.2f} | {f:.2f} | {r(e, f)} | {med(roof):.1f} | {e / med(roof):.0%} |")
 if conc == '1':
     b = os.path.basename(models[0])
     print()
