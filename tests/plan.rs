@@ -7,7 +7,7 @@ use std::sync::Mutex;
 
 use common::*;
 use tboost::backend::Precision;
-use tboost::plan::{Choice, Decision, PlanOptions, Slot, Verdict};
+use tboost::plan::{Choice, Decision, PlanOptions, PrecisionPolicy, Slot, Verdict};
 use tboost::session::Session;
 
 /// Captures log records so tests can assert on what a user would read.
@@ -169,7 +169,7 @@ fn unknown_names_are_rejected() {
 #[test]
 fn fast_precision_is_recorded_per_matmul_and_stays_near_exact() {
     let tokens: Vec<u32> = (0..30).map(|i| 3 + (i * 41) % 500).collect();
-    let fast_opts = PlanOptions { precision: Precision::Fast, ..Default::default() };
+    let fast_opts = PlanOptions { precision: PrecisionPolicy::Fast, ..Default::default() };
     let exact = last_logits("llama_gqa_bf16", &PlanOptions::default(), &tokens);
     let fast = last_logits("llama_gqa_bf16", &fast_opts, &tokens);
     let r = runner_with(&golden_dir("llama_gqa_bf16"), &fast_opts, 1, 4);
@@ -213,10 +213,14 @@ fn fast_precision_on_quantized_weights_takes_the_integer_kernel() {
             let mut s = Session::new(&mut r, tokens.len()).unwrap();
             (s.feed(&tokens, true).unwrap(), precisions)
         };
-        let (exact, pe) = logits(&PlanOptions::default());
-        let (fast, pf) = logits(&PlanOptions { precision: Precision::Fast, ..Default::default() });
+        let (exact, pe) = logits(&PlanOptions { precision: PrecisionPolicy::Exact, ..Default::default() });
+        // The default (auto) is fast for block-quantized weights: the same decisions and bits.
+        let (auto, pa) = logits(&PlanOptions::default());
+        assert_eq!(PlanOptions::default().precision, PrecisionPolicy::Auto);
+        let (fast, pf) = logits(&PlanOptions { precision: PrecisionPolicy::Fast, ..Default::default() });
         assert!(pe.iter().all(|&p| p == Precision::Exact), "{dtype}: {pe:?}");
         assert!(pf.iter().all(|&p| p == Precision::Fast), "{dtype}: every quantized matmul is fast: {pf:?}");
+        assert_eq!((&pa, &auto), (&pf, &fast), "{dtype}: auto is fast for quantized weights");
         let scale = exact.iter().fold(0f32, |m, v| m.max(v.abs()));
         let d = max_abs_diff(&exact, &fast);
         eprintln!("{dtype}: fast vs exact max abs diff {d:.3e} (logit scale {scale:.3})");

@@ -7,6 +7,7 @@ mod common;
 use common::*;
 use serde_json::Value;
 use tboost::engine::{Engine, EngineConfig, KvSize};
+use tboost::plan::{PlanOptions, PrecisionPolicy};
 use tboost::sched::Request;
 use tboost::session::Session;
 
@@ -41,7 +42,14 @@ fn prefill_logits() -> (Vec<usize>, Vec<f32>) {
 fn greedy_ids_match_llama_cpp_on_every_step() {
     let g = golden();
     let prompts = g["prompts"].as_array().unwrap();
-    let e = Engine::new(EngineConfig { threads: 2, kv_size: KvSize::Blocks(64), ..Default::default() }).unwrap();
+    // Exact (f32 activations): TAU = 0.05 below. The default (auto) is fast here, tested below.
+    let exact = EngineConfig {
+        threads: 2,
+        kv_size: KvSize::Blocks(64),
+        precision: PrecisionPolicy::Exact,
+        ..Default::default()
+    };
+    let e = Engine::new(exact).unwrap();
     e.load(&demo_model()).unwrap();
     // All four prompts together: continuous batching must not change a single id.
     let ids: Vec<u64> =
@@ -72,7 +80,8 @@ fn prefill_logits_match_the_f64_reference() {
     let (shape, data) = prefill_logits();
     assert_eq!(shape[0], 4);
     let vocab = shape[1];
-    let mut r = runner_with(&demo_model(), &Default::default(), 2, 8);
+    let exact = PlanOptions { precision: PrecisionPolicy::Exact, ..Default::default() };
+    let mut r = runner_with(&demo_model(), &exact, 2, 8);
     for (i, p) in g["prompts"].as_array().unwrap().iter().enumerate() {
         let prompt = common::ids(&p["prompt_ids"]);
         let mut s = Session::new(&mut r, prompt.len()).unwrap();
@@ -96,16 +105,14 @@ fn the_prompts_tokenize_as_llama_cpp_does() {
 /// golden README's rule for engines that quantize activations like llama.cpp: prefill logits
 /// within llama.cpp's own distance from the float64 reference (0.29-0.45 there; asserted
 /// <= 0.45, measured values printed), and greedy ids equal llama.cpp's under the margin rule
-/// with TAU = 0.35; all four prompts batched.
+/// with TAU = 0.35; all four prompts batched, at the default precision (auto = fast here).
 #[test]
 fn fast_precision_keeps_llama_cpps_greedy_ids() {
-    use tboost::backend::Precision;
-    use tboost::plan::PlanOptions;
     let g = golden();
     let prompts = g["prompts"].as_array().unwrap();
     let (shape, data) = prefill_logits();
     let vocab = shape[1];
-    let fast = PlanOptions { precision: Precision::Fast, ..Default::default() };
+    let fast = PlanOptions { precision: PrecisionPolicy::Fast, ..Default::default() };
     let mut r = runner_with(&demo_model(), &fast, 2, 8);
     let mut worst = 0f32;
     for (i, p) in prompts.iter().enumerate() {
@@ -118,8 +125,9 @@ fn fast_precision_keeps_llama_cpps_greedy_ids() {
     }
     assert!(worst > 1e-3, "fast must differ from exact (did the integer kernels run?)");
     assert!(worst <= 0.45, "fast prefill logits max abs diff {worst} vs the f64 reference (llama.cpp: <= 0.45)");
-    let cfg =
-        EngineConfig { threads: 2, kv_size: KvSize::Blocks(64), precision: Precision::Fast, ..Default::default() };
+    // The default precision (auto) is fast on this all-GGUF-block-type model.
+    let cfg = EngineConfig { threads: 2, kv_size: KvSize::Blocks(64), ..Default::default() };
+    assert_eq!(cfg.precision, PrecisionPolicy::Auto);
     let e = Engine::new(cfg).unwrap();
     e.load(&demo_model()).unwrap();
     let ids: Vec<u64> =

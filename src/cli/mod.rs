@@ -83,9 +83,10 @@ pub(crate) struct EngineArgs {
     /// KV cache element type: auto, f32, f16 or bf16 (auto: the backend's choice).
     #[arg(long, default_value = "auto")]
     kv_dtype: String,
-    /// Matmul activation precision: exact (f32 activations) or fast (8-bit activations
-    /// with integer dot products where the backend has them).
-    #[arg(long, default_value = "exact")]
+    /// Matmul activation precision: exact (f32 activations), fast (8-bit activations with
+    /// integer dot products where the backend has them) or auto (fast for GGUF
+    /// block-quantized weights, as llama.cpp computes them; exact for float weights).
+    #[arg(long, default_value = "auto")]
     precision: String,
 }
 

@@ -2,10 +2,10 @@
 
 use std::collections::BTreeSet;
 
-use tboost_ops::{DType, Precision};
+use tboost_ops::DType;
 
 use crate::backend::{Backend, BackendKind};
-use crate::plan::PlanOptions;
+use crate::plan::{PlanOptions, PrecisionPolicy};
 use crate::{Error, Result};
 
 /// How much memory the KV cache gets.
@@ -28,8 +28,9 @@ pub struct EngineConfig {
     pub block_size: Option<usize>,
     /// KV cache element type; `None` = the backend's first choice (f32 on the CPU).
     pub kv_dtype: Option<DType>,
-    /// Matmul activation precision (`Fast` only where the backend has it per weight type).
-    pub precision: Precision,
+    /// Matmul activation precision (`Fast` only where the backend has it per weight type;
+    /// `Auto`: fast for GGUF block-quantized weights, exact for float ones).
+    pub precision: PrecisionPolicy,
     /// Most sequences running at once.
     pub max_seqs: usize,
     /// Most tokens computed in one step (decodes + prefill chunks).
@@ -53,7 +54,7 @@ impl Default for EngineConfig {
             kv_size: KvSize::Bytes(512 << 20),
             block_size: None,
             kv_dtype: None,
-            precision: Precision::Exact,
+            precision: PrecisionPolicy::Auto,
             max_seqs: 64,
             max_batched_tokens: 512,
             prefix_caching: true,
@@ -130,6 +131,7 @@ pub fn parse_kv_dtype(s: &str) -> Result<Option<DType>> {
 }
 
 /// Parses a precision name.
-pub fn parse_precision(s: &str) -> Result<Precision> {
-    Precision::parse(s).ok_or_else(|| Error::invalid("precision", format!("`{s}` is not one of exact, fast")))
+pub fn parse_precision(s: &str) -> Result<PrecisionPolicy> {
+    PrecisionPolicy::parse(s)
+        .ok_or_else(|| Error::invalid("precision", format!("`{s}` is not one of {}", PrecisionPolicy::NAMES)))
 }

@@ -105,7 +105,7 @@ fn apply(s: &mut Settings, key: &str, v: Value<'_>) -> FfiResult {
         }
         ("precision", Value::Str(p)) => {
             s.engine.precision = parse_precision(p)
-                .map_err(|_| Failure::invalid(format!("`precision` = `{p}` is not one of exact, fast")))?
+                .map_err(|_| Failure::invalid(format!("`precision` = `{p}` is not one of auto, exact, fast")))?
         }
         ("finished_records", Value::Int(v)) => s.engine.finished_records = usize_of(v)?,
         ("max_seqs", Value::Int(v)) => s.engine.max_seqs = usize_of(v)?,
@@ -235,7 +235,9 @@ pub unsafe extern "C" fn tboost_config_set_int(
 ///   `TBOOST_ERR_UNSUPPORTED`. With "auto", `TBOOST_BACKEND` in the environment decides.
 /// - `kv_dtype`: KV cache element type, "auto" (default: the backend's choice, f32 on the
 ///   CPU), "f32", "f16" or "bf16"
-/// - `precision`: matmul activation precision, "exact" (default) or "fast"
+/// - `precision`: matmul activation precision, "auto" (default: "fast" for GGUF
+///   block-quantized weights, "exact" for float weights), "exact" (f32 activations) or
+///   "fast" (8-bit activations with integer dot products where the backend has them)
 /// - `disabled_ops`: comma-separated ops and fusions the operator plan must not use
 ///   (flash_attention, paged_decode_attention, standard_attention, moe_grouped,
 ///   convert_weights, fuse_qkv, fuse_gate_up, fuse_add_norm)

@@ -40,6 +40,60 @@ pub const KNOWN_NAMES: &[&str] = &[
     "fuse_add_norm",
 ];
 
+/// The matmul precision a user asks for. `Auto`, the default: `Fast` for matmuls whose weights
+/// are all GGUF block types (8-bit activations and integer dot products, which is how
+/// llama.cpp computes them: on the demo model its greedy ids are kept on every step,
+/// `tests/qwen_demo.rs`), `Exact` for float weights (f32 activations; the golden tolerances of
+/// the f32/f16/bf16 checkpoints are for that). Backends are only ever asked `Exact` or `Fast`.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum PrecisionPolicy {
+    #[default]
+    Auto,
+    Exact,
+    Fast,
+}
+
+impl PrecisionPolicy {
+    pub const NAMES: &'static str = "auto, exact, fast";
+
+    pub fn name(self) -> &'static str {
+        match self {
+            PrecisionPolicy::Auto => "auto",
+            PrecisionPolicy::Exact => "exact",
+            PrecisionPolicy::Fast => "fast",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<PrecisionPolicy> {
+        match s.trim() {
+            "auto" => Some(PrecisionPolicy::Auto),
+            "exact" => Some(PrecisionPolicy::Exact),
+            "fast" => Some(PrecisionPolicy::Fast),
+            _ => None,
+        }
+    }
+
+    /// The precision to ask a backend for first, for a matmul reading weights of `dtypes`.
+    pub fn for_weights(self, dtypes: &[DType]) -> Precision {
+        match self {
+            PrecisionPolicy::Exact => Precision::Exact,
+            PrecisionPolicy::Fast => Precision::Fast,
+            PrecisionPolicy::Auto if !dtypes.is_empty() && dtypes.iter().all(|d| d.is_quantized()) => Precision::Fast,
+            PrecisionPolicy::Auto => Precision::Exact,
+        }
+    }
+}
+
+impl From<Precision> for PrecisionPolicy {
+    fn from(p: Precision) -> Self {
+        match p {
+            Precision::Exact => PrecisionPolicy::Exact,
+            Precision::Fast => PrecisionPolicy::Fast,
+        }
+    }
+}
+
 /// What the user asks for, and the engine settings the choice depends on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanOptions {
@@ -49,7 +103,7 @@ pub struct PlanOptions {
     /// Element type of activations; `None` = the backend's first choice.
     pub act_dtype: Option<DType>,
     /// Activation precision for matmuls (per weight type where the backend takes it).
-    pub precision: Precision,
+    pub precision: PrecisionPolicy,
     /// Tokens per KV block.
     pub block_size: usize,
 }
@@ -60,7 +114,7 @@ impl Default for PlanOptions {
             disabled: BTreeSet::new(),
             kv_dtype: None,
             act_dtype: None,
-            precision: Precision::Exact,
+            precision: PrecisionPolicy::Auto,
             block_size: 16,
         }
     }
@@ -188,7 +242,7 @@ pub struct Plan {
     pub kv_dtype: DType,
     pub block_size: usize,
     /// The precision asked for (each matmul decision says what it got).
-    pub precision: Precision,
+    pub precision: PrecisionPolicy,
     /// Slots outside the layers: embedding, RoPE tables, final norm, LM head.
     pub model: Vec<Decision>,
     pub layers: Vec<LayerPlan>,

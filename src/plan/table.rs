@@ -382,8 +382,9 @@ impl<'a> Planner<'a> {
         against: Option<&str>,
     ) -> Option<Result<Accepted, Rejection>> {
         let (mut first_no, mut blocker) = (None, None);
-        let mut precisions = vec![self.opts.precision];
-        if self.opts.precision != Precision::Exact {
+        let first = self.opts.precision.for_weights(&Self::weight_dtypes(sw));
+        let mut precisions = vec![first];
+        if first != Precision::Exact {
             precisions.push(Precision::Exact);
         }
         let modes: Vec<WeightMode> =
