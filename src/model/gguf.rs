@@ -368,7 +368,7 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufFile> {
 /// Loads a GGUF model file: config from the llama.cpp metadata keys, every tensor a view
 /// into the memory map (MoE expert stacks split into per-expert views), shapes checked.
 pub fn load(path: &Path) -> Result<Model> {
-    let map = super::map_file(path)?;
+    let map = super::map_weights(path)?;
     let file = parse(&map, path)?;
     let config = config_from_gguf(&file, path)?;
 

@@ -15,7 +15,7 @@ use tboost_ops::{Llama3Scaling, RopeStyle};
 
 use super::tensor::Storage;
 use super::weights::{check_shapes_in, ExpertWeights, LayerWeights, Mlp, ModelWeights, TensorSet};
-use super::{files, limits, map_file, Arch, Model, ModelConfig, ModelFormat, Tensor};
+use super::{files, limits, map_weights, Arch, Model, ModelConfig, ModelFormat, Tensor};
 use crate::{Error, Result};
 
 pub const CONFIG_FILE: &str = "config.json";
@@ -365,7 +365,7 @@ fn parse_index(text: &str, path: &Path) -> Result<BTreeMap<String, String>> {
 }
 
 fn add_shard(set: &mut TensorSet, path: &Path) -> Result<()> {
-    let map = map_file(path)?;
+    let map = map_weights(path)?;
     let st = SafeTensors::deserialize(&map).map_err(|e| safetensors_error(&map, path, e))?;
     let base = map.as_ptr() as usize;
     let total = set.len().saturating_add(st.len());

@@ -16,6 +16,7 @@ pub mod files;
 pub mod gguf;
 pub mod gguf_write;
 pub mod hf;
+pub mod hugepages;
 /// Rust-side caps, not part of the C ABI (the header generator must not export them).
 /// cbindgen:ignore
 pub mod limits;
@@ -135,11 +136,23 @@ impl Model {
     }
 }
 
-/// Maps a whole file read-only. Weights are never copied out of the map.
+/// Maps a whole file read-only.
 pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
     let (file, _) = files::open_regular(path)?;
     // SAFETY: the map is read-only. Like every mmap-based loader we rely on the file not
     // being truncated or rewritten while it is mapped.
     let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
     Ok(Arc::new(map))
+}
+
+/// Maps a weight file: a large one is copied once into huge pages (see `hugepages`);
+/// otherwise weights are never copied out of the map.
+pub fn map_weights(path: &Path) -> Result<Arc<Mmap>> {
+    let map = map_file(path)?;
+    if hugepages::wanted(map.len()) {
+        if let Some(copy) = hugepages::copy(path, &map) {
+            return Ok(Arc::new(copy));
+        }
+    }
+    Ok(map)
 }
