@@ -373,6 +373,32 @@ pub(super) struct Q6K;
 unsafe fn header_0<V: V16>(p: *const u8, bb: usize, ch: usize, gn: usize) -> V {
     let mut d = [0u16; 16];
     let b = p.add(16 * ch * bb);
+    if gn == 16 {
+        // A full chunk (all but a row's last): the 16 scales assembled in a register and
+        // stored whole, so the vector load below forwards from one store instead of stalling
+        // on 16 narrow ones (that stall was ~15% of a Q4_0 GEMV).
+        let r = |i: usize| ptr::read_unaligned(b.add(i * bb) as *const i16);
+        let v = _mm256_set_epi16(
+            r(15),
+            r(14),
+            r(13),
+            r(12),
+            r(11),
+            r(10),
+            r(9),
+            r(8),
+            r(7),
+            r(6),
+            r(5),
+            r(4),
+            r(3),
+            r(2),
+            r(1),
+            r(0),
+        );
+        _mm256_storeu_si256(d.as_mut_ptr() as *mut __m256i, v);
+        return V::load_f16x16(d.as_ptr() as *const u8);
+    }
     for i in 0..gn {
         d[i] = ptr::read_unaligned(b.add(i * bb) as *const u16);
     }
