@@ -14,6 +14,7 @@
 //! Users can forbid ops and fusions by name (`PlanOptions::disabled`, `TBOOST_DISABLE`); see
 //! [`KNOWN_NAMES`].
 
+pub mod query;
 mod report;
 mod table;
 
