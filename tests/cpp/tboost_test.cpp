@@ -1411,4 +1411,162 @@ TEST(Fuzz, SeededRandomCallsNeverCrash) {
   EXPECT_EQ(st.waiting + st.running, 0u);
 }
 
+// ---- operator API ---------------------------------------------------------------------
+
+// A contiguous tensor over a whole buffer.
+tboost_tensor Tensor(tboost_buffer* b, std::vector<uint64_t> shape) {
+  tboost_tensor t{};
+  EXPECT_STATUS(TBOOST_OK, tboost_tensor_init(&t, b, shape.data(), shape.size()));
+  return t;
+}
+
+struct OpBackend {
+  tboost_backend* p = nullptr;
+  OpBackend() { EXPECT_STATUS(TBOOST_OK, tboost_backend_open("cpu", 1, &p)); }
+  ~OpBackend() { tboost_backend_free(p); }
+  tboost_buffer* Alloc(tboost_dtype d, std::vector<uint64_t> shape) {
+    tboost_buffer* b = nullptr;
+    EXPECT_STATUS(TBOOST_OK, tboost_backend_alloc(p, d, shape.data(), shape.size(), &b));
+    bufs.push_back(b);
+    return b;
+  }
+  tboost_buffer* Weight(std::vector<uint64_t> shape, const std::vector<float>& v) {
+    tboost_buffer* b = nullptr;
+    EXPECT_STATUS(TBOOST_OK, tboost_backend_upload_weight(p, TBOOST_DTYPE_F32, shape.data(), shape.size(), v.data(),
+                                                          v.size() * sizeof(float), &b));
+    bufs.push_back(b);
+    return b;
+  }
+  void Put(const tboost_tensor& t, std::vector<float> v) {
+    EXPECT_STATUS(TBOOST_OK, tboost_backend_copy(p, &t, v.data(), v.size() * sizeof(float), TBOOST_COPY_HOST_TO_BACKEND));
+  }
+  std::vector<float> Get(const tboost_tensor& t, size_t n) {
+    std::vector<float> v(n);
+    EXPECT_STATUS(TBOOST_OK, tboost_backend_copy(p, &t, v.data(), n * sizeof(float), TBOOST_COPY_BACKEND_TO_HOST));
+    return v;
+  }
+  std::vector<tboost_buffer*> bufs;
+  void FreeBuffers() {
+    for (auto* b : bufs) EXPECT_STATUS(TBOOST_OK, tboost_buffer_free(b));
+    bufs.clear();
+  }
+};
+
+TEST(OpApi, MatmulThroughTheCApiEqualsAHandComputation) {
+  OpBackend be;
+  const size_t m = 2, k = 3, n = 2;
+  tboost_matmul_params mp{};
+  mp.struct_size = sizeof mp;
+  mp.weight_dtype = TBOOST_DTYPE_F32;
+  mp.n = n;
+  mp.k = k;
+  mp.bias = 1;
+  mp.precision = 0;
+  mp.act_dtype = -1;
+  tboost_op* op = nullptr;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_MATMUL, &mp, &op));
+  bool ok = false;
+  size_t need = 0;
+  char why[128];
+  ASSERT_OK(tboost_op_supports(op, &ok, why, sizeof why, &need));
+  EXPECT_TRUE(ok);
+  EXPECT_STREQ(why, "");
+  tboost_tensor x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {m, k}), {m, k});
+  tboost_tensor w = Tensor(be.Weight({n, k}, {1, 2, 3, -1, 0.5f, 0}), {n, k});
+  tboost_tensor bias = Tensor(be.Weight({n}, {10, -10}), {n});
+  tboost_tensor y = Tensor(be.Alloc(TBOOST_DTYPE_F32, {m, n}), {m, n});
+  be.Put(x, {1, 1, 1, 2, 0, -1});
+  tboost_tensor ins[] = {x, w, bias};
+  size_t ws = 99;
+  ASSERT_OK(tboost_op_workspace_size(op, ins, 3, &y, 1, &ws));
+  EXPECT_EQ(ws, 0u);
+  ASSERT_OK(tboost_op_execute(op, ins, 3, &y, 1, nullptr));
+  // y = x · wᵀ + b: row 0 = (1+2+3+10, -1+0.5+0-10), row 1 = (2-3+10, -2+0-10).
+  EXPECT_EQ(be.Get(y, m * n), (std::vector<float>{16, -10.5f, 9, -12}));
+
+  // A bad shape is TBOOST_ERR_INVALID_ARGUMENT naming the op and the tensor.
+  tboost_tensor bad_x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {m, 4}), {m, 4});
+  tboost_tensor bad_ins[] = {bad_x, w, bias};
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_execute(op, bad_ins, 3, &y, 1, nullptr));
+  EXPECT_NE(LastError().find("`matmul.x`: shape [2, 4]: expected [*, 3]"), std::string::npos) << LastError();
+  // A wrong tensor count.
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_execute(op, ins, 2, &y, 1, nullptr));
+  EXPECT_NE(LastError().find("`matmul.inputs`: got 2 tensors, expected 3"), std::string::npos) << LastError();
+  // Strides that are not contiguous name the stride.
+  tboost_tensor strided = x;
+  strided.strides[0] = 7;
+  tboost_tensor strided_ins[] = {strided, w, bias};
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_execute(op, strided_ins, 3, &y, 1, nullptr));
+  EXPECT_NE(LastError().find("stride 7 of dimension 0"), std::string::npos) << LastError();
+  ASSERT_OK(tboost_op_free(op));
+  be.FreeBuffers();
+}
+
+TEST(OpApi, RmsnormThroughTheCApiEqualsAHandComputation) {
+  OpBackend be;
+  tboost_norm_params np{};
+  np.struct_size = sizeof np;
+  np.gain_dtype = TBOOST_DTYPE_F32;
+  np.dim = 4;
+  np.eps = 0.0f;
+  np.act_dtype = TBOOST_DTYPE_F32;
+  tboost_op* op = nullptr;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_RMSNORM, &np, &op));
+  tboost_tensor x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 4}), {1, 4});
+  tboost_tensor g = Tensor(be.Weight({4}, {1, 2, 1, 0.5f}), {4});
+  tboost_tensor y = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 4}), {1, 4});
+  // x = (1, 1, 3, 5): mean square (1+1+9+25)/4 = 9, rms 3.
+  be.Put(x, {1, 1, 3, 5});
+  tboost_tensor ins[] = {x, g};
+  ASSERT_OK(tboost_op_execute(op, ins, 2, &y, 1, nullptr));
+  const std::vector<float> got = be.Get(y, 4), want = {1.0f / 3, 2.0f / 3, 1.0f, 5.0f / 6};
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(got[i], want[i], 1e-6) << i;
+  // A gain of the wrong dtype is named.
+  tboost_tensor x16 = Tensor(be.Alloc(TBOOST_DTYPE_F16, {1, 4}), {1, 4});
+  tboost_tensor bad[] = {x16, g};
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_execute(op, bad, 2, &y, 1, nullptr));
+  EXPECT_NE(LastError().find("`rmsnorm.x`: dtype f16: expected f32"), std::string::npos) << LastError();
+  ASSERT_OK(tboost_op_free(op));
+  be.FreeBuffers();
+}
+
+TEST(OpApi, BadHandlesAndParamsGiveTheDocumentedStatus) {
+  OpBackend be;
+  tboost_op* op = nullptr;
+  tboost_norm_params np{};
+  np.struct_size = sizeof np;
+  np.dim = 4;
+  np.act_dtype = -1;
+  // A freed operation, a bogus backend, a freed buffer.
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_RMSNORM, &np, &op));
+  ASSERT_OK(tboost_op_free(op));
+  bool ok = false;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_op_supports(op, &ok, nullptr, 0, nullptr));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_op_execute(op, nullptr, 0, nullptr, 0, nullptr));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_op_free(op));
+  auto* bogus = reinterpret_cast<tboost_backend*>(&np);
+  tboost_buffer* b = nullptr;
+  const uint64_t shape[] = {4};
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_backend_alloc(bogus, TBOOST_DTYPE_F32, shape, 1, &b));
+  EXPECT_STATUS(TBOOST_ERR_NULL_POINTER, tboost_backend_alloc(be.p, TBOOST_DTYPE_F32, shape, 1, nullptr));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_backend_alloc(be.p, 99, shape, 1, &b));
+  ASSERT_OK(tboost_backend_alloc(be.p, TBOOST_DTYPE_F32, shape, 1, &b));
+  tboost_tensor t = Tensor(b, {4});
+  ASSERT_OK(tboost_buffer_free(b));
+  float host[4] = {};
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_backend_copy(be.p, &t, host, sizeof host, TBOOST_COPY_BACKEND_TO_HOST));
+  // Unknown kinds, zero sizes and wrong struct sizes are invalid arguments.
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, 1234, &np, &op));
+  tboost_norm_params zero = np;
+  zero.dim = 0;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, TBOOST_OP_RMSNORM, &zero, &op));
+  EXPECT_NE(LastError().find("rmsnorm.dim"), std::string::npos) << LastError();
+  tboost_norm_params small = np;
+  small.struct_size = 4;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, TBOOST_OP_RMSNORM, &small, &op));
+  tboost_backend* none = nullptr;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_backend_open("tpu", 1, &none));
+  EXPECT_EQ(none, nullptr);
+}
+
 }  // namespace
