@@ -465,6 +465,7 @@ fn attention_case(b: &B, kind: AttnKind, head_dim: usize, block_size: usize, rng
         kv_dtype: kv,
         max_context: 4096,
         act: b.act,
+        tile_kv: None,
     };
     let op = b.op(OpParams::Attention(p), &format!("head_dim={head_dim} block_size={block_size}"))?;
     // Prefill: two sequences (a fresh one of 20 rows, one of 5 new rows over 40 cached); decode:
@@ -500,7 +501,7 @@ fn attention_case(b: &B, kind: AttnKind, head_dim: usize, block_size: usize, rng
             block_table: &bt[i * max_blocks..(i + 1) * max_blocks],
         })
         .collect();
-    let ap = AttnParams { n_heads: heads, kv_heads, head_dim, scale: 1.0 / (head_dim as f32).sqrt() };
+    let ap = AttnParams::new(heads, kv_heads, head_dim, 1.0 / (head_dim as f32).sqrt());
     let want = attn_ref::attention(&qv, &pool, &spans, &ap);
     // Output is a convex combination of V rows (|v| ≤ 1): scores' f32 dot products over
     // head_dim terms (|q·k| ≤ head_dim) carry into the softmax weights; 64 f32 roundings of the
@@ -553,6 +554,7 @@ fn flash_attention_head_dim_24_is_refused_with_the_plans_reason() {
         kv_dtype: r.plan.kv_dtype,
         max_context: c.max_position_embeddings,
         act: r.plan.act_dtype,
+        tile_kv: None,
     };
     let op = Operation::new(&be, OpParams::Attention(p)).unwrap();
     assert_eq!(OpParams::Attention(p).queries(), vec![query], "the op asks the very query the plan asked");
@@ -635,6 +637,7 @@ fn bad_tensors_are_errors_naming_op_tensor_and_expectation() {
         kv_dtype: DType::F32,
         max_context: 64,
         act: DType::F32,
+        tile_kv: None,
     };
     let att = Operation::new(&be, OpParams::Attention(ap)).unwrap();
     let q = be.alloc(DType::F32, &[2, 32]).unwrap();
@@ -652,4 +655,109 @@ fn bad_tensors_are_errors_naming_op_tensor_and_expectation() {
     be.write_u32(&bt, &[0, 2]).unwrap();
     let e = err_text(att.execute(&[q, k, v, seqs, bt], &mut [out], None));
     assert!(e.contains("flash_attention.seqs") && e.contains("do not fit"), "{e}");
+}
+
+/// FlashAttention's KV tile through the API: every accepted `tile_kv` equals the reference on
+/// contexts spanning many tiles (prefill rows that start mid-tile, decode rows), the default
+/// is bit-identical to `tile_kv = 64`, and a value outside the accepted set is an error naming
+/// the op, the parameter and the accepted values.
+#[test]
+fn flash_attention_tile_kv_is_a_parameter() {
+    let _one = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
+    let be = OpBackend::new(Box::new(CpuBackend::new(2).unwrap()));
+    let b = B { label: "cpu".into(), be: be.clone(), act: DType::F32 };
+    let mut rng = Rng::new(7);
+    let (heads, kv_heads, head_dim, block_size, blocks, max_blocks) = (4, 2, 64, 16, 48, 24);
+    let pool_len = blocks * block_size * kv_heads * head_dim;
+    let (k, kh) = b.acts(&[blocks, block_size, kv_heads, head_dim], &rng.vec(pool_len, 1.0));
+    let (v, vh) = b.acts(&[blocks, block_size, kv_heads, head_dim], &rng.vec(pool_len, 1.0));
+    let mut order: Vec<u32> = (0..blocks as u32).collect();
+    order.reverse();
+    for kind in [AttnKind::Flash, AttnKind::PagedDecode] {
+        // 377 = 5 tiles of 64 and a partial one; rows start at position 300 (mid-tile).
+        let seqs: Vec<[u32; 3]> =
+            if kind == AttnKind::Flash { vec![[0, 40, 40], [40, 77, 377]] } else { vec![[0, 1, 377], [1, 1, 129]] };
+        let rows: usize = seqs.iter().map(|s| s[1] as usize).sum();
+        let bt: Vec<u32> = (0..seqs.len()).flat_map(|i| order[i * max_blocks..(i + 1) * max_blocks].to_vec()).collect();
+        let (q, qv) = b.acts(&[rows, heads * head_dim], &rng.vec(rows * heads * head_dim, 1.0));
+        let st = b.u32s(&[seqs.len(), 3], seqs.as_flattened());
+        let btt = b.u32s(&[seqs.len(), max_blocks], &bt);
+        let (kb, vb) = (encode(DType::F32, &kh), encode(DType::F32, &vh));
+        let pool = KvPool { dtype: DType::F32, block_size, kv_heads, head_dim, k: &kb, v: &vb };
+        let spans: Vec<SeqSpan<'_>> = seqs
+            .iter()
+            .enumerate()
+            .map(|(i, s)| SeqSpan {
+                q_start: s[0] as usize,
+                q_len: s[1] as usize,
+                ctx_len: s[2] as usize,
+                block_table: &bt[i * max_blocks..(i + 1) * max_blocks],
+            })
+            .collect();
+        let want = attn_ref::attention(&qv, &pool, &spans, &AttnParams::new(heads, kv_heads, head_dim, 0.125));
+        let mut outs = Vec::new();
+        for tile in [None, Some(16), Some(32), Some(64), Some(128), Some(256)] {
+            let p = AttentionParams {
+                kind,
+                heads,
+                kv_heads,
+                head_dim,
+                scale: Some(0.125),
+                block_size,
+                kv_dtype: DType::F32,
+                max_context: 4096,
+                act: DType::F32,
+                tile_kv: tile,
+            };
+            let op = Operation::new(&be, OpParams::Attention(p)).unwrap();
+            op.supports().unwrap();
+            let out = b.out(&[rows, heads * head_dim]);
+            let ins = [q.clone(), k.clone(), v.clone(), st.clone(), btt.clone()];
+            op.execute(&ins, &mut [out.clone()], None).unwrap();
+            let got = b.get(&out);
+            // As the attention test: a convex combination of |v| <= 1 rows; the online
+            // softmax rescales once per tile (at most 24 tiles of 16 here), a few roundings each.
+            let tol = (head_dim as f64).sqrt() * 8.0 * U + 64.0 * 8.0 * U + 24.0 * 4.0 * U;
+            close(&format!("[cpu] {} tile_kv={tile:?}", kind.name()), &got, &want, |_| tol);
+            outs.push(got);
+        }
+        assert_eq!(outs[0], outs[3], "{}: the default tile is tile_kv = 64, bit for bit", kind.name());
+    }
+    // Refused values, named with the op, the parameter and what it takes.
+    for bad in [0usize, 8, 48, 512] {
+        let p = AttentionParams {
+            kind: AttnKind::Flash,
+            heads,
+            kv_heads,
+            head_dim,
+            scale: None,
+            block_size,
+            kv_dtype: DType::F32,
+            max_context: 4096,
+            act: DType::F32,
+            tile_kv: Some(bad),
+        };
+        let e = Operation::new(&be, OpParams::Attention(p)).err().expect("refused").to_string();
+        assert_eq!(
+            e,
+            format!(
+                "invalid argument `flash_attention.tile_kv`: {bad} is not a power of two in 16..=256 (accepted: 16, \
+                 32, 64, 128, 256)"
+            )
+        );
+    }
+    let p = AttentionParams {
+        kind: AttnKind::Standard,
+        heads,
+        kv_heads,
+        head_dim,
+        scale: None,
+        block_size,
+        kv_dtype: DType::F32,
+        max_context: 4096,
+        act: DType::F32,
+        tile_kv: Some(128),
+    };
+    let e = Operation::new(&be, OpParams::Attention(p)).err().expect("refused").to_string();
+    assert!(e.contains("standard_attention.tile_kv") && e.contains("no KV tile"), "{e}");
 }

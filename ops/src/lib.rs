@@ -13,6 +13,6 @@ pub mod case;
 pub mod dtype;
 pub mod rope;
 
-pub use case::{AttentionCase, AttnParams, AttnPhase, MatMulCase, Precision, Unsupported};
+pub use case::{AttentionCase, AttnParams, AttnPhase, MatMulCase, Precision, Unsupported, DEFAULT_TILE_KV};
 pub use dtype::DType;
 pub use rope::{Llama3Scaling, RopeParams, RopeStyle};

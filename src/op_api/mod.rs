@@ -53,7 +53,7 @@ use crate::backend::{
 };
 use crate::plan::query;
 use crate::{Error, Result};
-use tboost_ops::{AttnParams, AttnPhase, RopeParams, Unsupported};
+use tboost_ops::{AttnParams, AttnPhase, RopeParams, Unsupported, DEFAULT_TILE_KV};
 
 /// `y = x · weightᵀ (+ bias)`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -116,6 +116,10 @@ pub struct AttentionParams {
     /// Longest context a sequence may reach (asked of the backend as the plan asks it).
     pub max_context: usize,
     pub act: DType,
+    /// FlashAttention's KV tile (flash and paged decode): a power of two in 16..=256;
+    /// `None` is the default, 64. The CPU kernel is compiled for each; a device backend,
+    /// whose attention kernel tiles itself, takes only the default.
+    pub tile_kv: Option<usize>,
 }
 
 /// Top-k softmax routing (renormalized over the top k).
@@ -258,6 +262,21 @@ impl OpParams {
                 if p.scale.is_some_and(|s| !s.is_finite()) {
                     return Err(Error::invalid(format!("{op}.scale"), "must be finite"));
                 }
+                if let Some(t) = p.tile_kv {
+                    if p.kind == AttnKind::Standard {
+                        return Err(Error::invalid(
+                            format!("{op}.tile_kv"),
+                            "standard attention materializes all scores and has no KV tile (flash and paged decode \
+                             take tile_kv)",
+                        ));
+                    }
+                    tboost_kernels::attention::flash_tile_supports(t).map_err(|u| {
+                        Error::invalid(
+                            format!("{op}.tile_kv"),
+                            format!("{} is not {} (accepted: 16, 32, 64, 128, 256)", u.value, u.need),
+                        )
+                    })?;
+                }
                 Ok(())
             }
             OpParams::MoeRoute(p) => {
@@ -302,7 +321,14 @@ impl Operation {
     /// answer the plan records for the same case.
     pub fn supports(&self) -> Result<(), Unsupported> {
         let be = self.backend.lock().map_err(|e| Unsupported::new("backend", e, "usable"))?;
-        self.params.queries().iter().try_for_each(|q| be.supports(q))
+        self.params.queries().iter().try_for_each(|q| be.supports(q))?;
+        if let OpParams::Attention(AttentionParams { tile_kv: Some(t), .. }) = self.params {
+            if t != DEFAULT_TILE_KV && be.name() != "cpu" {
+                let need = format!("{DEFAULT_TILE_KV} on {} (its attention kernel chooses its own tiling)", be.name());
+                return Err(Unsupported::new("tile_kv", t, need));
+            }
+        }
+        Ok(())
     }
 
     /// Bytes of scratch `execute` needs for these tensors (0 for most ops; RoPE's cos/sin
@@ -667,7 +693,8 @@ impl Operation {
         };
         let range = SeqRange { seqs: seqs_v, block_tables: bt_v, max_blocks, first: 0, count, row_start: 0, rows };
         let scale = p.scale.unwrap_or(1.0 / (p.head_dim as f32).sqrt());
-        let params = AttnParams { n_heads: p.heads, kv_heads: p.kv_heads, head_dim: p.head_dim, scale };
+        let mut params = AttnParams::new(p.heads, p.kv_heads, p.head_dim, scale);
+        params.tile_kv = p.tile_kv.unwrap_or(DEFAULT_TILE_KV);
         Ok(vec![Op::Attention {
             kind: p.kind,
             q: c.view(be, q, "q")?,
