@@ -2,6 +2,7 @@
 
 mod batch;
 mod bench;
+mod bench_op;
 mod run;
 mod synth;
 mod tokenize;
@@ -53,6 +54,8 @@ enum Cmd {
     Batch(batch::BatchArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
+    /// Time one operator on its own (operator API), sweeping one parameter.
+    BenchOp(bench_op::BenchOpArgs),
     /// Write a synthetic model as a GGUF file (for llama.cpp comparisons).
     Synth(synth::SynthArgs),
 }
@@ -199,6 +202,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Batch(b) => batch::run(b)?,
         Cmd::Tokenize(t) => tokenize::run(t)?,
         Cmd::Bench(b) => bench::run(b)?,
+        Cmd::BenchOp(b) => bench_op::run(b)?,
         Cmd::Synth(a) => synth::run(a)?,
     }
     Ok(())
