@@ -299,6 +299,13 @@ enum tboost_op_kind
    * `tboost_swiglu_params`. Inputs: gate [rows, n], up [rows, n]. Outputs: y [rows, n].
    */
   TBOOST_OP_SWIGLU = 3,
+  /**
+   * `tboost_attention_params`. Inputs: q [rows, heads * head_dim], k_cache and v_cache
+   * (whole buffers [blocks, block_size, kv_heads, head_dim] of kv_dtype), seqs [count, 3]
+   * u32 (q_start, q_len, ctx_len per sequence), block_tables [count, max_blocks] u32.
+   * Outputs: out [rows, heads * head_dim].
+   */
+  TBOOST_OP_ATTENTION = 4,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -330,6 +337,35 @@ enum tboost_copy_kind
 typedef enum tboost_copy_kind tboost_copy_kind;
 #else
 typedef int32_t tboost_copy_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * The attention algorithm of `tboost_attention_params.kind`.
+ */
+enum tboost_attention_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * FlashAttention (tiled, online softmax): prefill chunks, any rows per sequence.
+   */
+  TBOOST_ATTENTION_FLASH = 0,
+  /**
+   * Materialized scores; any head_dim.
+   */
+  TBOOST_ATTENTION_STANDARD = 1,
+  /**
+   * One query row per sequence over its paged KV.
+   */
+  TBOOST_ATTENTION_PAGED_DECODE = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum tboost_attention_kind tboost_attention_kind;
+#else
+typedef int32_t tboost_attention_kind;
 #endif // __STDC_VERSION__ >= 202311L
 #endif // __cplusplus
 
@@ -630,6 +666,48 @@ typedef struct tboost_swiglu_params {
    */
   int32_t act_dtype;
 } tboost_swiglu_params;
+
+/**
+ * Parameters of `TBOOST_OP_ATTENTION`.
+ */
+typedef struct tboost_attention_params {
+  /**
+   * sizeof(tboost_attention_params).
+   */
+  uint32_t struct_size;
+  /**
+   * A `tboost_attention_kind`.
+   */
+  int32_t kind;
+  uint32_t heads;
+  uint32_t kv_heads;
+  uint32_t head_dim;
+  /**
+   * Tokens per KV block.
+   */
+  uint32_t block_size;
+  /**
+   * `tboost_dtype` of the K/V pools; -1 = the activation dtype.
+   */
+  int32_t kv_dtype;
+  /**
+   * `tboost_dtype` of q and out; -1 = the backend's activation dtype.
+   */
+  int32_t act_dtype;
+  /**
+   * Longest context a sequence may reach (asked of the backend as the plan asks it).
+   */
+  uint64_t max_context;
+  /**
+   * Score scale; 0 = 1/sqrt(head_dim).
+   */
+  float scale;
+  /**
+   * FlashAttention's KV tile (flash and paged decode): 16, 32, 64, 128 or 256; 0 = the
+   * default (64). Another value is `TBOOST_ERR_INVALID_ARGUMENT` at `tboost_op_create`.
+   */
+  uint32_t tile_kv;
+} tboost_attention_params;
 
 /**
  * "Any request" for `tboost_engine_read` and `tboost_engine_wait`.

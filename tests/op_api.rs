@@ -561,6 +561,18 @@ fn flash_attention_head_dim_24_is_refused_with_the_plans_reason() {
     let got = op.supports().expect_err("flash attention with head_dim 24 is refused on the cpu");
     assert_eq!(got, why);
     assert_eq!(got.to_string(), "head_dim=24 is not a multiple of 16");
+    // Executing it anyway is that error, not a kernel's panic.
+    let t = |dt, shape: &[usize]| be.alloc(dt, shape).unwrap();
+    let (hd, h, kvh) = (c.head_dim, c.num_heads, c.num_kv_heads);
+    let ins = [
+        t(DType::F32, &[1, h * hd]),
+        t(DType::F32, &[1, p.block_size, kvh, hd]),
+        t(DType::F32, &[1, p.block_size, kvh, hd]),
+        t(DType::U32, &[1, 3]),
+        t(DType::U32, &[1, 1]),
+    ];
+    let e = err_text(op.execute(&ins, &mut [t(DType::F32, &[1, h * hd])], None));
+    assert_eq!(e, "unsupported: flash_attention on cpu: head_dim=24 is not a multiple of 16");
 }
 
 fn err_text(r: tboost::Result<()>) -> String {

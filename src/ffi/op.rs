@@ -7,10 +7,10 @@ use std::os::raw::{c_char, c_void};
 use std::sync::Arc;
 
 use super::handle::Registry;
-use super::status::{guard, tboost_status, Failure, FfiResult, Status};
+use super::status::{guard, tboost_status, Failure, FfiResult};
 use super::util::{read_cstr, read_sized, read_slice, require, write_out, write_str};
-use crate::backend::{BackendKind, BackendSpec, DType, Precision};
-use crate::op_api::{MatMulParams, Mem, NormParams, OpBackend, OpParams, Operation, TensorRef};
+use crate::backend::{AttnKind, BackendKind, BackendSpec, DType, Precision};
+use crate::op_api::{AttentionParams, MatMulParams, Mem, NormParams, OpBackend, OpParams, Operation, TensorRef};
 
 /// A compute backend opened for the operator API (`tboost_backend_open`). Thread-safe: calls
 /// on one backend are serialized.
@@ -65,6 +65,23 @@ pub enum tboost_op_kind {
     TBOOST_OP_ADD_RMSNORM = 2,
     /// `tboost_swiglu_params`. Inputs: gate [rows, n], up [rows, n]. Outputs: y [rows, n].
     TBOOST_OP_SWIGLU = 3,
+    /// `tboost_attention_params`. Inputs: q [rows, heads * head_dim], k_cache and v_cache
+    /// (whole buffers [blocks, block_size, kv_heads, head_dim] of kv_dtype), seqs [count, 3]
+    /// u32 (q_start, q_len, ctx_len per sequence), block_tables [count, max_blocks] u32.
+    /// Outputs: out [rows, heads * head_dim].
+    TBOOST_OP_ATTENTION = 4,
+}
+
+/// The attention algorithm of `tboost_attention_params.kind`.
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum tboost_attention_kind {
+    /// FlashAttention (tiled, online softmax): prefill chunks, any rows per sequence.
+    TBOOST_ATTENTION_FLASH = 0,
+    /// Materialized scores; any head_dim.
+    TBOOST_ATTENTION_STANDARD = 1,
+    /// One query row per sequence over its paged KV.
+    TBOOST_ATTENTION_PAGED_DECODE = 2,
 }
 
 /// Direction of `tboost_backend_copy`.
@@ -144,6 +161,32 @@ pub struct tboost_swiglu_params {
     pub struct_size: u32,
     /// `tboost_dtype` of gate, up and y; -1 = the backend's activation dtype.
     pub act_dtype: i32,
+}
+
+/// Parameters of `TBOOST_OP_ATTENTION`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct tboost_attention_params {
+    /// sizeof(tboost_attention_params).
+    pub struct_size: u32,
+    /// A `tboost_attention_kind`.
+    pub kind: i32,
+    pub heads: u32,
+    pub kv_heads: u32,
+    pub head_dim: u32,
+    /// Tokens per KV block.
+    pub block_size: u32,
+    /// `tboost_dtype` of the K/V pools; -1 = the activation dtype.
+    pub kv_dtype: i32,
+    /// `tboost_dtype` of q and out; -1 = the backend's activation dtype.
+    pub act_dtype: i32,
+    /// Longest context a sequence may reach (asked of the backend as the plan asks it).
+    pub max_context: u64,
+    /// Score scale; 0 = 1/sqrt(head_dim).
+    pub scale: f32,
+    /// FlashAttention's KV tile (flash and paged decode): 16, 32, 64, 128 or 256; 0 = the
+    /// default (64). Another value is `TBOOST_ERR_INVALID_ARGUMENT` at `tboost_op_create`.
+    pub tile_kv: u32,
 }
 
 pub(crate) struct BackendInner {
@@ -518,6 +561,41 @@ pub unsafe extern "C" fn tboost_op_create(
             } else {
                 OpParams::AddRmsNorm(np)
             }
+        } else if kind == tboost_op_kind::TBOOST_OP_ATTENTION as i32 {
+            let d = tboost_attention_params {
+                struct_size: 0,
+                kind: 0,
+                heads: 0,
+                kv_heads: 0,
+                head_dim: 0,
+                block_size: 16,
+                kv_dtype: -1,
+                act_dtype: -1,
+                max_context: 4096,
+                scale: 0.0,
+                tile_kv: 0,
+            };
+            // SAFETY: as above.
+            let a = unsafe { read_sized(params.cast::<tboost_attention_params>(), d, 48, "params") }?;
+            let kind = match a.kind {
+                0 => AttnKind::Flash,
+                1 => AttnKind::Standard,
+                2 => AttnKind::PagedDecode,
+                v => return Err(Failure::invalid(format!("`params.kind` = {v} is not a tboost_attention_kind"))),
+            };
+            let act = act_of(a.act_dtype, &b.be, "params.act_dtype")?;
+            OpParams::Attention(AttentionParams {
+                kind,
+                heads: a.heads as usize,
+                kv_heads: a.kv_heads as usize,
+                head_dim: a.head_dim as usize,
+                scale: (a.scale != 0.0).then_some(a.scale),
+                block_size: a.block_size as usize,
+                kv_dtype: if a.kv_dtype == -1 { act } else { dtype_of(a.kv_dtype, "params.kv_dtype")? },
+                max_context: size(a.max_context, "max_context")?,
+                act,
+                tile_kv: (a.tile_kv != 0).then_some(a.tile_kv as usize),
+            })
         } else if kind == tboost_op_kind::TBOOST_OP_SWIGLU as i32 {
             let d = tboost_swiglu_params { struct_size: 0, act_dtype: -1 };
             // SAFETY: as above.
@@ -630,12 +708,6 @@ pub unsafe extern "C" fn tboost_op_execute(
 ) -> tboost_status {
     guard("tboost_op_execute", |_| {
         let o = OPS.get(op, "op")?;
-        if let Err(why) = o.op.supports() {
-            return Err(Failure::new(
-                Status::TBOOST_ERR_UNSUPPORTED,
-                format!("{} on {}: {why}", o.op.name(), o.backend.be.name().unwrap_or("?")),
-            ));
-        }
         // SAFETY: per the contract.
         let (ins, _k1) = unsafe { tensors(inputs, n_inputs, &o.backend, "inputs") }?;
         let (mut outs, _k2) = unsafe { tensors(outputs, n_outputs, &o.backend, "outputs") }?;

@@ -378,13 +378,18 @@ impl Operation {
     }
 
     /// Checks the tensors and enqueues the op on the backend's stream. `workspace`: see
-    /// `workspace_size`. Errors name the op, the tensor and what was expected.
+    /// `workspace_size`. Errors name the op, the tensor and what was expected; a case the
+    /// backend does not take is `Error::Unsupported` with its reason (never a kernel's panic).
     pub fn execute(
         &self,
         inputs: &[TensorRef],
         outputs: &mut [TensorRef],
         workspace: Option<&TensorRef>,
     ) -> Result<()> {
+        if let Err(why) = self.supports() {
+            let be = self.backend.name().unwrap_or("?");
+            return Err(Error::Unsupported(format!("{} on {be}: {why}", self.name())));
+        }
         let op = self.build(inputs, outputs, workspace)?;
         let mut be = self.backend.lock()?;
         for o in op {

@@ -1569,4 +1569,72 @@ TEST(OpApi, BadHandlesAndParamsGiveTheDocumentedStatus) {
   EXPECT_EQ(none, nullptr);
 }
 
+TEST(OpApi, AttentionWithATileThroughTheCApi) {
+  OpBackend be;
+  // One sequence of two rows over two positions, one head of 16, block_size 4.
+  tboost_attention_params ap{};
+  ap.struct_size = sizeof ap;
+  ap.kind = TBOOST_ATTENTION_FLASH;
+  ap.heads = 1;
+  ap.kv_heads = 1;
+  ap.head_dim = 16;
+  ap.block_size = 4;
+  ap.kv_dtype = TBOOST_DTYPE_F32;
+  ap.act_dtype = TBOOST_DTYPE_F32;
+  ap.max_context = 64;
+  ap.scale = 1.0f;
+  ap.tile_kv = 16;
+  tboost_op* op = nullptr;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_ATTENTION, &ap, &op));
+  std::vector<float> q(32, 0.0f), k(64, 0.0f), v(64, 0.0f);
+  q[0] = 1.0f;        // row 0 never sees position 1 (causal)
+  q[16 + 0] = 0.5f;   // row 1: scores 0.5 * k0[0] and 0.5 * k1[0]
+  k[0] = 2.0f;        // position 0
+  k[16 + 0] = -2.0f;  // position 1
+  for (int d = 0; d < 16; ++d) {
+    v[d] = static_cast<float>(d);
+    v[16 + d] = 1.0f;
+  }
+  tboost_tensor tq = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 16}), {2, 16});
+  tboost_tensor tk = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 4, 1, 16}), {1, 4, 1, 16});
+  tboost_tensor tv = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 4, 1, 16}), {1, 4, 1, 16});
+  be.Put(tq, q);
+  be.Put(tk, k);
+  be.Put(tv, v);
+  tboost_buffer* sb = be.Alloc(TBOOST_DTYPE_U32, {1, 3});
+  tboost_buffer* bb = be.Alloc(TBOOST_DTYPE_U32, {1, 1});
+  tboost_tensor ts = Tensor(sb, {1, 3}), tb = Tensor(bb, {1, 1});
+  uint32_t seqs[3] = {0, 2, 2}, table[1] = {0};
+  ASSERT_OK(tboost_backend_copy(be.p, &ts, seqs, sizeof seqs, TBOOST_COPY_HOST_TO_BACKEND));
+  ASSERT_OK(tboost_backend_copy(be.p, &tb, table, sizeof table, TBOOST_COPY_HOST_TO_BACKEND));
+  tboost_tensor out = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 16}), {2, 16});
+  tboost_tensor ins[] = {tq, tk, tv, ts, tb};
+  ASSERT_OK(tboost_op_execute(op, ins, 5, &out, 1, nullptr));
+  const std::vector<float> got = be.Get(out, 32);
+  // Row 1: weights softmax(1, -1) = (e / (e + 1/e), ...) over v0 = d and v1 = 1.
+  const double w0 = std::exp(1.0) / (std::exp(1.0) + std::exp(-1.0));
+  for (int d = 0; d < 16; ++d) {
+    EXPECT_NEAR(got[d], d, 1e-5) << d;
+    EXPECT_NEAR(got[16 + d], w0 * d + (1.0 - w0), 1e-5) << d;
+  }
+  ASSERT_OK(tboost_op_free(op));
+  // A tile the kernel does not take, and flash with a head_dim it does not take.
+  ap.tile_kv = 48;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, TBOOST_OP_ATTENTION, &ap, &op));
+  EXPECT_NE(LastError().find("`flash_attention.tile_kv`: 48 is not a power of two in 16..=256"), std::string::npos)
+      << LastError();
+  ap.tile_kv = 0;
+  ap.head_dim = 24;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_ATTENTION, &ap, &op));
+  bool ok = true;
+  char why[128];
+  size_t need = 0;
+  ASSERT_OK(tboost_op_supports(op, &ok, why, sizeof why, &need));
+  EXPECT_FALSE(ok);
+  EXPECT_STREQ(why, "head_dim=24 is not a multiple of 16");
+  EXPECT_STATUS(TBOOST_ERR_UNSUPPORTED, tboost_op_execute(op, ins, 5, &out, 1, nullptr));
+  ASSERT_OK(tboost_op_free(op));
+  be.FreeBuffers();
+}
+
 }  // namespace
