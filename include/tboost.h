@@ -754,6 +754,10 @@ tboost_status tboost_config_free(struct tboost_config *cfg);
  *   `TBOOST_ERR_QUEUE_FULL` (default 4096)
  * - `finished_records` [1, ..]: finished requests whose records `tboost_engine_output`
  *   and `tboost_engine_cancel` still answer for (default 65536; events lose nothing)
+ * - `tiling.attention.tile_kv` [16, 256]: FlashAttention's KV tile in the attention slots,
+ *   16, 32, 64, 128 or 256 (default 64); the plan reports it, and a non-default tile on a
+ *   backend whose attention kernel tiles itself fails `tboost_engine_new` /
+ *   `tboost_model_load` with `TBOOST_ERR_UNSUPPORTED`
  * - `debug_panic_at_step` [0, ..]: testing only, the n-th step panics (0 = never)
  * - `debug_step_delay_ms` [0, 60000]: testing only, each step first sleeps this long
  *

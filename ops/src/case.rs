@@ -63,6 +63,17 @@ pub struct AttentionCase {
 /// KV positions per FlashAttention tile unless a caller chooses (`AttnParams::tile_kv`).
 pub const DEFAULT_TILE_KV: usize = 64;
 
+/// The FlashAttention KV tiles a caller may choose (the CPU kernel is compiled for each).
+pub const TILE_KV_CHOICES: [usize; 5] = [16, 32, 64, 128, 256];
+
+/// Whether `tile_kv` is one of [`TILE_KV_CHOICES`].
+pub fn check_tile_kv(tile_kv: usize) -> Result<(), Unsupported> {
+    if !TILE_KV_CHOICES.contains(&tile_kv) {
+        return Err(Unsupported::new("tile_kv", tile_kv, "a power of two in 16..=256"));
+    }
+    Ok(())
+}
+
 /// Shape parameters of an attention call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnParams {

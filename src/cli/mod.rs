@@ -90,6 +90,10 @@ pub(crate) struct EngineArgs {
     /// with integer dot products where the backend has them).
     #[arg(long, default_value = "exact")]
     precision: String,
+    /// FlashAttention's KV tile in the attention slots: 16, 32, 64, 128 or 256 (default 64;
+    /// the engine key `tiling.attention.tile_kv`).
+    #[arg(long)]
+    tile_kv: Option<usize>,
 }
 
 impl EngineArgs {
@@ -101,6 +105,7 @@ impl EngineArgs {
             kv_dtype: parse_kv_dtype(&self.kv_dtype)?,
             precision: parse_precision(&self.precision)?,
             disabled_ops: PlanOptions::parse_disabled(&self.disable)?,
+            attention_tile_kv: self.tile_kv,
             ..EngineConfig::default()
         })
     }

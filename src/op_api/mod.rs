@@ -270,7 +270,7 @@ impl OpParams {
                              take tile_kv)",
                         ));
                     }
-                    tboost_kernels::attention::flash_tile_supports(t).map_err(|u| {
+                    tboost_ops::check_tile_kv(t).map_err(|u| {
                         Error::invalid(
                             format!("{op}.tile_kv"),
                             format!("{} is not {} (accepted: 16, 32, 64, 128, 256)", u.value, u.need),

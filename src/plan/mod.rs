@@ -53,6 +53,9 @@ pub struct PlanOptions {
     pub precision: Precision,
     /// Tokens per KV block.
     pub block_size: usize,
+    /// FlashAttention's KV tile for the flash and paged-decode slots (engine key
+    /// `tiling.attention.tile_kv`); `None` = the default, 64.
+    pub tile_kv: Option<usize>,
 }
 
 impl Default for PlanOptions {
@@ -63,6 +66,7 @@ impl Default for PlanOptions {
             act_dtype: None,
             precision: Precision::Exact,
             block_size: 16,
+            tile_kv: None,
         }
     }
 }
@@ -190,6 +194,8 @@ pub struct Plan {
     pub block_size: usize,
     /// The precision asked for (each matmul decision says what it got).
     pub precision: Precision,
+    /// FlashAttention's KV tile in the flash and paged-decode attention slots.
+    pub attention_tile_kv: usize,
     /// Slots outside the layers: embedding, RoPE tables, final norm, LM head.
     pub model: Vec<Decision>,
     pub layers: Vec<LayerPlan>,

@@ -3,7 +3,7 @@
 //! backends.
 
 use serde::Serialize;
-use tboost_ops::{AttnPhase, DType, MatMulCase, Precision, RopeParams, Unsupported};
+use tboost_ops::{check_tile_kv, AttnPhase, DType, MatMulCase, Precision, RopeParams, Unsupported, DEFAULT_TILE_KV};
 
 use super::query;
 use super::{Decision, LayerPlan, Placement, Plan, PlanOptions, Tried, Verdict, WeightMode};
@@ -675,11 +675,25 @@ impl<'a> Planner<'a> {
             kv_dtype: self.kv,
             block_size: self.opts.block_size,
             precision: self.opts.precision,
+            attention_tile_kv: self.opts.tile_kv.unwrap_or(DEFAULT_TILE_KV),
             model,
             layers,
             copy_bytes_per_token: 0,
         };
         plan.copy_bytes_per_token = plan.decisions().map(|d| d.copy_bytes_per_token).sum();
+        if let Some(t) = self.opts.tile_kv {
+            const KEY: &str = "tiling.attention.tile_kv";
+            check_tile_kv(t).map_err(|u| Error::config("engine config", KEY, u.to_string()))?;
+            let tiled = |d: &&Decision| matches!(d.choice, Choice::FlashAttention | Choice::PagedDecodeAttention);
+            if let Some(d) = plan.decisions().filter(tiled).find(|d| t != DEFAULT_TILE_KV && d.backend != "cpu") {
+                return Err(Error::Unsupported(format!(
+                    "{KEY}={t}: {} runs on {}, whose attention kernel chooses its own tiling (it takes only \
+                     {DEFAULT_TILE_KV})",
+                    d.slot.name(),
+                    d.backend
+                )));
+            }
+        }
         Ok(plan)
     }
 

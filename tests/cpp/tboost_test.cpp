@@ -1637,4 +1637,24 @@ TEST(OpApi, AttentionWithATileThroughTheCApi) {
   be.FreeBuffers();
 }
 
+TEST(OpApi, AttentionTileIsAnEngineKeyReportedInThePlan) {
+  Config cfg;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_config_set_int(cfg.p, "tiling.attention.tile_kv", 48));
+  EXPECT_NE(LastError().find("tile_kv=48 is not a power of two in 16..=256"), std::string::npos) << LastError();
+  ASSERT_OK(tboost_config_set_int(cfg.p, "tiling.attention.tile_kv", 128));
+  size_t need = 0;
+  EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_config_to_json(cfg.p, nullptr, 0, &need));
+  std::string json(need, '\0');
+  ASSERT_OK(tboost_config_to_json(cfg.p, json.data(), json.size(), &need));
+  EXPECT_NE(json.find("\"tiling.attention.tile_kv\":128"), std::string::npos) << json;
+  ASSERT_OK(tboost_config_set_str(cfg.p, "backend", "cpu"));
+  Model m(Golden("mistral"), cfg.p);
+  ASSERT_NE(m.p, nullptr);
+  need = 0;
+  EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_model_info_json(m.p, nullptr, 0, &need));
+  std::string info(need, '\0');
+  ASSERT_OK(tboost_model_info_json(m.p, info.data(), info.size(), &need));
+  EXPECT_NE(info.find("\"attention_tile_kv\":128"), std::string::npos) << info;
+}
+
 }  // namespace

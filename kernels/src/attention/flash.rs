@@ -14,7 +14,7 @@ use crate::DType;
 /// multiples of the tile, whatever the call.
 pub const FLASH_TILE: usize = tboost_ops::DEFAULT_TILE_KV;
 /// The tiles the kernel is compiled for (`AttnParams::tile_kv` takes one of these).
-pub const FLASH_TILES: [usize; 5] = [16, 32, 64, 128, 256];
+pub const FLASH_TILES: [usize; 5] = tboost_ops::TILE_KV_CHOICES;
 /// Query rows per work item (each with all the query heads of its GQA group).
 pub const FLASH_ROW_BLOCK: usize = 16;
 

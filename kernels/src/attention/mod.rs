@@ -93,10 +93,7 @@ pub fn flash_supports(case: &AttentionCase) -> Result<(), Unsupported> {
 /// FlashAttention's KV tile (`AttnParams::tile_kv`): one it is compiled for, a power of two
 /// in 16..=256.
 pub fn flash_tile_supports(tile_kv: usize) -> Result<(), Unsupported> {
-    if !FLASH_TILES.contains(&tile_kv) {
-        return Err(Unsupported::new("tile_kv", tile_kv, "a power of two in 16..=256"));
-    }
-    Ok(())
+    tboost_ops::check_tile_kv(tile_kv)
 }
 
 fn flash_head_dim(head_dim: usize) -> Result<(), Unsupported> {
