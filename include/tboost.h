@@ -306,6 +306,17 @@ enum tboost_op_kind
    * Outputs: out [rows, heads * head_dim].
    */
   TBOOST_OP_ATTENTION = 4,
+  /**
+   * `tboost_embed_params`. Inputs: ids [n] u32, table [vocab, hidden] (a weight buffer).
+   * Outputs: y [n, hidden]. An id >= vocab is `TBOOST_ERR_INVALID_ARGUMENT`.
+   */
+  TBOOST_OP_EMBED = 5,
+  /**
+   * `tboost_rope_params`. Inputs: positions [rows] u32. Outputs: x [rows, heads, head_dim]
+   * (or [rows, heads * head_dim]), rotated in place. Workspace: the cos/sin tables
+   * (`tboost_op_workspace_size`), or NULL.
+   */
+  TBOOST_OP_ROPE = 6,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -708,6 +719,55 @@ typedef struct tboost_attention_params {
    */
   uint32_t tile_kv;
 } tboost_attention_params;
+
+/**
+ * Parameters of `TBOOST_OP_EMBED`.
+ */
+typedef struct tboost_embed_params {
+  /**
+   * sizeof(tboost_embed_params).
+   */
+  uint32_t struct_size;
+  /**
+   * `tboost_dtype` of the table.
+   */
+  int32_t table_dtype;
+  uint64_t vocab;
+  uint64_t hidden;
+  /**
+   * `tboost_dtype` of y; -1 = the backend's activation dtype.
+   */
+  int32_t act_dtype;
+  uint32_t reserved;
+} tboost_embed_params;
+
+/**
+ * Parameters of `TBOOST_OP_ROPE`.
+ */
+typedef struct tboost_rope_params {
+  /**
+   * sizeof(tboost_rope_params).
+   */
+  uint32_t struct_size;
+  uint32_t heads;
+  uint32_t head_dim;
+  /**
+   * Rotated dimensions of each head (even, at most head_dim; 0 = head_dim).
+   */
+  uint32_t rot_dim;
+  /**
+   * Base of the inverse frequencies (e.g. 10000).
+   */
+  double theta;
+  /**
+   * 0 = half split (NeoX, Llama HF), 1 = adjacent pairs (GPT-J).
+   */
+  uint32_t style;
+  /**
+   * `tboost_dtype` of x; -1 = the backend's activation dtype.
+   */
+  int32_t act_dtype;
+} tboost_rope_params;
 
 /**
  * "Any request" for `tboost_engine_read` and `tboost_engine_wait`.

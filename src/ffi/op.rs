@@ -10,7 +10,11 @@ use super::handle::Registry;
 use super::status::{guard, tboost_status, Failure, FfiResult};
 use super::util::{read_cstr, read_sized, read_slice, require, write_out, write_str};
 use crate::backend::{AttnKind, BackendKind, BackendSpec, DType, Precision};
-use crate::op_api::{AttentionParams, MatMulParams, Mem, NormParams, OpBackend, OpParams, Operation, TensorRef};
+use crate::op_api::{
+    AttentionParams, EmbedParams, MatMulParams, Mem, NormParams, OpBackend, OpParams, Operation, RopeOpParams,
+    TensorRef,
+};
+use tboost_ops::{RopeParams, RopeStyle};
 
 /// A compute backend opened for the operator API (`tboost_backend_open`). Thread-safe: calls
 /// on one backend are serialized.
@@ -70,6 +74,46 @@ pub enum tboost_op_kind {
     /// u32 (q_start, q_len, ctx_len per sequence), block_tables [count, max_blocks] u32.
     /// Outputs: out [rows, heads * head_dim].
     TBOOST_OP_ATTENTION = 4,
+    /// `tboost_embed_params`. Inputs: ids [n] u32, table [vocab, hidden] (a weight buffer).
+    /// Outputs: y [n, hidden]. An id >= vocab is `TBOOST_ERR_INVALID_ARGUMENT`.
+    TBOOST_OP_EMBED = 5,
+    /// `tboost_rope_params`. Inputs: positions [rows] u32. Outputs: x [rows, heads, head_dim]
+    /// (or [rows, heads * head_dim]), rotated in place. Workspace: the cos/sin tables
+    /// (`tboost_op_workspace_size`), or NULL.
+    TBOOST_OP_ROPE = 6,
+}
+
+/// Parameters of `TBOOST_OP_EMBED`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct tboost_embed_params {
+    /// sizeof(tboost_embed_params).
+    pub struct_size: u32,
+    /// `tboost_dtype` of the table.
+    pub table_dtype: i32,
+    pub vocab: u64,
+    pub hidden: u64,
+    /// `tboost_dtype` of y; -1 = the backend's activation dtype.
+    pub act_dtype: i32,
+    pub reserved: u32,
+}
+
+/// Parameters of `TBOOST_OP_ROPE`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq)]
+pub struct tboost_rope_params {
+    /// sizeof(tboost_rope_params).
+    pub struct_size: u32,
+    pub heads: u32,
+    pub head_dim: u32,
+    /// Rotated dimensions of each head (even, at most head_dim; 0 = head_dim).
+    pub rot_dim: u32,
+    /// Base of the inverse frequencies (e.g. 10000).
+    pub theta: f64,
+    /// 0 = half split (NeoX, Llama HF), 1 = adjacent pairs (GPT-J).
+    pub style: u32,
+    /// `tboost_dtype` of x; -1 = the backend's activation dtype.
+    pub act_dtype: i32,
 }
 
 /// The attention algorithm of `tboost_attention_params.kind`.
@@ -595,6 +639,44 @@ pub unsafe extern "C" fn tboost_op_create(
                 max_context: size(a.max_context, "max_context")?,
                 act,
                 tile_kv: (a.tile_kv != 0).then_some(a.tile_kv as usize),
+            })
+        } else if kind == tboost_op_kind::TBOOST_OP_EMBED as i32 {
+            let d =
+                tboost_embed_params { struct_size: 0, table_dtype: 0, vocab: 0, hidden: 0, act_dtype: -1, reserved: 0 };
+            // SAFETY: as above.
+            let e = unsafe { read_sized(params.cast::<tboost_embed_params>(), d, 32, "params") }?;
+            OpParams::Embed(EmbedParams {
+                table: dtype_of(e.table_dtype, "params.table_dtype")?,
+                vocab: size(e.vocab, "vocab")?,
+                hidden: size(e.hidden, "hidden")?,
+                act: act_of(e.act_dtype, &b.be, "params.act_dtype")?,
+            })
+        } else if kind == tboost_op_kind::TBOOST_OP_ROPE as i32 {
+            let d = tboost_rope_params {
+                struct_size: 0,
+                heads: 0,
+                head_dim: 0,
+                rot_dim: 0,
+                theta: 10000.0,
+                style: 0,
+                act_dtype: -1,
+            };
+            // SAFETY: as above.
+            let r = unsafe { read_sized(params.cast::<tboost_rope_params>(), d, 32, "params") }?;
+            let style = match r.style {
+                0 => RopeStyle::HalfSplit,
+                1 => RopeStyle::Adjacent,
+                v => return Err(Failure::invalid(format!("`params.style` = {v}: 0 (half split) or 1 (adjacent)"))),
+            };
+            if !r.theta.is_finite() || r.theta <= 0.0 {
+                return Err(Failure::invalid(format!("`params.theta` = {} is not finite and positive", r.theta)));
+            }
+            let dim = if r.rot_dim == 0 { r.head_dim } else { r.rot_dim } as usize;
+            OpParams::Rope(RopeOpParams {
+                heads: r.heads as usize,
+                head_dim: r.head_dim as usize,
+                rope: RopeParams { dim, theta: r.theta, scaling: None, style },
+                act: act_of(r.act_dtype, &b.be, "params.act_dtype")?,
             })
         } else if kind == tboost_op_kind::TBOOST_OP_SWIGLU as i32 {
             let d = tboost_swiglu_params { struct_size: 0, act_dtype: -1 };

@@ -1657,4 +1657,60 @@ TEST(OpApi, AttentionTileIsAnEngineKeyReportedInThePlan) {
   EXPECT_NE(info.find("\"attention_tile_kv\":128"), std::string::npos) << info;
 }
 
+TEST(OpApi, EmbedAndRopeThroughTheCApi) {
+  OpBackend be;
+  tboost_embed_params ep{};
+  ep.struct_size = sizeof ep;
+  ep.table_dtype = TBOOST_DTYPE_F32;
+  ep.vocab = 3;
+  ep.hidden = 4;
+  ep.act_dtype = -1;
+  tboost_op* emb = nullptr;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_EMBED, &ep, &emb));
+  tboost_tensor table = Tensor(be.Weight({3, 4}, {0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23}), {3, 4});
+  tboost_tensor ids = Tensor(be.Alloc(TBOOST_DTYPE_U32, {2}), {2});
+  uint32_t id_v[2] = {2, 0};
+  ASSERT_OK(tboost_backend_copy(be.p, &ids, id_v, sizeof id_v, TBOOST_COPY_HOST_TO_BACKEND));
+  tboost_tensor y = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 4}), {2, 4});
+  tboost_tensor ein[] = {ids, table};
+  ASSERT_OK(tboost_op_execute(emb, ein, 2, &y, 1, nullptr));
+  EXPECT_EQ(be.Get(y, 8), (std::vector<float>{20, 21, 22, 23, 0, 1, 2, 3}));
+  id_v[0] = 3;  // out of range
+  ASSERT_OK(tboost_backend_copy(be.p, &ids, id_v, sizeof id_v, TBOOST_COPY_HOST_TO_BACKEND));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_execute(emb, ein, 2, &y, 1, nullptr));
+  EXPECT_NE(LastError().find("ids[0] = 3 is not below vocab 3"), std::string::npos) << LastError();
+  ASSERT_OK(tboost_op_free(emb));
+
+  // RoPE on one head of 2: position 0 is the identity, position 1 rotates by 1 radian.
+  tboost_rope_params rp{};
+  rp.struct_size = sizeof rp;
+  rp.heads = 1;
+  rp.head_dim = 2;
+  rp.rot_dim = 0;
+  rp.theta = 10000.0;
+  rp.style = 0;
+  rp.act_dtype = TBOOST_DTYPE_F32;
+  tboost_op* rope = nullptr;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_ROPE, &rp, &rope));
+  tboost_tensor pos = Tensor(be.Alloc(TBOOST_DTYPE_U32, {2}), {2});
+  uint32_t pos_v[2] = {0, 1};
+  ASSERT_OK(tboost_backend_copy(be.p, &pos, pos_v, sizeof pos_v, TBOOST_COPY_HOST_TO_BACKEND));
+  tboost_tensor x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 1, 2}), {2, 1, 2});
+  be.Put(x, {1, 0, 1, 0});
+  size_t ws_bytes = 0;
+  ASSERT_OK(tboost_op_workspace_size(rope, &pos, 1, &x, 1, &ws_bytes));
+  EXPECT_EQ(ws_bytes, 2u * 2u * 1u * sizeof(float));
+  tboost_tensor ws = Tensor(be.Alloc(TBOOST_DTYPE_F32, {ws_bytes / sizeof(float)}), {ws_bytes / sizeof(float)});
+  ASSERT_OK(tboost_op_execute(rope, &pos, 1, &x, 1, &ws));
+  const std::vector<float> got = be.Get(x, 4);
+  EXPECT_NEAR(got[0], 1.0, 1e-6);
+  EXPECT_NEAR(got[1], 0.0, 1e-6);
+  EXPECT_NEAR(got[2], std::cos(1.0), 1e-6);
+  EXPECT_NEAR(got[3], std::sin(1.0), 1e-6);
+  ASSERT_OK(tboost_op_free(rope));
+  rp.style = 7;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, TBOOST_OP_ROPE, &rp, &rope));
+  be.FreeBuffers();
+}
+
 }  // namespace
