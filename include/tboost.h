@@ -71,6 +71,11 @@
 #define TBOOST_ABI_VERSION 1
 
 /**
+ * Most dimensions a `tboost_tensor` describes.
+ */
+#define TBOOST_TENSOR_MAX_DIMS 8
+
+/**
  * Block ids past the end of a sequence's table in `StepLayout::block_tables`.
  */
 #define NO_BLOCK UINT32_MAX
@@ -234,6 +239,160 @@ typedef int32_t tboost_log_level;
 #endif // __cplusplus
 
 /**
+ * Element types. The numbers are stable.
+ */
+enum tboost_dtype
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  TBOOST_DTYPE_F32 = 0,
+  TBOOST_DTYPE_F16 = 1,
+  TBOOST_DTYPE_BF16 = 2,
+  TBOOST_DTYPE_I64 = 3,
+  TBOOST_DTYPE_I32 = 4,
+  TBOOST_DTYPE_U32 = 5,
+  TBOOST_DTYPE_I8 = 6,
+  TBOOST_DTYPE_U8 = 7,
+  /**
+   * GGUF block types (weights only), in ggml's block layout.
+   */
+  TBOOST_DTYPE_Q4_0 = 8,
+  TBOOST_DTYPE_Q5_0 = 9,
+  TBOOST_DTYPE_Q8_0 = 10,
+  TBOOST_DTYPE_Q4_K = 11,
+  TBOOST_DTYPE_Q5_K = 12,
+  TBOOST_DTYPE_Q6_K = 13,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum tboost_dtype tboost_dtype;
+#else
+typedef int32_t tboost_dtype;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * The operators `tboost_op_create` makes, each with its parameter struct.
+ */
+enum tboost_op_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * `tboost_matmul_params`. Inputs: x [m, k], weight [n, k] (a weight buffer), optional
+   * bias [n] (a weight buffer). Outputs: y [m, n].
+   */
+  TBOOST_OP_MATMUL = 0,
+  /**
+   * `tboost_norm_params`. Inputs: x [rows, dim], gain [dim] (a weight buffer). Outputs:
+   * y [rows, dim].
+   */
+  TBOOST_OP_RMSNORM = 1,
+  /**
+   * `tboost_norm_params`. Inputs: x [rows, dim], gain [dim]. Outputs: residual [rows, dim]
+   * (read, `+= x`, written back), y [rows, dim].
+   */
+  TBOOST_OP_ADD_RMSNORM = 2,
+  /**
+   * `tboost_swiglu_params`. Inputs: gate [rows, n], up [rows, n]. Outputs: y [rows, n].
+   */
+  TBOOST_OP_SWIGLU = 3,
+  /**
+   * `tboost_attention_params`. Inputs: q [rows, heads * head_dim], k_cache and v_cache
+   * (whole buffers [blocks, block_size, kv_heads, head_dim] of kv_dtype), seqs [count, 3]
+   * u32 (q_start, q_len, ctx_len per sequence), block_tables [count, max_blocks] u32.
+   * Outputs: out [rows, heads * head_dim].
+   */
+  TBOOST_OP_ATTENTION = 4,
+  /**
+   * `tboost_embed_params`. Inputs: ids [n] u32, table [vocab, hidden] (a weight buffer).
+   * Outputs: y [n, hidden]. An id >= vocab is `TBOOST_ERR_INVALID_ARGUMENT`.
+   */
+  TBOOST_OP_EMBED = 5,
+  /**
+   * `tboost_rope_params`. Inputs: positions [rows] u32. Outputs: x [rows, heads, head_dim]
+   * (or [rows, heads * head_dim]), rotated in place. Workspace: the cos/sin tables
+   * (`tboost_op_workspace_size`), or NULL.
+   */
+  TBOOST_OP_ROPE = 6,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum tboost_op_kind tboost_op_kind;
+#else
+typedef int32_t tboost_op_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * Direction of `tboost_backend_copy`.
+ */
+enum tboost_copy_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * Host bytes into a buffer tensor.
+   */
+  TBOOST_COPY_HOST_TO_BACKEND = 0,
+  /**
+   * A buffer tensor into host bytes (waits for the work enqueued before).
+   */
+  TBOOST_COPY_BACKEND_TO_HOST = 1,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum tboost_copy_kind tboost_copy_kind;
+#else
+typedef int32_t tboost_copy_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * The attention algorithm of `tboost_attention_params.kind`.
+ */
+enum tboost_attention_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * FlashAttention (tiled, online softmax): prefill chunks, any rows per sequence.
+   */
+  TBOOST_ATTENTION_FLASH = 0,
+  /**
+   * Materialized scores; any head_dim.
+   */
+  TBOOST_ATTENTION_STANDARD = 1,
+  /**
+   * One query row per sequence over its paged KV.
+   */
+  TBOOST_ATTENTION_PAGED_DECODE = 2,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum tboost_attention_kind tboost_attention_kind;
+#else
+typedef int32_t tboost_attention_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
+ * A compute backend opened for the operator API (`tboost_backend_open`). Thread-safe: calls
+ * on one backend are serialized.
+ */
+typedef struct tboost_backend tboost_backend;
+
+/**
+ * Memory on a backend: a buffer (`tboost_backend_alloc`) or a resident weight
+ * (`tboost_backend_upload_weight`). Tensors name it with an element offset.
+ */
+typedef struct tboost_buffer tboost_buffer;
+
+/**
  * Engine and model options, set by string keys (see `tboost_config_set_int`).
  * Not thread-safe: set it up on one thread, then share it read-only.
  */
@@ -249,6 +408,11 @@ typedef struct tboost_engine tboost_engine;
  * what they need, so the model may be freed before the engines made from it.
  */
 typedef struct tboost_model tboost_model;
+
+/**
+ * One operator with its parameters on one backend (`tboost_op_create`).
+ */
+typedef struct tboost_op tboost_op;
 
 /**
  * Per-request generation parameters. Fill with `tboost_sampling_params_init` (which sets
@@ -423,6 +587,189 @@ typedef void (*tboost_log_fn)(tboost_log_level level,
 typedef bool (*tboost_progress_fn)(float progress, void *user_data);
 
 /**
+ * A tensor on a backend: `ndim` sizes in `shape` (outermost first) and `strides` (in
+ * elements; operations take contiguous row-major tensors only), over `buffer` starting
+ * `offset` elements in. Set `struct_size` to sizeof(tboost_tensor); `tboost_tensor_init`
+ * fills a contiguous one.
+ */
+typedef struct tboost_tensor {
+  uint32_t struct_size;
+  /**
+   * A `tboost_dtype`.
+   */
+  int32_t dtype;
+  uint32_t ndim;
+  uint32_t reserved;
+  uint64_t shape[TBOOST_TENSOR_MAX_DIMS];
+  uint64_t strides[TBOOST_TENSOR_MAX_DIMS];
+  struct tboost_buffer *buffer;
+  /**
+   * Element offset into the buffer (0 for weights).
+   */
+  uint64_t offset;
+} tboost_tensor;
+
+/**
+ * Parameters of `TBOOST_OP_MATMUL`.
+ */
+typedef struct tboost_matmul_params {
+  /**
+   * sizeof(tboost_matmul_params).
+   */
+  uint32_t struct_size;
+  /**
+   * The weight's `tboost_dtype` (dense or a GGUF block type).
+   */
+  int32_t weight_dtype;
+  /**
+   * Output features (weight rows).
+   */
+  uint64_t n;
+  /**
+   * Input features (weight columns).
+   */
+  uint64_t k;
+  /**
+   * Nonzero: a bias [n] is the third input.
+   */
+  uint32_t bias;
+  /**
+   * 0 = exact, 1 = fast (8-bit activations where the backend has them).
+   */
+  uint32_t precision;
+  /**
+   * `tboost_dtype` of x and y; -1 = the backend's activation dtype.
+   */
+  int32_t act_dtype;
+  uint32_t reserved;
+} tboost_matmul_params;
+
+/**
+ * Parameters of `TBOOST_OP_RMSNORM` and `TBOOST_OP_ADD_RMSNORM`.
+ */
+typedef struct tboost_norm_params {
+  /**
+   * sizeof(tboost_norm_params).
+   */
+  uint32_t struct_size;
+  /**
+   * `tboost_dtype` of the gain.
+   */
+  int32_t gain_dtype;
+  uint64_t dim;
+  float eps;
+  /**
+   * `tboost_dtype` of x, y (and residual); -1 = the backend's activation dtype.
+   */
+  int32_t act_dtype;
+} tboost_norm_params;
+
+/**
+ * Parameters of `TBOOST_OP_SWIGLU`.
+ */
+typedef struct tboost_swiglu_params {
+  /**
+   * sizeof(tboost_swiglu_params).
+   */
+  uint32_t struct_size;
+  /**
+   * `tboost_dtype` of gate, up and y; -1 = the backend's activation dtype.
+   */
+  int32_t act_dtype;
+} tboost_swiglu_params;
+
+/**
+ * Parameters of `TBOOST_OP_ATTENTION`.
+ */
+typedef struct tboost_attention_params {
+  /**
+   * sizeof(tboost_attention_params).
+   */
+  uint32_t struct_size;
+  /**
+   * A `tboost_attention_kind`.
+   */
+  int32_t kind;
+  uint32_t heads;
+  uint32_t kv_heads;
+  uint32_t head_dim;
+  /**
+   * Tokens per KV block.
+   */
+  uint32_t block_size;
+  /**
+   * `tboost_dtype` of the K/V pools; -1 = the activation dtype.
+   */
+  int32_t kv_dtype;
+  /**
+   * `tboost_dtype` of q and out; -1 = the backend's activation dtype.
+   */
+  int32_t act_dtype;
+  /**
+   * Longest context a sequence may reach (asked of the backend as the plan asks it).
+   */
+  uint64_t max_context;
+  /**
+   * Score scale; 0 = 1/sqrt(head_dim).
+   */
+  float scale;
+  /**
+   * FlashAttention's KV tile (flash and paged decode): 16, 32, 64, 128 or 256; 0 = the
+   * default (64). Another value is `TBOOST_ERR_INVALID_ARGUMENT` at `tboost_op_create`.
+   */
+  uint32_t tile_kv;
+} tboost_attention_params;
+
+/**
+ * Parameters of `TBOOST_OP_EMBED`.
+ */
+typedef struct tboost_embed_params {
+  /**
+   * sizeof(tboost_embed_params).
+   */
+  uint32_t struct_size;
+  /**
+   * `tboost_dtype` of the table.
+   */
+  int32_t table_dtype;
+  uint64_t vocab;
+  uint64_t hidden;
+  /**
+   * `tboost_dtype` of y; -1 = the backend's activation dtype.
+   */
+  int32_t act_dtype;
+  uint32_t reserved;
+} tboost_embed_params;
+
+/**
+ * Parameters of `TBOOST_OP_ROPE`.
+ */
+typedef struct tboost_rope_params {
+  /**
+   * sizeof(tboost_rope_params).
+   */
+  uint32_t struct_size;
+  uint32_t heads;
+  uint32_t head_dim;
+  /**
+   * Rotated dimensions of each head (even, at most head_dim; 0 = head_dim).
+   */
+  uint32_t rot_dim;
+  /**
+   * Base of the inverse frequencies (e.g. 10000).
+   */
+  double theta;
+  /**
+   * 0 = half split (NeoX, Llama HF), 1 = adjacent pairs (GPT-J).
+   */
+  uint32_t style;
+  /**
+   * `tboost_dtype` of x; -1 = the backend's activation dtype.
+   */
+  int32_t act_dtype;
+} tboost_rope_params;
+
+/**
  * "Any request" for `tboost_engine_read` and `tboost_engine_wait`.
  */
 #define TBOOST_ANY_REQUEST 0
@@ -467,6 +814,10 @@ tboost_status tboost_config_free(struct tboost_config *cfg);
  *   `TBOOST_ERR_QUEUE_FULL` (default 4096)
  * - `finished_records` [1, ..]: finished requests whose records `tboost_engine_output`
  *   and `tboost_engine_cancel` still answer for (default 65536; events lose nothing)
+ * - `tiling.attention.tile_kv` [16, 256]: FlashAttention's KV tile in the attention slots,
+ *   16, 32, 64, 128 or 256 (default 64); the plan reports it, and a non-default tile on a
+ *   backend whose attention kernel tiles itself fails `tboost_engine_new` /
+ *   `tboost_model_load` with `TBOOST_ERR_UNSUPPORTED`
  * - `debug_panic_at_step` [0, ..]: testing only, the n-th step panics (0 = never)
  * - `debug_step_delay_ms` [0, 60000]: testing only, each step first sleeps this long
  *
@@ -733,6 +1084,134 @@ tboost_status tboost_model_info_json(const struct tboost_model *model,
                                      char *buf,
                                      size_t cap,
                                      size_t *needed);
+
+/**
+ * Fills `*t` as a contiguous tensor of `ndim` sizes over `buffer` at element 0
+ * (`struct_size`, dtype from the buffer, row-major strides). Returns
+ * `TBOOST_ERR_INVALID_ARGUMENT` for more than `TBOOST_TENSOR_MAX_DIMS` dimensions,
+ * `TBOOST_ERR_INVALID_HANDLE` for a buffer that is not live.
+ */
+tboost_status tboost_tensor_init(struct tboost_tensor *t,
+                                 struct tboost_buffer *buffer,
+                                 const uint64_t *shape,
+                                 size_t ndim);
+
+/**
+ * Opens a backend by name: "cpu", "ascend", "ascend:N" or "auto" (as the engine's `backend`
+ * option). `threads`: CPU compute threads, 0 = one per core. On success `*out` is a new
+ * handle to free with `tboost_backend_free`. `TBOOST_ERR_INVALID_ARGUMENT` for an unknown
+ * name, `TBOOST_ERR_UNSUPPORTED` when the device is not there. Thread-safe.
+ */
+tboost_status tboost_backend_open(const char *name, uint32_t threads, struct tboost_backend **out);
+
+/**
+ * Frees a backend handle. Buffers and operations made on it keep it alive until they are
+ * freed too. NULL is a no-op.
+ */
+tboost_status tboost_backend_free(struct tboost_backend *backend);
+
+/**
+ * Allocates a zero-filled buffer of `ndim` sizes of a dense `dtype` (f32, f16, bf16 or an
+ * integer type) on the backend. Free it with `tboost_buffer_free`.
+ */
+tboost_status tboost_backend_alloc(struct tboost_backend *backend,
+                                   int32_t dtype,
+                                   const uint64_t *shape,
+                                   size_t ndim,
+                                   struct tboost_buffer **out);
+
+/**
+ * Makes `bytes` bytes at `data` (a tensor of `ndim` sizes of `dtype`; GGUF block layout for
+ * the quantized types) resident as a weight: the weight, bias, gain or table input of an
+ * operation. The bytes are copied before the call returns. The weight stays resident until
+ * the backend is dropped; `tboost_buffer_free` releases the handle.
+ */
+tboost_status tboost_backend_upload_weight(struct tboost_backend *backend,
+                                           int32_t dtype,
+                                           const uint64_t *shape,
+                                           size_t ndim,
+                                           const void *data,
+                                           size_t bytes,
+                                           struct tboost_buffer **out);
+
+/**
+ * Releases a buffer handle (a buffer's memory is freed after the work using it). NULL is a
+ * no-op.
+ */
+tboost_status tboost_buffer_free(struct tboost_buffer *buffer);
+
+/**
+ * Copies between host memory and a buffer tensor (contiguous, exactly its bytes):
+ * `TBOOST_COPY_HOST_TO_BACKEND` writes `bytes` bytes from `host` into `*t`,
+ * `TBOOST_COPY_BACKEND_TO_HOST` reads `*t` into `host` after the work enqueued before.
+ * `TBOOST_ERR_INVALID_ARGUMENT` when `bytes` is not the tensor's size, the tensor is a
+ * weight or not contiguous, or it runs past its buffer.
+ */
+tboost_status tboost_backend_copy(struct tboost_backend *backend,
+                                  const struct tboost_tensor *t,
+                                  void *host,
+                                  size_t bytes,
+                                  int32_t kind);
+
+/**
+ * Blocks until every operation enqueued on the backend completed; returns the first
+ * failure of that work.
+ */
+tboost_status tboost_backend_synchronize(struct tboost_backend *backend);
+
+/**
+ * Creates an operation of `kind` with `params` (the kind's parameter struct, `struct_size`
+ * set). Parameters that describe no op (a zero size, an unknown dtype) give
+ * `TBOOST_ERR_INVALID_ARGUMENT`; a case the backend cannot run is not an error here (ask
+ * `tboost_op_supports`). Free with `tboost_op_free`.
+ */
+tboost_status tboost_op_create(struct tboost_backend *backend,
+                               int32_t kind,
+                               const void *params,
+                               struct tboost_op **out);
+
+/**
+ * Frees an operation. NULL is a no-op.
+ */
+tboost_status tboost_op_free(struct tboost_op *op);
+
+/**
+ * Whether the backend runs this operation's case: `*supported` (may not be NULL) is true or
+ * false, and when false `why` receives the reason the plan would record for the same case
+ * ("head_dim=24 is not a multiple of 16"), "" when true. Buffer rules as in
+ * `tboost_last_error` (`why` may be NULL with `cap` 0). Returns `TBOOST_OK` either way.
+ */
+tboost_status tboost_op_supports(const struct tboost_op *op,
+                                 bool *supported,
+                                 char *why,
+                                 size_t cap,
+                                 size_t *needed);
+
+/**
+ * Bytes of workspace `tboost_op_execute` needs for these tensors (0 for most ops) into
+ * `*bytes`.
+ */
+tboost_status tboost_op_workspace_size(const struct tboost_op *op,
+                                       const struct tboost_tensor *inputs,
+                                       size_t n_inputs,
+                                       const struct tboost_tensor *outputs,
+                                       size_t n_outputs,
+                                       size_t *bytes);
+
+/**
+ * Checks the tensors and enqueues the operation on its backend (`tboost_backend_copy` back
+ * to the host or `tboost_backend_synchronize` waits for it). `workspace` may be NULL (the op
+ * keeps its own). A wrong tensor count, dtype, shape, stride or buffer gives
+ * `TBOOST_ERR_INVALID_ARGUMENT` with the op and the tensor named in the last error
+ * ("matmul.x: shape [2, 7]: expected [*, 8]"); a case the backend cannot run
+ * `TBOOST_ERR_UNSUPPORTED` or `TBOOST_ERR_BACKEND`.
+ */
+tboost_status tboost_op_execute(const struct tboost_op *op,
+                                const struct tboost_tensor *inputs,
+                                size_t n_inputs,
+                                const struct tboost_tensor *outputs,
+                                size_t n_outputs,
+                                const struct tboost_tensor *workspace);
 
 /**
  * The C name of a status ("TBOOST_ERR_BUSY"); "TBOOST_UNKNOWN_STATUS" for a number no

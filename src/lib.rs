@@ -12,6 +12,7 @@ pub mod error;
 pub mod ffi;
 pub mod kv;
 pub mod model;
+pub mod op_api;
 pub mod plan;
 pub mod runner;
 pub mod session;

@@ -1528,7 +1528,7 @@ fn attention_case(d: &mut Dev<'_>, c: &AttnCase, runs: &[(AttnKind, usize, usize
     let (kv_, vv) = (d.acts(act, &k1)?, d.acts(act, &v1)?);
     d.launch(Op::WriteKv { k: kv_, v: vv, slots: sv.slots, cache })?;
     let scale = 1.0 / (hd as f32).sqrt();
-    let params = AttnParams { n_heads: nh, kv_heads: kvh, head_dim: hd, scale };
+    let params = AttnParams::new(nh, kvh, hd, scale);
     for &(kind, first, count) in runs {
         let row_start = seq_table[first][0] as usize;
         let last = seq_table[first + count - 1];

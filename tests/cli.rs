@@ -219,3 +219,70 @@ fn bench_reports_rates_and_the_bandwidth_share() {
     }
     assert_eq!(v["concurrency"].as_array().unwrap().len(), 2);
 }
+
+#[test]
+fn bench_op_prints_one_row_per_swept_value() {
+    // Small sizes: each row is a few milliseconds.
+    let common =
+        ["--seq", "64", "--heads", "4", "--kv-heads", "2", "--head-dim", "32", "--repeat", "2", "--threads", "1"];
+    let mut args = vec!["bench-op", "flash_attention"];
+    args.extend(common);
+    args.extend(["--sweep", "tile_kv=16,32,64,128"]);
+    let (ok, out, err) = tboost(&args);
+    assert!(ok, "bench-op failed: {err}");
+    let lines: Vec<&str> = out.lines().collect();
+    assert!(lines[0].starts_with("flash_attention on cpu (1 threads)") && lines[0].contains("GB/s"), "{out}");
+    assert!(lines[1].split_whitespace().eq(["tile_kv", "time_ms", "GFLOP/s", "GB/s", "%peak_bw"]), "{out}");
+    let rows: Vec<Vec<&str>> = lines[2..].iter().map(|l| l.split_whitespace().collect()).collect();
+    assert_eq!(rows.iter().map(|r| r[0]).collect::<Vec<_>>(), ["16", "32", "64", "128"], "{out}");
+    for r in &rows {
+        assert_eq!(r.len(), 5, "{out}");
+        for v in &r[1..4] {
+            assert!(v.parse::<f64>().is_ok_and(|x| x > 0.0), "{out}");
+        }
+        assert!(r[4].ends_with('%'), "{out}");
+    }
+
+    let mut args = vec!["bench-op", "flash_attention", "--json"];
+    args.extend(common);
+    args.extend(["--sweep", "tile_kv=32,64"]);
+    let j = ok_json(&args);
+    assert_eq!(j["sweep"], "tile_kv");
+    assert!(j["peak_bandwidth_gbs"].as_f64().unwrap() > 0.0);
+    let rows = j["rows"].as_array().unwrap();
+    assert_eq!(rows.len(), 2);
+    for (r, want) in rows.iter().zip(["32", "64"]) {
+        assert_eq!(r["tile_kv"], want);
+        for k in ["time_ms", "gflops", "gbs", "pct_peak_bandwidth"] {
+            assert!(r[k].as_f64().unwrap() > 0.0, "{k}: {r}");
+        }
+    }
+
+    let j = ok_json(&[
+        "bench-op",
+        "matmul",
+        "--rows",
+        "64",
+        "--cols",
+        "256",
+        "--dtype",
+        "q8_0",
+        "--sweep",
+        "m=1,4,16",
+        "--repeat",
+        "2",
+        "--threads",
+        "1",
+        "--json",
+    ]);
+    let ms: Vec<&str> = j["rows"].as_array().unwrap().iter().map(|r| r["m"].as_str().unwrap()).collect();
+    assert_eq!(ms, ["1", "4", "16"]);
+
+    // A tile the kernel does not take: a one-line error naming op, parameter and values.
+    let mut args = vec!["bench-op", "flash_attention"];
+    args.extend(common);
+    args.extend(["--sweep", "tile_kv=48"]);
+    let (ok, _, err) = tboost(&args);
+    assert!(!ok);
+    assert!(err.contains("flash_attention.tile_kv") && err.contains("48 is not a power of two in 16..=256"), "{err}");
+}

@@ -228,3 +228,31 @@ fn fast_precision_on_quantized_weights_takes_the_integer_kernel() {
         assert!(d <= 0.05 * scale.max(1.0), "{dtype}: fast moved the logits by {d} (scale {scale})");
     }
 }
+
+#[test]
+fn attention_tile_kv_is_an_engine_setting_reported_in_the_plan() {
+    // mistral: head_dim 64, flash attention in both phases on the CPU.
+    let tiled = PlanOptions { tile_kv: Some(128), ..Default::default() };
+    let r = runner_with(&golden_dir("mistral"), &tiled, 2, 64);
+    assert_eq!(r.plan.attention_tile_kv, 128);
+    assert!(r.plan.to_text().contains("tiling: attention.tile_kv=128"), "{}", r.plan.to_text());
+    assert_eq!(r.plan.to_json()["attention_tile_kv"], 128);
+    assert_eq!(runner(&golden_dir("mistral")).plan.to_json()["attention_tile_kv"], 64);
+    // The tile changes where the online softmax rescales, not the math: the logits agree with
+    // the default tile's to float rounding (golden tolerance 1e-3), and the run is real.
+    let g = golden("mistral");
+    let p = &g["prompts"].as_array().unwrap()[0];
+    let toks = ids(&p["token_ids"]);
+    let base = last_logits("mistral", &PlanOptions::default(), &toks);
+    for t in [16, 32, 256] {
+        let got = last_logits("mistral", &PlanOptions { tile_kv: Some(t), ..Default::default() }, &toks);
+        let d = max_abs_diff(&got, &base);
+        assert!(d <= 1e-3, "tile_kv={t}: logits differ by {d}");
+    }
+    // A tile the kernel does not take is a config error naming the key.
+    let model = tboost::model::Model::load(&golden_dir("mistral")).unwrap();
+    let bad = PlanOptions { tile_kv: Some(48), ..Default::default() };
+    let be = Box::new(tboost::backend::cpu::CpuBackend::new(1).unwrap());
+    let e = tboost::runner::ModelRunner::new(&model, be, &bad, 1).err().expect("refused").to_string();
+    assert_eq!(e, "engine config: config `tiling.attention.tile_kv`: tile_kv=48 is not a power of two in 16..=256");
+}

@@ -49,7 +49,7 @@ fn cache(dtype: DType, seqs: usize, len: usize) -> Cache {
 }
 
 fn params() -> AttnParams {
-    AttnParams { n_heads: N_HEADS, kv_heads: KV_HEADS, head_dim: HD, scale: 1.0 / (HD as f32).sqrt() }
+    AttnParams::new(N_HEADS, KV_HEADS, HD, 1.0 / (HD as f32).sqrt())
 }
 
 fn q_rows(n: usize) -> Vec<f32> {

@@ -81,7 +81,7 @@ fn flash_scratch_over_8192_tokens_is_bounded_by_tiles() {
     let _turn = SERIAL.lock().unwrap_or_else(|e| e.into_inner());
     const T: usize = 8192;
     let (n_heads, kv_heads, hd, bs) = (4, 2, 16, 16);
-    let p = AttnParams { n_heads, kv_heads, head_dim: hd, scale: 0.25 };
+    let p = AttnParams::new(n_heads, kv_heads, hd, 0.25);
     let blocks = T / bs;
     let (mut k, mut v) = (vec![0u8; blocks * bs * kv_heads * hd * 2], vec![0u8; blocks * bs * kv_heads * hd * 2]);
     let table: Vec<u32> = (0..blocks as u32).rev().collect();
@@ -132,7 +132,7 @@ fn standard_attention_scores_are_blocked_without_changing_a_bit() {
     const T: usize = 4096;
     const Q: usize = 2048;
     let (n_heads, kv_heads, hd, bs) = (1, 1, 8, 16);
-    let p = AttnParams { n_heads, kv_heads, head_dim: hd, scale: 0.3 };
+    let p = AttnParams::new(n_heads, kv_heads, hd, 0.3);
     let blocks = T / bs;
     let (mut k, mut v) = (vec![0u8; blocks * bs * kv_heads * hd * 4], vec![0u8; blocks * bs * kv_heads * hd * 4]);
     let table: Vec<u32> = (0..blocks as u32).rev().collect();

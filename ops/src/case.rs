@@ -60,6 +60,20 @@ pub struct AttentionCase {
     pub max_context: usize,
 }
 
+/// KV positions per FlashAttention tile unless a caller chooses (`AttnParams::tile_kv`).
+pub const DEFAULT_TILE_KV: usize = 64;
+
+/// The FlashAttention KV tiles a caller may choose (the CPU kernel is compiled for each).
+pub const TILE_KV_CHOICES: [usize; 5] = [16, 32, 64, 128, 256];
+
+/// Whether `tile_kv` is one of [`TILE_KV_CHOICES`].
+pub fn check_tile_kv(tile_kv: usize) -> Result<(), Unsupported> {
+    if !TILE_KV_CHOICES.contains(&tile_kv) {
+        return Err(Unsupported::new("tile_kv", tile_kv, "a power of two in 16..=256"));
+    }
+    Ok(())
+}
+
 /// Shape parameters of an attention call.
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub struct AttnParams {
@@ -67,6 +81,17 @@ pub struct AttnParams {
     pub kv_heads: usize,
     pub head_dim: usize,
     pub scale: f32,
+    /// FlashAttention's KV tile (positions per tile, tiles at absolute multiples of it):
+    /// a power of two in 16..=256, [`DEFAULT_TILE_KV`] by default. Other attention kernels
+    /// ignore it.
+    pub tile_kv: usize,
+}
+
+impl AttnParams {
+    /// Parameters with the default tile.
+    pub fn new(n_heads: usize, kv_heads: usize, head_dim: usize, scale: f32) -> AttnParams {
+        AttnParams { n_heads, kv_heads, head_dim, scale, tile_kv: DEFAULT_TILE_KV }
+    }
 }
 
 /// How activations meet weights in a matmul: `Exact` keeps activations in the activation

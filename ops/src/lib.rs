@@ -13,6 +13,9 @@ pub mod case;
 pub mod dtype;
 pub mod rope;
 
-pub use case::{AttentionCase, AttnParams, AttnPhase, MatMulCase, Precision, Unsupported};
+pub use case::{
+    check_tile_kv, AttentionCase, AttnParams, AttnPhase, MatMulCase, Precision, Unsupported, DEFAULT_TILE_KV,
+    TILE_KV_CHOICES,
+};
 pub use dtype::DType;
 pub use rope::{Llama3Scaling, RopeParams, RopeStyle};

@@ -28,7 +28,7 @@ pub mod select;
 pub use ext::BackendExt;
 pub use op::{AttnKind, ExpertSet, KvLayer, MatSegOp, Op, OpQuery, Segs, SeqRange, StepViews, View};
 pub use select::{open, BackendKind, BackendSpec};
-pub use tboost_ops::{DType, Precision, Unsupported};
+pub use tboost_ops::{check_tile_kv, DType, Precision, Unsupported, DEFAULT_TILE_KV};
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;

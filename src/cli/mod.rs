@@ -2,6 +2,7 @@
 
 mod batch;
 mod bench;
+mod bench_op;
 mod run;
 mod synth;
 mod tokenize;
@@ -53,6 +54,8 @@ enum Cmd {
     Batch(batch::BatchArgs),
     /// Measure prefill and decode speed.
     Bench(bench::BenchArgs),
+    /// Time one operator on its own (operator API), sweeping one parameter.
+    BenchOp(bench_op::BenchOpArgs),
     /// Write a synthetic model as a GGUF file (for llama.cpp comparisons).
     Synth(synth::SynthArgs),
 }
@@ -88,6 +91,10 @@ pub(crate) struct EngineArgs {
     /// block-quantized weights, as llama.cpp computes them; exact for float weights).
     #[arg(long, default_value = "auto")]
     precision: String,
+    /// FlashAttention's KV tile in the attention slots: 16, 32, 64, 128 or 256 (default 64;
+    /// the engine key `tiling.attention.tile_kv`).
+    #[arg(long)]
+    tile_kv: Option<usize>,
 }
 
 impl EngineArgs {
@@ -99,6 +106,7 @@ impl EngineArgs {
             kv_dtype: parse_kv_dtype(&self.kv_dtype)?,
             precision: parse_precision(&self.precision)?,
             disabled_ops: PlanOptions::parse_disabled(&self.disable)?,
+            attention_tile_kv: self.tile_kv,
             ..EngineConfig::default()
         })
     }
@@ -200,6 +208,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Batch(b) => batch::run(b)?,
         Cmd::Tokenize(t) => tokenize::run(t)?,
         Cmd::Bench(b) => bench::run(b)?,
+        Cmd::BenchOp(b) => bench_op::run(b)?,
         Cmd::Synth(a) => synth::run(a)?,
     }
     Ok(())

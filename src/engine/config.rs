@@ -44,6 +44,10 @@ pub struct EngineConfig {
     pub finished_records: usize,
     /// Ops and fusions to forbid (plan names; `TBOOST_DISABLE` adds to them).
     pub disabled_ops: BTreeSet<String>,
+    /// FlashAttention's KV tile in the attention slots (`tiling.attention.tile_kv`: 16, 32,
+    /// 64, 128 or 256); `None` = 64. The plan reports it and refuses a non-default tile on a
+    /// backend whose attention kernel tiles itself.
+    pub attention_tile_kv: Option<usize>,
 }
 
 impl Default for EngineConfig {
@@ -61,6 +65,7 @@ impl Default for EngineConfig {
             queue_limit: 4096,
             finished_records: 65536,
             disabled_ops: BTreeSet::new(),
+            attention_tile_kv: None,
         }
     }
 }
@@ -114,6 +119,7 @@ impl EngineConfig {
             act_dtype: None,
             precision: self.precision,
             block_size: self.block_size.unwrap_or_else(|| be.preferred_block_size()),
+            tile_kv: self.attention_tile_kv,
         }
         .with_env()
     }

@@ -67,6 +67,7 @@ const KEYS: &[(&str, Kind)] = &[
     ("prefix_caching", Kind::Bool),
     ("queue_limit", Kind::Int { min: 1, max: i64::MAX }),
     ("disabled_ops", Kind::Str),
+    ("tiling.attention.tile_kv", Kind::Int { min: 16, max: 256 }),
     ("debug_panic_at_step", Kind::Int { min: 0, max: i64::MAX }),
     ("debug_step_delay_ms", Kind::Int { min: 0, max: 60_000 }),
 ];
@@ -112,6 +113,12 @@ fn apply(s: &mut Settings, key: &str, v: Value<'_>) -> FfiResult {
         ("max_batched_tokens", Value::Int(v)) => s.engine.max_batched_tokens = usize_of(v)?,
         ("prefix_caching", Value::Bool(b)) => s.engine.prefix_caching = b,
         ("queue_limit", Value::Int(v)) => s.engine.queue_limit = usize_of(v)?,
+        ("tiling.attention.tile_kv", Value::Int(v)) => {
+            let t = usize_of(v)?;
+            crate::backend::check_tile_kv(t)
+                .map_err(|u| Failure::invalid(format!("`tiling.attention.tile_kv`: {u} (16, 32, 64, 128 or 256)")))?;
+            s.engine.attention_tile_kv = Some(t)
+        }
         ("disabled_ops", Value::Str(list)) => {
             s.engine.disabled_ops =
                 PlanOptions::parse_disabled(list).map_err(|e| Failure::invalid(format!("`disabled_ops`: {e}")))?
@@ -207,6 +214,10 @@ pub extern "C" fn tboost_config_free(cfg: *mut tboost_config) -> tboost_status {
 ///   `TBOOST_ERR_QUEUE_FULL` (default 4096)
 /// - `finished_records` [1, ..]: finished requests whose records `tboost_engine_output`
 ///   and `tboost_engine_cancel` still answer for (default 65536; events lose nothing)
+/// - `tiling.attention.tile_kv` [16, 256]: FlashAttention's KV tile in the attention slots,
+///   16, 32, 64, 128 or 256 (default 64); the plan reports it, and a non-default tile on a
+///   backend whose attention kernel tiles itself fails `tboost_engine_new` /
+///   `tboost_model_load` with `TBOOST_ERR_UNSUPPORTED`
 /// - `debug_panic_at_step` [0, ..]: testing only, the n-th step panics (0 = never)
 /// - `debug_step_delay_ms` [0, 60000]: testing only, each step first sleeps this long
 ///
@@ -288,6 +299,7 @@ pub unsafe extern "C" fn tboost_config_to_json(
             "prefix_caching": e.prefix_caching,
             "queue_limit": e.queue_limit,
             "disabled_ops": e.disabled_ops.iter().cloned().collect::<Vec<_>>().join(","),
+            "tiling.attention.tile_kv": e.attention_tile_kv.map_or(serde_json::Value::from("auto"), serde_json::Value::from),
             "debug_panic_at_step": s.debug_panic_at_step,
             "debug_step_delay_ms": s.debug_step_delay_ms,
         });

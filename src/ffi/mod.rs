@@ -25,6 +25,7 @@ mod engine;
 mod handle;
 mod log_bridge;
 mod model;
+mod op;
 mod status;
 mod types;
 mod util;
@@ -33,6 +34,7 @@ pub use config::*;
 pub use engine::*;
 pub use log_bridge::*;
 pub use model::*;
+pub use op::*;
 pub use status::*;
 pub use types::*;
 

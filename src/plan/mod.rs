@@ -14,6 +14,7 @@
 //! Users can forbid ops and fusions by name (`PlanOptions::disabled`, `TBOOST_DISABLE`); see
 //! [`KNOWN_NAMES`].
 
+pub mod query;
 mod report;
 mod table;
 
@@ -106,6 +107,9 @@ pub struct PlanOptions {
     pub precision: PrecisionPolicy,
     /// Tokens per KV block.
     pub block_size: usize,
+    /// FlashAttention's KV tile for the flash and paged-decode slots (engine key
+    /// `tiling.attention.tile_kv`); `None` = the default, 64.
+    pub tile_kv: Option<usize>,
 }
 
 impl Default for PlanOptions {
@@ -116,6 +120,7 @@ impl Default for PlanOptions {
             act_dtype: None,
             precision: PrecisionPolicy::Auto,
             block_size: 16,
+            tile_kv: None,
         }
     }
 }
@@ -243,6 +248,8 @@ pub struct Plan {
     pub block_size: usize,
     /// The precision asked for (each matmul decision says what it got).
     pub precision: PrecisionPolicy,
+    /// FlashAttention's KV tile in the flash and paged-decode attention slots.
+    pub attention_tile_kv: usize,
     /// Slots outside the layers: embedding, RoPE tables, final norm, LM head.
     pub model: Vec<Decision>,
     pub layers: Vec<LayerPlan>,

@@ -90,6 +90,9 @@ impl Plan {
         if !self.disabled.is_empty() {
             let _ = writeln!(s, "disabled: {}", self.disabled.join(", "));
         }
+        if self.attention_tile_kv != tboost_ops::DEFAULT_TILE_KV {
+            let _ = writeln!(s, "tiling: attention.tile_kv={}", self.attention_tile_kv);
+        }
         if self.copy_bytes_per_token > 0 {
             let _ = writeln!(s, "copied between backends: {} bytes per token", self.copy_bytes_per_token);
         }

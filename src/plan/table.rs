@@ -3,8 +3,9 @@
 //! backends.
 
 use serde::Serialize;
-use tboost_ops::{AttentionCase, AttnPhase, DType, MatMulCase, Precision, RopeParams, Unsupported};
+use tboost_ops::{check_tile_kv, AttnPhase, DType, MatMulCase, Precision, RopeParams, Unsupported, DEFAULT_TILE_KV};
 
+use super::query;
 use super::{Decision, LayerPlan, Placement, Plan, PlanOptions, Tried, Verdict, WeightMode};
 use crate::backend::{AttnKind, Backend, OpQuery};
 use crate::model::{LayerWeights, Mlp, ModelConfig, ModelWeights, Tensor};
@@ -176,7 +177,7 @@ fn mm(t: &Tensor, a: Ask) -> MatMulCase {
         WeightMode::Convert(to) => to,
         WeightMode::Native => t.dtype,
     };
-    MatMulCase { dtype, rows, cols, act_dtype: a.act, precision: a.precision }
+    query::matmul_case(dtype, rows, cols, a.act, a.precision)
 }
 
 fn gain_dtype(t: &Tensor, a: Ask) -> DType {
@@ -228,27 +229,19 @@ impl<'a> Planner<'a> {
         RopeParams { dim: c.rope_dim, theta: c.rope_theta, scaling: c.rope_scaling, style: c.rope_style }
     }
 
-    fn attention_case(&self, phase: AttnPhase, a: Ask) -> AttentionCase {
+    fn attention_query(&self, kind: AttnKind, phase: AttnPhase, a: Ask) -> OpQuery {
         let c = self.cfg;
-        AttentionCase {
-            phase,
-            head_dim: c.head_dim,
-            n_heads: c.num_heads,
-            kv_heads: c.num_kv_heads,
-            act_dtype: a.act,
-            kv_dtype: a.kv,
-            block_size: self.opts.block_size,
-            max_context: c.max_position_embeddings,
-        }
+        let (hd, heads, kvh) = (c.head_dim, c.num_heads, c.num_kv_heads);
+        query::attention(kind, phase, hd, heads, kvh, a.act, a.kv, self.opts.block_size, c.max_position_embeddings)
     }
 
     /// The queries candidate `choice` makes for its slot under `a`.
     fn queries(&self, choice: Choice, sw: &SlotWeights<'_>, a: Ask) -> Vec<OpQuery> {
         let c = self.cfg;
-        let norm = |t: &Tensor, fused_add| OpQuery::RmsNorm { gain: gain_dtype(t, a), act: a.act, fused_add };
+        let norm = |t: &Tensor, fused_add| query::rms_norm(gain_dtype(t, a), a.act, fused_add);
         match (choice, sw) {
-            (Choice::Embed, SlotWeights::Embed(t)) => vec![OpQuery::Embed { table: gain_dtype(t, a), act: a.act }],
-            (Choice::RopeTables, _) => vec![OpQuery::RopeTables { rope: self.rope() }],
+            (Choice::Embed, SlotWeights::Embed(t)) => vec![query::embed(gain_dtype(t, a), a.act)],
+            (Choice::RopeTables, _) => vec![query::rope_tables(self.rope())],
             (Choice::RmsNorm, SlotWeights::Gain(t)) => vec![norm(t, false)],
             (Choice::AddRmsNorm, SlotWeights::Gain(t)) => vec![norm(t, true)],
             (Choice::AddThenRmsNorm, SlotWeights::Gain(t)) => vec![OpQuery::Add { act: a.act }, norm(t, false)],
@@ -259,7 +252,7 @@ impl<'a> Planner<'a> {
                 [&l.q, &l.k, &l.v].iter().map(|t| OpQuery::MatMul(mm(t, a))).collect()
             }
             (Choice::Rope, _) => {
-                vec![OpQuery::Rope { head_dim: c.head_dim, rot_dim: c.rope_dim, style: c.rope_style, act: a.act }]
+                vec![query::rope(c.head_dim, c.rope_dim, c.rope_style, a.act)]
             }
             (Choice::WriteKv, _) => vec![OpQuery::WriteKv {
                 act: a.act,
@@ -283,12 +276,9 @@ impl<'a> Planner<'a> {
                 OpQuery::MatMul(mm(down, a)),
             ],
             (Choice::MoeGrouped, SlotWeights::Mlp(Mlp::Moe { experts, .. })) => match experts.first() {
-                Some(e) => vec![OpQuery::MoeGrouped {
-                    experts: experts.len(),
-                    top_k: c.experts_per_token,
-                    gate: mm(&e.gate, a),
-                    down: mm(&e.down, a),
-                }],
+                Some(e) => {
+                    vec![query::moe_grouped(experts.len(), c.experts_per_token, mm(&e.gate, a), mm(&e.down, a))]
+                }
                 None => vec![],
             },
             // Every expert has the shape and dtype of the first (checked at load).
@@ -302,10 +292,9 @@ impl<'a> Planner<'a> {
                 ],
                 None => vec![],
             },
-            (Choice::MoeTopkSoftmax, SlotWeights::Router(r)) => vec![
-                OpQuery::MatMul(mm(r, a)),
-                OpQuery::MoeRoute { experts: c.num_experts, top_k: c.experts_per_token },
-            ],
+            (Choice::MoeTopkSoftmax, SlotWeights::Router(r)) => {
+                vec![OpQuery::MatMul(mm(r, a)), query::moe_route(c.num_experts, c.experts_per_token)]
+            }
             (Choice::GatherThenMatmul, SlotWeights::One(t)) => {
                 let mut q = vec![OpQuery::GatherRows { act: a.act }, OpQuery::MatMul(mm(t, a))];
                 if a.act != DType::F32 {
@@ -319,7 +308,7 @@ impl<'a> Planner<'a> {
 
     fn attention_queries(&self, choice: Choice, phase: AttnPhase, a: Ask) -> Vec<OpQuery> {
         match choice.attn_kind() {
-            Some(kind) => vec![OpQuery::Attention { kind, case: self.attention_case(phase, a) }],
+            Some(kind) => vec![self.attention_query(kind, phase, a)],
             None => unreachable!("{} is not an attention candidate", choice.name()),
         }
     }
@@ -698,11 +687,25 @@ impl<'a> Planner<'a> {
             kv_dtype: self.kv,
             block_size: self.opts.block_size,
             precision: self.opts.precision,
+            attention_tile_kv: self.opts.tile_kv.unwrap_or(DEFAULT_TILE_KV),
             model,
             layers,
             copy_bytes_per_token: 0,
         };
         plan.copy_bytes_per_token = plan.decisions().map(|d| d.copy_bytes_per_token).sum();
+        if let Some(t) = self.opts.tile_kv {
+            const KEY: &str = "tiling.attention.tile_kv";
+            check_tile_kv(t).map_err(|u| Error::config("engine config", KEY, u.to_string()))?;
+            let tiled = |d: &&Decision| matches!(d.choice, Choice::FlashAttention | Choice::PagedDecodeAttention);
+            if let Some(d) = plan.decisions().filter(tiled).find(|d| t != DEFAULT_TILE_KV && d.backend != "cpu") {
+                return Err(Error::Unsupported(format!(
+                    "{KEY}={t}: {} runs on {}, whose attention kernel chooses its own tiling (it takes only \
+                     {DEFAULT_TILE_KV})",
+                    d.slot.name(),
+                    d.backend
+                )));
+            }
+        }
         Ok(plan)
     }
 

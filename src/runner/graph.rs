@@ -55,12 +55,8 @@ impl Graph<'_> {
         let half = c.rope_dim / 2;
         let (cos, sin) = (v(a.cos, t * half), v(a.sin, t * half));
         let eps = c.rms_eps as f32;
-        let params = AttnParams {
-            n_heads: c.num_heads,
-            kv_heads: c.num_kv_heads,
-            head_dim: hd,
-            scale: 1.0 / (hd as f32).sqrt(),
-        };
+        let mut params = AttnParams::new(c.num_heads, c.num_kv_heads, hd, 1.0 / (hd as f32).sqrt());
+        params.tile_kv = plan.attention_tile_kv;
         let rope = RopeParams { dim: c.rope_dim, theta: c.rope_theta, scaling: c.rope_scaling, style: c.rope_style };
         let model = |s| need(plan.model_slot(s), s);
 

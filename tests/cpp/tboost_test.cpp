@@ -1411,4 +1411,306 @@ TEST(Fuzz, SeededRandomCallsNeverCrash) {
   EXPECT_EQ(st.waiting + st.running, 0u);
 }
 
+// ---- operator API ---------------------------------------------------------------------
+
+// A contiguous tensor over a whole buffer.
+tboost_tensor Tensor(tboost_buffer* b, std::vector<uint64_t> shape) {
+  tboost_tensor t{};
+  EXPECT_STATUS(TBOOST_OK, tboost_tensor_init(&t, b, shape.data(), shape.size()));
+  return t;
+}
+
+struct OpBackend {
+  tboost_backend* p = nullptr;
+  OpBackend() { EXPECT_STATUS(TBOOST_OK, tboost_backend_open("cpu", 1, &p)); }
+  ~OpBackend() { tboost_backend_free(p); }
+  tboost_buffer* Alloc(tboost_dtype d, std::vector<uint64_t> shape) {
+    tboost_buffer* b = nullptr;
+    EXPECT_STATUS(TBOOST_OK, tboost_backend_alloc(p, d, shape.data(), shape.size(), &b));
+    bufs.push_back(b);
+    return b;
+  }
+  tboost_buffer* Weight(std::vector<uint64_t> shape, const std::vector<float>& v) {
+    tboost_buffer* b = nullptr;
+    EXPECT_STATUS(TBOOST_OK, tboost_backend_upload_weight(p, TBOOST_DTYPE_F32, shape.data(), shape.size(), v.data(),
+                                                          v.size() * sizeof(float), &b));
+    bufs.push_back(b);
+    return b;
+  }
+  void Put(const tboost_tensor& t, std::vector<float> v) {
+    EXPECT_STATUS(TBOOST_OK, tboost_backend_copy(p, &t, v.data(), v.size() * sizeof(float), TBOOST_COPY_HOST_TO_BACKEND));
+  }
+  std::vector<float> Get(const tboost_tensor& t, size_t n) {
+    std::vector<float> v(n);
+    EXPECT_STATUS(TBOOST_OK, tboost_backend_copy(p, &t, v.data(), n * sizeof(float), TBOOST_COPY_BACKEND_TO_HOST));
+    return v;
+  }
+  std::vector<tboost_buffer*> bufs;
+  void FreeBuffers() {
+    for (auto* b : bufs) EXPECT_STATUS(TBOOST_OK, tboost_buffer_free(b));
+    bufs.clear();
+  }
+};
+
+TEST(OpApi, MatmulThroughTheCApiEqualsAHandComputation) {
+  OpBackend be;
+  const size_t m = 2, k = 3, n = 2;
+  tboost_matmul_params mp{};
+  mp.struct_size = sizeof mp;
+  mp.weight_dtype = TBOOST_DTYPE_F32;
+  mp.n = n;
+  mp.k = k;
+  mp.bias = 1;
+  mp.precision = 0;
+  mp.act_dtype = -1;
+  tboost_op* op = nullptr;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_MATMUL, &mp, &op));
+  bool ok = false;
+  size_t need = 0;
+  char why[128];
+  ASSERT_OK(tboost_op_supports(op, &ok, why, sizeof why, &need));
+  EXPECT_TRUE(ok);
+  EXPECT_STREQ(why, "");
+  tboost_tensor x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {m, k}), {m, k});
+  tboost_tensor w = Tensor(be.Weight({n, k}, {1, 2, 3, -1, 0.5f, 0}), {n, k});
+  tboost_tensor bias = Tensor(be.Weight({n}, {10, -10}), {n});
+  tboost_tensor y = Tensor(be.Alloc(TBOOST_DTYPE_F32, {m, n}), {m, n});
+  be.Put(x, {1, 1, 1, 2, 0, -1});
+  tboost_tensor ins[] = {x, w, bias};
+  size_t ws = 99;
+  ASSERT_OK(tboost_op_workspace_size(op, ins, 3, &y, 1, &ws));
+  EXPECT_EQ(ws, 0u);
+  ASSERT_OK(tboost_op_execute(op, ins, 3, &y, 1, nullptr));
+  // y = x · wᵀ + b: row 0 = (1+2+3+10, -1+0.5+0-10), row 1 = (2-3+10, -2+0-10).
+  EXPECT_EQ(be.Get(y, m * n), (std::vector<float>{16, -10.5f, 9, -12}));
+
+  // A bad shape is TBOOST_ERR_INVALID_ARGUMENT naming the op and the tensor.
+  tboost_tensor bad_x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {m, 4}), {m, 4});
+  tboost_tensor bad_ins[] = {bad_x, w, bias};
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_execute(op, bad_ins, 3, &y, 1, nullptr));
+  EXPECT_NE(LastError().find("`matmul.x`: shape [2, 4]: expected [*, 3]"), std::string::npos) << LastError();
+  // A wrong tensor count.
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_execute(op, ins, 2, &y, 1, nullptr));
+  EXPECT_NE(LastError().find("`matmul.inputs`: got 2 tensors, expected 3"), std::string::npos) << LastError();
+  // Strides that are not contiguous name the stride.
+  tboost_tensor strided = x;
+  strided.strides[0] = 7;
+  tboost_tensor strided_ins[] = {strided, w, bias};
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_execute(op, strided_ins, 3, &y, 1, nullptr));
+  EXPECT_NE(LastError().find("stride 7 of dimension 0"), std::string::npos) << LastError();
+  ASSERT_OK(tboost_op_free(op));
+  be.FreeBuffers();
+}
+
+TEST(OpApi, RmsnormThroughTheCApiEqualsAHandComputation) {
+  OpBackend be;
+  tboost_norm_params np{};
+  np.struct_size = sizeof np;
+  np.gain_dtype = TBOOST_DTYPE_F32;
+  np.dim = 4;
+  np.eps = 0.0f;
+  np.act_dtype = TBOOST_DTYPE_F32;
+  tboost_op* op = nullptr;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_RMSNORM, &np, &op));
+  tboost_tensor x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 4}), {1, 4});
+  tboost_tensor g = Tensor(be.Weight({4}, {1, 2, 1, 0.5f}), {4});
+  tboost_tensor y = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 4}), {1, 4});
+  // x = (1, 1, 3, 5): mean square (1+1+9+25)/4 = 9, rms 3.
+  be.Put(x, {1, 1, 3, 5});
+  tboost_tensor ins[] = {x, g};
+  ASSERT_OK(tboost_op_execute(op, ins, 2, &y, 1, nullptr));
+  const std::vector<float> got = be.Get(y, 4), want = {1.0f / 3, 2.0f / 3, 1.0f, 5.0f / 6};
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(got[i], want[i], 1e-6) << i;
+  // A gain of the wrong dtype is named.
+  tboost_tensor x16 = Tensor(be.Alloc(TBOOST_DTYPE_F16, {1, 4}), {1, 4});
+  tboost_tensor bad[] = {x16, g};
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_execute(op, bad, 2, &y, 1, nullptr));
+  EXPECT_NE(LastError().find("`rmsnorm.x`: dtype f16: expected f32"), std::string::npos) << LastError();
+  ASSERT_OK(tboost_op_free(op));
+  be.FreeBuffers();
+}
+
+TEST(OpApi, BadHandlesAndParamsGiveTheDocumentedStatus) {
+  OpBackend be;
+  tboost_op* op = nullptr;
+  tboost_norm_params np{};
+  np.struct_size = sizeof np;
+  np.dim = 4;
+  np.act_dtype = -1;
+  // A freed operation, a bogus backend, a freed buffer.
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_RMSNORM, &np, &op));
+  ASSERT_OK(tboost_op_free(op));
+  bool ok = false;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_op_supports(op, &ok, nullptr, 0, nullptr));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_op_execute(op, nullptr, 0, nullptr, 0, nullptr));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_op_free(op));
+  auto* bogus = reinterpret_cast<tboost_backend*>(&np);
+  tboost_buffer* b = nullptr;
+  const uint64_t shape[] = {4};
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_backend_alloc(bogus, TBOOST_DTYPE_F32, shape, 1, &b));
+  EXPECT_STATUS(TBOOST_ERR_NULL_POINTER, tboost_backend_alloc(be.p, TBOOST_DTYPE_F32, shape, 1, nullptr));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_backend_alloc(be.p, 99, shape, 1, &b));
+  ASSERT_OK(tboost_backend_alloc(be.p, TBOOST_DTYPE_F32, shape, 1, &b));
+  tboost_tensor t = Tensor(b, {4});
+  ASSERT_OK(tboost_buffer_free(b));
+  float host[4] = {};
+  EXPECT_STATUS(TBOOST_ERR_INVALID_HANDLE, tboost_backend_copy(be.p, &t, host, sizeof host, TBOOST_COPY_BACKEND_TO_HOST));
+  // Unknown kinds, zero sizes and wrong struct sizes are invalid arguments.
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, 1234, &np, &op));
+  tboost_norm_params zero = np;
+  zero.dim = 0;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, TBOOST_OP_RMSNORM, &zero, &op));
+  EXPECT_NE(LastError().find("rmsnorm.dim"), std::string::npos) << LastError();
+  tboost_norm_params small = np;
+  small.struct_size = 4;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, TBOOST_OP_RMSNORM, &small, &op));
+  tboost_backend* none = nullptr;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_backend_open("tpu", 1, &none));
+  EXPECT_EQ(none, nullptr);
+}
+
+TEST(OpApi, AttentionWithATileThroughTheCApi) {
+  OpBackend be;
+  // One sequence of two rows over two positions, one head of 16, block_size 4.
+  tboost_attention_params ap{};
+  ap.struct_size = sizeof ap;
+  ap.kind = TBOOST_ATTENTION_FLASH;
+  ap.heads = 1;
+  ap.kv_heads = 1;
+  ap.head_dim = 16;
+  ap.block_size = 4;
+  ap.kv_dtype = TBOOST_DTYPE_F32;
+  ap.act_dtype = TBOOST_DTYPE_F32;
+  ap.max_context = 64;
+  ap.scale = 1.0f;
+  ap.tile_kv = 16;
+  tboost_op* op = nullptr;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_ATTENTION, &ap, &op));
+  std::vector<float> q(32, 0.0f), k(64, 0.0f), v(64, 0.0f);
+  q[0] = 1.0f;        // row 0 never sees position 1 (causal)
+  q[16 + 0] = 0.5f;   // row 1: scores 0.5 * k0[0] and 0.5 * k1[0]
+  k[0] = 2.0f;        // position 0
+  k[16 + 0] = -2.0f;  // position 1
+  for (int d = 0; d < 16; ++d) {
+    v[d] = static_cast<float>(d);
+    v[16 + d] = 1.0f;
+  }
+  tboost_tensor tq = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 16}), {2, 16});
+  tboost_tensor tk = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 4, 1, 16}), {1, 4, 1, 16});
+  tboost_tensor tv = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 4, 1, 16}), {1, 4, 1, 16});
+  be.Put(tq, q);
+  be.Put(tk, k);
+  be.Put(tv, v);
+  tboost_buffer* sb = be.Alloc(TBOOST_DTYPE_U32, {1, 3});
+  tboost_buffer* bb = be.Alloc(TBOOST_DTYPE_U32, {1, 1});
+  tboost_tensor ts = Tensor(sb, {1, 3}), tb = Tensor(bb, {1, 1});
+  uint32_t seqs[3] = {0, 2, 2}, table[1] = {0};
+  ASSERT_OK(tboost_backend_copy(be.p, &ts, seqs, sizeof seqs, TBOOST_COPY_HOST_TO_BACKEND));
+  ASSERT_OK(tboost_backend_copy(be.p, &tb, table, sizeof table, TBOOST_COPY_HOST_TO_BACKEND));
+  tboost_tensor out = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 16}), {2, 16});
+  tboost_tensor ins[] = {tq, tk, tv, ts, tb};
+  ASSERT_OK(tboost_op_execute(op, ins, 5, &out, 1, nullptr));
+  const std::vector<float> got = be.Get(out, 32);
+  // Row 1: weights softmax(1, -1) = (e / (e + 1/e), ...) over v0 = d and v1 = 1.
+  const double w0 = std::exp(1.0) / (std::exp(1.0) + std::exp(-1.0));
+  for (int d = 0; d < 16; ++d) {
+    EXPECT_NEAR(got[d], d, 1e-5) << d;
+    EXPECT_NEAR(got[16 + d], w0 * d + (1.0 - w0), 1e-5) << d;
+  }
+  ASSERT_OK(tboost_op_free(op));
+  // A tile the kernel does not take, and flash with a head_dim it does not take.
+  ap.tile_kv = 48;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, TBOOST_OP_ATTENTION, &ap, &op));
+  EXPECT_NE(LastError().find("`flash_attention.tile_kv`: 48 is not a power of two in 16..=256"), std::string::npos)
+      << LastError();
+  ap.tile_kv = 0;
+  ap.head_dim = 24;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_ATTENTION, &ap, &op));
+  bool ok = true;
+  char why[128];
+  size_t need = 0;
+  ASSERT_OK(tboost_op_supports(op, &ok, why, sizeof why, &need));
+  EXPECT_FALSE(ok);
+  EXPECT_STREQ(why, "head_dim=24 is not a multiple of 16");
+  EXPECT_STATUS(TBOOST_ERR_UNSUPPORTED, tboost_op_execute(op, ins, 5, &out, 1, nullptr));
+  ASSERT_OK(tboost_op_free(op));
+  be.FreeBuffers();
+}
+
+TEST(OpApi, AttentionTileIsAnEngineKeyReportedInThePlan) {
+  Config cfg;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_config_set_int(cfg.p, "tiling.attention.tile_kv", 48));
+  EXPECT_NE(LastError().find("tile_kv=48 is not a power of two in 16..=256"), std::string::npos) << LastError();
+  ASSERT_OK(tboost_config_set_int(cfg.p, "tiling.attention.tile_kv", 128));
+  size_t need = 0;
+  EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_config_to_json(cfg.p, nullptr, 0, &need));
+  std::string json(need, '\0');
+  ASSERT_OK(tboost_config_to_json(cfg.p, json.data(), json.size(), &need));
+  EXPECT_NE(json.find("\"tiling.attention.tile_kv\":128"), std::string::npos) << json;
+  ASSERT_OK(tboost_config_set_str(cfg.p, "backend", "cpu"));
+  Model m(Golden("mistral"), cfg.p);
+  ASSERT_NE(m.p, nullptr);
+  need = 0;
+  EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_model_info_json(m.p, nullptr, 0, &need));
+  std::string info(need, '\0');
+  ASSERT_OK(tboost_model_info_json(m.p, info.data(), info.size(), &need));
+  EXPECT_NE(info.find("\"attention_tile_kv\":128"), std::string::npos) << info;
+}
+
+TEST(OpApi, EmbedAndRopeThroughTheCApi) {
+  OpBackend be;
+  tboost_embed_params ep{};
+  ep.struct_size = sizeof ep;
+  ep.table_dtype = TBOOST_DTYPE_F32;
+  ep.vocab = 3;
+  ep.hidden = 4;
+  ep.act_dtype = -1;
+  tboost_op* emb = nullptr;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_EMBED, &ep, &emb));
+  tboost_tensor table = Tensor(be.Weight({3, 4}, {0, 1, 2, 3, 10, 11, 12, 13, 20, 21, 22, 23}), {3, 4});
+  tboost_tensor ids = Tensor(be.Alloc(TBOOST_DTYPE_U32, {2}), {2});
+  uint32_t id_v[2] = {2, 0};
+  ASSERT_OK(tboost_backend_copy(be.p, &ids, id_v, sizeof id_v, TBOOST_COPY_HOST_TO_BACKEND));
+  tboost_tensor y = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 4}), {2, 4});
+  tboost_tensor ein[] = {ids, table};
+  ASSERT_OK(tboost_op_execute(emb, ein, 2, &y, 1, nullptr));
+  EXPECT_EQ(be.Get(y, 8), (std::vector<float>{20, 21, 22, 23, 0, 1, 2, 3}));
+  id_v[0] = 3;  // out of range
+  ASSERT_OK(tboost_backend_copy(be.p, &ids, id_v, sizeof id_v, TBOOST_COPY_HOST_TO_BACKEND));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_execute(emb, ein, 2, &y, 1, nullptr));
+  EXPECT_NE(LastError().find("ids[0] = 3 is not below vocab 3"), std::string::npos) << LastError();
+  ASSERT_OK(tboost_op_free(emb));
+
+  // RoPE on one head of 2: position 0 is the identity, position 1 rotates by 1 radian.
+  tboost_rope_params rp{};
+  rp.struct_size = sizeof rp;
+  rp.heads = 1;
+  rp.head_dim = 2;
+  rp.rot_dim = 0;
+  rp.theta = 10000.0;
+  rp.style = 0;
+  rp.act_dtype = TBOOST_DTYPE_F32;
+  tboost_op* rope = nullptr;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_ROPE, &rp, &rope));
+  tboost_tensor pos = Tensor(be.Alloc(TBOOST_DTYPE_U32, {2}), {2});
+  uint32_t pos_v[2] = {0, 1};
+  ASSERT_OK(tboost_backend_copy(be.p, &pos, pos_v, sizeof pos_v, TBOOST_COPY_HOST_TO_BACKEND));
+  tboost_tensor x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 1, 2}), {2, 1, 2});
+  be.Put(x, {1, 0, 1, 0});
+  size_t ws_bytes = 0;
+  ASSERT_OK(tboost_op_workspace_size(rope, &pos, 1, &x, 1, &ws_bytes));
+  EXPECT_EQ(ws_bytes, 2u * 2u * 1u * sizeof(float));
+  tboost_tensor ws = Tensor(be.Alloc(TBOOST_DTYPE_F32, {ws_bytes / sizeof(float)}), {ws_bytes / sizeof(float)});
+  ASSERT_OK(tboost_op_execute(rope, &pos, 1, &x, 1, &ws));
+  const std::vector<float> got = be.Get(x, 4);
+  EXPECT_NEAR(got[0], 1.0, 1e-6);
+  EXPECT_NEAR(got[1], 0.0, 1e-6);
+  EXPECT_NEAR(got[2], std::cos(1.0), 1e-6);
+  EXPECT_NEAR(got[3], std::sin(1.0), 1e-6);
+  ASSERT_OK(tboost_op_free(rope));
+  rp.style = 7;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, TBOOST_OP_ROPE, &rp, &rope));
+  be.FreeBuffers();
+}
+
 }  // namespace

@@ -10,8 +10,11 @@ use super::{elem_bytes, row_offset, AttnParams, KvPool, OutPtr, SeqSpan};
 use crate::isa::Isa;
 use crate::DType;
 
-/// KV positions per tile. Tiles start at absolute multiples of this, whatever the call.
-pub const FLASH_TILE: usize = 64;
+/// KV positions per tile by default (`AttnParams::tile_kv`). Tiles start at absolute
+/// multiples of the tile, whatever the call.
+pub const FLASH_TILE: usize = tboost_ops::DEFAULT_TILE_KV;
+/// The tiles the kernel is compiled for (`AttnParams::tile_kv` takes one of these).
+pub const FLASH_TILES: [usize; 5] = tboost_ops::TILE_KV_CHOICES;
 /// Query rows per work item (each with all the query heads of its GQA group).
 pub const FLASH_ROW_BLOCK: usize = 16;
 
@@ -19,7 +22,7 @@ pub const FLASH_ROW_BLOCK: usize = 16;
 /// item, the staged K and V tile (converted from f16/bf16), K transposed, one zero row.
 pub(super) fn scratch_floats(p: &AttnParams) -> usize {
     let nq = FLASH_ROW_BLOCK * (p.n_heads / p.kv_heads.max(1));
-    nq * (p.head_dim + 2) + 3 * FLASH_TILE * p.head_dim + p.head_dim
+    nq * (p.head_dim + 2) + 3 * p.tile_kv * p.head_dim + p.head_dim
 }
 
 /// Everything a work item reads, shared by all items of a call.
@@ -50,12 +53,13 @@ pub(super) fn run(isa: Isa, q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], 
         esz: elem_bytes(pool.dtype),
         out: OutPtr(out.as_mut_ptr()),
     };
-    let item: ItemFn = match isa {
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 => item_avx512,
-        #[cfg(target_arch = "x86_64")]
-        Isa::Avx2 => item_avx2,
-        _ => item_scalar,
+    let item: ItemFn = match p.tile_kv {
+        16 => item_fn::<16>(isa),
+        32 => item_fn::<32>(isa),
+        128 => item_fn::<128>(isa),
+        256 => item_fn::<256>(isa),
+        // 64, the default (`flash_tile_supports` rejected every other value before the call).
+        _ => item_fn::<FLASH_TILE>(isa),
     };
     let kv_heads = p.kv_heads;
     let floats = scratch_floats(p);
@@ -78,24 +82,49 @@ pub(super) fn run(isa: Isa, q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], 
         );
 }
 
-unsafe fn item_scalar(c: &Ctx<'_>, s: usize, g: usize, r0: usize, r1: usize, scratch: &mut [f32]) {
-    process_item::<Scalar>(c, s, g, r0, r1, scratch)
+/// The work-item function for tile `T` on `isa`.
+fn item_fn<const T: usize>(isa: Isa) -> ItemFn {
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => item_avx512::<T>,
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => item_avx2::<T>,
+        _ => item_scalar::<T>,
+    }
+}
+
+unsafe fn item_scalar<const T: usize>(c: &Ctx<'_>, s: usize, g: usize, r0: usize, r1: usize, scratch: &mut [f32]) {
+    process_item::<Scalar, T>(c, s, g, r0, r1, scratch)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn item_avx2(c: &Ctx<'_>, s: usize, g: usize, r0: usize, r1: usize, scratch: &mut [f32]) {
-    process_item::<super::simd::Avx2>(c, s, g, r0, r1, scratch)
+unsafe fn item_avx2<const T: usize>(c: &Ctx<'_>, s: usize, g: usize, r0: usize, r1: usize, scratch: &mut [f32]) {
+    process_item::<super::simd::Avx2, T>(c, s, g, r0, r1, scratch)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
-unsafe fn item_avx512(c: &Ctx<'_>, s: usize, g: usize, r0: usize, r1: usize, scratch: &mut [f32]) {
-    process_item::<super::simd::Avx512>(c, s, g, r0, r1, scratch)
+unsafe fn item_avx512<const T: usize>(c: &Ctx<'_>, s: usize, g: usize, r0: usize, r1: usize, scratch: &mut [f32]) {
+    process_item::<super::simd::Avx512, T>(c, s, g, r0, r1, scratch)
+}
+
+/// Score vectors per chunk of positions: four, or as many as a tile narrower than four
+/// vectors holds (a compile-time constant per `S` and `T`; 4 for the default tile).
+#[inline(always)]
+fn chunk_vectors<S: Simd, const T: usize>() -> usize {
+    (T / S::LANES).clamp(1, 4)
 }
 
 #[inline(always)]
-unsafe fn process_item<S: Simd>(c: &Ctx<'_>, s: usize, g: usize, r0: usize, r1: usize, scratch: &mut [f32]) {
+unsafe fn process_item<S: Simd, const T: usize>(
+    c: &Ctx<'_>,
+    s: usize,
+    g: usize,
+    r0: usize,
+    r1: usize,
+    scratch: &mut [f32],
+) {
     let seq = &c.seqs[s];
     let hd = c.hd;
     let lanes = S::LANES;
@@ -104,23 +133,23 @@ unsafe fn process_item<S: Simd>(c: &Ctx<'_>, s: usize, g: usize, r0: usize, r1: 
     let (acc, rest) = scratch.split_at_mut(nq_max * hd);
     let (m, rest) = rest.split_at_mut(nq_max);
     let (l, rest) = rest.split_at_mut(nq_max);
-    let (kst, rest) = rest.split_at_mut(FLASH_TILE * hd);
-    let (vst, rest) = rest.split_at_mut(FLASH_TILE * hd);
-    let (kt, zero) = rest.split_at_mut(FLASH_TILE * hd);
+    let (kst, rest) = rest.split_at_mut(T * hd);
+    let (vst, rest) = rest.split_at_mut(T * hd);
+    let (kt, zero) = rest.split_at_mut(T * hd);
     zero.fill(0.0);
 
     let first_pos = seq.ctx_len - seq.q_len;
     let last_pos = first_pos + r1 - 1;
-    let mut kp = [zero.as_ptr(); FLASH_TILE];
-    let mut vp = [zero.as_ptr(); FLASH_TILE];
+    let mut kp = [zero.as_ptr(); T];
+    let mut vp = [zero.as_ptr(); T];
     let item = Item { c, seq, g, r0, first_pos };
-    for t in 0..=last_pos / FLASH_TILE {
-        let t0 = t * FLASH_TILE;
-        let loaded = (last_pos + 1 - t0).min(FLASH_TILE);
-        stage::<S>(c, seq.block_table, g, t0, loaded, kst, vst, &mut kp, &mut vp);
+    for t in 0..=last_pos / T {
+        let t0 = t * T;
+        let loaded = (last_pos + 1 - t0).min(T);
+        stage::<S, T>(c, seq.block_table, g, t0, loaded, kst, vst, &mut kp, &mut vp);
         // Decode is bound by reading the cache: fetch the next tile while this one computes.
-        prefetch_tile::<S>(c, seq.block_table, g, t0 + FLASH_TILE, last_pos + 1);
-        // K transposed to [head_dim][FLASH_TILE]: scores then need no horizontal sums. Columns
+        prefetch_tile::<S, T>(c, seq.block_table, g, t0 + T, last_pos + 1);
+        // K transposed to [head_dim][T]: scores then need no horizontal sums. Columns
         // past `loaded` are zero up to the score kernel's chunk so they stay finite (masked).
         let padded = loaded.next_multiple_of(lanes);
         for p in &mut kp[loaded..padded] {
@@ -128,13 +157,13 @@ unsafe fn process_item<S: Simd>(c: &Ctx<'_>, s: usize, g: usize, r0: usize, r1: 
         }
         for jb in (0..padded).step_by(lanes) {
             for db in (0..hd).step_by(lanes) {
-                S::transpose(kp.as_ptr().add(jb), db, kt.as_mut_ptr().add(db * FLASH_TILE + jb), FLASH_TILE);
+                S::transpose(kp.as_ptr().add(jb), db, kt.as_mut_ptr().add(db * T + jb), T);
             }
         }
-        let chunk_end = loaded.next_multiple_of(4 * lanes).min(FLASH_TILE);
+        let chunk_end = loaded.next_multiple_of(chunk_vectors::<S, T>() * lanes).min(T);
         if padded < chunk_end {
             for d in 0..hd {
-                kt[d * FLASH_TILE + padded..d * FLASH_TILE + chunk_end].fill(0.0);
+                kt[d * T + padded..d * T + chunk_end].fill(0.0);
             }
         }
         // Rows before the tile's first position skip it.
@@ -144,10 +173,10 @@ unsafe fn process_item<S: Simd>(c: &Ctx<'_>, s: usize, g: usize, r0: usize, r1: 
         while qi < nq {
             let nb = (nq - qi).min(S::QUERY_GROUP);
             match nb {
-                1 => group::<S, 1>(&item, &tile, qi, acc, m, l),
-                2 => group::<S, 2>(&item, &tile, qi, acc, m, l),
-                3 => group::<S, 3>(&item, &tile, qi, acc, m, l),
-                _ => group::<S, 4>(&item, &tile, qi, acc, m, l),
+                1 => group::<S, T, 1>(&item, &tile, qi, acc, m, l),
+                2 => group::<S, T, 2>(&item, &tile, qi, acc, m, l),
+                3 => group::<S, T, 3>(&item, &tile, qi, acc, m, l),
+                _ => group::<S, T, 4>(&item, &tile, qi, acc, m, l),
             }
             qi += nb;
         }
@@ -175,18 +204,18 @@ struct Item<'a> {
 }
 
 /// The staged tile: K transposed, pointers to the V rows.
-struct Tile<'a> {
+struct Tile<'a, const T: usize> {
     t0: usize,
     first: bool,
     kt: *const f32,
-    vp: &'a [*const f32; FLASH_TILE],
+    vp: &'a [*const f32; T],
 }
 
 /// Points `kp`/`vp[0..loaded]` at the K/V rows of positions `t0..t0+loaded`: straight into
 /// an f32 pool, or into `kst`/`vst` after converting f16/bf16 (exact, so both agree).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn stage<S: Simd>(
+unsafe fn stage<S: Simd, const T: usize>(
     c: &Ctx<'_>,
     table: &[u32],
     g: usize,
@@ -194,8 +223,8 @@ unsafe fn stage<S: Simd>(
     loaded: usize,
     kst: &mut [f32],
     vst: &mut [f32],
-    kp: &mut [*const f32; FLASH_TILE],
-    vp: &mut [*const f32; FLASH_TILE],
+    kp: &mut [*const f32; T],
+    vp: &mut [*const f32; T],
 ) {
     let hd = c.hd;
     let (kb, vb) = (c.pool.k.as_ptr(), c.pool.v.as_ptr());
@@ -222,12 +251,12 @@ unsafe fn stage<S: Simd>(
     }
 }
 
-/// Prefetches the K/V rows of positions `t0..min(t0 + FLASH_TILE, end)`.
+/// Prefetches the K/V rows of positions `t0..min(t0 + T, end)` (`T`: the tile).
 #[inline(always)]
-unsafe fn prefetch_tile<S: Simd>(c: &Ctx<'_>, table: &[u32], g: usize, t0: usize, end: usize) {
+unsafe fn prefetch_tile<S: Simd, const T: usize>(c: &Ctx<'_>, table: &[u32], g: usize, t0: usize, end: usize) {
     let row_bytes = c.hd * c.esz;
     let (kb, vb) = (c.pool.k.as_ptr(), c.pool.v.as_ptr());
-    for pos in t0..end.min(t0 + FLASH_TILE) {
+    for pos in t0..end.min(t0 + T) {
         let off = row_offset(c.pool, table, pos, g, c.esz);
         let mut b = 0;
         while b < row_bytes {
@@ -242,9 +271,9 @@ unsafe fn prefetch_tile<S: Simd>(c: &Ctx<'_>, table: &[u32], g: usize, t0: usize
 /// update, P·V. Queries only share loads: every value of one query is computed by the same
 /// operations in the same order whatever its group, so results do not depend on grouping.
 #[inline(always)]
-unsafe fn group<S: Simd, const NB: usize>(
+unsafe fn group<S: Simd, const T: usize, const NB: usize>(
     it: &Item<'_>,
-    tile: &Tile<'_>,
+    tile: &Tile<'_, T>,
     qi0: usize,
     acc: &mut [f32],
     m: &mut [f32],
@@ -258,34 +287,39 @@ unsafe fn group<S: Simd, const NB: usize>(
         let qi = qi0 + n;
         let (r, hh) = (it.r0 + qi / c.group, qi % c.group);
         qp[n] = c.q.as_ptr().add(((it.seq.q_start + r) * c.n_heads + it.g * c.group + hh) * hd);
-        lim[n] = (it.first_pos + r + 1 - tile.t0).min(FLASH_TILE);
+        lim[n] = (it.first_pos + r + 1 - tile.t0).min(T);
     }
     let max_lim = lim.iter().copied().max().unwrap_or(0);
     let min_lim = lim.iter().copied().min().unwrap_or(0);
 
     // Scores: sc[n][j] = (sum over d in order of q[d] * k_j[d]) * scale, four vectors of
     // positions at a time.
-    let mut sc = [[0.0f32; FLASH_TILE]; NB];
+    let mut sc = [[0.0f32; T]; NB];
     let vscale = S::splat(c.scale);
+    // A tile narrower than four vectors takes chunks of fewer (`cw`, a constant here).
+    let cw = chunk_vectors::<S, T>();
     let mut cb = 0;
     while cb < max_lim {
         let mut a = [[S::zero(); 4]; NB];
         for d in 0..hd {
-            let kr = tile.kt.add(d * FLASH_TILE + cb);
-            let k = [S::load(kr), S::load(kr.add(lanes)), S::load(kr.add(2 * lanes)), S::load(kr.add(3 * lanes))];
+            let kr = tile.kt.add(d * T + cb);
+            let mut k = [S::zero(); 4];
+            for (v, kv) in k.iter_mut().enumerate().take(cw) {
+                *kv = S::load(kr.add(v * lanes));
+            }
             for n in 0..NB {
                 let b = S::splat(*qp[n].add(d));
-                for v in 0..4 {
+                for v in 0..cw {
                     a[n][v] = S::fma(b, k[v], a[n][v]);
                 }
             }
         }
         for n in 0..NB {
-            for v in 0..4 {
+            for v in 0..cw {
                 S::store(sc[n].as_mut_ptr().add(cb + v * lanes), S::mul(a[n][v], vscale));
             }
         }
-        cb += 4 * lanes;
+        cb += cw * lanes;
     }
 
     // Online softmax per query over its own `lim` positions.
@@ -332,20 +366,20 @@ unsafe fn group<S: Simd, const NB: usize>(
     let nv = hd / lanes;
     let mut cv = 0;
     while cv + 4 <= nv {
-        pv_group::<S, NB, 4>(&pv, cv * lanes);
+        pv_group::<S, T, NB, 4>(&pv, cv * lanes);
         cv += 4;
     }
     while cv < nv {
-        pv_group::<S, NB, 1>(&pv, cv * lanes);
+        pv_group::<S, T, NB, 1>(&pv, cv * lanes);
         cv += 1;
     }
 }
 
-struct PvArgs<'a, const NB: usize> {
+struct PvArgs<'a, const T: usize, const NB: usize> {
     acc: *mut f32,
     hd: usize,
-    sc: &'a [[f32; FLASH_TILE]; NB],
-    vp: &'a [*const f32; FLASH_TILE],
+    sc: &'a [[f32; T]; NB],
+    vp: &'a [*const f32; T],
     lim: &'a [usize; NB],
     min_lim: usize,
     first: bool,
@@ -355,7 +389,7 @@ struct PvArgs<'a, const NB: usize> {
 /// `RV` vectors of dims from `d0` for `NB` queries, held in registers over the tile. V
 /// loads are shared up to the smallest limit; each query then finishes its own positions.
 #[inline(always)]
-unsafe fn pv_group<S: Simd, const NB: usize, const RV: usize>(a: &PvArgs<'_, NB>, d0: usize) {
+unsafe fn pv_group<S: Simd, const T: usize, const NB: usize, const RV: usize>(a: &PvArgs<'_, T, NB>, d0: usize) {
     let lanes = S::LANES;
     let mut r = [[S::zero(); RV]; NB];
     if !a.first {

@@ -23,12 +23,13 @@
 //! Shapes are built by the orchestrator, so a mismatch is a bug there: the kernels check
 //! every shape, slot and block id up front and panic naming it (before touching memory).
 //!
-//! FlashAttention tiling: KV positions in tiles of [`FLASH_TILE`] at absolute multiples of
+//! FlashAttention tiling: KV positions in tiles of `AttnParams::tile_kv` (default [`FLASH_TILE`];
+//! any of [`FLASH_TILES`]) at absolute multiples of
 //! it; work items are (sequence, kv head, block of [`FLASH_ROW_BLOCK`] query rows), each
 //! running all the query heads of the GQA group over one staged tile at a time (K converted
 //! to f32 and transposed, so each K/V row is read from the cache once per item). Queries run
 //! 4 at a time on AVX-512 (2 on AVX2/scalar) to share K/V loads, but a query's arithmetic
-//! never mixes with its neighbours': tile `t` covers positions `t*FLASH_TILE ..` up to the
+//! never mixes with its neighbours': tile `t` covers positions `t*tile_kv ..` up to the
 //! row's own position, each score is one FMA chain over head_dim in order, the online
 //! softmax (exp: Cephes polynomial on SIMD, libm on scalar) and the P·V sum go in position
 //! order. Results may differ between ISAs, never between batches or thread counts.
@@ -41,7 +42,7 @@ mod standard;
 use crate::isa::{self, Isa};
 use crate::DType;
 
-pub use flash::{FLASH_ROW_BLOCK, FLASH_TILE};
+pub use flash::{FLASH_ROW_BLOCK, FLASH_TILE, FLASH_TILES};
 
 /// One layer's K and V pools, read-only.
 #[derive(Clone, Copy)]
@@ -87,6 +88,12 @@ pub fn flash_supports(case: &AttentionCase) -> Result<(), Unsupported> {
         return Err(Unsupported::new("act_dtype", case.act_dtype, "f32"));
     }
     flash_head_dim(case.head_dim)
+}
+
+/// FlashAttention's KV tile (`AttnParams::tile_kv`): one it is compiled for, a power of two
+/// in 16..=256.
+pub fn flash_tile_supports(tile_kv: usize) -> Result<(), Unsupported> {
+    tboost_ops::check_tile_kv(tile_kv)
 }
 
 fn flash_head_dim(head_dim: usize) -> Result<(), Unsupported> {
@@ -203,7 +210,10 @@ pub fn flash_attention_with(
     p: &AttnParams,
     out: &mut [f32],
 ) {
-    if let Err(e) = shape_supports(p.head_dim, p.n_heads, p.kv_heads, pool.dtype).and(flash_head_dim(p.head_dim)) {
+    if let Err(e) = shape_supports(p.head_dim, p.n_heads, p.kv_heads, pool.dtype)
+        .and(flash_head_dim(p.head_dim))
+        .and(flash_tile_supports(p.tile_kv))
+    {
         panic!("flash_attention: {e}");
     }
     check_isa(isa);

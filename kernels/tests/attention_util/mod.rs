@@ -55,7 +55,7 @@ impl World {
         let mut free: Vec<u32> = (0..num_blocks as u32).collect();
         free.shuffle(&mut rng);
         let pool_bytes = num_blocks * block_size * kv_heads * head_dim * elem_bytes(dtype);
-        let p = AttnParams { n_heads, kv_heads, head_dim, scale: 1.0 / (head_dim as f32).sqrt() };
+        let p = AttnParams::new(n_heads, kv_heads, head_dim, 1.0 / (head_dim as f32).sqrt());
         let mut w = World { dtype, block_size, p, k: vec![0u8; pool_bytes], v: vec![0u8; pool_bytes], seqs: vec![] };
         for &len in lens {
             let table: Vec<u32> = (0..len.div_ceil(block_size)).map(|_| free.pop().unwrap()).collect();

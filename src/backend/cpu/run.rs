@@ -161,6 +161,8 @@ impl CpuBackend {
                 }
                 match kind {
                     AttnKind::Flash | AttnKind::PagedDecode => {
+                        attention::flash_tile_supports(params.tile_kv)
+                            .map_err(|u| CpuBackend::err(format!("{}: {u}", kind.name())))?;
                         attention::flash_attention(q, &pool, &spans, &params, out)
                     }
                     AttnKind::Standard => attention::standard_attention(q, &pool, &spans, &params, out),
