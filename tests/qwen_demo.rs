@@ -49,21 +49,10 @@ fn greedy_ids_match_llama_cpp_on_every_step() {
         precision: PrecisionPolicy::Exact,
         ..Default::default()
     };
-    let e = Engine::new(exact).unwrap();
-    e.load(&demo_model()).unwrap();
-    // All four prompts together: continuous batching must not change a single id.
-    let ids: Vec<u64> =
-        prompts.iter().map(|p| e.enqueue(Request::new(common::ids(&p["prompt_ids"]), 48)).unwrap()).collect();
-    e.run_to_completion().unwrap();
-    for (p, id) in prompts.iter().zip(ids) {
-        let got = e.output(id).unwrap().tokens;
-        let want = common::ids(&p["f64_ids"]);
-        assert_eq!(want, common::ids(&p["llamacpp_generated_ids"]));
-        let margins: Vec<f64> = p["f64_margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
-        let second: Vec<u32> = p["f64_top5"].as_array().unwrap().iter().map(|t| common::ids(&t["ids"])[1]).collect();
+    for (p, got) in prompts.iter().zip(generate_all(exact, prompts)) {
+        assert_eq!(common::ids(&p["f64_ids"]), common::ids(&p["llamacpp_generated_ids"]));
         // TAU = 0.05: the rule for engines computing with f32 activations.
-        let n = got.len().min(want.len());
-        check_greedy(&format!("prompt {}", p["index"]), &got[..n], &want[..n], &margins, &second, 0.05);
+        check_prompt(p, &got, 0.05, "exact");
         match p["stop"].as_object() {
             Some(stop) => {
                 let (step, token) = (stop["step"].as_u64().unwrap() as usize, stop["token"].as_u64().unwrap() as u32);
@@ -128,19 +117,29 @@ fn fast_precision_keeps_llama_cpps_greedy_ids() {
     // The default precision (auto) is fast on this all-GGUF-block-type model.
     let cfg = EngineConfig { threads: 2, kv_size: KvSize::Blocks(64), ..Default::default() };
     assert_eq!(cfg.precision, PrecisionPolicy::Auto);
+    for (p, got) in prompts.iter().zip(generate_all(cfg, prompts)) {
+        check_prompt(p, &got, 0.35, "fast");
+    }
+}
+
+/// Greedy ids of every prompt, 48 tokens each, all enqueued together (continuous batching
+/// must not change a single id).
+fn generate_all(cfg: EngineConfig, prompts: &[Value]) -> Vec<Vec<u32>> {
     let e = Engine::new(cfg).unwrap();
     e.load(&demo_model()).unwrap();
     let ids: Vec<u64> =
         prompts.iter().map(|p| e.enqueue(Request::new(common::ids(&p["prompt_ids"]), 48)).unwrap()).collect();
     e.run_to_completion().unwrap();
-    for (p, id) in prompts.iter().zip(ids) {
-        let got = e.output(id).unwrap().tokens;
-        let want = common::ids(&p["llamacpp_generated_ids"]);
-        let margins: Vec<f64> = p["f64_margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
-        let second: Vec<u32> = p["f64_top5"].as_array().unwrap().iter().map(|t| common::ids(&t["ids"])[1]).collect();
-        let n = got.len().min(want.len());
-        let exact_steps = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
-        eprintln!("prompt {}: fast greedy ids equal llama.cpp's for {exact_steps} of {n} steps", p["index"]);
-        check_greedy(&format!("prompt {} (fast)", p["index"]), &got[..n], &want[..n], &margins, &second, 0.35);
-    }
+    ids.into_iter().map(|id| e.output(id).unwrap().tokens).collect()
+}
+
+/// The golden README's margin rule with `tau` against llama.cpp's ids (= the f64 ids).
+fn check_prompt(p: &Value, got: &[u32], tau: f64, what: &str) {
+    let want = common::ids(&p["llamacpp_generated_ids"]);
+    let margins: Vec<f64> = p["f64_margins"].as_array().unwrap().iter().map(|m| m.as_f64().unwrap()).collect();
+    let second: Vec<u32> = p["f64_top5"].as_array().unwrap().iter().map(|t| common::ids(&t["ids"])[1]).collect();
+    let n = got.len().min(want.len());
+    let same = got.iter().zip(&want).take_while(|(a, b)| a == b).count();
+    eprintln!("prompt {} ({what}): greedy ids equal llama.cpp's for {same} of {n} steps", p["index"]);
+    check_greedy(&format!("prompt {} ({what})", p["index"]), &got[..n], &want[..n], &margins, &second, tau);
 }

@@ -266,22 +266,8 @@ static BACKENDS: Registry<BackendInner> = Registry::new("backend");
 static BUFFERS: Registry<BufferInner> = Registry::new("buffer");
 static OPS: Registry<OpInner> = Registry::new("op");
 
-const DTYPES: [DType; 14] = [
-    DType::F32,
-    DType::F16,
-    DType::BF16,
-    DType::I64,
-    DType::I32,
-    DType::U32,
-    DType::I8,
-    DType::U8,
-    DType::Q4_0,
-    DType::Q5_0,
-    DType::Q8_0,
-    DType::Q4K,
-    DType::Q5K,
-    DType::Q6K,
-];
+/// `tboost_dtype` values are indices into `DType::ALL` (append only: the C enum is frozen).
+const DTYPES: [DType; 14] = DType::ALL;
 
 fn dtype_of(v: i32, param: &str) -> FfiResult<DType> {
     usize::try_from(v)
