@@ -317,6 +317,20 @@ enum tboost_op_kind
    * (`tboost_op_workspace_size`), or NULL.
    */
   TBOOST_OP_ROPE = 6,
+  /**
+   * `tboost_moe_route_params`. Inputs: logits [m, experts]. Outputs: ids [m, top_k] u32
+   * (each token's experts, best first), weights [m, top_k] (softmax over all experts,
+   * renormalized over the top k).
+   */
+  TBOOST_OP_MOE_ROUTE = 7,
+  /**
+   * `tboost_moe_grouped_params`. Inputs: x [m, hidden], ids and weights (as
+   * `TBOOST_OP_MOE_ROUTE` outputs them), then per expert its gate [inter, hidden], up
+   * [inter, hidden] and down [hidden, inter] weight buffers, uploaded consecutively in
+   * that order (3 × experts tensors). Outputs: y [m, hidden] = Σ_k weight_k ·
+   * down_e(silu(gate_e · x) * up_e · x) over each token's experts e.
+   */
+  TBOOST_OP_MOE_GROUPED = 8,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -768,6 +782,48 @@ typedef struct tboost_rope_params {
    */
   int32_t act_dtype;
 } tboost_rope_params;
+
+/**
+ * Parameters of `TBOOST_OP_MOE_ROUTE`.
+ */
+typedef struct tboost_moe_route_params {
+  /**
+   * sizeof(tboost_moe_route_params).
+   */
+  uint32_t struct_size;
+  uint32_t experts;
+  uint32_t top_k;
+  /**
+   * `tboost_dtype` of the logits and the weights; -1 = the backend's activation dtype.
+   */
+  int32_t act_dtype;
+} tboost_moe_route_params;
+
+/**
+ * Parameters of `TBOOST_OP_MOE_GROUPED`.
+ */
+typedef struct tboost_moe_grouped_params {
+  /**
+   * sizeof(tboost_moe_grouped_params).
+   */
+  uint32_t struct_size;
+  uint32_t experts;
+  uint32_t top_k;
+  /**
+   * `tboost_dtype` of every expert weight.
+   */
+  int32_t weight_dtype;
+  uint64_t hidden;
+  /**
+   * Each expert's intermediate size.
+   */
+  uint64_t inter;
+  /**
+   * `tboost_dtype` of x, the routing weights and y; -1 = the backend's activation dtype.
+   */
+  int32_t act_dtype;
+  uint32_t reserved;
+} tboost_moe_grouped_params;
 
 /**
  * "Any request" for `tboost_engine_read` and `tboost_engine_wait`.

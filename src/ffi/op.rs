@@ -11,8 +11,8 @@ use super::status::{guard, tboost_status, Failure, FfiResult};
 use super::util::{read_cstr, read_sized, read_slice, require, write_out, write_str};
 use crate::backend::{AttnKind, BackendKind, BackendSpec, DType, Precision};
 use crate::op_api::{
-    AttentionParams, EmbedParams, MatMulParams, Mem, NormParams, OpBackend, OpParams, Operation, RopeOpParams,
-    TensorRef,
+    AttentionParams, EmbedParams, MatMulParams, Mem, MoeGroupedParams, MoeRouteParams, NormParams, OpBackend, OpParams,
+    Operation, RopeOpParams, TensorRef,
 };
 use tboost_ops::{RopeParams, RopeStyle};
 
@@ -81,6 +81,46 @@ pub enum tboost_op_kind {
     /// (or [rows, heads * head_dim]), rotated in place. Workspace: the cos/sin tables
     /// (`tboost_op_workspace_size`), or NULL.
     TBOOST_OP_ROPE = 6,
+    /// `tboost_moe_route_params`. Inputs: logits [m, experts]. Outputs: ids [m, top_k] u32
+    /// (each token's experts, best first), weights [m, top_k] (softmax over all experts,
+    /// renormalized over the top k).
+    TBOOST_OP_MOE_ROUTE = 7,
+    /// `tboost_moe_grouped_params`. Inputs: x [m, hidden], ids and weights (as
+    /// `TBOOST_OP_MOE_ROUTE` outputs them), then per expert its gate [inter, hidden], up
+    /// [inter, hidden] and down [hidden, inter] weight buffers, uploaded consecutively in
+    /// that order (3 × experts tensors). Outputs: y [m, hidden] = Σ_k weight_k ·
+    /// down_e(silu(gate_e · x) * up_e · x) over each token's experts e.
+    TBOOST_OP_MOE_GROUPED = 8,
+}
+
+/// Parameters of `TBOOST_OP_MOE_ROUTE`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct tboost_moe_route_params {
+    /// sizeof(tboost_moe_route_params).
+    pub struct_size: u32,
+    pub experts: u32,
+    pub top_k: u32,
+    /// `tboost_dtype` of the logits and the weights; -1 = the backend's activation dtype.
+    pub act_dtype: i32,
+}
+
+/// Parameters of `TBOOST_OP_MOE_GROUPED`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct tboost_moe_grouped_params {
+    /// sizeof(tboost_moe_grouped_params).
+    pub struct_size: u32,
+    pub experts: u32,
+    pub top_k: u32,
+    /// `tboost_dtype` of every expert weight.
+    pub weight_dtype: i32,
+    pub hidden: u64,
+    /// Each expert's intermediate size.
+    pub inter: u64,
+    /// `tboost_dtype` of x, the routing weights and y; -1 = the backend's activation dtype.
+    pub act_dtype: i32,
+    pub reserved: u32,
 }
 
 /// Parameters of `TBOOST_OP_EMBED`.
@@ -669,6 +709,36 @@ pub unsafe extern "C" fn tboost_op_create(
             // SAFETY: as above.
             let s = unsafe { read_sized(params.cast::<tboost_swiglu_params>(), d, 8, "params") }?;
             OpParams::SwiGlu { act: act_of(s.act_dtype, &b.be, "params.act_dtype")? }
+        } else if kind == tboost_op_kind::TBOOST_OP_MOE_ROUTE as i32 {
+            let d = tboost_moe_route_params { struct_size: 0, experts: 0, top_k: 0, act_dtype: -1 };
+            // SAFETY: as above.
+            let r = unsafe { read_sized(params.cast::<tboost_moe_route_params>(), d, 16, "params") }?;
+            OpParams::MoeRoute(MoeRouteParams {
+                experts: r.experts as usize,
+                top_k: r.top_k as usize,
+                act: act_of(r.act_dtype, &b.be, "params.act_dtype")?,
+            })
+        } else if kind == tboost_op_kind::TBOOST_OP_MOE_GROUPED as i32 {
+            let d = tboost_moe_grouped_params {
+                struct_size: 0,
+                experts: 0,
+                top_k: 0,
+                weight_dtype: 0,
+                hidden: 0,
+                inter: 0,
+                act_dtype: -1,
+                reserved: 0,
+            };
+            // SAFETY: as above.
+            let g = unsafe { read_sized(params.cast::<tboost_moe_grouped_params>(), d, 40, "params") }?;
+            OpParams::MoeGrouped(MoeGroupedParams {
+                experts: g.experts as usize,
+                top_k: g.top_k as usize,
+                hidden: size(g.hidden, "hidden")?,
+                inter: size(g.inter, "inter")?,
+                weight: dtype_of(g.weight_dtype, "params.weight_dtype")?,
+                act: act_of(g.act_dtype, &b.be, "params.act_dtype")?,
+            })
         } else {
             return Err(Failure::invalid(format!("`kind` = {kind} is not a tboost_op_kind")));
         };

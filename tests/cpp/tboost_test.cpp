@@ -1714,3 +1714,73 @@ TEST(OpApi, EmbedAndRopeThroughTheCApi) {
 }
 
 }  // namespace
+
+// MoE routing and grouped experts through the C ABI, against hand computations.
+TEST(OpApi, MoeRouteAndGroupedThroughTheCApi) {
+  OpBackend be;
+  auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
+  // Routing: softmax over 3 experts, the best 2 renormalized.
+  tboost_moe_route_params rp{};
+  rp.struct_size = sizeof rp;
+  rp.experts = 3;
+  rp.top_k = 2;
+  rp.act_dtype = TBOOST_DTYPE_F32;
+  tboost_op* route = nullptr;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_MOE_ROUTE, &rp, &route));
+  tboost_tensor logits = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 3}), {2, 3});
+  tboost_tensor ids = Tensor(be.Alloc(TBOOST_DTYPE_U32, {2, 2}), {2, 2});
+  tboost_tensor wts = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 2}), {2, 2});
+  be.Put(logits, {1, 3, 2, 0, 1, 5});
+  tboost_tensor routed[] = {ids, wts};
+  ASSERT_OK(tboost_op_execute(route, &logits, 1, routed, 2, nullptr));
+  std::vector<uint32_t> got_ids(4);
+  ASSERT_OK(tboost_backend_copy(be.p, &ids, got_ids.data(), 16, TBOOST_COPY_BACKEND_TO_HOST));
+  EXPECT_EQ(got_ids, (std::vector<uint32_t>{1, 2, 2, 1}));
+  const std::vector<float> w = be.Get(wts, 4);
+  // Renormalized over the top 2: e^a / (e^a + e^b) = 1 / (1 + e^(b - a)).
+  const double want_w[] = {1 / (1 + std::exp(-1.0)), 1 / (1 + std::exp(1.0)), 1 / (1 + std::exp(-4.0)),
+                           1 / (1 + std::exp(4.0))};
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(w[i], want_w[i], 1e-6) << i;
+
+  // Grouped experts: hidden 2, inter 1; expert 0: gate (1, 0), up (0, 1), down (1, 2);
+  // expert 1: gate (0, 1), up (1, 1), down (-1, 1). One token x = (1, 2) through both.
+  tboost_moe_grouped_params gp{};
+  gp.struct_size = sizeof gp;
+  gp.experts = 2;
+  gp.top_k = 2;
+  gp.weight_dtype = TBOOST_DTYPE_F32;
+  gp.hidden = 2;
+  gp.inter = 1;
+  gp.act_dtype = TBOOST_DTYPE_F32;
+  tboost_op* moe = nullptr;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_MOE_GROUPED, &gp, &moe));
+  std::vector<tboost_tensor> ins;
+  ins.push_back(Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 2}), {1, 2}));
+  ins.push_back(Tensor(be.Alloc(TBOOST_DTYPE_U32, {1, 2}), {1, 2}));
+  ins.push_back(Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 2}), {1, 2}));
+  const std::vector<std::vector<float>> experts[] = {{{1, 0}, {0, 1}, {1, 2}}, {{0, 1}, {1, 1}, {-1, 1}}};
+  for (const auto& e : experts) {  // uploaded consecutively: gate, up, down of each expert
+    ins.push_back(Tensor(be.Weight({1, 2}, e[0]), {1, 2}));
+    ins.push_back(Tensor(be.Weight({1, 2}, e[1]), {1, 2}));
+    ins.push_back(Tensor(be.Weight({2, 1}, e[2]), {2, 1}));
+  }
+  be.Put(ins[0], {1, 2});
+  uint32_t tok_ids[] = {0, 1};
+  ASSERT_OK(tboost_backend_copy(be.p, &ins[1], tok_ids, sizeof tok_ids, TBOOST_COPY_HOST_TO_BACKEND));
+  be.Put(ins[2], {0.25f, 0.75f});
+  tboost_tensor y = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 2}), {1, 2});
+  ASSERT_OK(tboost_op_execute(moe, ins.data(), ins.size(), &y, 1, nullptr));
+  const double h0 = silu(1.0) * 2.0, h1 = silu(2.0) * 3.0;
+  const double want_y[] = {0.25 * h0 - 0.75 * h1, 0.25 * 2 * h0 + 0.75 * h1};
+  const std::vector<float> got_y = be.Get(y, 2);
+  for (int i = 0; i < 2; ++i) EXPECT_NEAR(got_y[i], want_y[i], 1e-5) << i;
+  // An expert id out of range is refused, naming the tensor; one tensor short likewise.
+  uint32_t bad_ids[] = {0, 2};
+  ASSERT_OK(tboost_backend_copy(be.p, &ins[1], bad_ids, sizeof bad_ids, TBOOST_COPY_HOST_TO_BACKEND));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_execute(moe, ins.data(), ins.size(), &y, 1, nullptr));
+  EXPECT_NE(LastError().find("moe_grouped"), std::string::npos) << LastError();
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_execute(moe, ins.data(), ins.size() - 1, &y, 1, nullptr));
+  ASSERT_OK(tboost_op_free(moe));
+  ASSERT_OK(tboost_op_free(route));
+  be.FreeBuffers();
+}
