@@ -1091,8 +1091,8 @@ tboost_status tboost_graph_set_outputs(struct tboost_graph *graph,
 
 /**
  * Adds a node running `op` (its parameters are copied; the op handle may be freed after)
- * on the named tensors, in the op's order. The node is named `<op>#<n>` (n counts the calls
- * on this graph from 1) in errors and the fusion report.
+ * on the named tensors, in the op's order. The node is named `<op>#<n>` (n counts the nodes
+ * added to this graph from 1) in errors and the fusion report.
  */
 tboost_status tboost_graph_add_op(struct tboost_graph *graph,
                                   const struct tboost_op *op,

@@ -72,10 +72,17 @@ unsafe fn names<'a>(p: *const *const c_char, n: usize, what: &str) -> FfiResult<
         .collect()
 }
 
-fn with_builder<T>(g: &GraphInner, f: impl FnOnce(&mut GraphBuilder, usize) -> FfiResult<T>) -> FfiResult<T> {
+/// Runs `f` on the builder; `node`: the call adds a node (numbered from 1 in names).
+fn with_builder<T>(
+    g: &GraphInner,
+    node: bool,
+    f: impl FnOnce(&mut GraphBuilder, usize) -> FfiResult<T>,
+) -> FfiResult<T> {
     let mut st = g.state.lock().map_err(|_| Failure::from(Error::Poisoned))?;
     let (state, count) = &mut *st;
-    *count += 1;
+    if node {
+        *count += 1;
+    }
     match state {
         State::Building(b) => f(b, *count),
         _ => {
@@ -121,7 +128,7 @@ pub unsafe extern "C" fn tboost_graph_add_input(
         let dtype = dtype_of(dtype, "dtype")?;
         // SAFETY: `ndim` readable elements per the contract.
         let s = dims(unsafe { read_slice(shape, ndim, "shape") }?, "shape")?;
-        with_builder(&g, |b, _| {
+        with_builder(&g, false, |b, _| {
             b.input(name, dtype, &s);
             Ok(())
         })
@@ -143,7 +150,7 @@ pub unsafe extern "C" fn tboost_graph_add_constant(
         // SAFETY: per the contract.
         let t = unsafe { read_tensor(tensor, "tensor") }?;
         let (t, keep) = tensor_of(&t, &g.backend, "tensor")?;
-        with_builder(&g, |b, _| {
+        with_builder(&g, false, |b, _| {
             b.constant(name, t);
             Ok(())
         })?;
@@ -164,7 +171,7 @@ pub unsafe extern "C" fn tboost_graph_set_outputs(
         let g = GRAPHS.get(graph, "graph")?;
         // SAFETY: per the contract.
         let outs = unsafe { names(names_, n, "names") }?;
-        with_builder(&g, |b, _| {
+        with_builder(&g, false, |b, _| {
             for o in outs {
                 b.output(o);
             }
@@ -174,8 +181,8 @@ pub unsafe extern "C" fn tboost_graph_set_outputs(
 }
 
 /// Adds a node running `op` (its parameters are copied; the op handle may be freed after)
-/// on the named tensors, in the op's order. The node is named `<op>#<n>` (n counts the calls
-/// on this graph from 1) in errors and the fusion report.
+/// on the named tensors, in the op's order. The node is named `<op>#<n>` (n counts the nodes
+/// added to this graph from 1) in errors and the fusion report.
 #[no_mangle]
 pub unsafe extern "C" fn tboost_graph_add_op(
     graph: *mut tboost_graph,
@@ -196,7 +203,7 @@ pub unsafe extern "C" fn tboost_graph_add_op(
         // SAFETY: per the contract.
         let outs = unsafe { names(output_names, n_outputs, "output_names") }?;
         let params = *o.op.params();
-        with_builder(&g, |b, i| {
+        with_builder(&g, true, |b, i| {
             b.op(&format!("{}#{i}", params.name()), params, &ins, &outs);
             Ok(())
         })
@@ -218,7 +225,7 @@ pub unsafe extern "C" fn tboost_graph_add_add(
         let dtype = dtype_of(dtype, "dtype")?;
         // SAFETY: per the contract.
         let (a, b_, out) = unsafe { (read_cstr(a, "a")?, read_cstr(b, "b")?, read_cstr(out, "out")?) };
-        with_builder(&g, |bld, i| {
+        with_builder(&g, true, |bld, i| {
             bld.add(&format!("add#{i}"), dtype, a, b_, out);
             Ok(())
         })
@@ -278,7 +285,7 @@ pub unsafe extern "C" fn tboost_graph_add_callback(
                 Err(format!("the callback returned {rc}"))
             }
         };
-        with_builder(&g, |b, i| {
+        with_builder(&g, true, |b, i| {
             let o: Vec<(&str, &[usize])> = outs.iter().zip(&shapes).map(|(n, s)| (*n, s.as_slice())).collect();
             b.callback(&format!("callback#{i}"), &ins, &o, Box::new(f));
             Ok(())
@@ -291,7 +298,7 @@ pub unsafe extern "C" fn tboost_graph_add_callback(
 pub extern "C" fn tboost_graph_set_fusion(graph: *mut tboost_graph, on: bool) -> tboost_status {
     guard("tboost_graph_set_fusion", |_| {
         let g = GRAPHS.get(graph, "graph")?;
-        with_builder(&g, |b, _| {
+        with_builder(&g, false, |b, _| {
             b.fusion(on);
             Ok(())
         })
