@@ -418,6 +418,13 @@ typedef struct tboost_config tboost_config;
 typedef struct tboost_engine tboost_engine;
 
 /**
+ * A graph on a backend (`tboost_graph_create`): nodes are added, then `tboost_graph_build`
+ * validates it, after which only `tboost_graph_run`, `tboost_graph_fusions` and
+ * `tboost_graph_free` apply. Calls on one graph are serialized.
+ */
+typedef struct tboost_graph tboost_graph;
+
+/**
  * A loaded model: immutable, may be shared by many engines and threads. Engines keep
  * what they need, so the model may be freed before the engines made from it.
  */
@@ -585,22 +592,6 @@ typedef struct tboost_stats {
 } tboost_stats;
 
 /**
- * Receives one log record. `target` (the module, e.g. "tboost::plan") and `message` are
- * NUL-terminated UTF-8, valid only during the call. It may be called from any thread,
- * including the engine's compute threads, and must not call back into tboost.
- */
-typedef void (*tboost_log_fn)(tboost_log_level level,
-                              const char *target,
-                              const char *message,
-                              void *user_data);
-
-/**
- * Model-load progress in [0, 1], called on the loading thread, increasing, ending with 1.
- * Return false to abort the load (`TBOOST_ERR_CANCELLED`).
- */
-typedef bool (*tboost_progress_fn)(float progress, void *user_data);
-
-/**
  * A tensor on a backend: `ndim` sizes in `shape` (outermost first) and `strides` (in
  * elements; operations take contiguous row-major tensors only), over `buffer` starting
  * `offset` elements in. Set `struct_size` to sizeof(tboost_tensor); `tboost_tensor_init`
@@ -622,6 +613,36 @@ typedef struct tboost_tensor {
    */
   uint64_t offset;
 } tboost_tensor;
+
+/**
+ * A callback node: `inputs[i]` holds `input_lens[i]` f32 values (row-major) of the node's
+ * i-th input; fill `outputs[j]` (`output_lens[j]` values, zeroed). Return 0 on success;
+ * any other value makes `tboost_graph_run` fail with `TBOOST_ERR_INVALID_ARGUMENT` naming
+ * the node and the value. Called on the thread that called `tboost_graph_run`.
+ */
+typedef int32_t (*tboost_graph_callback)(void *user_data,
+                                         const float *const *inputs,
+                                         const size_t *input_lens,
+                                         size_t n_inputs,
+                                         float *const *outputs,
+                                         const size_t *output_lens,
+                                         size_t n_outputs);
+
+/**
+ * Receives one log record. `target` (the module, e.g. "tboost::plan") and `message` are
+ * NUL-terminated UTF-8, valid only during the call. It may be called from any thread,
+ * including the engine's compute threads, and must not call back into tboost.
+ */
+typedef void (*tboost_log_fn)(tboost_log_level level,
+                              const char *target,
+                              const char *message,
+                              void *user_data);
+
+/**
+ * Model-load progress in [0, 1], called on the loading thread, increasing, ending with 1.
+ * Return false to abort the load (`TBOOST_ERR_CANCELLED`).
+ */
+typedef bool (*tboost_progress_fn)(float progress, void *user_data);
 
 /**
  * Parameters of `TBOOST_OP_MATMUL`.
@@ -1092,6 +1113,112 @@ tboost_status tboost_engine_detokenize(const struct tboost_engine *engine,
                                        char *buf,
                                        size_t cap,
                                        size_t *needed);
+
+/**
+ * Creates an empty graph on `backend`; free it with `tboost_graph_free`.
+ */
+tboost_status tboost_graph_create(struct tboost_backend *backend, struct tboost_graph **out);
+
+/**
+ * Declares a graph input `name` of `dtype` and `ndim` sizes: `tboost_graph_run` takes one
+ * tensor per input, in declaration order.
+ */
+tboost_status tboost_graph_add_input(struct tboost_graph *graph,
+                                     const char *name,
+                                     int32_t dtype,
+                                     const uint64_t *shape,
+                                     size_t ndim);
+
+/**
+ * Binds `tensor` (a weight such as a matmul weight or norm gain, or a buffer) to `name` for
+ * the graph's lifetime (the graph keeps its buffer alive).
+ */
+tboost_status tboost_graph_add_constant(struct tboost_graph *graph,
+                                        const char *name,
+                                        const struct tboost_tensor *tensor);
+
+/**
+ * Declares the graph outputs (node outputs, by name): `tboost_graph_run` takes one tensor
+ * per output, in declaration order (each call adds to the outputs declared so far).
+ */
+tboost_status tboost_graph_set_outputs(struct tboost_graph *graph,
+                                       const char *const *names_,
+                                       size_t n);
+
+/**
+ * Adds a node running `op` (its parameters are copied; the op handle may be freed after)
+ * on the named tensors, in the op's order. The node is named `<op>#<n>` (n counts the nodes
+ * added to this graph from 1) in errors and the fusion report.
+ */
+tboost_status tboost_graph_add_op(struct tboost_graph *graph,
+                                  const struct tboost_op *op,
+                                  const char *const *input_names,
+                                  size_t n_inputs,
+                                  const char *const *output_names,
+                                  size_t n_outputs);
+
+/**
+ * Adds `out = a + b` (elementwise, `dtype`, same shapes), named `add#<n>`. An add whose
+ * result feeds an RMSNorm node is fused with it at build (see `tboost_graph_fusions`).
+ */
+tboost_status tboost_graph_add_add(struct tboost_graph *graph,
+                                   int32_t dtype,
+                                   const char *a,
+                                   const char *b,
+                                   const char *out);
+
+/**
+ * Adds a callback node on host f32 values, named `callback#<n>`: inputs by name (f32
+ * tensors), outputs by name with their shapes — output j has `output_ndims[j]` sizes, taken
+ * in turn from `output_shapes` (all outputs' sizes concatenated). `user_data` is passed back
+ * unchanged and must stay valid while the graph lives.
+ */
+tboost_status tboost_graph_add_callback(struct tboost_graph *graph,
+                                        tboost_graph_callback callback,
+                                        void *user_data,
+                                        const char *const *input_names,
+                                        size_t n_inputs,
+                                        const char *const *output_names,
+                                        const size_t *output_ndims,
+                                        const uint64_t *output_shapes,
+                                        size_t n_outputs);
+
+/**
+ * Whether `tboost_graph_build` fuses (default true).
+ */
+tboost_status tboost_graph_set_fusion(struct tboost_graph *graph, bool on);
+
+/**
+ * Validates the graph (unknown tensor names, dtype/shape mismatches between producer and
+ * consumer, cycles, unused outputs: `TBOOST_ERR_INVALID_ARGUMENT` naming the node and the
+ * tensor), fuses, and allocates its intermediates. A failed build leaves the graph unusable
+ * (free it).
+ */
+tboost_status tboost_graph_build(struct tboost_graph *graph);
+
+/**
+ * The fusions the build applied, one a line ("" when none), into `buf` (buffer rules as in
+ * `tboost_last_error`).
+ */
+tboost_status tboost_graph_fusions(const struct tboost_graph *graph,
+                                   char *buf,
+                                   size_t cap,
+                                   size_t *needed);
+
+/**
+ * Runs the built graph: one tensor per declared input and output, of the declared dtype and
+ * shape. Work is enqueued on the backend (`tboost_backend_copy` / `_synchronize` waits).
+ */
+tboost_status tboost_graph_run(struct tboost_graph *graph,
+                               const struct tboost_tensor *inputs,
+                               size_t n_inputs,
+                               const struct tboost_tensor *outputs,
+                               size_t n_outputs);
+
+/**
+ * Frees a graph (its intermediates after queued work). NULL is a no-op.
+ */
+tboost_status tboost_graph_free(struct tboost_graph *graph);
 
 /**
  * Sends tboost's log records at `max_level` (a `TBOOST_LOG_*`) or more severe to `cb`;

@@ -22,6 +22,7 @@
 
 mod config;
 mod engine;
+mod graph;
 mod handle;
 mod log_bridge;
 mod model;
@@ -32,6 +33,7 @@ mod util;
 
 pub use config::*;
 pub use engine::*;
+pub use graph::*;
 pub use log_bridge::*;
 pub use model::*;
 pub use op::*;

@@ -274,7 +274,7 @@ pub struct tboost_attention_params {
 }
 
 pub(crate) struct BackendInner {
-    be: OpBackend,
+    pub(super) be: OpBackend,
 }
 
 pub(crate) struct BufferInner {
@@ -298,18 +298,18 @@ impl Drop for BufferInner {
 }
 
 pub(crate) struct OpInner {
-    backend: Arc<BackendInner>,
-    op: Operation,
+    pub(super) backend: Arc<BackendInner>,
+    pub(super) op: Operation,
 }
 
-static BACKENDS: Registry<BackendInner> = Registry::new("backend");
+pub(super) static BACKENDS: Registry<BackendInner> = Registry::new("backend");
 static BUFFERS: Registry<BufferInner> = Registry::new("buffer");
-static OPS: Registry<OpInner> = Registry::new("op");
+pub(super) static OPS: Registry<OpInner> = Registry::new("op");
 
 /// `tboost_dtype` values are indices into `DType::ALL` (append only: the C enum is frozen).
 const DTYPES: [DType; 14] = DType::ALL;
 
-fn dtype_of(v: i32, param: &str) -> FfiResult<DType> {
+pub(super) fn dtype_of(v: i32, param: &str) -> FfiResult<DType> {
     usize::try_from(v)
         .ok()
         .and_then(|i| DTYPES.get(i).copied())
@@ -323,7 +323,7 @@ fn act_of(v: i32, be: &OpBackend, param: &str) -> FfiResult<DType> {
     dtype_of(v, param)
 }
 
-fn dims(shape: &[u64], param: &str) -> FfiResult<Vec<usize>> {
+pub(super) fn dims(shape: &[u64], param: &str) -> FfiResult<Vec<usize>> {
     if shape.len() > TBOOST_TENSOR_MAX_DIMS {
         return Err(Failure::invalid(format!(
             "`{param}`: {} dimensions, at most {TBOOST_TENSOR_MAX_DIMS}",
@@ -475,7 +475,11 @@ pub extern "C" fn tboost_buffer_free(buffer: *mut tboost_buffer) -> tboost_statu
 
 /// A C tensor as the operator API's, checked against its buffer handle; keeps the buffer
 /// alive for the call.
-fn tensor_of(t: &tboost_tensor, backend: &Arc<BackendInner>, what: &str) -> FfiResult<(TensorRef, Arc<BufferInner>)> {
+pub(super) fn tensor_of(
+    t: &tboost_tensor,
+    backend: &Arc<BackendInner>,
+    what: &str,
+) -> FfiResult<(TensorRef, Arc<BufferInner>)> {
     let b = BUFFERS.get(t.buffer, &format!("{what}.buffer"))?;
     if !Arc::ptr_eq(&b.backend, backend) {
         return Err(Failure::invalid(format!("`{what}`: its buffer belongs to another tboost_backend")));
@@ -508,7 +512,7 @@ fn tensor_of(t: &tboost_tensor, backend: &Arc<BackendInner>, what: &str) -> FfiR
 }
 
 /// Reads a C tensor argument (`struct_size` checked).
-unsafe fn read_tensor(p: *const tboost_tensor, what: &str) -> FfiResult<tboost_tensor> {
+pub(super) unsafe fn read_tensor(p: *const tboost_tensor, what: &str) -> FfiResult<tboost_tensor> {
     let default = tboost_tensor {
         struct_size: 0,
         dtype: -1,
@@ -786,7 +790,7 @@ pub unsafe extern "C" fn tboost_op_supports(
 }
 
 /// The tensors of a call, checked against the op's backend.
-unsafe fn tensors(
+pub(super) unsafe fn tensors(
     list: *const tboost_tensor,
     n: usize,
     backend: &Arc<BackendInner>,

@@ -43,8 +43,10 @@
 //! | `MoeRoute` | `logits [m, experts]` | `ids [m, top_k]` u32, `weights [m, top_k]` (act) |
 //! | `MoeGrouped` | `x [m, hidden]`, `ids`, `weights` (`MoeRoute`'s), then per expert `gate [inter, hidden]`, `up [inter, hidden]`, `down [hidden, inter]` weights, uploaded consecutively in that order | `y [m, hidden]` |
 
+mod graph;
 mod tensor;
 
+pub use graph::{Callback, Graph, GraphBuilder};
 pub use tensor::{contiguous_strides, Mem, OpBackend, TensorRef};
 
 use crate::backend::{

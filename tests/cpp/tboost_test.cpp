@@ -1784,3 +1784,93 @@ TEST(OpApi, MoeRouteAndGroupedThroughTheCApi) {
   ASSERT_OK(tboost_op_free(route));
   be.FreeBuffers();
 }
+
+// Custom graphs: a callback (x * 2) -> residual add with x -> RMSNorm, fused into add_rmsnorm.
+static int32_t DoubleIt(void* ud, const float* const* in, const size_t* in_lens, size_t n_in, float* const* out,
+                        const size_t* out_lens, size_t n_out) {
+  *static_cast<int*>(ud) += 1;
+  if (n_in != 1 || n_out != 1 || in_lens[0] != out_lens[0]) return 7;
+  for (size_t i = 0; i < in_lens[0]; i++) out[0][i] = 2 * in[0][i];
+  return 0;
+}
+
+static int32_t Fails(void*, const float* const*, const size_t*, size_t, float* const*, const size_t*, size_t) {
+  return 42;
+}
+
+TEST(OpApi, GraphRunsACallbackAndFusedAddNorm) {
+  OpBackend be;
+  tboost_norm_params np{};
+  np.struct_size = sizeof np;
+  np.gain_dtype = TBOOST_DTYPE_F32;
+  np.dim = 4;
+  np.eps = 0.0f;
+  np.act_dtype = TBOOST_DTYPE_F32;
+  tboost_op* norm = nullptr;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_RMSNORM, &np, &norm));
+  tboost_graph* g = nullptr;
+  ASSERT_OK(tboost_graph_create(be.p, &g));
+  uint64_t shape[] = {1, 4};
+  ASSERT_OK(tboost_graph_add_input(g, "x", TBOOST_DTYPE_F32, shape, 2));
+  tboost_tensor gain = Tensor(be.Weight({4}, {1, 1, 1, 2}), {4});
+  ASSERT_OK(tboost_graph_add_constant(g, "gain", &gain));
+  int calls = 0;
+  const char* cb_in[] = {"x"};
+  const char* cb_out[] = {"d"};
+  size_t nd[] = {2};
+  ASSERT_OK(tboost_graph_add_callback(g, DoubleIt, &calls, cb_in, 1, cb_out, nd, shape, 1));
+  ASSERT_OK(tboost_graph_add_add(g, TBOOST_DTYPE_F32, "x", "d", "h"));
+  const char* n_in[] = {"h", "gain"};
+  const char* n_out[] = {"y"};
+  ASSERT_OK(tboost_graph_add_op(g, norm, n_in, 2, n_out, 1));
+  ASSERT_OK(tboost_op_free(norm));
+  const char* outs[] = {"y"};
+  ASSERT_OK(tboost_graph_set_outputs(g, outs, 1));
+  ASSERT_OK(tboost_graph_build(g));
+  char rep[256];
+  size_t need = 0;
+  ASSERT_OK(tboost_graph_fusions(g, rep, sizeof rep, &need));
+  EXPECT_NE(std::string(rep).find("add_rmsnorm"), std::string::npos) << rep;
+  tboost_tensor x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 4}), {1, 4});
+  tboost_tensor y = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 4}), {1, 4});
+  be.Put(x, {1, -1, 1, -1});
+  ASSERT_OK(tboost_graph_run(g, &x, 1, &y, 1));
+  // h = x + 2x = (3, -3, 3, -3); rms = 3; y = h / 3 * gain.
+  EXPECT_EQ(be.Get(y, 4), (std::vector<float>{1, -1, 1, -2}));
+  EXPECT_EQ(calls, 1);
+  // Wrong tensor count.
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_graph_run(g, &x, 1, &y, 0));
+  ASSERT_OK(tboost_graph_free(g));
+  be.FreeBuffers();
+}
+
+TEST(OpApi, GraphBadNameAndFailingCallbackAreErrors) {
+  OpBackend be;
+  uint64_t shape[] = {1, 4};
+  size_t nd[] = {2};
+  tboost_graph* g = nullptr;
+  ASSERT_OK(tboost_graph_create(be.p, &g));
+  ASSERT_OK(tboost_graph_add_input(g, "x", TBOOST_DTYPE_F32, shape, 2));
+  const char* bad_in[] = {"nope"};
+  const char* cb_out[] = {"d"};
+  ASSERT_OK(tboost_graph_add_callback(g, DoubleIt, nullptr, bad_in, 1, cb_out, nd, shape, 1));
+  const char* outs[] = {"d"};
+  ASSERT_OK(tboost_graph_set_outputs(g, outs, 1));
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_graph_build(g));
+  EXPECT_NE(LastError().find("callback#1"), std::string::npos) << LastError();
+  EXPECT_NE(LastError().find("'nope' is unknown"), std::string::npos) << LastError();
+  ASSERT_OK(tboost_graph_free(g));
+
+  ASSERT_OK(tboost_graph_create(be.p, &g));
+  ASSERT_OK(tboost_graph_add_input(g, "x", TBOOST_DTYPE_F32, shape, 2));
+  const char* cb_in[] = {"x"};
+  ASSERT_OK(tboost_graph_add_callback(g, Fails, nullptr, cb_in, 1, cb_out, nd, shape, 1));
+  ASSERT_OK(tboost_graph_set_outputs(g, outs, 1));
+  ASSERT_OK(tboost_graph_build(g));
+  tboost_tensor x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 4}), {1, 4});
+  tboost_tensor d = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 4}), {1, 4});
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_graph_run(g, &x, 1, &d, 1));
+  EXPECT_NE(LastError().find("returned 42"), std::string::npos) << LastError();
+  ASSERT_OK(tboost_graph_free(g));
+  be.FreeBuffers();
+}
