@@ -167,3 +167,78 @@ fn bad_graphs_name_node_and_tensor() {
     let e = graph.run(&[y], &[]).expect_err("wrong outputs").to_string();
     assert!(e.contains("outputs"), "{e}");
 }
+
+/// A gated MLP written as separate ops (gate matmul, up matmul, swiglu, down matmul) runs its
+/// gate/up + SwiGLU as one `matmul_swiglu` (reported), with the same bits as the unfused graph,
+/// for f32 and for a GGUF block type; and equals the f64 host computation (f32 weights).
+#[test]
+fn gate_up_swiglu_is_fused_and_changes_no_bit() {
+    const INTER: usize = 64;
+    const HID: usize = 32;
+    let be = be();
+    let mlp = |weight: DType, fuse: bool| -> tboost::Result<(Graph, String, Vec<String>)> {
+        let up_w = |seed: u32, rows: usize, cols: usize| -> tboost::Result<TensorRef> {
+            let v = vals(rows * cols, seed);
+            if weight == DType::F32 {
+                be.upload_weight(DType::F32, &[rows, cols], bytes(&v))
+            } else {
+                let mut b = vec![];
+                for r in v.chunks(cols) {
+                    b.extend(tboost_kernels::quant::quantize_row_reference(weight, r).expect("quantize"));
+                }
+                be.upload_weight(weight, &[rows, cols], b)
+            }
+        };
+        let (wg, wu) = (up_w(11, INTER, HID)?, up_w(12, INTER, HID)?);
+        let wd = be.upload_weight(DType::F32, &[HID, INTER], bytes(&vals(HID * INTER, 13)))?;
+        let mm = |weight, n, k| MatMulParams {
+            weight,
+            n,
+            k,
+            bias: false,
+            precision: tboost::backend::Precision::Exact,
+            act: DType::F32,
+        };
+        let mut g = GraphBuilder::new();
+        g.input("x", DType::F32, &[ROWS, HID]).constant("wg", wg).constant("wu", wu).constant("wd", wd);
+        g.op("gate", OpParams::MatMul(mm(weight, INTER, HID)), &["x", "wg"], &["g"]);
+        g.op("up", OpParams::MatMul(mm(weight, INTER, HID)), &["x", "wu"], &["u"]);
+        g.op("act", OpParams::SwiGlu { act: DType::F32 }, &["g", "u"], &["a"]);
+        g.op("down", OpParams::MatMul(mm(DType::F32, HID, INTER)), &["a", "wd"], &["y"]);
+        g.output("y").fusion(fuse);
+        let graph = g.build(&be)?;
+        let (f, n) = (graph.fusions(), graph.node_names().iter().map(|s| s.to_string()).collect());
+        Ok((graph, f, n))
+    };
+    let x = vals(ROWS * HID, 21);
+    let run = |g: &Graph| -> Vec<u32> {
+        let xi = be.alloc(DType::F32, &[ROWS, HID]).unwrap();
+        let y = be.alloc(DType::F32, &[ROWS, HID]).unwrap();
+        be.write_f32(&xi, &x).unwrap();
+        g.run(&[xi], std::slice::from_ref(&y)).unwrap();
+        be.read_f32(&y).unwrap().iter().map(|v| v.to_bits()).collect()
+    };
+    for weight in [DType::F32, DType::Q8_0] {
+        let (fused, report, names) = mlp(weight, true).expect("fused graph");
+        let (unfused, none, _) = mlp(weight, false).expect("unfused graph");
+        assert!(report.contains("'gate' (matmul) + 'up' (matmul) + 'act' (swiglu)"), "{weight}: {report}");
+        assert_eq!(names, ["gate+up+act", "down"], "{weight}");
+        assert_eq!(none, "");
+        let (yf, yu) = (run(&fused), run(&unfused));
+        assert_eq!(yf, yu, "{weight}: fusion changed a bit");
+        if weight == DType::F32 {
+            let (wg, wu, wd) = (vals(INTER * HID, 11), vals(INTER * HID, 12), vals(HID * INTER, 13));
+            for r in 0..ROWS {
+                let xr = &x[r * HID..(r + 1) * HID];
+                let dot = |w: &[f32], j: usize| (0..HID).map(|i| w[j * HID + i] as f64 * xr[i] as f64).sum::<f64>();
+                let a: Vec<f64> =
+                    (0..INTER).map(|j| dot(&wg, j) / (1.0 + (-dot(&wg, j)).exp()) * dot(&wu, j)).collect();
+                for o in 0..HID {
+                    let want: f64 = (0..INTER).map(|j| a[j] * wd[o * INTER + j] as f64).sum();
+                    let got = f32::from_bits(yf[r * HID + o]) as f64;
+                    assert!((got - want).abs() < 1e-4 * (1.0 + want.abs()), "y[{r},{o}]: {got} vs {want}");
+                }
+            }
+        }
+    }
+}

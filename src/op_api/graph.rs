@@ -27,11 +27,12 @@
 //!
 //! Fusions: an `add` whose result is normalized by an `RmsNorm` runs as one `AddRmsNorm` (the
 //! plan's residual fusion; the CPU kernels give the same bits either way). The gate/up matmul +
-//! SwiGLU fusion is not applied: the op API has no fused gate-up op.
+//! SwiGLU pattern (two bias-free matmuls of one input feeding a swiglu, their outputs read by
+//! nothing else) becomes one `matmul_swiglu` node when the backend takes it.
 
 use std::collections::HashMap;
 
-use super::{OpBackend, OpParams, Operation, TensorRef};
+use super::{MatMulParams, OpBackend, OpParams, Operation, TensorRef};
 use crate::backend::{DType, Op, OpQuery};
 use crate::{Error, Result};
 
@@ -319,7 +320,45 @@ impl GraphBuilder {
                 }
             }
         }
-        let skipped: Vec<usize> = fused_into.values().copied().collect();
+        // Fusion: matmul (x, gate -> g) and matmul (x, up -> u) feeding swiglu (g, u -> y) =>
+        // one matmul_swiglu at the swiglu, when g and u are read by nothing else and the
+        // backend takes the fused case (the CPU kernel gives the same bits either way).
+        let mut gate_up: HashMap<usize, (usize, usize)> = HashMap::new(); // swiglu -> (gate mm, up mm)
+        if fuse {
+            let mm_of = |t: &str| -> Option<(usize, MatMulParams)> {
+                match meta.get(t).map(|m| m.source) {
+                    Some(Source::Node(k)) => match nodes[k].kind {
+                        Kind::Op(OpParams::MatMul(p)) if !p.bias => Some((k, p)),
+                        _ => None,
+                    },
+                    _ => None,
+                }
+            };
+            let read_once = |t: &str| {
+                !outputs.iter().any(|o| o == t) && nodes.iter().filter(|m| m.inputs.iter().any(|i| i == t)).count() == 1
+            };
+            for &i in &order {
+                let Kind::Op(OpParams::SwiGlu { act }) = nodes[i].kind else { continue };
+                let (g, u) = (&nodes[i].inputs[0], &nodes[i].inputs[1]);
+                let (Some((gi, gp)), Some((ui, up))) = (mm_of(g), mm_of(u)) else { continue };
+                let fusable = gi != ui
+                    && gp == up
+                    && gp.act == act
+                    && nodes[gi].inputs[0] == nodes[ui].inputs[0]
+                    && read_once(g)
+                    && read_once(u)
+                    && Operation::new(be, OpParams::MatMulSwiGlu(gp)).is_ok_and(|op| op.supports().is_ok());
+                if fusable {
+                    gate_up.insert(i, (gi, ui));
+                    report.push(format!(
+                        "matmul_swiglu: nodes '{}' (matmul) + '{}' (matmul) + '{}' (swiglu) on '{}' -> one matmul_swiglu",
+                        nodes[gi].name, nodes[ui].name, nodes[i].name, nodes[gi].inputs[0]
+                    ));
+                }
+            }
+        }
+        let mut skipped: Vec<usize> = fused_into.values().copied().collect();
+        skipped.extend(gate_up.values().flat_map(|&(g, u)| [g, u]));
 
         // Steps, operations, intermediates.
         let mut steps = vec![];
@@ -329,6 +368,19 @@ impl GraphBuilder {
                 continue;
             }
             let Some(n) = nodes[i].take() else { continue };
+            if let Some(&(gi, ui)) = gate_up.get(&i) {
+                let (Some(g), Some(u)) = (nodes[gi].take(), nodes[ui].take()) else {
+                    return err(n.name.clone(), "fusion lost its matmuls".into());
+                };
+                let Kind::Op(OpParams::MatMul(p)) = g.kind else {
+                    return err(n.name.clone(), "fusion lost its gate matmul".into());
+                };
+                let op = Operation::new(be, OpParams::MatMulSwiGlu(p))?;
+                let name = format!("{}+{}+{}", g.name, u.name, n.name);
+                let inputs = vec![g.inputs[0].clone(), g.inputs[1].clone(), u.inputs[1].clone()];
+                steps.push((name, inputs, n.outputs.clone(), Step::Op { op }));
+                continue;
+            }
             let step = match n.kind {
                 Kind::Op(p) => {
                     let op = Operation::new(be, p)
@@ -453,6 +505,13 @@ fn infer(n: &NodeDesc, ins: &[&Meta]) -> Result<Vec<(DType, Vec<usize>)>> {
                 if p.bias {
                     expect(2, "bias", None, &[Some(p.n)])?;
                 }
+                vec![(p.act, vec![ins[0].shape[0], p.n])]
+            }
+            OpParams::MatMulSwiGlu(p) => {
+                count(3)?;
+                expect(0, "x", Some(p.act), &[None, Some(p.k)])?;
+                expect(1, "gate", Some(p.weight), &[Some(p.n), Some(p.k)])?;
+                expect(2, "up", Some(p.weight), &[Some(p.n), Some(p.k)])?;
                 vec![(p.act, vec![ins[0].shape[0], p.n])]
             }
             OpParams::RmsNorm(p) => {

@@ -34,6 +34,7 @@
 //! | op | inputs | outputs |
 //! |---|---|---|
 //! | `MatMul` | `x [m, k]` act, `weight [n, k]` weight, optional `bias [n]` weight | `y [m, n]` act |
+//! | `MatMulSwiGlu` | `x [m, k]` act, `gate [n, k]` and `up [n, k]` weights | `y [m, n]` act |
 //! | `RmsNorm` | `x [rows, dim]`, `gain [dim]` weight | `y [rows, dim]` |
 //! | `AddRmsNorm` | `x [rows, dim]`, `gain [dim]` weight | `residual [rows, dim]` (read, `+= x`, written), `y [rows, dim]` |
 //! | `Rope` | `positions [rows]` u32 | `x [rows, heads, head_dim]` (or `[rows, heads * head_dim]`) rotated in place (workspace: cos/sin tables in the act dtype) |
@@ -150,6 +151,9 @@ pub struct MoeGroupedParams {
 #[derive(Clone, Copy, Debug, PartialEq)]
 pub enum OpParams {
     MatMul(MatMulParams),
+    /// `y = silu(x · gateᵀ) * (x · upᵀ)` in one kernel (the plan's fused gate-up SwiGLU);
+    /// `bias` must be false.
+    MatMulSwiGlu(MatMulParams),
     RmsNorm(NormParams),
     AddRmsNorm(NormParams),
     Rope(RopeOpParams),
@@ -168,6 +172,7 @@ impl OpParams {
     pub fn name(&self) -> &'static str {
         match self {
             OpParams::MatMul(_) => "matmul",
+            OpParams::MatMulSwiGlu(_) => "matmul_swiglu",
             OpParams::RmsNorm(_) => "rmsnorm",
             OpParams::AddRmsNorm(_) => "add_rmsnorm",
             OpParams::Rope(_) => "rope",
@@ -183,6 +188,10 @@ impl OpParams {
     pub fn queries(&self) -> Vec<OpQuery> {
         match *self {
             OpParams::MatMul(p) => vec![OpQuery::MatMul(query::matmul_case(p.weight, p.n, p.k, p.act, p.precision))],
+            OpParams::MatMulSwiGlu(p) => {
+                let case = query::matmul_case(p.weight, p.n, p.k, p.act, p.precision);
+                vec![OpQuery::MatMulSwiGlu { gate: case, up: case }]
+            }
             OpParams::RmsNorm(p) => vec![query::rms_norm(p.gain, p.act, false)],
             OpParams::AddRmsNorm(p) => vec![query::rms_norm(p.gain, p.act, true)],
             OpParams::Rope(p) => {
@@ -226,6 +235,14 @@ impl OpParams {
             OpParams::MatMul(p) => {
                 positive("n", p.n)?;
                 positive("k", p.k)
+            }
+            OpParams::MatMulSwiGlu(p) => {
+                positive("n", p.n)?;
+                positive("k", p.k)?;
+                if p.bias {
+                    return Err(Error::invalid(format!("{op}.bias"), "the fused gate-up kernel takes no bias"));
+                }
+                Ok(())
             }
             OpParams::RmsNorm(p) | OpParams::AddRmsNorm(p) => {
                 positive("dim", p.dim)?;
@@ -427,6 +444,27 @@ impl Operation {
                 };
                 let seg = MatSegOp { w: c.weight(w, "weight")?, bias, out: c.view(be, y, "y")? };
                 Ok(vec![Op::MatMul { x: c.view(be, x, "x")?, m, segs: Segs::one(seg), precision: p.precision }])
+            }
+            OpParams::MatMulSwiGlu(p) => {
+                c.counts(&["x", "gate", "up"], &["y"])?;
+                let (x, g, u, y) = (&inputs[0], &inputs[1], &inputs[2], &outputs[0]);
+                c.dtype(x, "x", p.act)?;
+                c.shape(x, "x", &[None, Some(p.k)])?;
+                let m = x.shape[0];
+                for (t, what) in [(g, "gate"), (u, "up")] {
+                    c.dtype(t, what, p.weight)?;
+                    c.shape(t, what, &[Some(p.n), Some(p.k)])?;
+                }
+                c.dtype(y, "y", p.act)?;
+                c.shape(y, "y", &[Some(m), Some(p.n)])?;
+                Ok(vec![Op::MatMulSwiGlu {
+                    x: c.view(be, x, "x")?,
+                    m,
+                    gate: c.weight(g, "gate")?,
+                    up: c.weight(u, "up")?,
+                    out: c.view(be, y, "y")?,
+                    precision: p.precision,
+                }])
             }
             OpParams::RmsNorm(p) => {
                 c.counts(&["x", "gain"], &["y"])?;
