@@ -1874,3 +1874,100 @@ TEST(OpApi, GraphBadNameAndFailingCallbackAreErrors) {
   ASSERT_OK(tboost_graph_free(g));
   be.FreeBuffers();
 }
+
+// The operator API's C ABI on the Ascend backend, on the CANN SIMULATOR (not an NPU): an f16
+// matmul and an f16 rmsnorm against hand computations (the values are exact in f16).
+static uint16_t ToHalf(float f) {  // normal values only
+  uint32_t x;
+  std::memcpy(&x, &f, 4);
+  const uint32_t sign = (x >> 16) & 0x8000;
+  if ((x & 0x7fffffff) == 0) return static_cast<uint16_t>(sign);
+  const uint32_t exp = ((x >> 23) & 0xff) - 127 + 15;
+  return static_cast<uint16_t>(sign | (exp << 10) | ((x >> 13) & 0x3ff));
+}
+static float FromHalf(uint16_t h) {
+  const uint32_t sign = static_cast<uint32_t>(h & 0x8000) << 16, exp = (h >> 10) & 0x1f, mant = h & 0x3ff;
+  const uint32_t v = (exp == 0 && mant == 0) ? sign : sign | ((exp - 15 + 127) << 23) | (mant << 13);
+  float f;
+  std::memcpy(&f, &v, 4);
+  return f;
+}
+
+TEST(OpApi, MatmulAndRmsnormOnTheAscendSimulatorThroughTheCApi) {
+  const std::string sim = AscendSimulator();
+  ASSERT_TRUE(IsFile(sim + "/lib64/libascendcl.so"))
+      << "the CANN simulator is not at " << sim
+      << ": build it with scripts/build-ascend-sim.sh and set TBOOST_ASCEND_SIM to the directory it prints";
+  ASSERT_EQ(setenv("ASCEND_HOME_PATH", sim.c_str(), 1), 0);
+  tboost_backend* be = nullptr;
+  ASSERT_OK(tboost_backend_open("ascend", 1, &be));
+  auto half_buf = [&](std::vector<uint64_t> shape, const std::vector<float>& v, bool weight) {
+    std::vector<uint16_t> h;
+    for (float f : v) h.push_back(ToHalf(f));
+    tboost_buffer* b = nullptr;
+    if (weight) {
+      EXPECT_STATUS(TBOOST_OK, tboost_backend_upload_weight(be, TBOOST_DTYPE_F16, shape.data(), shape.size(), h.data(),
+                                                            h.size() * 2, &b));
+    } else {
+      EXPECT_STATUS(TBOOST_OK, tboost_backend_alloc(be, TBOOST_DTYPE_F16, shape.data(), shape.size(), &b));
+      tboost_tensor t = Tensor(b, shape);
+      EXPECT_STATUS(TBOOST_OK, tboost_backend_copy(be, &t, h.data(), h.size() * 2, TBOOST_COPY_HOST_TO_BACKEND));
+    }
+    return b;
+  };
+  auto read_half = [&](const tboost_tensor& t, size_t n) {
+    std::vector<uint16_t> h(n);
+    EXPECT_STATUS(TBOOST_OK, tboost_backend_copy(be, &t, h.data(), n * 2, TBOOST_COPY_BACKEND_TO_HOST));
+    std::vector<float> f;
+    for (uint16_t v : h) f.push_back(FromHalf(v));
+    return f;
+  };
+  tboost_matmul_params mp{};
+  mp.struct_size = sizeof mp;
+  mp.weight_dtype = TBOOST_DTYPE_F16;
+  mp.n = 2;
+  mp.k = 3;
+  mp.act_dtype = TBOOST_DTYPE_F16;
+  tboost_op* mm = nullptr;
+  ASSERT_OK(tboost_op_create(be, TBOOST_OP_MATMUL, &mp, &mm));
+  bool ok = false;
+  size_t need = 0;
+  char why[256];
+  ASSERT_OK(tboost_op_supports(mm, &ok, why, sizeof why, &need));
+  ASSERT_TRUE(ok) << why;
+  tboost_buffer* xb = half_buf({2, 3}, {1, 1, 1, 2, 0, -1}, false);
+  tboost_buffer* wb = half_buf({2, 3}, {1, 2, 3, -1, 0.5f, 0}, true);
+  tboost_buffer* yb = nullptr;
+  uint64_t yshape[] = {2, 2};
+  ASSERT_OK(tboost_backend_alloc(be, TBOOST_DTYPE_F16, yshape, 2, &yb));
+  tboost_tensor ins[] = {Tensor(xb, {2, 3}), Tensor(wb, {2, 3})};
+  tboost_tensor y = Tensor(yb, {2, 2});
+  ASSERT_OK(tboost_op_execute(mm, ins, 2, &y, 1, nullptr));
+  ASSERT_OK(tboost_backend_synchronize(be));
+  // y = x · wᵀ: (1+2+3, -1+0.5+0), (2-3, -2+0): exact in f16.
+  EXPECT_EQ(read_half(y, 4), (std::vector<float>{6, -0.5f, -1, -2}));
+
+  tboost_norm_params np{};
+  np.struct_size = sizeof np;
+  np.gain_dtype = TBOOST_DTYPE_F16;
+  np.dim = 4;
+  np.eps = 0.0f;
+  np.act_dtype = TBOOST_DTYPE_F16;
+  tboost_op* norm = nullptr;
+  ASSERT_OK(tboost_op_create(be, TBOOST_OP_RMSNORM, &np, &norm));
+  tboost_buffer* nx = half_buf({1, 4}, {1, 1, 3, 5}, false);
+  tboost_buffer* ng = half_buf({4}, {1, 2, 1, 0.5f}, true);
+  tboost_buffer* ny = nullptr;
+  uint64_t nshape[] = {1, 4};
+  ASSERT_OK(tboost_backend_alloc(be, TBOOST_DTYPE_F16, nshape, 2, &ny));
+  tboost_tensor nins[] = {Tensor(nx, {1, 4}), Tensor(ng, {4})};
+  tboost_tensor nout = Tensor(ny, {1, 4});
+  ASSERT_OK(tboost_op_execute(norm, nins, 2, &nout, 1, nullptr));
+  // rms of (1, 1, 3, 5) is 3: y = x / 3 * gain, rounded to f16 (relative 2^-11).
+  const std::vector<float> got = read_half(nout, 4), want = {1.0f / 3, 2.0f / 3, 1.0f, 5.0f / 6};
+  for (size_t i = 0; i < 4; ++i) EXPECT_NEAR(got[i], want[i], 1e-3) << i;
+  ASSERT_OK(tboost_op_free(mm));
+  ASSERT_OK(tboost_op_free(norm));
+  for (auto* b : {xb, wb, yb, nx, ng, ny}) ASSERT_OK(tboost_buffer_free(b));
+  tboost_backend_free(be);
+}
