@@ -172,7 +172,7 @@ fn matmul_row(a: &BenchOpArgs, be: &OpBackend, dtype: DType, m: usize) -> Result
     let vals = fill(a.rows * a.cols, 4);
     let wbytes = match dtype {
         DType::F32 | DType::F16 | DType::BF16 => to_act(dtype, &vals)?,
-        q => tboost_kernels::quant::quantize_row_reference(q, &vals)
+        q => crate::backend::cpu::quantize_row_reference(q, &vals)
             .map_err(|e| Error::invalid("dtype", format!("{q}: {e}")))?,
     };
     let wlen = wbytes.len();

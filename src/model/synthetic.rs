@@ -5,7 +5,7 @@
 
 use std::path::PathBuf;
 
-use tboost_kernels::quant::quantize_row_reference;
+use crate::backend::cpu::quantize_row_reference;
 use tboost_ops::DType;
 use tboost_ops::RopeStyle;
 

@@ -24,6 +24,9 @@ use super::{Backend, BufId, DeviceInfo, EventId, PendingRead, StepHost, WeightId
 use crate::model::Tensor;
 use crate::{Error, Result};
 
+/// Encodes f32 rows as a GGUF block type with the kernels' reference quantizer (synthetic
+/// models, op benchmarks); only the CPU backend reaches into the kernel crate.
+pub use tboost_kernels::quant::quantize_row_reference;
 pub use weights::convert_weight;
 
 /// Streaming-read bandwidth on `threads` threads over a buffer far larger than the caches
