@@ -86,15 +86,6 @@ impl PrecisionPolicy {
     }
 }
 
-impl From<Precision> for PrecisionPolicy {
-    fn from(p: Precision) -> Self {
-        match p {
-            Precision::Exact => PrecisionPolicy::Exact,
-            Precision::Fast => PrecisionPolicy::Fast,
-        }
-    }
-}
-
 /// What the user asks for, and the engine settings the choice depends on.
 #[derive(Clone, Debug, PartialEq, Eq)]
 pub struct PlanOptions {

@@ -1452,6 +1452,17 @@ struct OpBackend {
   }
 };
 
+// RMSNorm parameters over 4 values with eps 0, gain and activations of `d`.
+tboost_norm_params Norm4(tboost_dtype d) {
+  tboost_norm_params np{};
+  np.struct_size = sizeof np;
+  np.gain_dtype = d;
+  np.dim = 4;
+  np.eps = 0.0f;
+  np.act_dtype = d;
+  return np;
+}
+
 TEST(OpApi, MatmulThroughTheCApiEqualsAHandComputation) {
   OpBackend be;
   const size_t m = 2, k = 3, n = 2;
@@ -1504,12 +1515,7 @@ TEST(OpApi, MatmulThroughTheCApiEqualsAHandComputation) {
 
 TEST(OpApi, RmsnormThroughTheCApiEqualsAHandComputation) {
   OpBackend be;
-  tboost_norm_params np{};
-  np.struct_size = sizeof np;
-  np.gain_dtype = TBOOST_DTYPE_F32;
-  np.dim = 4;
-  np.eps = 0.0f;
-  np.act_dtype = TBOOST_DTYPE_F32;
+  tboost_norm_params np = Norm4(TBOOST_DTYPE_F32);
   tboost_op* op = nullptr;
   ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_RMSNORM, &np, &op));
   tboost_tensor x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 4}), {1, 4});
@@ -1800,12 +1806,7 @@ static int32_t Fails(void*, const float* const*, const size_t*, size_t, float* c
 
 TEST(OpApi, GraphRunsACallbackAndFusedAddNorm) {
   OpBackend be;
-  tboost_norm_params np{};
-  np.struct_size = sizeof np;
-  np.gain_dtype = TBOOST_DTYPE_F32;
-  np.dim = 4;
-  np.eps = 0.0f;
-  np.act_dtype = TBOOST_DTYPE_F32;
+  tboost_norm_params np = Norm4(TBOOST_DTYPE_F32);
   tboost_op* norm = nullptr;
   ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_RMSNORM, &np, &norm));
   tboost_graph* g = nullptr;
@@ -1947,12 +1948,7 @@ TEST(OpApi, MatmulAndRmsnormOnTheAscendSimulatorThroughTheCApi) {
   // y = x · wᵀ: (1+2+3, -1+0.5+0), (2-3, -2+0): exact in f16.
   EXPECT_EQ(read_half(y, 4), (std::vector<float>{6, -0.5f, -1, -2}));
 
-  tboost_norm_params np{};
-  np.struct_size = sizeof np;
-  np.gain_dtype = TBOOST_DTYPE_F16;
-  np.dim = 4;
-  np.eps = 0.0f;
-  np.act_dtype = TBOOST_DTYPE_F16;
+  tboost_norm_params np = Norm4(TBOOST_DTYPE_F16);
   tboost_op* norm = nullptr;
   ASSERT_OK(tboost_op_create(be, TBOOST_OP_RMSNORM, &np, &norm));
   tboost_buffer* nx = half_buf({1, 4}, {1, 1, 3, 5}, false);
