@@ -19,7 +19,7 @@ use std::time::{Duration, Instant};
 
 use half::f16;
 use tboost_kernels::matmul::MatSeg;
-use tboost_kernels::quant::{matmul_quant_prec, matmul_swiglu_quant_prec, Precision};
+use tboost_kernels::quant::{matmul_quant_prec, matmul_swiglu_quant_prec, packed, Precision};
 use tboost_kernels::{DType, WeightMat};
 
 /// Bytes of weights cycled through so that calls read from DRAM rather than cache (the
@@ -48,6 +48,71 @@ fn weights(dt: DType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
         }
     }
     w
+}
+
+/// Whether the Fast runs use the packed panel layout for `dt` (as the CPU backend uploads
+/// it); `ROWS=1` measures the GGUF row layout instead.
+fn packed_wanted(dt: DType) -> bool {
+    packed::packable(dt) && std::env::var_os("ROWS").is_none()
+}
+
+/// Bytes in anonymous memory advised for transparent huge pages, as the engine keeps its
+/// weights (`model::hugepages`): with 4 KiB pages a GEMV pays a TLB miss per page.
+struct Huge(*mut u8, usize);
+// SAFETY: owned memory, like a Vec.
+unsafe impl Send for Huge {}
+unsafe impl Sync for Huge {}
+impl Huge {
+    fn new(src: &[u8]) -> Huge {
+        let len = src.len().max(1);
+        // SAFETY: a fresh private anonymous mapping of `len` bytes, filled before use.
+        unsafe {
+            let p = libc::mmap(
+                std::ptr::null_mut(),
+                len,
+                libc::PROT_READ | libc::PROT_WRITE,
+                libc::MAP_PRIVATE | libc::MAP_ANONYMOUS,
+                -1,
+                0,
+            );
+            assert!(p != libc::MAP_FAILED, "mmap {len} bytes");
+            libc::madvise(p, len, libc::MADV_HUGEPAGE);
+            std::ptr::copy_nonoverlapping(src.as_ptr(), p as *mut u8, src.len());
+            Huge(p as *mut u8, src.len())
+        }
+    }
+}
+impl std::ops::Deref for Huge {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: the mapping holds `self.1` initialized bytes while `self` lives.
+        unsafe { std::slice::from_raw_parts(self.0, self.1) }
+    }
+}
+impl Drop for Huge {
+    fn drop(&mut self) {
+        // SAFETY: unmaps exactly the mapping made in `new`.
+        unsafe { libc::munmap(self.0 as *mut libc::c_void, self.1.max(1)) };
+    }
+}
+
+/// `weights`, packed when asked, in huge pages.
+fn weights_in(dt: DType, rows: usize, k: usize, seed: u64, packed: bool) -> Huge {
+    let w = weights(dt, rows, k, seed);
+    if !packed {
+        return Huge::new(&w);
+    }
+    let mut p = vec![0u8; packed::packed_bytes(dt, rows, k)];
+    packed::pack(dt, rows, k, &w, &mut p);
+    Huge::new(&p)
+}
+
+fn mat(dt: DType, rows: usize, k: usize, data: &[u8], packed: bool) -> WeightMat<'_> {
+    if packed {
+        WeightMat::packed(dt, rows, k, data).unwrap()
+    } else {
+        WeightMat::new(dt, rows, k, data).unwrap()
+    }
 }
 
 /// Activations, 64-byte aligned like the engine's buffers (the tiled kernels copy others).
@@ -219,18 +284,20 @@ fn gemv(threads: usize, prec: Precision) {
     for (dt, n, k) in shapes {
         let bytes = dt.bytes_for(k).unwrap() * n;
         let copies = if std::env::var_os("HOT").is_some() { 1 } else { (cold_bytes() / bytes).max(2) };
-        let ws: Vec<Vec<u8>> = (0..copies).map(|c| weights(dt, n, k, c as u64)).collect();
+        let packed = prec == Precision::Fast && packed_wanted(dt);
+        let ws: Vec<Huge> = (0..copies).map(|c| weights_in(dt, n, k, c as u64, packed)).collect();
         let xs = x(1, k);
         let mut out = vec![0f32; n];
         let mut c = 0;
         let secs = time(&p, Duration::from_millis(1500), || {
-            let w = WeightMat::new(dt, n, k, &ws[c % copies]).unwrap();
+            let w = mat(dt, n, k, &ws[c % copies], packed);
             c += 1;
             matmul_quant_prec(prec, &xs, 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
         });
         println!(
-            "gemv     threads={threads} {} {dt:>5} n={n:>6} k={k:>4}: {:8.1} us  {:5.1} GB/s",
+            "gemv     threads={threads} {}{} {dt:>5} n={n:>6} k={k:>4}: {:8.1} us  {:5.1} GB/s",
             prec_name(prec),
+            if packed { " packed" } else { "" },
             secs * 1e6,
             bytes as f64 / secs / 1e9
         );
@@ -246,18 +313,20 @@ fn batch(threads: usize, prec: Precision) {
     {
         let bytes = dt.bytes_for(k).unwrap() * n;
         let copies = (cold_bytes() / bytes).max(2);
-        let ws: Vec<Vec<u8>> = (0..copies).map(|c| weights(dt, n, k, c as u64)).collect();
+        let packed = prec == Precision::Fast && packed_wanted(dt);
+        let ws: Vec<Huge> = (0..copies).map(|c| weights_in(dt, n, k, c as u64, packed)).collect();
         let xs = x(m, k);
         let mut out = vec![0f32; m * n];
         let mut c = 0;
         let secs = time(&p, Duration::from_millis(1500), || {
-            let w = WeightMat::new(dt, n, k, &ws[c % copies]).unwrap();
+            let w = mat(dt, n, k, &ws[c % copies], packed);
             c += 1;
             matmul_quant_prec(prec, &xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
         });
         println!(
-            "batch    threads={threads} {} {dt:>5} m={m} n={n:>5} k={k:>4}: {:8.1} us  {:5.1} GB/s  {:6.1} GFLOP/s",
+            "batch    threads={threads} {}{} {dt:>5} m={m} n={n:>5} k={k:>4}: {:8.1} us  {:5.1} GB/s  {:6.1} GFLOP/s",
             prec_name(prec),
+            if packed { " packed" } else { "" },
             secs * 1e6,
             bytes as f64 / secs / 1e9,
             2.0 * (m * n * k) as f64 / secs / 1e9
@@ -277,16 +346,18 @@ fn gemm(threads: usize, prec: Precision) {
         (DType::Q8_0, 5632, 2048),
         (DType::Q4K, 2048, 5632),
     ] {
-        let wb = weights(dt, n, k, 1);
-        let w = WeightMat::new(dt, n, k, &wb).unwrap();
+        let packed = prec == Precision::Fast && packed_wanted(dt);
+        let wb = weights_in(dt, n, k, 1, packed);
+        let w = mat(dt, n, k, &wb, packed);
         let xs = x(m, k);
         let mut out = vec![0f32; m * n];
         let secs = time(&p, Duration::from_secs(2), || {
             matmul_quant_prec(prec, &xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
         });
         println!(
-            "gemm     threads={threads} {} {dt:>5} m={m} n={n:>5} k={k:>4}: {:8.2} ms  {:6.1} GFLOP/s",
+            "gemm     threads={threads} {}{} {dt:>5} m={m} n={n:>5} k={k:>4}: {:8.2} ms  {:6.1} GFLOP/s",
             prec_name(prec),
+            if packed { " packed" } else { "" },
             secs * 1e3,
             2.0 * (m * n * k) as f64 / secs / 1e9
         );

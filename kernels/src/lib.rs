@@ -28,4 +28,4 @@ pub mod rope;
 pub mod weight;
 
 pub use dtype::DType;
-pub use weight::{WeightMat, WeightVec};
+pub use weight::{Layout, WeightMat, WeightVec};

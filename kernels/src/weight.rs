@@ -2,14 +2,27 @@
 
 use crate::DType;
 
-/// A row-major matrix `[rows = out_features, cols = in_features]` stored in `dtype`.
-/// `data` holds exactly `rows * row_bytes` bytes (checked by `new`).
+/// A matrix `[rows = out_features, cols = in_features]` stored in `dtype`: row-major
+/// (`data` holds exactly `rows * row_bytes` bytes, checked by `new`), or for some block
+/// types repacked into 16-row panels for the `Fast` kernels (`packed`).
 #[derive(Clone, Copy, Debug)]
 pub struct WeightMat<'a> {
     pub dtype: DType,
     pub rows: usize,
     pub cols: usize,
     pub data: &'a [u8],
+    pub layout: Layout,
+}
+
+/// How a [`WeightMat`]'s bytes are arranged.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum Layout {
+    /// Row after row, as GGUF and safetensors store them.
+    #[default]
+    Rows,
+    /// 16 rows interleaved per 32-value group (`crate::quant::packed`): block-quantized
+    /// weights for the `Fast` precision only.
+    Panels,
 }
 
 impl<'a> WeightMat<'a> {
@@ -22,7 +35,19 @@ impl<'a> WeightMat<'a> {
         if data.len() != need {
             return Err(format!("{rows}x{cols} {dtype} needs {need} bytes, got {}", data.len()));
         }
-        Ok(WeightMat { dtype, rows, cols, data })
+        Ok(WeightMat { dtype, rows, cols, data, layout: Layout::Rows })
+    }
+
+    /// Views `data`, the output of [`crate::quant::pack`] for a `[rows, cols]` matrix.
+    pub fn packed(dtype: DType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, String> {
+        if !crate::quant::packed::packable(dtype) || !cols.is_multiple_of(crate::quant::packed::GROUP_VALUES) {
+            return Err(format!("{rows}x{cols} {dtype} has no packed layout"));
+        }
+        let need = crate::quant::packed::packed_bytes(dtype, rows, cols);
+        if data.len() != need {
+            return Err(format!("packed {rows}x{cols} {dtype} needs {need} bytes, got {}", data.len()));
+        }
+        Ok(WeightMat { dtype, rows, cols, data, layout: Layout::Panels })
     }
 
     /// An f32 matrix viewing `v` (`rows * cols` values), for tests and computed weights.
@@ -32,21 +57,33 @@ impl<'a> WeightMat<'a> {
         Self::new(DType::F32, rows, cols, data)
     }
 
-    /// Bytes of one row.
+    /// Bytes of one row (for packed panels: the same count, `panel bytes / 16`).
     pub fn row_bytes(&self) -> usize {
-        self.data.len() / self.rows.max(1)
+        match self.layout {
+            Layout::Rows => self.data.len() / self.rows.max(1),
+            Layout::Panels => crate::quant::packed::panel_bytes(self.dtype, self.cols) / crate::quant::packed::PANEL,
+        }
     }
 
-    /// The bytes of row `r`.
+    /// The bytes of row `r` (row-major layout only).
     pub fn row(&self, r: usize) -> &'a [u8] {
+        assert_eq!(self.layout, Layout::Rows, "WeightMat::row on a packed matrix");
         let rb = self.row_bytes();
         &self.data[r * rb..(r + 1) * rb]
     }
 
-    /// Rows `start..end` as a smaller matrix (used to split work across threads).
+    /// Rows `start..end` as a smaller matrix (used to split work across threads; row-major
+    /// layout only).
     pub fn rows_range(&self, start: usize, end: usize) -> WeightMat<'a> {
+        assert_eq!(self.layout, Layout::Rows, "WeightMat::rows_range on a packed matrix");
         let rb = self.row_bytes();
-        WeightMat { dtype: self.dtype, rows: end - start, cols: self.cols, data: &self.data[start * rb..end * rb] }
+        WeightMat {
+            dtype: self.dtype,
+            rows: end - start,
+            cols: self.cols,
+            data: &self.data[start * rb..end * rb],
+            layout: Layout::Rows,
+        }
     }
 }
 

@@ -368,7 +368,7 @@ fn quantized_weights_route_to_the_quant_kernels() {
 fn forged_weight_view_is_rejected_before_any_read() {
     // The fields are public: a view built without `WeightMat::new` must not be trusted.
     let bytes = [0u8; 60];
-    let w = WeightMat { dtype: DType::BF16, rows: 4, cols: 8, data: &bytes };
+    let w = WeightMat { dtype: DType::BF16, rows: 4, cols: 8, data: &bytes, layout: Default::default() };
     let mut out = [0f32; 4];
     matmul::matmul(&[0.0; 8], 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
 }

@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use tboost_kernels::isa::{self, Isa};
 use tboost_kernels::matmul::{self, MatSeg};
 use tboost_kernels::quant::{
-    dequantize_row, fast_reference, matmul_quant_prec_with, matmul_swiglu_quant_prec_with, Precision,
+    dequantize_row, fast_reference, matmul_quant_prec_with, matmul_swiglu_quant_prec_with, packed, Precision,
 };
 use tboost_kernels::{DType, WeightMat, WeightVec};
 
@@ -321,4 +321,74 @@ fn isa_caps_name_vnni_separately() {
     if isa::vnni_active() {
         assert!(isa::vnni_detected(isa::active()));
     }
+}
+
+/// `w` repacked into 16-row panels (`quant::packed`).
+fn pack(w: &WeightMat<'_>) -> Vec<u8> {
+    let mut p = vec![0u8; packed::packed_bytes(w.dtype, w.rows, w.cols)];
+    packed::pack(w.dtype, w.rows, w.cols, w.data, &mut p);
+    p
+}
+
+#[test]
+fn packed_panels_give_the_row_layouts_bits_on_every_level_batch_and_split() {
+    let mut rng = StdRng::seed_from_u64(21);
+    for dt in [DType::Q4_0, DType::Q8_0] {
+        // Rows: a partial panel, exactly one, several with a partial last one. Groups: 1, a
+        // short chunk (28), whole chunks (48).
+        for &(n, k) in &[(5, 32), (16, 896), (45, 1536), (67, 512)] {
+            let wb = random_weights(dt, n, k, &mut rng);
+            let w = WeightMat::new(dt, n, k, &wb).unwrap();
+            let pb = pack(&w);
+            let wp = WeightMat::packed(dt, n, k, &pb).unwrap();
+            let bias: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
+            for m in [1, 2, 3, 4, 5, 9, 17] {
+                let x = random_x(m, k, &mut rng);
+                let want = fast((Isa::Scalar, false), &x, m, w, Some(WeightVec::from_f32(&bias)));
+                for level in levels() {
+                    for threads in [1, 2, 3] {
+                        let what = format!("{dt} packed {} n={n} k={k} m={m} threads={threads}", name(level));
+                        let got = in_pool(threads, || fast(level, &x, m, wp, Some(WeightVec::from_f32(&bias))));
+                        assert_bits_eq(&got, &want, &what);
+                    }
+                }
+            }
+            // Swiglu with packed gate and up.
+            let ub = random_weights(dt, n, k, &mut rng);
+            let u = WeightMat::new(dt, n, k, &ub).unwrap();
+            let upb = pack(&u);
+            let up = WeightMat::packed(dt, n, k, &upb).unwrap();
+            for m in [1, 6] {
+                let x = random_x(m, k, &mut rng);
+                for level in levels() {
+                    let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+                    matmul_swiglu_quant_prec_with(level.0, level.1, Precision::Fast, &x, m, w, u, &mut a);
+                    matmul_swiglu_quant_prec_with(level.0, level.1, Precision::Fast, &x, m, wp, up, &mut b);
+                    assert_bits_eq(&b, &a, &format!("{dt} packed swiglu {} n={n} k={k} m={m}", name(level)));
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn packed_layout_is_refused_where_it_does_not_apply() {
+    assert!(!packed::packable(DType::Q4K) && !packed::packable(DType::F32));
+    let wb = vec![0u8; 18 * 3];
+    assert!(WeightMat::packed(DType::Q4_0, 3, 32, &wb).is_err(), "a packed matrix is whole panels");
+    let pb = vec![0u8; packed::packed_bytes(DType::Q4_0, 3, 32)];
+    let wp = WeightMat::packed(DType::Q4_0, 3, 32, &pb).unwrap();
+    let x = vec![1f32; 32];
+    let r = std::panic::catch_unwind(|| {
+        let mut out = vec![0f32; 3];
+        matmul_quant_prec_with(
+            Isa::Scalar,
+            false,
+            Precision::Exact,
+            &x,
+            1,
+            &mut [MatSeg { w: wp, bias: None, out: &mut out }],
+        );
+    });
+    assert!(r.is_err(), "Exact precision has no packed kernels");
 }

@@ -328,31 +328,36 @@ pub(crate) unsafe fn dots_scalar(
     ld: usize,
 ) {
     let ng = act.ng;
-    let mins = has_mins(dtype);
     let mut groups = Vec::with_capacity(ng);
     for j in j0..j1 {
         let row = w.row(j);
         groups.clear();
         groups.extend((0..ng).map(|g| group(dtype, row, g)));
         for i in i0..i1 {
-            let base = i * act.ngp;
-            let xq = &act.xq[base * GROUP..];
-            let mut acc = [0f32; CHAINS];
-            for (g, gr) in groups.iter().enumerate() {
-                let q = &xq[g * GROUP..(g + 1) * GROUP];
-                let d: i32 = (0..2)
-                    .map(|h| {
-                        let s: i32 = (16 * h..16 * h + 16).map(|e| gr.w[e] as i32 * q[e] as i32).sum();
-                        gr.sc[h] * s
-                    })
-                    .sum();
-                let c = g % CHAINS;
-                acc[c] = (d as f32).mul_add(gr.a * act.xs[base + g], acc[c]);
-                if mins {
-                    acc[c] = (-gr.m).mul_add(act.ys[base + g], acc[c]);
-                }
-            }
-            *dst.add((i - i0) * ld + (j - j0)) = reference::hsum16(&acc);
+            *dst.add((i - i0) * ld + (j - j0)) = dot_groups(&groups, has_mins(dtype), act, i);
         }
     }
+}
+
+/// The canonical Fast dot product (module doc) of one weight row, given as its groups, with
+/// activation row `i` of `act`.
+pub(crate) fn dot_groups(groups: &[Group], mins: bool, act: &QAct, i: usize) -> f32 {
+    let base = i * act.ngp;
+    let xq = &act.xq[base * GROUP..];
+    let mut acc = [0f32; CHAINS];
+    for (g, gr) in groups.iter().enumerate() {
+        let q = &xq[g * GROUP..(g + 1) * GROUP];
+        let d: i32 = (0..2)
+            .map(|h| {
+                let s: i32 = (16 * h..16 * h + 16).map(|e| gr.w[e] as i32 * q[e] as i32).sum();
+                gr.sc[h] * s
+            })
+            .sum();
+        let c = g % CHAINS;
+        acc[c] = (d as f32).mul_add(gr.a * act.xs[base + g], acc[c]);
+        if mins {
+            acc[c] = (-gr.m).mul_add(act.ys[base + g], acc[c]);
+        }
+    }
+    reference::hsum16(&acc)
 }

@@ -75,6 +75,9 @@ pub(super) trait IV: Copy {
     unsafe fn dpw<const VNNI: bool>(acc: Self, w: Self, aw: Self, x: Self) -> Self;
     unsafe fn add(a: Self, b: Self) -> Self;
     unsafe fn mullo(a: Self, b: Self) -> Self;
+    /// The low / high nibble of every byte, as a byte (the packed Q4_0 layout).
+    unsafe fn nib_lo(self) -> Self;
+    unsafe fn nib_hi(self) -> Self;
     /// Packs `rows` weight rows into a panel (see [`pack`]).
     #[inline(always)]
     unsafe fn pack<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
@@ -192,6 +195,14 @@ impl IV for ZI {
     #[inline(always)]
     unsafe fn mullo(a: Self, b: Self) -> Self {
         ZI(_mm512_mullo_epi32(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn nib_lo(self) -> Self {
+        ZI(_mm512_and_si512(self.0, _mm512_set1_epi8(0x0F)))
+    }
+    #[inline(always)]
+    unsafe fn nib_hi(self) -> Self {
+        ZI(_mm512_and_si512(_mm512_srli_epi16::<4>(self.0), _mm512_set1_epi8(0x0F)))
     }
     #[inline(always)]
     unsafe fn pack<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
@@ -334,6 +345,16 @@ impl IV for YI {
     #[inline(always)]
     unsafe fn mullo(a: Self, b: Self) -> Self {
         YI(_mm256_mullo_epi32(a.0, b.0), _mm256_mullo_epi32(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn nib_lo(self) -> Self {
+        let m = _mm256_set1_epi8(0x0F);
+        YI(_mm256_and_si256(self.0, m), _mm256_and_si256(self.1, m))
+    }
+    #[inline(always)]
+    unsafe fn nib_hi(self) -> Self {
+        let m = _mm256_set1_epi8(0x0F);
+        YI(_mm256_and_si256(_mm256_srli_epi16::<4>(self.0), m), _mm256_and_si256(_mm256_srli_epi16::<4>(self.1), m))
     }
 }
 

@@ -28,6 +28,9 @@
 mod fast;
 #[cfg(target_arch = "x86_64")]
 mod fast_x86;
+pub mod packed;
+#[cfg(target_arch = "x86_64")]
+mod packed_x86;
 mod reference;
 #[cfg(target_arch = "x86_64")]
 mod x86;
@@ -39,7 +42,7 @@ use rayon::prelude::*;
 
 use crate::isa::{self, Isa};
 use crate::matmul::{MatMulCase, MatSeg};
-use crate::{WeightMat, WeightVec};
+use crate::{Layout, WeightMat, WeightVec};
 use tboost_ops::Unsupported;
 
 /// Whether `matmul_quant` has a kernel for this weight matrix.
@@ -70,6 +73,7 @@ pub fn matmul_quant(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
 /// [`matmul_quant`] on at most `isa` (capped at what this CPU has).
 pub fn matmul_quant_with(isa: Isa, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
     let Some(k) = check_segs("matmul_quant", x, m, segs) else { return };
+    assert!(segs.iter().all(|s| s.w.layout == Layout::Rows), "matmul_quant: packed weights need Precision::Fast");
     let isa = isa.min(isa::detected());
     let mats: Vec<(WeightMat<'_>, Option<WeightVec<'_>>, OutPtr)> =
         segs.iter_mut().map(|s| (s.w, s.bias, OutPtr(s.out.as_mut_ptr()))).collect();
@@ -106,7 +110,7 @@ pub fn matmul_quant_prec_with(isa: Isa, vnni: bool, prec: Precision, x: &[f32], 
     let ws: Vec<WeightMat<'_>> = mats.iter().map(|m| m.0).collect();
     let tasks = plan(&ws, m, level.tile_min_rows(), true);
     fast::with_act(|act| {
-        act.fill(x, m, k, level.chain_layout(&tasks), level.quantizer());
+        act.fill(x, m, k, level.chain_layout(&ws, &tasks), level.quantizer());
         run_tasks(&tasks, |t| {
             let (w, bias, out) = &mats[t.mat];
             // SAFETY: as in `matmul_quant_with`.
@@ -229,6 +233,10 @@ pub fn matmul_swiglu_quant_prec_with(
         })
     };
     if prec == Precision::Exact {
+        assert!(
+            gate.layout == Layout::Rows && up.layout == Layout::Rows,
+            "matmul_swiglu_quant: packed weights need Precision::Fast"
+        );
         let isa = isa.min(isa::detected());
         let tasks = plan(&[gate], m, tile_min_rows(isa), false);
         // SAFETY (both closures): the scratch holds the task's [mi, nj] rectangle.
@@ -237,7 +245,7 @@ pub fn matmul_swiglu_quant_prec_with(
         let level = FastLevel::new(isa, vnni);
         let tasks = plan(&[gate], m, level.tile_min_rows(), true);
         fast::with_act(|act| {
-            act.fill(x, m, k, level.chain_layout(&tasks), level.quantizer());
+            act.fill(x, m, k, level.chain_layout(&[gate], &tasks), level.quantizer());
             run_tasks(&tasks, |t| fused(t, &|w, dst| unsafe { dots_fast(level, w, t, act, dst, t.j1 - t.j0) }));
         })
     }
@@ -269,15 +277,11 @@ fn check_weight(op: &str, what: &str, w: &WeightMat<'_>, k: usize) {
         panic!("{op}: {what}: {e}");
     }
     assert_eq!(w.cols, k, "{op}: {what} has {} columns, expected k={k}", w.cols);
-    assert_eq!(
-        Some(w.data.len()),
-        w.dtype.bytes_for(w.cols).and_then(|rb| rb.checked_mul(w.rows)),
-        "{op}: {what}: {}x{} {} has {} bytes",
-        w.rows,
-        w.cols,
-        w.dtype,
-        w.data.len()
-    );
+    let bytes = match w.layout {
+        Layout::Rows => w.dtype.bytes_for(w.cols).and_then(|rb| rb.checked_mul(w.rows)),
+        Layout::Panels => packed::packable(w.dtype).then(|| packed::packed_bytes(w.dtype, w.rows, w.cols)),
+    };
+    assert_eq!(Some(w.data.len()), bytes, "{op}: {what}: {}x{} {} has {} bytes", w.rows, w.cols, w.dtype, w.data.len());
 }
 
 /// Output base pointer shared by tasks that write disjoint parts of it.
@@ -342,7 +346,9 @@ fn plan(ws: &[WeightMat<'_>], m: usize, tile_min: usize, fast: bool) -> Vec<Task
         let target = if threads > 1 { total / (threads * 4) } else { total };
         let task_bytes = target.clamp(TASK_MIN_BYTES, TASK_MAX_BYTES);
         for (mat, w) in ws.iter().enumerate() {
-            let rows = (task_bytes / w.row_bytes().max(1)).max(1).next_multiple_of(4);
+            // Whole packed panels per task (the kernels' unit of work); 4-row tiles otherwise.
+            let unit = if w.layout == Layout::Panels { packed::PANEL } else { 4 };
+            let rows = (task_bytes / w.row_bytes().max(1)).max(1).next_multiple_of(unit);
             for j0 in (0..w.rows).step_by(rows) {
                 tasks.push(Task { mat, j0, j1: (j0 + rows).min(w.rows), i0: 0, i1: m });
             }
@@ -434,9 +440,10 @@ impl FastLevel {
         }
     }
 
-    /// Whether the activations need the chain-major copy (tiled tasks), and biased.
-    fn chain_layout(self, tasks: &[Task]) -> Option<bool> {
-        let tiled = tasks.iter().any(|t| t.i1 - t.i0 >= self.tile_min_rows());
+    /// Whether the activations need the chain-major copy (tiled tasks over row-major
+    /// weights), and biased.
+    fn chain_layout(self, ws: &[WeightMat<'_>], tasks: &[Task]) -> Option<bool> {
+        let tiled = tasks.iter().any(|t| t.i1 - t.i0 >= self.tile_min_rows() && ws[t.mat].layout == Layout::Rows);
         tiled.then_some(self.vnni)
     }
 
@@ -457,6 +464,9 @@ impl FastLevel {
 /// `dst` must be writable for the task's rectangle; `act` holds the quantized activations of
 /// every row of the call.
 unsafe fn dots_fast(level: FastLevel, w: &WeightMat<'_>, t: &Task, act: &fast::QAct, dst: *mut f32, ld: usize) {
+    if w.layout == Layout::Panels {
+        return dots_packed(level, w, t, act, dst, ld);
+    }
     match level.isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 | Isa::Avx2 => {
@@ -478,5 +488,31 @@ unsafe fn dots_fast(level: FastLevel, w: &WeightMat<'_>, t: &Task, act: &fast::Q
             }
         }
         _ => fast::dots_scalar(w.dtype, w, (t.j0, t.j1), act, (t.i0, t.i1), dst, ld),
+    }
+}
+
+/// [`dots_fast`] for packed panels (`t.j0` is a multiple of [`packed::PANEL`]).
+///
+/// # Safety
+/// As [`dots_fast`].
+unsafe fn dots_packed(level: FastLevel, w: &WeightMat<'_>, t: &Task, act: &fast::QAct, dst: *mut f32, ld: usize) {
+    debug_assert!(t.j0.is_multiple_of(packed::PANEL));
+    match level.isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 | Isa::Avx2 => {
+            let job = packed_x86::PJob {
+                w: w.data.as_ptr(),
+                geo: packed::Geometry::of(w.dtype, w.rows, w.cols),
+                p0: t.j0 / packed::PANEL,
+                n: t.j1 - t.j0,
+                act,
+                i0: t.i0,
+                m: t.i1 - t.i0,
+                dst,
+                ld,
+            };
+            packed_x86::dots(fast_x86::Level { avx512: level.isa == Isa::Avx512, vnni: level.vnni }, w.dtype, &job)
+        }
+        _ => packed::dots_scalar(w, (t.j0, t.j1), act, (t.i0, t.i1), dst, ld),
     }
 }

@@ -1,0 +1,292 @@
+//! AVX-512 and AVX2 `Fast` kernels over packed panels (`packed`'s layout), with and without
+//! VNNI, instantiated like `fast_x86`'s (the same [`IV`] lane types).
+//!
+//! Lane `r` of every integer and float vector is output row `r` of the panel; activation
+//! bytes are broadcast 4 at a time. So the integer dot product of a group is 8 `vpdpbusd`
+//! (4 bytes x 16 rows each) and no horizontal sum, and the float step of `fast`'s canonical
+//! order runs on the 16 rows at once.
+//!
+//! Two walks over a panel, both exactly the canonical order:
+//! - one activation row (decode): groups in natural order, the 16 chain accumulators in
+//!   registers (group `g` goes to accumulator `g mod 16`), one sequential pass over the
+//!   panel, prefetched ahead;
+//! - several rows: chain by chain (the chain's groups, 16 apart), `MR` rows sharing each
+//!   unpacked group, one accumulator per row; the panel stays in L1/L2 across the rows.
+
+#![allow(clippy::needless_range_loop)]
+
+use super::fast::{QAct, CHAINS, GROUP};
+use super::fast_x86::{Level, IV, YI, ZI};
+use super::packed::{Geometry, PANEL};
+use super::x86::V16;
+use crate::DType;
+
+/// A packed format as the kernels read it.
+pub(super) trait PF {
+    /// Quant bytes per group of a panel (the scales, 16 f16, follow all groups' quants).
+    const QB: usize;
+    /// `D = dot(unsigned bytes, q) - (S << OFF)`.
+    const OFF: u32;
+    /// Bytes are `w + 128` (Q8_0): without VNNI they are flipped back to signed and multiplied
+    /// sign-aware, with no offset.
+    const SIGNED: bool;
+    /// The group's 8 quads (values `4t..4t + 4` of the 16 rows in lanes) at `q`.
+    unsafe fn quads<I: IV, const VNNI: bool>(q: *const u8) -> [I; 8];
+}
+
+pub(super) struct P4_0;
+pub(super) struct P8_0;
+
+impl PF for P4_0 {
+    const QB: usize = 256;
+    const OFF: u32 = 3;
+    const SIGNED: bool = false;
+    #[inline(always)]
+    unsafe fn quads<I: IV, const VNNI: bool>(q: *const u8) -> [I; 8] {
+        let mut o = [I::zero(); 8];
+        for l in 0..4 {
+            let v = I::load(q.add(64 * l));
+            o[2 * l] = v.nib_lo();
+            o[2 * l + 1] = v.nib_hi();
+        }
+        o
+    }
+}
+
+impl PF for P8_0 {
+    const QB: usize = 512;
+    const OFF: u32 = 7;
+    const SIGNED: bool = true;
+    #[inline(always)]
+    unsafe fn quads<I: IV, const VNNI: bool>(q: *const u8) -> [I; 8] {
+        let mut o = [I::zero(); 8];
+        for t in 0..8 {
+            let v = I::load(q.add(64 * t));
+            o[t] = if VNNI { v } else { v.xor80() };
+        }
+        o
+    }
+}
+
+/// Scale bytes per group (16 f16).
+const SB: usize = 32;
+
+/// One activation row of a [`QAct`] (natural layout).
+#[derive(Clone, Copy)]
+struct Row {
+    xq: *const u8,
+    xs: *const f32,
+    s: *const i32,
+}
+
+impl Row {
+    fn of(a: &QAct, i: usize) -> Row {
+        let g = i * a.ngp;
+        // SAFETY: row i exists (i < a.m), so these offsets stay inside the arrays.
+        unsafe {
+            Row { xq: a.xq.as_ptr().add(g * GROUP) as *const u8, xs: a.xs.as_ptr().add(g), s: a.s.as_ptr().add(g) }
+        }
+    }
+}
+
+/// `D_g` of row `x` against the unpacked group `w` (lanes = panel rows).
+#[inline(always)]
+unsafe fn group_dot<I: IV, F: PF, const VNNI: bool>(w: &[I; 8], x: Row, g: usize) -> I {
+    let xq = x.xq.add(g * GROUP);
+    let mut d0 = I::zero();
+    if F::OFF > 0 && (VNNI || !F::SIGNED) {
+        let off = -(*x.s.add(g) << F::OFF);
+        d0 = I::bcast32(&off as *const i32 as *const u8);
+    }
+    let mut d1 = I::zero();
+    for t in 0..4 {
+        let (xa, xb) = (I::bcast32(xq.add(4 * t)), I::bcast32(xq.add(16 + 4 * t)));
+        if F::SIGNED && !VNNI {
+            d0 = I::dot_ss(d0, w[t], xa);
+            d1 = I::dot_ss(d1, w[t + 4], xb);
+        } else {
+            d0 = I::dot::<VNNI>(d0, w[t], xa);
+            d1 = I::dot::<VNNI>(d1, w[t + 4], xb);
+        }
+    }
+    I::add(d0, d1)
+}
+
+/// The canonical tree over the 16 chain accumulators (`reference::hsum16`, per lane).
+#[inline(always)]
+unsafe fn tree<V: V16>(acc: &[V; CHAINS]) -> V {
+    let mut s8 = [V::zero(); 8];
+    for l in 0..8 {
+        s8[l] = V::add(acc[l], acc[l + 8]);
+    }
+    let mut s4 = [V::zero(); 4];
+    for l in 0..4 {
+        s4[l] = V::add(s8[l], s8[l + 4]);
+    }
+    V::add(V::add(s4[0], s4[2]), V::add(s4[1], s4[3]))
+}
+
+macro_rules! unroll16 {
+    ($c:ident => $body:block) => {{
+        unroll16!(@ $c $body; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+    }};
+    (@ $c:ident $body:block; $($n:literal)*) => {{
+        $( { let $c: usize = $n; $body } )*
+    }};
+}
+
+/// One activation row against one panel (quants at `q`, scales at `s`), groups in natural
+/// order.
+#[inline(always)]
+unsafe fn panel_one<I: IV, F: PF, const VNNI: bool>(q: *const u8, s: *const u8, ng: usize, x: Row) -> I::F {
+    let mut acc = [I::F::zero(); CHAINS];
+    let mut g0 = 0;
+    while g0 < ng {
+        // The next 16 groups' bytes, PREFETCH_BYTES ahead (panels are read once per call).
+        unroll16!(c => {
+            let g = g0 + c;
+            if g < ng {
+                let w = F::quads::<I, VNNI>(q.add(g * F::QB));
+                let d = group_dot::<I, F, VNNI>(&w, x, g);
+                let sc = I::F::mul(I::F::load_f16x16(s.add(g * SB)), I::F::splat(*x.xs.add(g)));
+                acc[c] = I::F::fma(d.cvt(), sc, acc[c]);
+            }
+        });
+        g0 += CHAINS;
+    }
+    tree(&acc)
+}
+
+/// `MR` activation rows against one panel, chain by chain: the 16 chain accumulators of
+/// each row to `chains[i]`.
+#[inline(always)]
+unsafe fn panel_many<I: IV, F: PF, const VNNI: bool, const MR: usize>(
+    q: *const u8,
+    s: *const u8,
+    ng: usize,
+    x: &[Row; MR],
+    chains: &mut [[I::F; CHAINS]; MR],
+) {
+    for c in 0..CHAINS.min(ng) {
+        let mut acc = [I::F::zero(); MR];
+        let mut g = c;
+        while g < ng {
+            let w = F::quads::<I, VNNI>(q.add(g * F::QB));
+            let a = I::F::load_f16x16(s.add(g * SB));
+            for i in 0..MR {
+                let d = group_dot::<I, F, VNNI>(&w, x[i], g);
+                let s = I::F::mul(a, I::F::splat(*x[i].xs.add(g)));
+                acc[i] = I::F::fma(d.cvt(), s, acc[i]);
+            }
+            g += CHAINS;
+        }
+        for i in 0..MR {
+            chains[i][c] = acc[i];
+        }
+    }
+}
+
+/// One call: panels `p0..` of the packed matrix at `w` (laid out as `geo` says) hold weight
+/// rows `0..n` of the task; activation rows `i0..i0 + m` of `act`; raw dot products to
+/// `dst[(i - i0) * ld + j]`.
+pub(super) struct PJob<'a> {
+    pub w: *const u8,
+    pub geo: Geometry,
+    pub p0: usize,
+    pub n: usize,
+    pub act: &'a QAct,
+    pub i0: usize,
+    pub m: usize,
+    pub dst: *mut f32,
+    pub ld: usize,
+}
+
+/// Stores lanes `0..rows` of `v` at `dst`.
+#[inline(always)]
+unsafe fn put<V: V16>(v: V, dst: *mut f32, rows: usize) {
+    if rows == PANEL {
+        v.store(dst);
+    } else {
+        let mut t = [0f32; PANEL];
+        v.store(t.as_mut_ptr());
+        std::ptr::copy_nonoverlapping(t.as_ptr(), dst, rows);
+    }
+}
+
+/// Rows `ib..ib + MR` of the job against panel `p` (rows `j0..j0 + rows`).
+#[inline(always)]
+unsafe fn tile<I: IV, F: PF, const VNNI: bool, const MR: usize>(job: &PJob<'_>, p: usize, ib: usize) {
+    let ng = job.act.ng;
+    let mut x = [Row::of(job.act, job.i0 + ib); MR];
+    for t in 0..MR {
+        x[t] = Row::of(job.act, job.i0 + ib + t);
+    }
+    let (j0, rows) = (p * PANEL, (job.n - p * PANEL).min(PANEL));
+    let mut chains = [[I::F::zero(); CHAINS]; MR];
+    let (qo, so) = job.geo.offsets(job.p0 + p);
+    panel_many::<I, F, VNNI, MR>(job.w.add(qo), job.w.add(so), ng, &x, &mut chains);
+    for t in 0..MR {
+        put(tree(&chains[t]), job.dst.add((ib + t) * job.ld + j0), rows);
+    }
+}
+
+#[inline(always)]
+unsafe fn run<I: IV, F: PF, const VNNI: bool, const MR: usize>(job: &PJob<'_>) {
+    let ng = job.act.ng;
+    for p in 0..job.n.div_ceil(PANEL) {
+        let (j0, rows) = (p * PANEL, (job.n - p * PANEL).min(PANEL));
+        if job.m == 1 {
+            let (qo, so) = job.geo.offsets(job.p0 + p);
+            let y = panel_one::<I, F, VNNI>(job.w.add(qo), job.w.add(so), ng, Row::of(job.act, job.i0));
+            put(y, job.dst.add(j0), rows);
+            continue;
+        }
+        let mut ib = 0;
+        while ib < job.m {
+            match job.m - ib {
+                1 => tile::<I, F, VNNI, 1>(job, p, ib),
+                2 => tile::<I, F, VNNI, 2>(job, p, ib),
+                3 => tile::<I, F, VNNI, 3>(job, p, ib),
+                _ => tile::<I, F, VNNI, MR>(job, p, ib),
+            }
+            ib += (job.m - ib).min(MR);
+        }
+    }
+}
+
+macro_rules! entry {
+    ($name:ident, $i:ty, $mr:expr, $vnni:literal, $features:literal) => {
+        #[target_feature(enable = $features)]
+        unsafe fn $name<F: PF>(job: &PJob<'_>) {
+            run::<$i, F, $vnni, { $mr }>(job)
+        }
+    };
+}
+
+entry!(z_vnni, ZI, 4, true, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c");
+entry!(z_plain, ZI, 4, false, "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c");
+entry!(y_vnni, YI, 4, true, "avx2,fma,f16c,avxvnni");
+entry!(y_plain, YI, 4, false, "avx2,fma,f16c");
+
+/// Raw Fast dot products of `job` over packed panels of `dtype`.
+///
+/// # Safety
+/// The CPU supports `level`; `job` describes valid memory (whole panels of `dtype` for the
+/// `n` rows, activation rows `i0..i0 + m` of `act`, a writable `dst`).
+pub(super) unsafe fn dots(level: Level, dtype: DType, job: &PJob<'_>) {
+    macro_rules! go {
+        ($f:ident) => {
+            match dtype {
+                DType::Q4_0 => $f::<P4_0>(job),
+                DType::Q8_0 => $f::<P8_0>(job),
+                _ => unreachable!("packed layout is only defined for packable types"),
+            }
+        };
+    }
+    match (level.avx512, level.vnni) {
+        (true, true) => go!(z_vnni),
+        (true, false) => go!(z_plain),
+        (false, true) => go!(y_vnni),
+        (false, false) => go!(y_plain),
+    }
+}
