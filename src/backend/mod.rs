@@ -129,6 +129,21 @@ pub trait Backend: Send {
     /// by their first id).
     fn upload_weight(&mut self, tensor: &Tensor) -> Result<WeightId>;
 
+    /// Whether [`Backend::upload_packed`] keeps `dtype` matmul weights run at `precision` in
+    /// a layout of the backend's own kernels (the CPU: 16-row panels for the `Fast` integer
+    /// kernels). The plan asks it for matmul slots and records the answer.
+    fn packs(&self, dtype: DType, precision: Precision) -> bool {
+        let _ = (dtype, precision);
+        false
+    }
+
+    /// [`Backend::upload_weight`] for a matmul weight whose slot the plan packed: the backend
+    /// may store it in its own layout (same dtype and values) when [`Backend::packs`] says so
+    /// for its dtype, and as it is otherwise. Only matmul ops may then read it.
+    fn upload_packed(&mut self, tensor: &Tensor) -> Result<WeightId> {
+        self.upload_weight(tensor)
+    }
+
     /// Copies `src` (exactly the view's bytes in its buffer's dtype) into `dst`, after the
     /// work already enqueued; returns when `src` may be reused.
     fn write(&mut self, dst: View, src: &[u8]) -> Result<()>;

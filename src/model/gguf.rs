@@ -15,7 +15,6 @@ use tboost_ops::{Llama3Scaling, RopeStyle};
 use super::limits::{
     MAX_ARRAY_DEPTH, MAX_ARRAY_LEN, MAX_METADATA_KEYS, MAX_METADATA_VALUES, MAX_STRING_BYTES, MAX_TENSORS,
 };
-use super::tensor::Storage;
 use super::weights::{check_shapes_in, ExpertWeights, LayerWeights, Mlp, ModelWeights, TensorSet};
 use super::{Arch, Model, ModelConfig, ModelFormat, Tensor};
 use crate::{Error, Result};
@@ -369,7 +368,7 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufFile> {
 /// into the memory map (MoE expert stacks split into per-expert views), shapes checked.
 pub fn load(path: &Path) -> Result<Model> {
     let map = super::map_weights(path)?;
-    let file = parse(&map, path)?;
+    let file = parse(map.bytes(), path)?;
     let config = config_from_gguf(&file, path)?;
 
     let mut set = TensorSet::new(path);
@@ -386,7 +385,7 @@ pub fn load(path: &Path) -> Result<Model> {
         // `parse` checked data_offset + offset + size <= file length, so these fit in usize.
         let offset = (file.data_offset + info.offset) as usize;
         let size = info.size.unwrap_or(0) as usize;
-        let t = Tensor::new(&info.name, dtype, info.shape(), Storage::Mmap(map.clone()), offset, size)
+        let t = Tensor::new(&info.name, dtype, info.shape(), map.clone(), offset, size)
             .map_err(|m| Error::bad_tensor(path, &info.name, m))?;
         set.insert(t, path)?;
     }

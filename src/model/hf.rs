@@ -13,7 +13,6 @@ use serde_json::{Map, Value};
 use tboost_ops::DType;
 use tboost_ops::{Llama3Scaling, RopeStyle};
 
-use super::tensor::Storage;
 use super::weights::{check_shapes_in, ExpertWeights, LayerWeights, Mlp, ModelWeights, TensorSet};
 use super::{files, limits, map_weights, Arch, Model, ModelConfig, ModelFormat, Tensor};
 use crate::{Error, Result};
@@ -366,8 +365,8 @@ fn parse_index(text: &str, path: &Path) -> Result<BTreeMap<String, String>> {
 
 fn add_shard(set: &mut TensorSet, path: &Path) -> Result<()> {
     let map = map_weights(path)?;
-    let st = SafeTensors::deserialize(&map).map_err(|e| safetensors_error(&map, path, e))?;
-    let base = map.as_ptr() as usize;
+    let st = SafeTensors::deserialize(map.bytes()).map_err(|e| safetensors_error(map.bytes(), path, e))?;
+    let base = map.bytes().as_ptr() as usize;
     let total = set.len().saturating_add(st.len());
     if total > limits::MAX_TENSORS {
         return Err(Error::format(
@@ -395,7 +394,7 @@ fn add_shard(set: &mut TensorSet, path: &Path) -> Result<()> {
         let data = view.data();
         // `data` is a sub-slice of the map, so the difference is its offset.
         let offset = data.as_ptr() as usize - base;
-        let t = Tensor::new(name, dtype, view.shape().to_vec(), Storage::Mmap(map.clone()), offset, data.len())
+        let t = Tensor::new(name, dtype, view.shape().to_vec(), map.clone(), offset, data.len())
             .map_err(|m| Error::bad_tensor(path, name, m))?;
         set.insert(t, path)?;
     }

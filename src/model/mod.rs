@@ -32,7 +32,7 @@ use memmap2::Mmap;
 
 pub use arch::Arch;
 pub use config::ModelConfig;
-pub use tensor::Tensor;
+pub use tensor::{Storage, Tensor};
 pub use weights::{LayerWeights, Mlp, ModelWeights};
 
 use crate::tokenizer::{ChatTemplate, Tokenizer};
@@ -147,12 +147,14 @@ pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
 
 /// Maps a weight file: a large one is copied once into huge pages (see `hugepages`);
 /// otherwise weights are never copied out of the map.
-pub fn map_weights(path: &Path) -> Result<Arc<Mmap>> {
-    let map = map_file(path)?;
+pub fn map_weights(path: &Path) -> Result<Storage> {
+    let (file, _) = files::open_regular(path)?;
+    // SAFETY: as in `map_file`.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
     if hugepages::wanted(map.len()) {
-        if let Some(copy) = hugepages::copy(path, &map) {
-            return Ok(Arc::new(copy));
+        if let Some(copy) = hugepages::copy(path, &map, file) {
+            return Ok(Storage::Copy(Arc::new(copy)));
         }
     }
-    Ok(map)
+    Ok(Storage::Mmap(Arc::new(map)))
 }

@@ -10,14 +10,25 @@ use super::limits::{MAX_TENSOR_DIMS, MAX_TENSOR_ELEMENTS};
 /// Bytes that back one or more tensors.
 #[derive(Clone)]
 pub enum Storage {
+    /// A read-only map of a file.
     Mmap(Arc<Mmap>),
+    /// An anonymous copy of a whole file in huge pages (`hugepages`), with the file.
+    Copy(Arc<FileCopy>),
     Owned(Arc<Vec<u8>>),
+}
+
+/// A file's bytes copied into anonymous memory, and the file they came from: pages a
+/// backend no longer reads can be mapped from the file again ([`Tensor::release_resident`]).
+pub struct FileCopy {
+    pub map: Mmap,
+    pub file: std::fs::File,
 }
 
 impl Storage {
     pub fn bytes(&self) -> &[u8] {
         match self {
             Storage::Mmap(m) => m,
+            Storage::Copy(c) => &c.map,
             Storage::Owned(v) => v,
         }
     }
@@ -115,9 +126,23 @@ impl Tensor {
         Tensor::new(name, self.dtype, inner.to_vec(), self.storage.clone(), self.offset + i * each, each)
     }
 
-    /// True when the bytes are mapped from a file, not copied.
+    /// True when the bytes come from the model file (mapped, or copied whole into huge
+    /// pages at load), not from an owned buffer.
     pub fn is_mapped(&self) -> bool {
-        matches!(self.storage, Storage::Mmap(_))
+        matches!(self.storage, Storage::Mmap(_) | Storage::Copy(_))
+    }
+
+    /// Gives back the memory of this tensor's whole pages, for a backend that keeps its own
+    /// copy (repacked weights) so the bytes are not resident twice. The bytes stay readable
+    /// and unchanged: pages of a huge-page copy are mapped from the file again (read back on
+    /// demand), pages of a file map are dropped from this process (the page cache keeps
+    /// them). Owned tensors, and platforms other than Linux, keep their memory.
+    pub fn release_resident(&self) {
+        match &self.storage {
+            Storage::Mmap(m) => super::hugepages::release_file_pages(m, self.offset, self.len),
+            Storage::Copy(c) => super::hugepages::remap_from_file(c, self.offset, self.len),
+            Storage::Owned(_) => {}
+        }
     }
 }
 

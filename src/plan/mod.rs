@@ -36,6 +36,7 @@ pub const KNOWN_NAMES: &[&str] = &[
     "standard_attention",
     "moe_grouped",
     "convert_weights",
+    "pack_weights",
     "fuse_qkv",
     "fuse_gate_up",
     "fuse_add_norm",
@@ -164,6 +165,10 @@ pub enum WeightMode {
     Native,
     /// Converted to this dtype once at upload (dequantized for block types).
     Convert(DType),
+    /// As stored, but repacked once at upload into the backend's own layout where it has one
+    /// for the tensor's dtype (`Backend::packs`; on the CPU, 16-row panels for the `Fast`
+    /// integer kernels).
+    Packed,
 }
 
 /// What became of one candidate.

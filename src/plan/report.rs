@@ -14,8 +14,14 @@ impl Decision {
         } else {
             format!("{}: {} on {}{kernel} ({})", self.slot.name(), self.choice.name(), self.backend, self.reason)
         };
-        if let super::WeightMode::Convert(to) = self.weights {
-            let _ = write!(s, "; weights converted to {to} at upload");
+        match self.weights {
+            super::WeightMode::Convert(to) => {
+                let _ = write!(s, "; weights converted to {to} at upload");
+            }
+            super::WeightMode::Packed => {
+                let _ = write!(s, "; weights repacked into {}'s panel layout at upload", self.backend);
+            }
+            super::WeightMode::Native => {}
         }
         if self.placement == Placement::Cpu {
             let _ = write!(s, "; {} bytes per token copied to and from the cpu", self.copy_bytes_per_token);

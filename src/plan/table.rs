@@ -175,7 +175,7 @@ fn mm(t: &Tensor, a: Ask) -> MatMulCase {
     let (rows, cols) = t.rows_cols();
     let dtype = match a.mode {
         WeightMode::Convert(to) => to,
-        WeightMode::Native => t.dtype,
+        WeightMode::Native | WeightMode::Packed => t.dtype,
     };
     query::matmul_case(dtype, rows, cols, a.act, a.precision)
 }
@@ -183,7 +183,7 @@ fn mm(t: &Tensor, a: Ask) -> MatMulCase {
 fn gain_dtype(t: &Tensor, a: Ask) -> DType {
     match a.mode {
         WeightMode::Convert(to) => to,
-        WeightMode::Native => t.dtype,
+        WeightMode::Native | WeightMode::Packed => t.dtype,
     }
 }
 
@@ -328,6 +328,24 @@ impl<'a> Planner<'a> {
         };
         v.dedup();
         v
+    }
+
+    /// `Packed` for a matmul slot's stored weights when `be` keeps some of their dtypes in its
+    /// own layout at `precision` (and `pack_weights` is allowed); `mode` otherwise.
+    fn packed_mode(
+        &self,
+        be: &dyn Backend,
+        mode: WeightMode,
+        precision: Precision,
+        sw: &SlotWeights<'_>,
+    ) -> WeightMode {
+        let matmul = matches!(sw, SlotWeights::Qkv(_) | SlotWeights::One(_) | SlotWeights::Mlp(Mlp::Dense { .. }));
+        let packs = Self::weight_dtypes(sw).iter().any(|&d| be.packs(d, precision));
+        if mode == WeightMode::Native && matmul && packs && self.opts.allows("pack_weights") {
+            WeightMode::Packed
+        } else {
+            mode
+        }
     }
 
     /// The weight modes to try on backend `be`, native first. Conversion targets are the
@@ -475,6 +493,7 @@ impl<'a> Planner<'a> {
                     };
                     match answer {
                         Ok((weights, precision, kernel)) => {
+                            let weights = self.packed_mode(be, weights, precision, sw);
                             tried.push(Tried {
                                 candidate: choice,
                                 backend: be.name().into(),

@@ -20,12 +20,24 @@ fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     Ok(())
 }
 
+/// Packed panels have only `Fast` kernels (the plan packs a slot's weights only then).
+fn packed_needs_fast(w: &tboost_kernels::WeightMat<'_>, precision: tboost_ops::Precision) -> Result<()> {
+    if w.layout == tboost_kernels::Layout::Panels && precision != tboost_ops::Precision::Fast {
+        return Err(CpuBackend::err(format!(
+            "matmul: a {} weight repacked into panels needs precision fast, not {} (a bug in the plan)",
+            w.dtype,
+            precision.name()
+        )));
+    }
+    Ok(())
+}
+
 impl CpuBackend {
     pub(super) fn run_op(&self, op: &Op) -> Result<()> {
         let mut vs = Views::new(self);
         match *op {
             Op::Embed { ids, table, out } => {
-                let t = mat(self.weight(table)?);
+                let t = mat(self.weight(table)?.stored("embed")?);
                 check_len("embed out", out.len, ids.len * t.cols)?;
                 let ids = vs.u32(ids)?;
                 if let Some(&bad) = ids.iter().find(|&&id| id as usize >= t.rows) {
@@ -38,7 +50,7 @@ impl CpuBackend {
                 embed::embed(ids, t, out);
             }
             Op::RmsNorm { x, w, eps, out } => {
-                let w = vec(self.weight(w)?);
+                let w = vec(self.weight(w)?.stored("norm")?);
                 check_len("rmsnorm", x.len, out.len)?;
                 if w.len == 0 || !x.len.is_multiple_of(w.len) {
                     return Err(CpuBackend::err(format!("rmsnorm: {} values are not rows of {}", x.len, w.len)));
@@ -47,7 +59,7 @@ impl CpuBackend {
                 norm::rmsnorm(x, w, eps, out);
             }
             Op::AddRmsNorm { residual, x, w, eps, out } => {
-                let w = vec(self.weight(w)?);
+                let w = vec(self.weight(w)?.stored("norm")?);
                 check_len("add_rmsnorm", x.len, residual.len)?;
                 check_len("add_rmsnorm", out.len, residual.len)?;
                 if w.len == 0 || !x.len.is_multiple_of(w.len) {
@@ -66,7 +78,8 @@ impl CpuBackend {
                 let mut ms = Vec::with_capacity(segs.len());
                 let mut cols = None;
                 for s in segs.iter() {
-                    let w = mat(self.weight(s.w)?);
+                    let w = self.weight(s.w)?.matmul();
+                    packed_needs_fast(&w, precision)?;
                     if *cols.get_or_insert(w.cols) != w.cols {
                         return Err(CpuBackend::err("matmul: fused weights of different widths"));
                     }
@@ -74,7 +87,7 @@ impl CpuBackend {
                     check_len("matmul out", s.out.len, m * w.rows)?;
                     let bias = match s.bias {
                         Some(b) => {
-                            let b = vec(self.weight(b)?);
+                            let b = vec(self.weight(b)?.stored("matmul bias")?);
                             check_len("matmul bias", b.len, w.rows)?;
                             Some(b)
                         }
@@ -85,7 +98,9 @@ impl CpuBackend {
                 matmul::matmul_prec(precision, xs, m, &mut ms)
             }
             Op::MatMulSwiGlu { x, m, gate, up, out, precision } => {
-                let (g, u) = (mat(self.weight(gate)?), mat(self.weight(up)?));
+                let (g, u) = (self.weight(gate)?.matmul(), self.weight(up)?.matmul());
+                packed_needs_fast(&g, precision)?;
+                packed_needs_fast(&u, precision)?;
                 if (g.rows, g.cols) != (u.rows, u.cols) || !moe::swiglu_fusable(&g, &u) {
                     return Err(CpuBackend::err(
                         "matmul_swiglu: gate and up differ in shape or in a dtype pair it takes",
@@ -183,9 +198,9 @@ impl CpuBackend {
                 for e in 0..experts.count {
                     let (g, u, d) = experts.expert(e);
                     ex.push(moe::Expert {
-                        gate: mat(self.weight(g)?),
-                        up: mat(self.weight(u)?),
-                        down: mat(self.weight(d)?),
+                        gate: mat(self.weight(g)?.stored("moe")?),
+                        up: mat(self.weight(u)?.stored("moe")?),
+                        down: mat(self.weight(d)?.stored("moe")?),
                     });
                 }
                 let hidden = ex.first().map_or(0, |e| e.gate.cols);

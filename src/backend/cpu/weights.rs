@@ -1,21 +1,82 @@
 //! Weight tensors as the CPU kernels see them, and weight conversion for backends that lack
 //! a weight type (the plan's "convert at upload").
 
-use tboost_kernels::quant::dequantize_row;
+use tboost_kernels::quant::{dequantize_row, packed};
 use tboost_kernels::{convert, WeightMat, WeightVec};
 use tboost_ops::DType;
 
+use super::CpuBackend;
 use crate::model::Tensor;
 use crate::{Error, Result};
 
 /// A tensor as a row-major matrix (a vector is one row).
 pub(super) fn mat(t: &Tensor) -> WeightMat<'_> {
     let (r, c) = t.rows_cols();
-    WeightMat { dtype: t.dtype, rows: r, cols: c, data: t.bytes() }
+    WeightMat { dtype: t.dtype, rows: r, cols: c, data: t.bytes(), layout: Default::default() }
 }
 
 pub(super) fn vec(t: &Tensor) -> WeightVec<'_> {
     WeightVec { dtype: t.dtype, len: t.numel(), data: t.bytes() }
+}
+
+/// A weight as the CPU kernels read it.
+pub(super) enum CpuWeight {
+    /// As the model stores it (zero-copy).
+    Stored(Tensor),
+    /// A matmul weight repacked into 16-row panels for the `Fast` integer kernels
+    /// (`tboost_kernels::quant::packed`), in its own huge-page memory.
+    Packed { name: String, dtype: DType, rows: usize, cols: usize, bytes: memmap2::Mmap },
+}
+
+impl CpuWeight {
+    /// The weight as a matmul reads it (either layout).
+    pub fn matmul(&self) -> WeightMat<'_> {
+        match self {
+            CpuWeight::Stored(t) => mat(t),
+            CpuWeight::Packed { dtype, rows, cols, bytes, .. } => WeightMat {
+                dtype: *dtype,
+                rows: *rows,
+                cols: *cols,
+                data: &bytes[..packed::packed_bytes(*dtype, *rows, *cols)],
+                layout: tboost_kernels::Layout::Panels,
+            },
+        }
+    }
+
+    /// The weight as stored, for ops that read rows (embedding, MoE experts).
+    pub fn stored(&self, op: &str) -> Result<&Tensor> {
+        match self {
+            CpuWeight::Stored(t) => Ok(t),
+            CpuWeight::Packed { name, .. } => Err(CpuBackend::err(format!(
+                "{op}: weight `{name}` was repacked for matmuls and cannot be read as rows (a bug in the plan)"
+            ))),
+        }
+    }
+}
+
+/// Whether [`pack`] has a layout for `dtype` weights: the `Fast` integer kernels' panels.
+pub(super) fn packable(dtype: DType) -> bool {
+    packed::packable(dtype)
+}
+
+/// `t` repacked into panels on `pool`, or `None` when it is not a matrix of a packable type
+/// (then it is used as stored). The tensor's own pages are handed back
+/// (`Tensor::release_resident`), so the weights are not resident twice.
+pub(super) fn pack(t: &Tensor, pool: &rayon::ThreadPool) -> Result<Option<CpuWeight>> {
+    let (rows, cols) = t.rows_cols();
+    if t.shape.len() != 2 || !packable(t.dtype) || !cols.is_multiple_of(packed::GROUP_VALUES) {
+        return Ok(None);
+    }
+    let n = packed::packed_bytes(t.dtype, rows, cols);
+    let mut bytes = crate::model::hugepages::anon(n)
+        .map_err(|e| CpuBackend::err(format!("tensor `{}`: no memory for its {n} repacked bytes: {e}", t.name)))?;
+    pool.install(|| packed::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n]));
+    let bytes = bytes
+        .make_read_only()
+        .map_err(|e| CpuBackend::err(format!("tensor `{}`: cannot make its repacked bytes read-only: {e}", t.name)))?;
+    t.release_resident();
+    log::debug!("tensor `{}`: {rows}x{cols} {} repacked into 16-row panels ({n} bytes)", t.name, t.dtype);
+    Ok(Some(CpuWeight::Packed { name: t.name.clone(), dtype: t.dtype, rows, cols, bytes }))
 }
 
 /// `t` converted to `to` (f32, f16 or bf16): block-quantized rows are dequantized one at a
