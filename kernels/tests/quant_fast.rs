@@ -333,10 +333,16 @@ fn pack(w: &WeightMat<'_>) -> Vec<u8> {
 #[test]
 fn packed_panels_give_the_row_layouts_bits_on_every_level_batch_and_split() {
     let mut rng = StdRng::seed_from_u64(21);
-    for dt in [DType::Q4_0, DType::Q8_0] {
+    for dt in QUANT {
+        assert!(packed::packable(dt), "{dt} has a packed layout");
         // Rows: a partial panel, exactly one, several with a partial last one. Groups: 1, a
-        // short chunk (28), whole chunks (48).
-        for &(n, k) in &[(5, 32), (16, 896), (45, 1536), (67, 512)] {
+        // short chunk (28), whole chunks (48), one super-block (8) for the K types.
+        let shapes: &[(usize, usize)] = if dt.block_elems() == 32 {
+            &[(5, 32), (16, 896), (45, 1536), (67, 512)]
+        } else {
+            &[(5, 256), (16, 768), (45, 1536), (35, 4864)]
+        };
+        for &(n, k) in shapes {
             let wb = random_weights(dt, n, k, &mut rng);
             let w = WeightMat::new(dt, n, k, &wb).unwrap();
             let pb = pack(&w);
@@ -373,7 +379,7 @@ fn packed_panels_give_the_row_layouts_bits_on_every_level_batch_and_split() {
 
 #[test]
 fn packed_layout_is_refused_where_it_does_not_apply() {
-    assert!(!packed::packable(DType::Q4K) && !packed::packable(DType::F32));
+    assert!(!packed::packable(DType::F32) && !packed::packable(DType::BF16));
     let wb = vec![0u8; 18 * 3];
     assert!(WeightMat::packed(DType::Q4_0, 3, 32, &wb).is_err(), "a packed matrix is whole panels");
     let pb = vec![0u8; packed::packed_bytes(DType::Q4_0, 3, 32)];

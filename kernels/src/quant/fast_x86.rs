@@ -75,9 +75,16 @@ pub(super) trait IV: Copy {
     unsafe fn dpw<const VNNI: bool>(acc: Self, w: Self, aw: Self, x: Self) -> Self;
     unsafe fn add(a: Self, b: Self) -> Self;
     unsafe fn mullo(a: Self, b: Self) -> Self;
-    /// The low / high nibble of every byte, as a byte (the packed Q4_0 layout).
+    /// The low / high nibble of every byte, as a byte (the packed layouts).
     unsafe fn nib_lo(self) -> Self;
     unsafe fn nib_hi(self) -> Self;
+    unsafe fn or(a: Self, b: Self) -> Self;
+    /// Every byte ANDed with `mask`.
+    unsafe fn and8(self, mask: i8) -> Self;
+    /// Each 16-bit lane shifted left by `n` (right by `-n`), `|n| < 16`.
+    unsafe fn shift16(self, n: i32) -> Self;
+    /// 16 signed bytes at `p` as i32 lanes.
+    unsafe fn from_i8x16(p: *const u8) -> Self;
     /// Packs `rows` weight rows into a panel (see [`pack`]).
     #[inline(always)]
     unsafe fn pack<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
@@ -203,6 +210,26 @@ impl IV for ZI {
     #[inline(always)]
     unsafe fn nib_hi(self) -> Self {
         ZI(_mm512_and_si512(_mm512_srli_epi16::<4>(self.0), _mm512_set1_epi8(0x0F)))
+    }
+    #[inline(always)]
+    unsafe fn or(a: Self, b: Self) -> Self {
+        ZI(_mm512_or_si512(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn and8(self, mask: i8) -> Self {
+        ZI(_mm512_and_si512(self.0, _mm512_set1_epi8(mask)))
+    }
+    #[inline(always)]
+    unsafe fn shift16(self, n: i32) -> Self {
+        if n >= 0 {
+            ZI(_mm512_sll_epi16(self.0, _mm_cvtsi32_si128(n)))
+        } else {
+            ZI(_mm512_srl_epi16(self.0, _mm_cvtsi32_si128(-n)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn from_i8x16(p: *const u8) -> Self {
+        ZI(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)))
     }
     #[inline(always)]
     unsafe fn pack<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
@@ -355,6 +382,30 @@ impl IV for YI {
     unsafe fn nib_hi(self) -> Self {
         let m = _mm256_set1_epi8(0x0F);
         YI(_mm256_and_si256(_mm256_srli_epi16::<4>(self.0), m), _mm256_and_si256(_mm256_srli_epi16::<4>(self.1), m))
+    }
+    #[inline(always)]
+    unsafe fn or(a: Self, b: Self) -> Self {
+        YI(_mm256_or_si256(a.0, b.0), _mm256_or_si256(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn and8(self, mask: i8) -> Self {
+        let m = _mm256_set1_epi8(mask);
+        YI(_mm256_and_si256(self.0, m), _mm256_and_si256(self.1, m))
+    }
+    #[inline(always)]
+    unsafe fn shift16(self, n: i32) -> Self {
+        if n >= 0 {
+            let c = _mm_cvtsi32_si128(n);
+            YI(_mm256_sll_epi16(self.0, c), _mm256_sll_epi16(self.1, c))
+        } else {
+            let c = _mm_cvtsi32_si128(-n);
+            YI(_mm256_srl_epi16(self.0, c), _mm256_srl_epi16(self.1, c))
+        }
+    }
+    #[inline(always)]
+    unsafe fn from_i8x16(p: *const u8) -> Self {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        YI(_mm256_cvtepi8_epi32(v), _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(v)))
     }
 }
 

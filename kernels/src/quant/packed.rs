@@ -12,23 +12,38 @@
 //! Rows are grouped in panels of [`PANEL`] (the last panel padded with zero rows). A packed
 //! matrix is all panels' quant bytes (panel after panel, each panel's `ng = k / 32` groups in
 //! natural order, `QB` bytes per group), then all panels' scales (same order, `SB` bytes
-//! per group). A run of panels is thus two sequential streams, which the hardware
+//! per group on average). A run of panels is thus two sequential streams, which the hardware
 //! prefetchers follow best (measured: interleaving scales with quants per 16 groups, one
 //! stream, streamed 30% slower here, and splitting per panel, 30-50% slower), and quant
 //! loads stay 64-byte aligned.
-//! - Q4_0 (`QB` 256, `SB` 32): 4 blocks of 64 bytes; byte `64L + 4r + t` of a group is
-//!   `n(r, 8L + t) | n(r, 8L + 4 + t) << 4` (`n` the unsigned nibble of row `r`, value `e`).
-//!   Low nibbles give quad `2L` (values `8L..8L+4`) of the 16 rows in lanes, high nibbles
-//!   quad `2L + 1`. Scales: the 16 rows' `d` as f16.
-//! - Q8_0 (`QB` 512, `SB` 32): 8 blocks of 64 bytes; byte `64t + 4r + u` is
-//!   `w(r, 4t + u) + 128` as u8 (so `vpdpbusd` takes it as the unsigned operand). Scales as
-//!   Q4_0.
+//!
+//! Quants (every layout gives, per quad `t` = values `4t..4t + 4` of the group, one vector
+//! with the 16 rows in 4-byte lanes, as unsigned bytes `u`):
+//! - nibbles (Q4_0, Q5_0, Q4_K, Q5_K, Q6_K), 256 bytes: 4 blocks of 64; byte `64L + 4r + t`
+//!   is `n(r, 8L + t) | n(r, 8L + 4 + t) << 4` (`n` the low 4 bits of `u` of row `r`). Low
+//!   nibbles give quad `2L`, high nibbles quad `2L + 1`;
+//! - fifth bits (Q5_0, Q5_K), 64 bytes after the nibbles: bit `t` of byte `4r + v` is bit 4
+//!   of `u(r, 4t + v)`;
+//! - bits 4 and 5 (Q6_K), 128 bytes after the nibbles: bits `2t', 2t' + 1` of byte
+//!   `64h + 4r + v` are bits 4, 5 of `u(r, 4(4h + t') + v)`;
+//! - bytes (Q8_0), 512 bytes: byte `64t + 4r + v` is `w(r, 4t + v) + 128`.
+//!
+//! `u` is the weight `w` of `fast`'s module doc plus the format's bias: Q4_0 8, Q5_0 16,
+//! Q6_K 32, Q8_0 128, none for Q4_K / Q5_K.
+//!
+//! Scales:
+//! - Q4_0, Q5_0, Q8_0 (`SB` 32): the 16 rows' `d` as f16, per group;
+//! - Q4_K, Q5_K (`SB` 40): per super-block of 8 groups, 320 bytes: the 16 rows' `d` and
+//!   `dmin` (f16), then per group the 16 rows' 6-bit scales as bytes, then their mins;
+//! - Q6_K (`SB` 36): per super-block, 288 bytes: the 16 rows' `d` (f16), then per group
+//!   and half the 16 rows' signed scales (i8).
 //!
 //! Same size as the GGUF bytes of the panel's rows. The arithmetic is exactly `fast`'s (its
 //! module doc): `D_g` is the same integer, and `acc[g mod 16]` takes the same float steps, so
 //! results are bit-identical to the GGUF-layout kernels at every ISA level.
 
 use super::fast::{self, Group, GROUP};
+use super::reference;
 use crate::DType;
 
 /// Output rows per panel (one i32 / f32 lane each).
@@ -38,16 +53,39 @@ pub const GROUP_VALUES: usize = GROUP;
 
 /// Whether `dtype` has a packed layout.
 pub fn packable(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_0 | DType::Q8_0)
+    matches!(dtype, DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4K | DType::Q5K | DType::Q6K)
 }
 
-/// Quant and scale bytes per group of one panel.
+/// Quant and scale bytes per group of one panel (scales: on average, for the K types).
 pub(crate) fn group_bytes(dtype: DType) -> (usize, usize) {
     match dtype {
         DType::Q4_0 => (256, 32),
+        DType::Q5_0 => (320, 32),
         DType::Q8_0 => (512, 32),
+        DType::Q4K => (256, 40),
+        DType::Q5K => (320, 40),
+        DType::Q6K => (384, 36),
         _ => unreachable!("packed layout is only defined for packable types"),
     }
+}
+
+/// Groups per super-block of the K types (their `d` and `dmin` are per super-block).
+pub(crate) const SUPER: usize = 8;
+
+/// Byte offsets inside one super-block's scales: K4 (Q4_K, Q5_K) and Q6_K.
+pub(crate) struct K4;
+impl K4 {
+    pub const D: usize = 0;
+    pub const DMIN: usize = 2 * PANEL;
+    pub const SC: usize = 4 * PANEL;
+    pub const M: usize = Self::SC + SUPER * PANEL;
+    pub const BYTES: usize = Self::M + SUPER * PANEL;
+}
+pub(crate) struct K6;
+impl K6 {
+    pub const D: usize = 0;
+    pub const SC: usize = 2 * PANEL;
+    pub const BYTES: usize = Self::SC + 2 * SUPER * PANEL;
 }
 
 /// Bytes of one panel of a `[_, cols]` matrix (quants and scales).
@@ -128,6 +166,7 @@ fn pack_panel(dtype: DType, src: &[u8], rows: usize, cols: usize, p: usize, quan
     let ng = cols / GROUP;
     let (qb, sb) = group_bytes(dtype);
     let row_bytes = dtype.bytes_for(cols).expect("whole blocks");
+    let (be, bb) = (dtype.block_elems(), dtype.block_bytes());
     quants.fill(0);
     scales.fill(0);
     for r in 0..PANEL {
@@ -137,26 +176,58 @@ fn pack_panel(dtype: DType, src: &[u8], rows: usize, cols: usize, p: usize, quan
         }
         let row = &src[j * row_bytes..(j + 1) * row_bytes];
         for g in 0..ng {
+            let block = &row[(g * GROUP / be) * bb..][..bb];
             let gr = fast::group(dtype, row, g);
-            // The f16 `d` as stored (exactly `gr.a` widened).
-            let d = &row[(g * GROUP / dtype.block_elems()) * dtype.block_bytes()..][..2];
-            scales[g * sb + 2 * r..g * sb + 2 * r + 2].copy_from_slice(d);
+            let bias: i32 = match dtype {
+                DType::Q4_0 => 8,
+                DType::Q5_0 => 16,
+                DType::Q6K => 32,
+                DType::Q8_0 => 128,
+                _ => 0,
+            };
+            let u: [u8; GROUP] = std::array::from_fn(|e| (gr.w[e] as i32 + bias) as u8);
             let q = &mut quants[g * qb..(g + 1) * qb];
-            match dtype {
-                DType::Q4_0 => {
-                    for l in 0..4 {
-                        for t in 0..4 {
-                            let lo = (gr.w[8 * l + t] + 8) as u8;
-                            let hi = (gr.w[8 * l + 4 + t] + 8) as u8;
-                            q[64 * l + 4 * r + t] = lo | (hi << 4);
+            if dtype == DType::Q8_0 {
+                for t in 0..8 {
+                    for v in 0..4 {
+                        q[64 * t + 4 * r + v] = u[4 * t + v];
+                    }
+                }
+            } else {
+                for l in 0..4 {
+                    for t in 0..4 {
+                        q[64 * l + 4 * r + t] = (u[8 * l + t] & 0xF) | ((u[8 * l + 4 + t] & 0xF) << 4);
+                    }
+                }
+                for t in 0..8 {
+                    for v in 0..4 {
+                        let hi = u[4 * t + v] >> 4;
+                        if matches!(dtype, DType::Q5_0 | DType::Q5K) {
+                            q[256 + 4 * r + v] |= (hi & 1) << t;
+                        } else if dtype == DType::Q6K {
+                            q[256 + 64 * (t / 4) + 4 * r + v] |= (hi & 3) << (2 * (t % 4));
                         }
                     }
                 }
-                DType::Q8_0 => {
-                    for t in 0..8 {
-                        for u in 0..4 {
-                            q[64 * t + 4 * r + u] = (gr.w[4 * t + u] as u8) ^ 0x80;
-                        }
+            }
+            let (sbk, jg) = (g / SUPER * SUPER * sb, g % SUPER);
+            match dtype {
+                DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => {
+                    scales[g * sb + 2 * r..][..2].copy_from_slice(&block[..2]);
+                }
+                DType::Q4K | DType::Q5K => {
+                    let s = &mut scales[sbk..sbk + K4::BYTES];
+                    s[K4::D + 2 * r..][..2].copy_from_slice(&block[0..2]);
+                    s[K4::DMIN + 2 * r..][..2].copy_from_slice(&block[2..4]);
+                    let (sc, mn) = reference::scale_min_k4(jg, &block[4..16]);
+                    s[K4::SC + PANEL * jg + r] = sc;
+                    s[K4::M + PANEL * jg + r] = mn;
+                }
+                DType::Q6K => {
+                    let s = &mut scales[sbk..sbk + K6::BYTES];
+                    s[K6::D + 2 * r..][..2].copy_from_slice(&block[208..210]);
+                    for h in 0..2 {
+                        s[K6::SC + PANEL * (2 * jg + h) + r] = gr.sc[h] as i8 as u8;
                     }
                 }
                 _ => unreachable!("packed layout is only defined for packable types"),
@@ -168,34 +239,55 @@ fn pack_panel(dtype: DType, src: &[u8], rows: usize, cols: usize, p: usize, quan
 /// Group `g` of row `j` of the packed matrix `w`, in the integer form of `fast` (the
 /// definition the SIMD kernels follow).
 pub(crate) fn group(w: &crate::WeightMat<'_>, j: usize, g: usize) -> Group {
-    let geo = Geometry::of(w.dtype, w.rows, w.cols);
-    let (qb, sb) = group_bytes(w.dtype);
+    let dtype = w.dtype;
+    let geo = Geometry::of(dtype, w.rows, w.cols);
+    let (qb, sb) = group_bytes(dtype);
     let (p, r) = (j / PANEL, j % PANEL);
     let (qo, so) = geo.offsets(p);
     let q = &w.data[qo + g * qb..][..qb];
-    let s = &w.data[so + g * sb..][..sb];
-    let a = half::f16::from_le_bytes([s[2 * r], s[2 * r + 1]]).to_f32();
-    let mut wv = [0i8; GROUP];
-    match w.dtype {
-        DType::Q4_0 => {
-            for l in 0..4 {
-                for t in 0..4 {
-                    let b = q[64 * l + 4 * r + t];
-                    wv[8 * l + t] = (b & 0xF) as i8 - 8;
-                    wv[8 * l + 4 + t] = (b >> 4) as i8 - 8;
-                }
-            }
+    let f16 = |b: &[u8], at: usize| half::f16::from_le_bytes([b[at], b[at + 1]]).to_f32();
+    let mut u = [0u8; GROUP];
+    for t in 0..8 {
+        for v in 0..4 {
+            let e = 4 * t + v;
+            u[e] = if dtype == DType::Q8_0 {
+                q[64 * t + 4 * r + v]
+            } else {
+                let b = q[64 * (t / 2) + 4 * r + v];
+                let lo = if t % 2 == 0 { b & 0xF } else { b >> 4 };
+                let hi = match dtype {
+                    DType::Q5_0 | DType::Q5K => (q[256 + 4 * r + v] >> t) & 1,
+                    DType::Q6K => (q[256 + 64 * (t / 4) + 4 * r + v] >> (2 * (t % 4))) & 3,
+                    _ => 0,
+                };
+                lo | (hi << 4)
+            };
         }
-        DType::Q8_0 => {
-            for t in 0..8 {
-                for u in 0..4 {
-                    wv[4 * t + u] = (q[64 * t + 4 * r + u] ^ 0x80) as i8;
-                }
-            }
+    }
+    let bias: i32 = match dtype {
+        DType::Q4_0 => 8,
+        DType::Q5_0 => 16,
+        DType::Q6K => 32,
+        DType::Q8_0 => 128,
+        _ => 0,
+    };
+    let wv: [i8; GROUP] = std::array::from_fn(|e| (u[e] as i32 - bias) as i8);
+    let (sbk, jg) = (so + g / SUPER * SUPER * sb, g % SUPER);
+    let s = &w.data[..];
+    match dtype {
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => Group { w: wv, sc: [1, 1], a: f16(s, so + g * sb + 2 * r), m: 0.0 },
+        DType::Q4K | DType::Q5K => {
+            let (sc, mn) = (s[sbk + K4::SC + PANEL * jg + r], s[sbk + K4::M + PANEL * jg + r]);
+            let a = f16(s, sbk + K4::D + 2 * r) * sc as f32;
+            let m = f16(s, sbk + K4::DMIN + 2 * r) * mn as f32;
+            Group { w: wv, sc: [1, 1], a, m }
+        }
+        DType::Q6K => {
+            let sc = [0, 1].map(|h| s[sbk + K6::SC + PANEL * (2 * jg + h) + r] as i8 as i32);
+            Group { w: wv, sc, a: f16(s, sbk + K6::D + 2 * r), m: 0.0 }
         }
         _ => unreachable!("packed layout is only defined for packable types"),
     }
-    Group { w: wv, sc: [1, 1], a, m: 0.0 }
 }
 
 /// Scalar Fast kernel over packed panels: weight rows `j0..j1` of `w` against activation rows
@@ -217,7 +309,7 @@ pub(crate) unsafe fn dots_scalar(
         groups.clear();
         groups.extend((0..ng).map(|g| group(w, j, g)));
         for i in i0..i1 {
-            *dst.add((i - i0) * ld + (j - j0)) = fast::dot_groups(&groups, false, act, i);
+            *dst.add((i - i0) * ld + (j - j0)) = fast::dot_groups(&groups, fast::has_mins(w.dtype), act, i);
         }
     }
 }

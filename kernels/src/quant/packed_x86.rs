@@ -9,7 +9,7 @@
 //! Two walks over a panel, both exactly the canonical order:
 //! - one activation row (decode): groups in natural order, the 16 chain accumulators in
 //!   registers (group `g` goes to accumulator `g mod 16`), one sequential pass over the
-//!   panel, prefetched ahead;
+//!   panel (no software prefetch: it measured slower than the hardware prefetchers here);
 //! - several rows: chain by chain (the chain's groups, 16 apart), `MR` rows sharing each
 //!   unpacked group, one accumulator per row; the panel stays in L1/L2 across the rows.
 
@@ -21,26 +21,30 @@ use super::packed::{Geometry, PANEL};
 use super::x86::V16;
 use crate::DType;
 
-/// A packed format as the kernels read it.
-pub(super) trait PF {
-    /// Quant bytes per group of a panel (the scales, 16 f16, follow all groups' quants).
-    const QB: usize;
-    /// `D = dot(unsigned bytes, q) - (S << OFF)`.
-    const OFF: u32;
-    /// Bytes are `w + 128` (Q8_0): without VNNI they are flipped back to signed and multiplied
-    /// sign-aware, with no offset.
-    const SIGNED: bool;
-    /// The group's 8 quads (values `4t..4t + 4` of the 16 rows in lanes) at `q`.
-    unsafe fn quads<I: IV, const VNNI: bool>(q: *const u8) -> [I; 8];
+/// How a format's group scales work (`packed`'s layout doc).
+#[derive(PartialEq, Eq)]
+pub(super) enum Scales {
+    /// `A = d` per group (16 f16); `D -= S << OFF`.
+    D,
+    /// Q4_K / Q5_K: `A = d * sc`, `M = dmin * m` per group from the super-block's scales.
+    K4,
+    /// Q6_K: `A = d` per super-block; two signed half scales per group; `D_h -= 32 H_h`.
+    K6,
 }
 
-pub(super) struct P4_0;
-pub(super) struct P8_0;
-
-impl PF for P4_0 {
-    const QB: usize = 256;
-    const OFF: u32 = 3;
+/// A packed format as the kernels read it.
+pub(super) trait PF {
+    /// Quant bytes per group of a panel.
+    const QB: usize;
+    const SCALES: Scales;
+    /// `D = dot(unsigned bytes, q) - (S << OFF)` (`Scales::D` only).
+    const OFF: u32 = 0;
+    /// Bytes are `w + 128` (Q8_0): without VNNI they are flipped back to signed and multiplied
+    /// sign-aware, with no offset.
     const SIGNED: bool = false;
+    /// High bits after the nibbles: 0, 1 (Q5_0, Q5_K) or 2 (Q6_K).
+    const HIGH: u32 = 0;
+    /// The group's 8 quads (values `4t..4t + 4` of the 16 rows in lanes) at `q`.
     #[inline(always)]
     unsafe fn quads<I: IV, const VNNI: bool>(q: *const u8) -> [I; 8] {
         let mut o = [I::zero(); 8];
@@ -49,12 +53,49 @@ impl PF for P4_0 {
             o[2 * l] = v.nib_lo();
             o[2 * l + 1] = v.nib_hi();
         }
+        if Self::HIGH == 1 {
+            let hb = I::load(q.add(256));
+            for t in 0..8 {
+                // Bit t of each byte to bit 4.
+                o[t] = I::or(o[t], I::and8(I::shift16(hb, 4 - t as i32), 0x10));
+            }
+        } else if Self::HIGH == 2 {
+            for h in 0..2 {
+                let hb = I::load(q.add(256 + 64 * h));
+                for t in 0..4 {
+                    // Bits 2t, 2t + 1 of each byte to bits 4, 5.
+                    let v = &mut o[4 * h + t];
+                    *v = I::or(*v, I::and8(I::shift16(hb, 4 - 2 * t as i32), 0x30));
+                }
+            }
+        }
         o
     }
 }
 
+pub(super) struct P4_0;
+pub(super) struct P5_0;
+pub(super) struct P8_0;
+pub(super) struct P4K;
+pub(super) struct P5K;
+pub(super) struct P6K;
+
+impl PF for P4_0 {
+    const QB: usize = 256;
+    const SCALES: Scales = Scales::D;
+    const OFF: u32 = 3;
+}
+
+impl PF for P5_0 {
+    const QB: usize = 320;
+    const SCALES: Scales = Scales::D;
+    const OFF: u32 = 4;
+    const HIGH: u32 = 1;
+}
+
 impl PF for P8_0 {
     const QB: usize = 512;
+    const SCALES: Scales = Scales::D;
     const OFF: u32 = 7;
     const SIGNED: bool = true;
     #[inline(always)]
@@ -68,7 +109,24 @@ impl PF for P8_0 {
     }
 }
 
-/// Scale bytes per group (16 f16).
+impl PF for P4K {
+    const QB: usize = 256;
+    const SCALES: Scales = Scales::K4;
+}
+
+impl PF for P5K {
+    const QB: usize = 320;
+    const SCALES: Scales = Scales::K4;
+    const HIGH: u32 = 1;
+}
+
+impl PF for P6K {
+    const QB: usize = 384;
+    const SCALES: Scales = Scales::K6;
+    const HIGH: u32 = 2;
+}
+
+/// Scale bytes per group of the `Scales::D` formats (16 f16).
 const SB: usize = 32;
 
 /// One activation row of a [`QAct`] (natural layout).
@@ -76,7 +134,9 @@ const SB: usize = 32;
 struct Row {
     xq: *const u8,
     xs: *const f32,
+    ys: *const f32,
     s: *const i32,
+    h: *const i16,
 }
 
 impl Row {
@@ -84,21 +144,66 @@ impl Row {
         let g = i * a.ngp;
         // SAFETY: row i exists (i < a.m), so these offsets stay inside the arrays.
         unsafe {
-            Row { xq: a.xq.as_ptr().add(g * GROUP) as *const u8, xs: a.xs.as_ptr().add(g), s: a.s.as_ptr().add(g) }
+            Row {
+                xq: a.xq.as_ptr().add(g * GROUP) as *const u8,
+                xs: a.xs.as_ptr().add(g),
+                ys: a.ys.as_ptr().add(g),
+                s: a.s.as_ptr().add(g),
+                h: a.h.as_ptr().add(2 * g),
+            }
         }
+    }
+}
+
+/// `v` in every lane.
+#[inline(always)]
+unsafe fn splat_i32<I: IV>(v: i32) -> I {
+    I::bcast32(&v as *const i32 as *const u8)
+}
+
+/// A group's scales for the float step (lanes = panel rows).
+struct GroupScales<I: IV> {
+    /// `A`.
+    a: I::F,
+    /// `-M` (`Scales::K4`).
+    neg_m: I::F,
+    /// The half scales (`Scales::K6`).
+    sc: [I; 2],
+}
+
+/// The scales of group `g` of a panel whose scales start at `s`.
+#[inline(always)]
+unsafe fn group_scales<I: IV, F: PF>(s: *const u8, g: usize) -> GroupScales<I> {
+    use super::packed::{K4, K6, SUPER};
+    let block = if F::SCALES == Scales::K4 { K4::BYTES } else { K6::BYTES };
+    let (sbk, j) = (s.add(g / SUPER * block), g % SUPER);
+    match F::SCALES {
+        Scales::D => GroupScales { a: I::F::load_f16x16(s.add(g * SB)), neg_m: I::F::zero(), sc: [I::zero(); 2] },
+        Scales::K4 => {
+            let a = I::F::mul(I::F::load_f16x16(sbk.add(K4::D)), I::F::from_u8x16(sbk.add(K4::SC + PANEL * j)));
+            let m = I::F::mul(I::F::load_f16x16(sbk.add(K4::DMIN)), I::F::from_u8x16(sbk.add(K4::M + PANEL * j)));
+            GroupScales { a, neg_m: m.neg(), sc: [I::zero(); 2] }
+        }
+        Scales::K6 => GroupScales {
+            a: I::F::load_f16x16(sbk.add(K6::D)),
+            neg_m: I::F::zero(),
+            sc: [I::from_i8x16(sbk.add(K6::SC + PANEL * 2 * j)), I::from_i8x16(sbk.add(K6::SC + PANEL * (2 * j + 1)))],
+        },
     }
 }
 
 /// `D_g` of row `x` against the unpacked group `w` (lanes = panel rows).
 #[inline(always)]
-unsafe fn group_dot<I: IV, F: PF, const VNNI: bool>(w: &[I; 8], x: Row, g: usize) -> I {
+unsafe fn group_dot<I: IV, F: PF, const VNNI: bool>(w: &[I; 8], sc: &GroupScales<I>, x: Row, g: usize) -> I {
     let xq = x.xq.add(g * GROUP);
-    let mut d0 = I::zero();
-    if F::OFF > 0 && (VNNI || !F::SIGNED) {
-        let off = -(*x.s.add(g) << F::OFF);
-        d0 = I::bcast32(&off as *const i32 as *const u8);
+    let (mut d0, mut d1) = (I::zero(), I::zero());
+    if F::SCALES == Scales::K6 {
+        // -32 H_h per half: the unsigned bytes carry +32.
+        d0 = splat_i32(-((*x.h.add(2 * g) as i32) << 5));
+        d1 = splat_i32(-((*x.h.add(2 * g + 1) as i32) << 5));
+    } else if F::OFF > 0 && (VNNI || !F::SIGNED) {
+        d0 = splat_i32(-(*x.s.add(g) << F::OFF));
     }
-    let mut d1 = I::zero();
     for t in 0..4 {
         let (xa, xb) = (I::bcast32(xq.add(4 * t)), I::bcast32(xq.add(16 + 4 * t)));
         if F::SIGNED && !VNNI {
@@ -109,7 +214,24 @@ unsafe fn group_dot<I: IV, F: PF, const VNNI: bool>(w: &[I; 8], x: Row, g: usize
             d1 = I::dot::<VNNI>(d1, w[t + 4], xb);
         }
     }
-    I::add(d0, d1)
+    if F::SCALES == Scales::K6 {
+        I::add(I::mullo(d0, sc.sc[0]), I::mullo(d1, sc.sc[1]))
+    } else {
+        I::add(d0, d1)
+    }
+}
+
+/// The float step of group `g` for row `x`: `acc` after `fma(D, A X, acc)` (and, with mins,
+/// `fma(-M, Y, .)`).
+#[inline(always)]
+unsafe fn float_step<I: IV, F: PF>(acc: I::F, d: I, sc: &GroupScales<I>, x: Row, g: usize) -> I::F {
+    let s = I::F::mul(sc.a, I::F::splat(*x.xs.add(g)));
+    let v = I::F::fma(d.cvt(), s, acc);
+    if F::SCALES == Scales::K4 {
+        I::F::fma(sc.neg_m, I::F::splat(*x.ys.add(g)), v)
+    } else {
+        v
+    }
 }
 
 /// The canonical tree over the 16 chain accumulators (`reference::hsum16`, per lane).
@@ -147,9 +269,9 @@ unsafe fn panel_one<I: IV, F: PF, const VNNI: bool>(q: *const u8, s: *const u8, 
             let g = g0 + c;
             if g < ng {
                 let w = F::quads::<I, VNNI>(q.add(g * F::QB));
-                let d = group_dot::<I, F, VNNI>(&w, x, g);
-                let sc = I::F::mul(I::F::load_f16x16(s.add(g * SB)), I::F::splat(*x.xs.add(g)));
-                acc[c] = I::F::fma(d.cvt(), sc, acc[c]);
+                let sc = group_scales::<I, F>(s, g);
+                let d = group_dot::<I, F, VNNI>(&w, &sc, x, g);
+                acc[c] = float_step::<I, F>(acc[c], d, &sc, x, g);
             }
         });
         g0 += CHAINS;
@@ -172,11 +294,10 @@ unsafe fn panel_many<I: IV, F: PF, const VNNI: bool, const MR: usize>(
         let mut g = c;
         while g < ng {
             let w = F::quads::<I, VNNI>(q.add(g * F::QB));
-            let a = I::F::load_f16x16(s.add(g * SB));
+            let sc = group_scales::<I, F>(s, g);
             for i in 0..MR {
-                let d = group_dot::<I, F, VNNI>(&w, x[i], g);
-                let s = I::F::mul(a, I::F::splat(*x[i].xs.add(g)));
-                acc[i] = I::F::fma(d.cvt(), s, acc[i]);
+                let d = group_dot::<I, F, VNNI>(&w, &sc, x[i], g);
+                acc[i] = float_step::<I, F>(acc[i], d, &sc, x[i], g);
             }
             g += CHAINS;
         }
@@ -278,7 +399,11 @@ pub(super) unsafe fn dots(level: Level, dtype: DType, job: &PJob<'_>) {
         ($f:ident) => {
             match dtype {
                 DType::Q4_0 => $f::<P4_0>(job),
+                DType::Q5_0 => $f::<P5_0>(job),
                 DType::Q8_0 => $f::<P8_0>(job),
+                DType::Q4K => $f::<P4K>(job),
+                DType::Q5K => $f::<P5K>(job),
+                DType::Q6K => $f::<P6K>(job),
                 _ => unreachable!("packed layout is only defined for packable types"),
             }
         };
