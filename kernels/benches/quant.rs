@@ -304,6 +304,69 @@ fn gemv(threads: usize, prec: Precision) {
     }
 }
 
+/// Dense f32 / f16 / bf16 weights (exact precision) at m = 1, 16 and 512, in the row layout
+/// and in 16-row panels (`matmul::packed`, as the CPU backend uploads them), weights cycled
+/// through more than the caches for m < 512. `ROWS=1` measures the row layout only.
+fn dense(threads: usize) {
+    use tboost_kernels::matmul;
+    let p = pool(threads);
+    let (n, k) = (5632, 2048);
+    for dt in [DType::F16, DType::BF16, DType::F32] {
+        for m in [1, 16, 512] {
+            for packed in [false, true] {
+                if packed && std::env::var_os("ROWS").is_some() {
+                    continue;
+                }
+                let bytes = n * k * dt.block_bytes();
+                let copies =
+                    if m == 512 || std::env::var_os("HOT").is_some() { 1 } else { (cold_bytes() / bytes).max(2) };
+                let ws: Vec<Huge> = (0..copies)
+                    .map(|c| {
+                        let mut r = Lcg(c as u64 + 5);
+                        let w: Vec<u8> = (0..n * k)
+                            .flat_map(|_| {
+                                let v = (r.next() % 2001) as f32 / 1000.0 - 1.0;
+                                match dt {
+                                    DType::F32 => v.to_le_bytes().to_vec(),
+                                    DType::BF16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
+                                    _ => f16::from_f32(v).to_le_bytes().to_vec(),
+                                }
+                            })
+                            .collect();
+                        if packed {
+                            let mut pk = vec![0u8; matmul::packed::packed_bytes(dt, n, k)];
+                            matmul::packed::pack(dt, n, k, &w, &mut pk);
+                            Huge::new(&pk)
+                        } else {
+                            Huge::new(&w)
+                        }
+                    })
+                    .collect();
+                let xs = x(m, k);
+                let mut out = vec![0f32; m * n];
+                let mut c = 0;
+                let secs = time(&p, Duration::from_millis(1500), || {
+                    let w = if packed {
+                        WeightMat::packed(dt, n, k, &ws[c % copies]).unwrap()
+                    } else {
+                        WeightMat::new(dt, n, k, &ws[c % copies]).unwrap()
+                    };
+                    c += 1;
+                    matmul::matmul(&xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
+                });
+                println!(
+                    "dense    threads={threads} {:>5}{} m={m:>3} n={n} k={k}: {:9.1} us  {:5.1} GB/s  {:6.1} GFLOP/s",
+                    dt.to_string(),
+                    if packed { " packed" } else { "       " },
+                    secs * 1e6,
+                    bytes as f64 / secs / 1e9,
+                    2.0 * (m * n * k) as f64 / secs / 1e9
+                );
+            }
+        }
+    }
+}
+
 /// Batched decode: m = 16 activation rows, weights cycled as in `gemv`.
 fn batch(threads: usize, prec: Precision) {
     let p = pool(threads);
@@ -489,6 +552,9 @@ fn main() {
             }
             if args.iter().any(|a| a == "batch") {
                 batch(t, prec);
+            }
+            if args.iter().any(|a| a == "dense") && prec == Precision::Exact {
+                dense(t);
             }
             if want("gemm") {
                 gemm(t, prec);

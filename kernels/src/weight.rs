@@ -38,12 +38,17 @@ impl<'a> WeightMat<'a> {
         Ok(WeightMat { dtype, rows, cols, data, layout: Layout::Rows })
     }
 
-    /// Views `data`, the output of [`crate::quant::pack`] for a `[rows, cols]` matrix.
+    /// Views `data`, the output of `quant::packed::pack` (block types) or
+    /// `matmul::packed::pack` (f32, f16, bf16) for a `[rows, cols]` matrix.
     pub fn packed(dtype: DType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, String> {
-        if !crate::quant::packed::packable(dtype) || !cols.is_multiple_of(crate::quant::packed::GROUP_VALUES) {
+        use crate::{matmul, quant};
+        let need = if quant::packed::packable(dtype) && cols.is_multiple_of(quant::packed::GROUP_VALUES) {
+            quant::packed::packed_bytes(dtype, rows, cols)
+        } else if matmul::packed::packable(dtype) {
+            matmul::packed::packed_bytes(dtype, rows, cols)
+        } else {
             return Err(format!("{rows}x{cols} {dtype} has no packed layout"));
-        }
-        let need = crate::quant::packed::packed_bytes(dtype, rows, cols);
+        };
         if data.len() != need {
             return Err(format!("packed {rows}x{cols} {dtype} needs {need} bytes, got {}", data.len()));
         }
@@ -61,7 +66,10 @@ impl<'a> WeightMat<'a> {
     pub fn row_bytes(&self) -> usize {
         match self.layout {
             Layout::Rows => self.data.len() / self.rows.max(1),
-            Layout::Panels => crate::quant::packed::panel_bytes(self.dtype, self.cols) / crate::quant::packed::PANEL,
+            Layout::Panels if self.dtype.is_quantized() => {
+                crate::quant::packed::panel_bytes(self.dtype, self.cols) / crate::quant::packed::PANEL
+            }
+            Layout::Panels => self.cols * self.dtype.block_bytes(),
         }
     }
 

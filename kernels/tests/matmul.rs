@@ -372,3 +372,49 @@ fn forged_weight_view_is_rejected_before_any_read() {
     let mut out = [0f32; 4];
     matmul::matmul(&[0.0; 8], 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
 }
+
+/// `w` (row-major) repacked into 16-row panels (`matmul::packed`).
+fn packed_of(w: &WeightMat<'_>) -> Vec<u8> {
+    let mut p = vec![0u8; matmul::packed::packed_bytes(w.dtype, w.rows, w.cols)];
+    matmul::packed::pack(w.dtype, w.rows, w.cols, w.data, &mut p);
+    p
+}
+
+#[test]
+fn packed_panels_give_the_row_layouts_bits_on_every_isa_batch_and_split() {
+    let mut rng = StdRng::seed_from_u64(41);
+    for dt in DTYPES {
+        for &(m, n, k) in SHAPES.iter().chain(&[(1, 40, 2048), (3, 67, 512), (20, 33, 300)]) {
+            let w = OwnedMat::random(&mut rng, dt, n, k);
+            let b = OwnedVec::random(&mut rng, DType::F32, n);
+            let x = rand_vec(&mut rng, m * k);
+            let pb = packed_of(&w.view());
+            let wp = WeightMat::packed(dt, n, k, &pb).unwrap();
+            let want = run_one(Isa::Scalar, &x, m, w.view(), Some(b.view()));
+            for isa in isas() {
+                for threads in [1, 3] {
+                    let what = format!("{dt} packed {} m={m} n={n} k={k} threads={threads}", isa.name());
+                    let got = pool(threads).install(|| run_one(isa, &x, m, wp, Some(b.view())));
+                    assert!(bits_eq(&got, &want), "{what}: differs from the row layout");
+                }
+                // Fused SwiGLU with packed gate and up, and a merged call mixing layouts.
+                let u = OwnedMat::random(&mut rng, dt, n, k);
+                let upb = packed_of(&u.view());
+                let up = WeightMat::packed(dt, n, k, &upb).unwrap();
+                let (mut a, mut c) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+                matmul::matmul_swiglu_with(isa, &x, m, w.view(), u.view(), &mut a);
+                matmul::matmul_swiglu_with(isa, &x, m, wp, up, &mut c);
+                assert!(bits_eq(&a, &c), "{dt} packed swiglu {} m={m} n={n} k={k}", isa.name());
+                let (mut y1, mut y2) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+                matmul::matmul_with(
+                    isa,
+                    &x,
+                    m,
+                    &mut [MatSeg { w: wp, bias: None, out: &mut y1 }, MatSeg { w: u.view(), bias: None, out: &mut y2 }],
+                );
+                assert!(bits_eq(&y1, &run_one(isa, &x, m, w.view(), None)), "{dt} mixed call, packed segment");
+                assert!(bits_eq(&y2, &run_one(isa, &x, m, u.view(), None)), "{dt} mixed call, row segment");
+            }
+        }
+    }
+}

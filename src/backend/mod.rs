@@ -137,10 +137,12 @@ pub trait Backend: Send {
         false
     }
 
-    /// [`Backend::upload_weight`] for a matmul weight whose slot the plan packed: the backend
-    /// may store it in its own layout (same dtype and values) when [`Backend::packs`] says so
-    /// for its dtype, and as it is otherwise. Only matmul ops may then read it.
-    fn upload_packed(&mut self, tensor: &Tensor) -> Result<WeightId> {
+    /// [`Backend::upload_weight`] for a matmul weight whose slot the plan packed (run at
+    /// `precision`): the backend may store it in its own layout (same dtype and values) when
+    /// [`Backend::packs`] says so for its dtype, and as it is otherwise. Only matmul ops at
+    /// that precision may then read it.
+    fn upload_packed(&mut self, tensor: &Tensor, precision: Precision) -> Result<WeightId> {
+        let _ = precision;
         self.upload_weight(tensor)
     }
 

@@ -52,7 +52,7 @@ impl Uploader<'_> {
     fn up(&mut self, d: &Decision, t: &Tensor) -> Result<WeightId> {
         let t = match d.weights {
             WeightMode::Convert(to) if t.dtype != to => Cow::Owned(convert_weight(t, to)?),
-            WeightMode::Packed => return self.backend(d)?.upload_packed(t),
+            WeightMode::Packed => return self.backend(d)?.upload_packed(t, d.precision),
             _ => Cow::Borrowed(t),
         };
         self.backend(d)?.upload_weight(&t)

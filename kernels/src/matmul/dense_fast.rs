@@ -126,6 +126,10 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
     if segs.iter().all(|s| !kernel.applies(s.w.dtype)) {
         return super::matmul_with(isa, x, m, segs);
     }
+    assert!(
+        segs.iter().all(|s| s.w.layout == crate::Layout::Rows),
+        "matmul_fast: packed dense weights run the exact kernels"
+    );
     kernel.check();
     // The exact kernels' checks cover every segment; BF16 segments are then recomputed here.
     // Only the shapes matter for the checks, so run them on all segments first.

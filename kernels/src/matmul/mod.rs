@@ -31,6 +31,7 @@
 mod blocked;
 mod dense_fast;
 mod kernel;
+pub mod packed;
 pub mod reference;
 mod simd;
 
@@ -39,7 +40,7 @@ pub use dense_fast::{
 };
 
 use crate::isa::{self, Isa};
-use crate::{DType, WeightMat, WeightVec};
+use crate::{DType, Layout, WeightMat, WeightVec};
 use kernel::{Cols, PlainCols, SwigluCols};
 use rayon::prelude::*;
 use simd::{Lanes, Scalar16, WKind, WBF16, WF16, WF32};
@@ -126,6 +127,18 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
     if m == 0 {
         return;
     }
+    if segs.iter().any(|s| s.w.layout == Layout::Panels) {
+        // Packed segments take the panel kernels, the others the row kernels.
+        let (mut p, mut r): (Vec<MatSeg<'_, '_>>, Vec<MatSeg<'_, '_>>) = segs
+            .iter_mut()
+            .map(|s| MatSeg { w: s.w, bias: s.bias, out: &mut *s.out })
+            .partition(|s| s.w.layout == Layout::Panels);
+        run_packed(isa, x, m, &mut p);
+        if !r.is_empty() {
+            matmul_with(isa, x, m, &mut r);
+        }
+        return;
+    }
     let rows: Vec<usize> = segs.iter().map(|s| s.w.rows).collect();
     let cols: Vec<PlainCols<'_>> = segs
         .iter_mut()
@@ -184,6 +197,26 @@ pub fn matmul_swiglu_with(isa: Isa, x: &[f32], m: usize, gate: WeightMat<'_>, up
     if m == 0 || n == 0 {
         return;
     }
+    if gate.layout == Layout::Panels || up.layout == Layout::Panels {
+        assert!(gate.layout == up.layout, "matmul_swiglu: gate and up must both be packed or both not");
+        let sink = packed::Sink::Swiglu { out: out.as_mut_ptr(), ld: n, up: up.data.as_ptr() };
+        let tasks = packed_tasks(&[n], m, 2 * k);
+        let sink = SendSink(sink);
+        // SAFETY: shapes were checked above; tasks cover disjoint outputs.
+        execute_tasks(&tasks, |t| unsafe {
+            packed::task(
+                isa,
+                gate.dtype,
+                gate.data.as_ptr(),
+                (n, k),
+                (t.p0, t.p1),
+                x.as_ptr(),
+                (t.i0, t.i1),
+                sink.get(),
+            )
+        });
+        return;
+    }
     let cols = SwigluCols {
         gate: gate.data.as_ptr(),
         up: up.data.as_ptr(),
@@ -202,14 +235,91 @@ fn check_isa(isa: Isa) {
     assert!(isa <= have, "matmul: {} kernels requested but this CPU supports only {}", isa.name(), have.name());
 }
 
-/// A supported dtype and exactly `rows * cols` elements of data: `WeightMat`'s fields are
-/// public, and the kernels read rows through raw pointers.
+/// A supported dtype and exactly `rows * cols` elements of data (or the packed size):
+/// `WeightMat`'s fields are public, and the kernels read rows through raw pointers.
 fn check_weight(w: &WeightMat<'_>, what: &str) {
     if let Err(e) = supports(&MatMulCase::f32(w.dtype, w.rows, w.cols)) {
         panic!("{what}: {e}");
     }
+    if w.layout == Layout::Panels {
+        return packed::check(w, what);
+    }
     let need = w.dtype.bytes_for(w.cols).and_then(|rb| rb.checked_mul(w.rows));
     assert_eq!(Some(w.data.len()), need, "{what}: {}x{} {} weight has {} bytes", w.rows, w.cols, w.dtype, w.data.len());
+}
+
+/// One task over packed panels: panels `p0..p1` of segment `seg`, activation rows `i0..i1`.
+#[derive(Clone, Copy, Debug)]
+struct PackedTask {
+    seg: usize,
+    p0: usize,
+    p1: usize,
+    i0: usize,
+    i1: usize,
+}
+
+/// Splits segments of `rows[s]` rows into whole-panel tasks, as `plan_items` splits columns
+/// (about 4 per thread, and rows of `m` when panels alone give too few).
+fn packed_tasks(rows: &[usize], m: usize, k: usize) -> Vec<PackedTask> {
+    let panels: Vec<usize> = rows.iter().map(|r| r.div_ceil(packed::PANEL)).collect();
+    let total: usize = panels.iter().sum();
+    let threads = rayon::current_num_threads().max(1);
+    let work = m.saturating_mul(k.max(1)).saturating_mul(total * packed::PANEL);
+    let target = if threads == 1 { 1 } else { (threads * 4).min((work / MIN_ITEM_WORK).max(1)) };
+    let chunk = total.div_ceil(target).max(1);
+    let n_tasks: usize = panels.iter().map(|p| p.div_ceil(chunk)).sum();
+    let m_step =
+        if n_tasks < target && m > 8 { m.div_ceil(target.div_ceil(n_tasks.max(1))).next_multiple_of(8) } else { m };
+    let mut tasks = Vec::new();
+    for (seg, &np) in panels.iter().enumerate() {
+        for p0 in (0..np).step_by(chunk) {
+            for i0 in (0..m).step_by(m_step.max(1)) {
+                tasks.push(PackedTask { seg, p0, p1: (p0 + chunk).min(np), i0, i1: (i0 + m_step).min(m) });
+            }
+        }
+    }
+    tasks
+}
+
+fn execute_tasks(tasks: &[PackedTask], f: impl Fn(&PackedTask) + Sync + Send) {
+    if tasks.len() <= 1 {
+        tasks.iter().for_each(f);
+    } else {
+        tasks.par_iter().with_max_len(1).for_each(f);
+    }
+}
+
+/// A sink shared by tasks that write disjoint outputs.
+struct SendSink<'a>(packed::Sink<'a>);
+// SAFETY: the sink's pointers are read-only weights and outputs written at disjoint places.
+unsafe impl Send for SendSink<'_> {}
+unsafe impl Sync for SendSink<'_> {}
+
+impl<'a> SendSink<'a> {
+    /// A method (not the field) so closures capture the whole `Send + Sync` wrapper.
+    fn get(&self) -> &packed::Sink<'a> {
+        &self.0
+    }
+}
+
+/// The packed segments of a checked `matmul_with` call.
+fn run_packed(isa: Isa, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
+    let k = segs.first().map_or(0, |s| s.w.cols);
+    let rows: Vec<usize> = segs.iter().map(|s| s.w.rows).collect();
+    let sinks: Vec<SendSink<'_>> = segs
+        .iter_mut()
+        .map(|s| SendSink(packed::Sink::Plain { out: s.out.as_mut_ptr(), ld: s.w.rows, bias: s.bias }))
+        .collect();
+    let ws: Vec<(DType, usize, usize)> =
+        segs.iter().map(|s| (s.w.dtype, s.w.data.as_ptr() as usize, s.w.rows)).collect();
+    let tasks = packed_tasks(&rows, m, k);
+    execute_tasks(&tasks, |t| {
+        let (dtype, w, n) = ws[t.seg];
+        // SAFETY: shapes were checked by `matmul_with`; tasks cover disjoint outputs.
+        unsafe {
+            packed::task(isa, dtype, w as *const u8, (n, k), (t.p0, t.p1), x.as_ptr(), (t.i0, t.i1), sinks[t.seg].get())
+        }
+    });
 }
 
 /// One unit of parallel work: output rows `i0..i1`, columns `j0..j1` of segment `seg`.

@@ -30,6 +30,10 @@ pub(super) trait Lanes: Copy {
     unsafe fn fma(a: Self, b: Self, acc: Self) -> Self;
     /// The canonical tree sum of the 16 lanes.
     unsafe fn reduce(self) -> f32;
+    /// `v` in every lane.
+    unsafe fn splat(v: f32) -> Self;
+    /// `a + b` per lane.
+    unsafe fn add(a: Self, b: Self) -> Self;
     /// Hints that the cache line at `p` will be read soon (no effect on results).
     #[inline(always)]
     unsafe fn prefetch(_p: *const u8) {}
@@ -114,6 +118,14 @@ impl Lanes for Scalar16 {
         Scalar16(std::array::from_fn(|l| a.0[l].mul_add(b.0[l], acc.0[l])))
     }
     #[inline(always)]
+    unsafe fn splat(v: f32) -> Self {
+        Scalar16([v; 16])
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        Scalar16(std::array::from_fn(|l| a.0[l] + b.0[l]))
+    }
+    #[inline(always)]
     unsafe fn reduce(self) -> f32 {
         let v = self.0;
         let s8: [f32; 8] = std::array::from_fn(|i| v[i] + v[i + 8]);
@@ -179,6 +191,14 @@ mod x86 {
             Avx2x2(_mm256_fmadd_ps(a.0, b.0, acc.0), _mm256_fmadd_ps(a.1, b.1, acc.1))
         }
         #[inline(always)]
+        unsafe fn splat(v: f32) -> Self {
+            Avx2x2(_mm256_set1_ps(v), _mm256_set1_ps(v))
+        }
+        #[inline(always)]
+        unsafe fn add(a: Self, b: Self) -> Self {
+            Avx2x2(_mm256_add_ps(a.0, b.0), _mm256_add_ps(a.1, b.1))
+        }
+        #[inline(always)]
         unsafe fn reduce(self) -> f32 {
             reduce8(_mm256_add_ps(self.0, self.1))
         }
@@ -213,6 +233,14 @@ mod x86 {
         #[inline(always)]
         unsafe fn fma(a: Self, b: Self, acc: Self) -> Self {
             Avx512(_mm512_fmadd_ps(a.0, b.0, acc.0))
+        }
+        #[inline(always)]
+        unsafe fn splat(v: f32) -> Self {
+            Avx512(_mm512_set1_ps(v))
+        }
+        #[inline(always)]
+        unsafe fn add(a: Self, b: Self) -> Self {
+            Avx512(_mm512_add_ps(a.0, b.0))
         }
         #[inline(always)]
         unsafe fn prefetch(p: *const u8) {

@@ -413,13 +413,11 @@ impl Backend for CpuBackend {
     }
 
     fn packs(&self, dtype: DType, precision: Precision) -> bool {
-        // The Fast integer kernels read 16-row panels (no horizontal sums; measured 1.5-2x
-        // the GGUF layout's GEMV); Exact reads the GGUF rows.
-        precision == Precision::Fast && weights::packable(dtype)
+        weights::packable(dtype, precision)
     }
 
-    fn upload_packed(&mut self, tensor: &Tensor) -> Result<WeightId> {
-        match weights::pack(tensor, &self.pool)? {
+    fn upload_packed(&mut self, tensor: &Tensor, precision: Precision) -> Result<WeightId> {
+        match weights::pack(tensor, precision, &self.pool)? {
             Some(w) => {
                 self.weights.push(w);
                 Ok(WeightId((self.weights.len() - 1) as u32))

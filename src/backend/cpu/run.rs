@@ -20,12 +20,16 @@ fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     Ok(())
 }
 
-/// Packed panels have only `Fast` kernels (the plan packs a slot's weights only then).
-fn packed_needs_fast(w: &tboost_kernels::WeightMat<'_>, precision: tboost_ops::Precision) -> Result<()> {
-    if w.layout == tboost_kernels::Layout::Panels && precision != tboost_ops::Precision::Fast {
+/// Packed panels have kernels at one precision: `Fast` for block types, `Exact` for dense
+/// ones (the plan packs a slot's weights only for the precision it runs at).
+fn packed_precision(w: &tboost_kernels::WeightMat<'_>, precision: tboost_ops::Precision) -> Result<()> {
+    use tboost_ops::Precision;
+    let want = if w.dtype.is_quantized() { Precision::Fast } else { Precision::Exact };
+    if w.layout == tboost_kernels::Layout::Panels && precision != want {
         return Err(CpuBackend::err(format!(
-            "matmul: a {} weight repacked into panels needs precision fast, not {} (a bug in the plan)",
+            "matmul: a {} weight repacked into panels needs precision {}, not {} (a bug in the plan)",
             w.dtype,
+            want.name(),
             precision.name()
         )));
     }
@@ -79,7 +83,7 @@ impl CpuBackend {
                 let mut cols = None;
                 for s in segs.iter() {
                     let w = self.weight(s.w)?.matmul();
-                    packed_needs_fast(&w, precision)?;
+                    packed_precision(&w, precision)?;
                     if *cols.get_or_insert(w.cols) != w.cols {
                         return Err(CpuBackend::err("matmul: fused weights of different widths"));
                     }
@@ -99,8 +103,8 @@ impl CpuBackend {
             }
             Op::MatMulSwiGlu { x, m, gate, up, out, precision } => {
                 let (g, u) = (self.weight(gate)?.matmul(), self.weight(up)?.matmul());
-                packed_needs_fast(&g, precision)?;
-                packed_needs_fast(&u, precision)?;
+                packed_precision(&g, precision)?;
+                packed_precision(&u, precision)?;
                 if (g.rows, g.cols) != (u.rows, u.cols) || !moe::swiglu_fusable(&g, &u) {
                     return Err(CpuBackend::err(
                         "matmul_swiglu: gate and up differ in shape or in a dtype pair it takes",

@@ -1,9 +1,10 @@
 //! Weight tensors as the CPU kernels see them, and weight conversion for backends that lack
 //! a weight type (the plan's "convert at upload").
 
+use tboost_kernels::matmul::packed as dense_packed;
 use tboost_kernels::quant::{dequantize_row, packed};
 use tboost_kernels::{convert, WeightMat, WeightVec};
-use tboost_ops::DType;
+use tboost_ops::{DType, Precision};
 
 use super::CpuBackend;
 use crate::model::Tensor;
@@ -37,7 +38,11 @@ impl CpuWeight {
                 dtype: *dtype,
                 rows: *rows,
                 cols: *cols,
-                data: &bytes[..packed::packed_bytes(*dtype, *rows, *cols)],
+                data: &bytes[..if dtype.is_quantized() {
+                    packed::packed_bytes(*dtype, *rows, *cols)
+                } else {
+                    dense_packed::packed_bytes(*dtype, *rows, *cols)
+                }],
                 layout: tboost_kernels::Layout::Panels,
             },
         }
@@ -54,23 +59,37 @@ impl CpuWeight {
     }
 }
 
-/// Whether [`pack`] has a layout for `dtype` weights: the `Fast` integer kernels' panels.
-pub(super) fn packable(dtype: DType) -> bool {
-    packed::packable(dtype)
+/// Whether [`pack`] repacks `dtype` matmul weights run at `precision`: GGUF block types for
+/// the `Fast` integer kernels (1.5-2x the GEMV of the GGUF layout, which must reduce every
+/// group across lanes), f16 and bf16 for the `Exact` kernels (1.3-1.7x the GEMV of the row
+/// layout); see `tboost_kernels::quant::packed` and `matmul::packed`.
+pub(super) fn packable(dtype: DType, precision: Precision) -> bool {
+    match precision {
+        Precision::Fast => packed::packable(dtype),
+        Precision::Exact => dense_packed::pays(dtype),
+    }
 }
 
-/// `t` repacked into panels on `pool`, or `None` when it is not a matrix of a packable type
-/// (then it is used as stored). The tensor's own pages are handed back
-/// (`Tensor::release_resident`), so the weights are not resident twice.
-pub(super) fn pack(t: &Tensor, pool: &rayon::ThreadPool) -> Result<Option<CpuWeight>> {
+/// `t` repacked into panels on `pool` for matmuls at `precision`, or `None` when it is not a
+/// matrix [`packable`] covers (then it is used as stored). The tensor's own pages are handed
+/// back (`Tensor::release_resident`), so the weights are not resident twice.
+pub(super) fn pack(t: &Tensor, precision: Precision, pool: &rayon::ThreadPool) -> Result<Option<CpuWeight>> {
     let (rows, cols) = t.rows_cols();
-    if t.shape.len() != 2 || !packable(t.dtype) || !cols.is_multiple_of(packed::GROUP_VALUES) {
+    let block = t.dtype.is_quantized();
+    if t.shape.len() != 2 || !packable(t.dtype, precision) || (block && !cols.is_multiple_of(packed::GROUP_VALUES)) {
         return Ok(None);
     }
-    let n = packed::packed_bytes(t.dtype, rows, cols);
+    let n =
+        if block { packed::packed_bytes(t.dtype, rows, cols) } else { dense_packed::packed_bytes(t.dtype, rows, cols) };
     let mut bytes = crate::model::hugepages::anon(n)
         .map_err(|e| CpuBackend::err(format!("tensor `{}`: no memory for its {n} repacked bytes: {e}", t.name)))?;
-    pool.install(|| packed::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n]));
+    pool.install(|| {
+        if block {
+            packed::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n])
+        } else {
+            dense_packed::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n])
+        }
+    });
     let bytes = bytes
         .make_read_only()
         .map_err(|e| CpuBackend::err(format!("tensor `{}`: cannot make its repacked bytes read-only: {e}", t.name)))?;

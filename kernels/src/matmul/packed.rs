@@ -1,0 +1,342 @@
+//! Dense weights (f32, f16, bf16) repacked into 16-row panels: the decode GEMV reads one
+//! sequential stream and keeps the 16 output rows in the lanes of its vectors.
+//!
+//! The row layout makes the m = 1 GEMV read 8 weight rows at once (8 streams, `k` elements
+//! apart) and reduce each output across lanes; measured on a Zen 4 VM it streamed f16 at 58%
+//! of the machine's read bandwidth, where llama.cpp's reached nearly all of it.
+//!
+//! ## Layout
+//! Panel `p` holds rows `16p..16p + 16` (zero rows pad the last panel); for each column `e`
+//! in `0..k` it stores the 16 rows' values (row `r` at position `r`), so column `e` of a
+//! panel is one 16-lane load, widened exactly. Panels follow each other. (Storing each block
+//! of columns chain by chain instead made the several-row walk 10-30% faster but the GEMV,
+//! the case this layout is for, 30% slower: measured, not kept.)
+//!
+//! ## Arithmetic
+//! Exactly `simd`'s canonical order, per output row: chain `l` takes
+//! `fma(x[e], w[e], acc[l])` for `e ≡ l (mod 16)` in increasing `e` (a partial last block
+//! pads its missing lanes with `fma(0, 0, acc)`, as every ISA does), then the fixed tree. With
+//! rows in lanes the 16 chains are 16 accumulators: one activation row keeps them all in
+//! registers and walks the panel in column order; several rows walk two chains at a time per
+//! block of columns (`MR` rows share each weight load, the chains wait in memory between
+//! blocks). So results are bit-identical to the row layout on every ISA, batch and split.
+
+use rayon::prelude::*;
+
+use super::simd::{Lanes, WKind, WBF16, WF16, WF32};
+use crate::{DType, WeightMat, WeightVec};
+
+/// Output rows per panel.
+pub const PANEL: usize = 16;
+/// Chains of the canonical order.
+const CHAINS: usize = 16;
+
+/// Whether `dtype` has a dense packed layout (every dense type; the CPU backend packs f16
+/// and bf16, see `pays`).
+pub fn packable(dtype: DType) -> bool {
+    matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
+}
+
+/// Whether packing `dtype` weights pays for the exact kernels. Measured on a Zen 4 VM, 2
+/// threads, 5632x2048 (`cargo bench -p tboost-kernels --bench quant -- dense exact`): f16
+/// and bf16 GEMV 1.3-1.7x the row layout, m = 512 1.0-1.1x, m = 16 0.86-0.89x; f32 GEMV
+/// 1.35x but m = 16 0.68x, so f32 stays in rows.
+pub fn pays(dtype: DType) -> bool {
+    matches!(dtype, DType::F16 | DType::BF16)
+}
+
+/// Bytes of a packed `[rows, cols]` matrix (rows rounded up to whole panels).
+pub fn packed_bytes(dtype: DType, rows: usize, cols: usize) -> usize {
+    rows.div_ceil(PANEL) * PANEL * cols * dtype.block_bytes()
+}
+
+/// Columns per block of [`panel_many`] (8 KiB of f16 per panel: a block and `MR` rows of x
+/// stay in L1 while the chains walk it).
+const KB: usize = 256;
+
+/// `src`, a row-major `[rows, cols]` matrix of `dtype`, in the packed layout (panels in
+/// parallel on the current rayon pool). Panics when `dtype` is not packable or the sizes
+/// disagree (a caller bug).
+pub fn pack(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) {
+    assert!(packable(dtype), "{dtype} has no dense packed layout");
+    let es = dtype.block_bytes();
+    assert_eq!(src.len(), rows * cols * es, "{rows}x{cols} {dtype} source size");
+    assert_eq!(dst.len(), packed_bytes(dtype, rows, cols), "{rows}x{cols} {dtype} packed size");
+    let pb = PANEL * cols * es;
+    if pb == 0 {
+        return;
+    }
+    dst.par_chunks_mut(pb).enumerate().for_each(|(p, d)| {
+        d.fill(0);
+        for r in 0..PANEL.min(rows - p * PANEL) {
+            let row = &src[(p * PANEL + r) * cols * es..][..cols * es];
+            for (e, v) in row.chunks_exact(es).enumerate() {
+                d[(e * PANEL + r) * es..][..es].copy_from_slice(v);
+            }
+        }
+    });
+}
+
+/// The canonical tree over the 16 chain accumulators, per lane.
+#[inline(always)]
+unsafe fn tree<V: Lanes>(acc: &[V; CHAINS]) -> V {
+    let mut s8 = [V::zero(); 8];
+    for l in 0..8 {
+        s8[l] = V::add(acc[l], acc[l + 8]);
+    }
+    let mut s4 = [V::zero(); 4];
+    for l in 0..4 {
+        s4[l] = V::add(s8[l], s8[l + 4]);
+    }
+    V::add(V::add(s4[0], s4[2]), V::add(s4[1], s4[3]))
+}
+
+/// The canonical padding: a `k` that is not a multiple of 16 leaves the chains past `k % 16`
+/// one `fma(0, 0, acc)` of the zero-padded last group.
+#[inline(always)]
+unsafe fn pad<V: Lanes>(k: usize, chain: usize, acc: V) -> V {
+    if !k.is_multiple_of(CHAINS) && chain >= k % CHAINS {
+        V::fma(V::zero(), V::zero(), acc)
+    } else {
+        acc
+    }
+}
+
+macro_rules! unroll16 {
+    ($c:ident => $body:block) => {{
+        unroll16!(@ $c $body; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+    }};
+    (@ $c:ident $body:block; $($n:literal)*) => {{
+        $( { let $c: usize = $n; $body } )*
+    }};
+}
+
+/// One activation row `x` against the panel at `w` (`k` columns): the 16 rows' sums.
+#[inline(always)]
+unsafe fn panel_one<V: Lanes, W: WKind>(w: *const u8, k: usize, x: *const f32) -> V {
+    let col = PANEL * W::BYTES;
+    let mut acc = [V::zero(); CHAINS];
+    let mut e = 0;
+    while e + CHAINS <= k {
+        unroll16!(l => {
+            acc[l] = V::fma(W::load::<V>(w.add((e + l) * col)), V::splat(*x.add(e + l)), acc[l]);
+        });
+        e += CHAINS;
+    }
+    unroll16!(l => {
+        if e + l < k {
+            acc[l] = V::fma(W::load::<V>(w.add((e + l) * col)), V::splat(*x.add(e + l)), acc[l]);
+        }
+        acc[l] = pad(k, l, acc[l]);
+    });
+    tree(&acc)
+}
+
+/// `MR` activation rows (stride `k`) against the panel at `w`: each row's 16 sums. Per
+/// block of [`KB`] columns, two chains at a time (the two columns of a 64-byte line of f16),
+/// `MR` rows sharing each weight load; the chains' accumulators wait in `chains` between
+/// blocks (storing and reloading is exact).
+#[inline(always)]
+unsafe fn panel_many<V: Lanes, W: WKind, const MR: usize>(w: *const u8, k: usize, x: &[*const f32; MR]) -> [V; MR] {
+    let col = PANEL * W::BYTES;
+    let mut chains = [[V::zero(); CHAINS]; MR];
+    let mut kb = 0;
+    while kb < k {
+        let ke = (kb + KB).min(k);
+        for l in (0..CHAINS).step_by(2) {
+            let (mut a, mut b) = ([V::zero(); MR], [V::zero(); MR]);
+            for i in 0..MR {
+                (a[i], b[i]) = (chains[i][l], chains[i][l + 1]);
+            }
+            let mut e = kb + l;
+            while e + 1 < ke {
+                let (wa, wb) = (W::load::<V>(w.add(e * col)), W::load::<V>(w.add((e + 1) * col)));
+                for i in 0..MR {
+                    a[i] = V::fma(wa, V::splat(*x[i].add(e)), a[i]);
+                    b[i] = V::fma(wb, V::splat(*x[i].add(e + 1)), b[i]);
+                }
+                e += CHAINS;
+            }
+            if e < ke {
+                let wa = W::load::<V>(w.add(e * col));
+                for i in 0..MR {
+                    a[i] = V::fma(wa, V::splat(*x[i].add(e)), a[i]);
+                }
+            }
+            for i in 0..MR {
+                (chains[i][l], chains[i][l + 1]) = (a[i], b[i]);
+            }
+        }
+        kb = ke;
+    }
+    let mut out = [V::zero(); MR];
+    for i in 0..MR {
+        for l in 0..CHAINS {
+            chains[i][l] = pad(k, l, chains[i][l]);
+        }
+        out[i] = tree(&chains[i]);
+    }
+    out
+}
+
+/// Where one task's sums go: plain (`+ bias`) or fused SwiGLU.
+#[derive(Clone, Copy)]
+pub(super) enum Sink<'a> {
+    /// `out[i, j] = sum + bias[j]` (`ld` = the matrix's rows).
+    Plain { out: *mut f32, ld: usize, bias: Option<WeightVec<'a>> },
+    /// `out[i, j] = silu(gate sum) * up sum`: the up panel follows at `up`.
+    Swiglu { out: *mut f32, ld: usize, up: *const u8 },
+}
+
+/// Stores lanes `0..rows` of `v` (row `i`, panel rows from `j0`).
+#[inline(always)]
+unsafe fn put<V: Lanes>(v: V, up: Option<V>, sink: &Sink<'_>, i: usize, j0: usize, rows: usize) {
+    let (mut s, mut u) = ([0f32; PANEL], [0f32; PANEL]);
+    v.store(s.as_mut_ptr());
+    if let Some(up) = up {
+        up.store(u.as_mut_ptr());
+    }
+    match sink {
+        Sink::Plain { out, ld, bias } => {
+            let o = out.add(i * ld + j0);
+            for r in 0..rows {
+                // No bias means no `+ 0.0` (it would turn a -0.0 sum into +0.0).
+                *o.add(r) = match bias {
+                    Some(b) => s[r] + b.get(j0 + r),
+                    None => s[r],
+                };
+            }
+        }
+        Sink::Swiglu { out, ld, .. } => {
+            let o = out.add(i * ld + j0);
+            for r in 0..rows {
+                *o.add(r) = super::silu(s[r]) * u[r];
+            }
+        }
+    }
+}
+
+/// One task: panels `p0..p1` of the matrix at `w` (`n` rows, `k` columns) against activation
+/// rows `i0..i1` of `x`.
+#[inline(always)]
+unsafe fn run<V: Lanes, W: WKind, const MR: usize>(
+    w: *const u8,
+    (n, k): (usize, usize),
+    (p0, p1): (usize, usize),
+    x: *const f32,
+    (i0, i1): (usize, usize),
+    sink: &Sink<'_>,
+) {
+    let pb = PANEL * k * W::BYTES;
+    let up = match sink {
+        Sink::Swiglu { up, .. } => Some(*up),
+        Sink::Plain { .. } => None,
+    };
+    for p in p0..p1 {
+        let (wp, j0) = (w.add(p * pb), p * PANEL);
+        let rows = (n - j0).min(PANEL);
+        if i1 - i0 == 1 {
+            let g = panel_one::<V, W>(wp, k, x.add(i0 * k));
+            let u = up.map(|u| panel_one::<V, W>(u.add(p * pb), k, x.add(i0 * k)));
+            put(g, u, sink, i0, j0, rows);
+            continue;
+        }
+        let mut i = i0;
+        while i < i1 {
+            // A short last block repeats its last row (results dropped).
+            let mut xs = [x; MR];
+            for t in 0..MR {
+                xs[t] = x.add((i + t).min(i1 - 1) * k);
+            }
+            let g = panel_many::<V, W, MR>(wp, k, &xs);
+            let u = up.map(|u| panel_many::<V, W, MR>(u.add(p * pb), k, &xs));
+            for t in 0..MR.min(i1 - i) {
+                put(g[t], u.map(|u| u[t]), sink, i + t, j0, rows);
+            }
+            i += MR;
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
+unsafe fn run_avx512<W: WKind>(
+    w: *const u8,
+    nk: (usize, usize),
+    pr: (usize, usize),
+    x: *const f32,
+    ir: (usize, usize),
+    sink: &Sink<'_>,
+) {
+    run::<super::simd::Avx512, W, 4>(w, nk, pr, x, ir, sink)
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn run_avx2<W: WKind>(
+    w: *const u8,
+    nk: (usize, usize),
+    pr: (usize, usize),
+    x: *const f32,
+    ir: (usize, usize),
+    sink: &Sink<'_>,
+) {
+    run::<super::simd::Avx2x2, W, 2>(w, nk, pr, x, ir, sink)
+}
+
+/// Runs one task on `isa` for `dtype`.
+///
+/// # Safety
+/// `w` is a packed `[n, k]` matrix of `dtype`, `x` covers rows `ir`, the sink covers the
+/// task's outputs, and this CPU supports `isa`.
+pub(super) unsafe fn task(
+    isa: crate::isa::Isa,
+    dtype: DType,
+    w: *const u8,
+    nk: (usize, usize),
+    pr: (usize, usize),
+    x: *const f32,
+    ir: (usize, usize),
+    sink: &Sink<'_>,
+) {
+    use crate::isa::Isa;
+    macro_rules! go {
+        ($f:ident) => {
+            match dtype {
+                DType::F32 => $f::<WF32>(w, nk, pr, x, ir, sink),
+                DType::F16 => $f::<WF16>(w, nk, pr, x, ir, sink),
+                DType::BF16 => $f::<WBF16>(w, nk, pr, x, ir, sink),
+                _ => unreachable!("dense packed layout is only defined for f32, f16, bf16"),
+            }
+        };
+    }
+    match isa {
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx512 => go!(run_avx512),
+        #[cfg(target_arch = "x86_64")]
+        Isa::Avx2 => go!(run_avx2),
+        _ => {
+            use super::simd::Scalar16;
+            match dtype {
+                DType::F32 => run::<Scalar16, WF32, 4>(w, nk, pr, x, ir, sink),
+                DType::F16 => run::<Scalar16, WF16, 4>(w, nk, pr, x, ir, sink),
+                DType::BF16 => run::<Scalar16, WBF16, 4>(w, nk, pr, x, ir, sink),
+                _ => unreachable!("dense packed layout is only defined for f32, f16, bf16"),
+            }
+        }
+    }
+}
+
+/// Checks a packed dense matrix's size (its fields are public).
+pub(super) fn check(w: &WeightMat<'_>, what: &str) {
+    assert!(packable(w.dtype), "{what}: {} has no dense packed layout", w.dtype);
+    assert_eq!(
+        w.data.len(),
+        packed_bytes(w.dtype, w.rows, w.cols),
+        "{what}: packed {}x{} {} weight has {} bytes",
+        w.rows,
+        w.cols,
+        w.dtype,
+        w.data.len()
+    );
+}
