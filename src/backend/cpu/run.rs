@@ -197,7 +197,7 @@ impl CpuBackend {
                 if let Some(&bad) = ids.iter().find(|&&e| e as usize >= experts.count) {
                     return Err(CpuBackend::err(format!("moe: expert {bad} of {}", experts.count)));
                 }
-                moe::moe_ffn(xs, m, &ex, ids, wts, top_k, out);
+                moe::moe_ffn(xs, m, &ex, ids, wts, top_k, out, &moe::MoeTiling::default());
             }
             Op::MoeScatter { y, m, expert, top_k, ids, ys } => {
                 check_len("moe_scatter ids", ids.len, m * top_k)?;
