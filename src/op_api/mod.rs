@@ -56,7 +56,7 @@ use crate::backend::{
 };
 use crate::plan::query;
 use crate::{Error, Result};
-use tboost_ops::{AttnParams, AttnPhase, RopeParams, Unsupported, DEFAULT_TILE_KV};
+use tboost_ops::{AttnParams, AttnPhase, MatMulTiling, MoeTiling, RopeParams, Unsupported, DEFAULT_TILE_KV};
 
 /// `y = x · weightᵀ (+ bias)`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -443,7 +443,8 @@ impl Operation {
                     None
                 };
                 let seg = MatSegOp { w: c.weight(w, "weight")?, bias, out: c.view(be, y, "y")? };
-                Ok(vec![Op::MatMul { x: c.view(be, x, "x")?, m, segs: Segs::one(seg), precision: p.precision }])
+                let tiling = MatMulTiling::default();
+                Ok(vec![Op::MatMul { x: c.view(be, x, "x")?, m, segs: Segs::one(seg), precision: p.precision, tiling }])
             }
             OpParams::MatMulSwiGlu(p) => {
                 c.counts(&["x", "gate", "up"], &["y"])?;
@@ -464,6 +465,7 @@ impl Operation {
                     up: c.weight(u, "up")?,
                     out: c.view(be, y, "y")?,
                     precision: p.precision,
+                    tiling: MatMulTiling::default(),
                 }])
             }
             OpParams::RmsNorm(p) => {
@@ -628,6 +630,7 @@ impl Operation {
                     ids: idv,
                     weights: c.view(be, w, "weights")?,
                     out: c.view(be, y, "y")?,
+                    tiling: MoeTiling::default(),
                 }])
             }
         }
