@@ -115,13 +115,14 @@ fn dense_matmul_and_swiglu_give_the_default_bits_under_every_tiling() {
 fn quantized_matmul_and_swiglu_give_the_default_bits_under_every_tiling() {
     let mut rng = StdRng::seed_from_u64(32);
     // k = 512: default tiled tasks take 96 activation rows; m = 97 crosses it, m = 5 and 6 are
-    // the first tiled rows of the exact and fast paths, m = 1 is decode.
+    // the first tiled rows of the exact and fast paths, m = 1 is decode, and m = 9 cut in 7 + 2
+    // rows mixes packed and direct fast tasks in one call.
     let (n, k) = (45, 512);
     for dt in QUANT {
         let (gb, ub) = (random_weights(dt, n, k, &mut rng), random_weights(dt, n, k, &mut rng));
         let (g, u) = (WeightMat::new(dt, n, k, &gb).unwrap(), WeightMat::new(dt, n, k, &ub).unwrap());
         let bias: Vec<f32> = (0..n).map(|_| rng.random_range(-1.0f32..1.0)).collect();
-        for m in [1, 5, 6, 97] {
+        for m in [1, 5, 6, 9, 97] {
             let x = random_x(m, k, &mut rng);
             for isa in isas() {
                 for prec in [Precision::Exact, Precision::Fast] {

@@ -617,6 +617,7 @@ pub unsafe extern "C" fn tboost_op_create(
                 bias: m.bias != 0,
                 precision,
                 act: act_of(m.act_dtype, &b.be, "params.act_dtype")?,
+                tiling: Default::default(),
             })
         } else if kind == tboost_op_kind::TBOOST_OP_RMSNORM as i32
             || kind == tboost_op_kind::TBOOST_OP_ADD_RMSNORM as i32
@@ -742,6 +743,7 @@ pub unsafe extern "C" fn tboost_op_create(
                 inter: size(g.inter, "inter")?,
                 weight: dtype_of(g.weight_dtype, "params.weight_dtype")?,
                 act: act_of(g.act_dtype, &b.be, "params.act_dtype")?,
+                tiling: Default::default(),
             })
         } else {
             return Err(Failure::invalid(format!("`kind` = {kind} is not a tboost_op_kind")));
