@@ -1719,6 +1719,150 @@ TEST(OpApi, EmbedAndRopeThroughTheCApi) {
   be.FreeBuffers();
 }
 
+// TBOOST_OP_MATMUL_SWIGLU: y = silu(x · gateᵀ) * (x · upᵀ) in one kernel, against a hand
+// computation in double (f32 dot products of 3 exact terms, then silu and the product: within
+// 1e-6 relative).
+TEST(OpApi, MatmulSwigluThroughTheCApiEqualsAHandComputation) {
+  OpBackend be;
+  tboost_matmul_swiglu_params sp{};
+  sp.struct_size = sizeof sp;
+  sp.weight_dtype = TBOOST_DTYPE_F32;
+  sp.n = 2;
+  sp.k = 3;
+  sp.precision = 0;
+  sp.act_dtype = -1;
+  tboost_op* op = nullptr;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_MATMUL_SWIGLU, &sp, &op));
+  bool ok = false;
+  char why[128];
+  ASSERT_OK(tboost_op_supports(op, &ok, why, sizeof why, nullptr));
+  EXPECT_TRUE(ok) << why;
+  tboost_tensor x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 3}), {2, 3});
+  tboost_tensor gate = Tensor(be.Weight({2, 3}, {1, 2, 3, -1, 0.5f, 0}), {2, 3});
+  tboost_tensor up = Tensor(be.Weight({2, 3}, {0.5f, 0, 1, 1, 1, 1}), {2, 3});
+  tboost_tensor y = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 2}), {2, 2});
+  be.Put(x, {1, 1, 1, 2, 0, -1});
+  tboost_tensor ins[] = {x, gate, up};
+  ASSERT_OK(tboost_op_execute(op, ins, 3, &y, 1, nullptr));
+  // x · gateᵀ = (6, -0.5; -1, -2), x · upᵀ = (1.5, 3; 0, 1).
+  auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
+  const double want[] = {silu(6) * 1.5, silu(-0.5) * 3, silu(-1) * 0, silu(-2) * 1};
+  const std::vector<float> got = be.Get(y, 4);
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * std::max(1.0, std::fabs(want[i]))) << i;
+  ASSERT_OK(tboost_op_free(op));
+  // The same case with a tiling gives the same bits; a tiling out of range and a struct_size
+  // below the first version are refused at creation, naming what is wrong.
+  sp.tiling.panel_rows = 16;
+  sp.tiling.act_rows = 1;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_MATMUL_SWIGLU, &sp, &op));
+  tboost_tensor y2 = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 2}), {2, 2});
+  ASSERT_OK(tboost_op_execute(op, ins, 3, &y2, 1, nullptr));
+  EXPECT_EQ(be.Get(y2, 4), got);
+  ASSERT_OK(tboost_op_free(op));
+  sp.tiling.act_rows = 0;
+  sp.tiling.panel_rows = 24;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, TBOOST_OP_MATMUL_SWIGLU, &sp, &op));
+  EXPECT_NE(LastError().find("`matmul_swiglu.panel_rows`: 24 is not a multiple of 16 in 16..=4096"), std::string::npos)
+      << LastError();
+  sp.tiling.panel_rows = 0;
+  sp.struct_size = 40;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, TBOOST_OP_MATMUL_SWIGLU, &sp, &op));
+  EXPECT_NE(LastError().find("below the 48 bytes of its first version"), std::string::npos) << LastError();
+  be.FreeBuffers();
+}
+
+// The CPU kernels' work split: engine keys tiling.matmul.* / tiling.moe.* and op parameters
+// (tboost_matmul_tiling, tboost_moe_tiling). Values out of range are TBOOST_ERR_INVALID_ARGUMENT
+// naming the key or the op and field with the accepted range, and leave the config unchanged;
+// values in range are reported by the config and by the plan, and change no bit.
+TEST(OpApi, TilingKeysAndOpFieldsAreRangeCheckedAndReported) {
+  Config cfg;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_config_set_int(cfg.p, "tiling.matmul.panel_rows", 20));
+  EXPECT_NE(LastError().find("`tiling.matmul.panel_rows`: panel_rows=20 is not a multiple of 16 in 16..=4096"),
+            std::string::npos)
+      << LastError();
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_config_set_int(cfg.p, "tiling.matmul.panel_rows", 8192));
+  EXPECT_NE(LastError().find("`tiling.matmul.panel_rows` = 8192 is out of range [16, 4096]"), std::string::npos)
+      << LastError();
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_config_set_str(cfg.p, "tiling.moe.parallel_expert_batches", "0"));
+  EXPECT_NE(LastError().find("`tiling.moe.parallel_expert_batches` = 0 is out of range [1, 64]"), std::string::npos)
+      << LastError();
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT,
+                tboost_config_set_int(cfg.p, "tiling.matmul.decode_task_min_bytes", 5000));
+  EXPECT_NE(LastError().find("decode_task_min_bytes=5000 is not a multiple of 1024 in 4096..=16777216"),
+            std::string::npos)
+      << LastError();
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_config_set_int(cfg.p, "tiling.matmul.panel", 32));
+  EXPECT_NE(LastError().find("unknown config key `tiling.matmul.panel`"), std::string::npos) << LastError();
+  size_t need = 0;
+  tboost_config_to_json(cfg.p, nullptr, 0, &need);
+  std::string json(need, '\0');
+  ASSERT_OK(tboost_config_to_json(cfg.p, json.data(), json.size(), &need));
+  EXPECT_NE(json.find("\"tiling.matmul.panel_rows\":\"auto\""), std::string::npos) << json;
+  ASSERT_OK(tboost_config_set_int(cfg.p, "tiling.matmul.panel_rows", 32));
+  ASSERT_OK(tboost_config_set_str(cfg.p, "tiling.moe.expert_batch_tokens", "4"));
+  tboost_config_to_json(cfg.p, nullptr, 0, &need);
+  json.assign(need, '\0');
+  ASSERT_OK(tboost_config_to_json(cfg.p, json.data(), json.size(), &need));
+  EXPECT_NE(json.find("\"tiling.matmul.panel_rows\":32"), std::string::npos) << json;
+  EXPECT_NE(json.find("\"tiling.moe.expert_batch_tokens\":4"), std::string::npos) << json;
+  ASSERT_OK(tboost_config_set_str(cfg.p, "backend", "cpu"));
+  Model m(Golden("mixtral"), cfg.p);
+  ASSERT_NE(m.p, nullptr);
+  need = 0;
+  tboost_model_info_json(m.p, nullptr, 0, &need);
+  std::string info(need, '\0');
+  ASSERT_OK(tboost_model_info_json(m.p, info.data(), info.size(), &need));
+  const char* tiled[] = {
+      "\"matmul_tiling\":{\"act_rows\":null,\"decode_task_min_bytes\":null,\"panel_rows\":32,\"tasks_per_thread\":null}",
+      "\"moe_tiling\":{\"expert_batch_tokens\":4,\"parallel_expert_batches\":null}"};
+  for (const char* t : tiled) EXPECT_NE(info.find(t), std::string::npos) << t << " not in " << info;
+
+  // The op parameter: out of range named at creation; a version-1 struct_size (40) takes the
+  // defaults; in range, the hand computation of MatmulThroughTheCApiEqualsAHandComputation.
+  OpBackend be;
+  tboost_matmul_params mp{};
+  mp.struct_size = sizeof mp;
+  mp.weight_dtype = TBOOST_DTYPE_F32;
+  mp.n = 2;
+  mp.k = 3;
+  mp.act_dtype = -1;
+  mp.tiling.tasks_per_thread = 65;
+  tboost_op* op = nullptr;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, TBOOST_OP_MATMUL, &mp, &op));
+  EXPECT_NE(LastError().find("`matmul.tasks_per_thread`: 65 is not in 1..=64"), std::string::npos) << LastError();
+  tboost_matmul_params v1 = mp;
+  v1.struct_size = 40;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_MATMUL, &v1, &op));
+  ASSERT_OK(tboost_op_free(op));
+  mp.tiling.tasks_per_thread = 1;
+  mp.tiling.panel_rows = 16;
+  mp.tiling.act_rows = 1;
+  mp.tiling.decode_task_min_bytes = 4096;
+  ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_MATMUL, &mp, &op));
+  tboost_tensor x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 3}), {2, 3});
+  tboost_tensor w = Tensor(be.Weight({2, 3}, {1, 2, 3, -1, 0.5f, 0}), {2, 3});
+  tboost_tensor y = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 2}), {2, 2});
+  be.Put(x, {1, 1, 1, 2, 0, -1});
+  tboost_tensor ins[] = {x, w};
+  ASSERT_OK(tboost_op_execute(op, ins, 2, &y, 1, nullptr));
+  EXPECT_EQ(be.Get(y, 4), (std::vector<float>{6, -0.5f, -1, -2}));
+  ASSERT_OK(tboost_op_free(op));
+  tboost_moe_grouped_params gp{};
+  gp.struct_size = sizeof gp;
+  gp.experts = 2;
+  gp.top_k = 2;
+  gp.weight_dtype = TBOOST_DTYPE_F32;
+  gp.hidden = 2;
+  gp.inter = 1;
+  gp.act_dtype = -1;
+  gp.tiling.expert_batch_tokens = 70000;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, TBOOST_OP_MOE_GROUPED, &gp, &op));
+  EXPECT_NE(LastError().find("`moe_grouped.expert_batch_tokens`: 70000 is not in 1..=65536"), std::string::npos)
+      << LastError();
+  be.FreeBuffers();
+}
+
 }  // namespace
 
 // MoE routing and grouped experts through the C ABI, against hand computations.
