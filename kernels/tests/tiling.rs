@@ -128,7 +128,7 @@ fn quantized_matmul_and_swiglu_give_the_default_bits_under_every_tiling() {
                 for prec in [Precision::Exact, Precision::Fast] {
                     let what = format!("{dt} {} {prec:?} m={m}", isa.name());
                     let run = |x: &[f32], m, s: &mut [MatSeg<'_, '_>], t: &MatMulTiling| {
-                        quant::matmul_quant_prec_with_tiled(isa, true, prec, t, x, m, s)
+                        quant::matmul_quant_prec_with_tiled(isa, true, prec, x, m, s, t)
                     };
                     let def = MatMulTiling::default();
                     let want = in_pool(1, || two_segs(&x, m, [g, u], &bias, |x, m, s| run(x, m, s, &def)));
@@ -143,7 +143,7 @@ fn quantized_matmul_and_swiglu_give_the_default_bits_under_every_tiling() {
                             assert_bits_eq(&got, &want, &what);
                             let mut sw = vec![f32::NAN; m * n];
                             in_pool(threads, || {
-                                quant::matmul_swiglu_quant_prec_with_tiled(isa, true, prec, &t, &x, m, g, u, &mut sw)
+                                quant::matmul_swiglu_quant_prec_with_tiled(isa, true, prec, &x, m, g, u, &mut sw, &t)
                             });
                             assert_bits_eq(&sw, &want_sw, &format!("swiglu {what}"));
                         }

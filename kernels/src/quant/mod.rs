@@ -107,7 +107,7 @@ pub fn matmul_quant_prec(prec: Precision, x: &[f32], m: usize, segs: &mut [MatSe
 /// [`matmul_quant_prec`] on at most `isa`, with VNNI only if `vnni` (both capped at what this
 /// CPU has): tests select every kernel level this way.
 pub fn matmul_quant_prec_with(isa: Isa, vnni: bool, prec: Precision, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
-    matmul_quant_prec_with_tiled(isa, vnni, prec, &MatMulTiling::default(), x, m, segs)
+    matmul_quant_prec_with_tiled(isa, vnni, prec, x, m, segs, &MatMulTiling::default())
 }
 
 /// [`matmul_quant_prec_with`] with its work split by `tiling` (same bits as the default split).
@@ -118,10 +118,10 @@ pub fn matmul_quant_prec_with_tiled(
     isa: Isa,
     vnni: bool,
     prec: Precision,
-    tiling: &MatMulTiling,
     x: &[f32],
     m: usize,
     segs: &mut [MatSeg<'_, '_>],
+    tiling: &MatMulTiling,
 ) {
     if prec == Precision::Exact {
         return matmul_quant_with_tiled(isa, tiling, x, m, segs);
@@ -225,7 +225,7 @@ pub fn matmul_swiglu_quant_prec_with(
     up: WeightMat<'_>,
     out: &mut [f32],
 ) {
-    matmul_swiglu_quant_prec_with_tiled(isa, vnni, prec, &MatMulTiling::default(), x, m, gate, up, out)
+    matmul_swiglu_quant_prec_with_tiled(isa, vnni, prec, x, m, gate, up, out, &MatMulTiling::default())
 }
 
 /// [`matmul_swiglu_quant_prec_with`] with its work split by `tiling` (same bits as the default
@@ -238,12 +238,12 @@ pub fn matmul_swiglu_quant_prec_with_tiled(
     isa: Isa,
     vnni: bool,
     prec: Precision,
-    tiling: &MatMulTiling,
     x: &[f32],
     m: usize,
     gate: WeightMat<'_>,
     up: WeightMat<'_>,
     out: &mut [f32],
+    tiling: &MatMulTiling,
 ) {
     check_tiling("matmul_swiglu_quant", tiling);
     let (n, k) = (gate.rows, gate.cols);
