@@ -48,6 +48,9 @@ use tboost::model::Tensor;
 use tboost_kernels::quant::{dequantize_row, quantize_row_reference};
 use tboost_ops::{AttentionCase, AttnParams, AttnPhase, Llama3Scaling, MatMulCase, Precision, RopeParams, RopeStyle};
 
+mod common;
+use common::Rng;
+
 /// Every backend compiled into this build. A new backend adds one line here.
 fn backends() -> Vec<(&'static str, Box<dyn Backend>)> {
     vec![
@@ -114,43 +117,6 @@ fn tiny_act(act: DType) -> f64 {
         DType::F16 => 2f64.powi(-25),
         DType::BF16 => MIN_NORMAL,
         _ => 0.0,
-    }
-}
-
-/// A small seeded xorshift64* generator (`rand` is not a dev-dependency of this crate).
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.u64() % n as u64) as usize
-    }
-
-    /// Uniform in `[-1, 1)`.
-    fn unit(&mut self) -> f32 {
-        (self.u64() >> 40) as f32 / (1u32 << 23) as f32 - 1.0
-    }
-
-    fn vec(&mut self, n: usize, amp: f32) -> Vec<f32> {
-        (0..n).map(|_| self.unit() * amp).collect()
-    }
-
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            v.swap(i, self.below(i + 1));
-        }
     }
 }
 

@@ -32,6 +32,7 @@ use tboost_kernels::{activation, norm, rope, WeightMat, WeightVec};
 use tboost_ops::{RopeParams, RopeStyle};
 
 mod common;
+use common::Rng;
 
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 
@@ -50,27 +51,6 @@ fn backends() -> Vec<(String, OpBackend)> {
         eprintln!("op_api: TBOOST_ASCEND_SIM is unset: the Ascend backend (SIMULATOR) is not tested in this run");
     }
     v
-}
-
-struct Rng(u64);
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn unit(&mut self) -> f32 {
-        (self.u64() >> 40) as f32 / (1u32 << 23) as f32 - 1.0
-    }
-    fn vec(&mut self, n: usize, amp: f32) -> Vec<f32> {
-        (0..n).map(|_| self.unit() * amp).collect()
-    }
 }
 
 fn encode(dtype: DType, v: &[f32]) -> Vec<u8> {
@@ -500,16 +480,7 @@ fn attention_case(b: &B, kind: AttnKind, head_dim: usize, block_size: usize, rng
     let got = b.get(&out);
     let (kb, vb) = (encode(DType::F32, &kh), encode(DType::F32, &vh));
     let pool = KvPool { dtype: DType::F32, block_size, kv_heads, head_dim, k: &kb, v: &vb };
-    let spans: Vec<SeqSpan<'_>> = seqs
-        .iter()
-        .enumerate()
-        .map(|(i, s)| SeqSpan {
-            q_start: s[0] as usize,
-            q_len: s[1] as usize,
-            ctx_len: s[2] as usize,
-            block_table: &bt[i * max_blocks..(i + 1) * max_blocks],
-        })
-        .collect();
+    let spans = spans_of(&seqs, &bt, max_blocks);
     let ap = AttnParams::new(heads, kv_heads, head_dim, 1.0 / (head_dim as f32).sqrt());
     let want = attn_ref::attention(&qv, &pool, &spans, &ap);
     // Output is a convex combination of V rows (|v| ≤ 1): scores' f32 dot products over
@@ -582,6 +553,20 @@ fn flash_attention_head_dim_24_is_refused_with_the_plans_reason() {
     ];
     let e = err_text(op.execute(&ins, &mut [t(DType::F32, &[1, h * hd])], None));
     assert_eq!(e, "unsupported: flash_attention on cpu: head_dim=24 is not a multiple of 16");
+}
+
+/// The reference's view of a seq table (`[q_start, q_len, ctx_len]` per sequence) and its
+/// block tables (`max_blocks` per sequence).
+fn spans_of<'a>(seqs: &[[u32; 3]], bt: &'a [u32], max_blocks: usize) -> Vec<SeqSpan<'a>> {
+    seqs.iter()
+        .enumerate()
+        .map(|(i, s)| SeqSpan {
+            q_start: s[0] as usize,
+            q_len: s[1] as usize,
+            ctx_len: s[2] as usize,
+            block_table: &bt[i * max_blocks..(i + 1) * max_blocks],
+        })
+        .collect()
 }
 
 fn err_text(r: tboost::Result<()>) -> String {
@@ -706,16 +691,7 @@ fn flash_attention_tile_kv_is_a_parameter() {
         let btt = b.u32s(&[seqs.len(), max_blocks], &bt);
         let (kb, vb) = (encode(DType::F32, &kh), encode(DType::F32, &vh));
         let pool = KvPool { dtype: DType::F32, block_size, kv_heads, head_dim, k: &kb, v: &vb };
-        let spans: Vec<SeqSpan<'_>> = seqs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| SeqSpan {
-                q_start: s[0] as usize,
-                q_len: s[1] as usize,
-                ctx_len: s[2] as usize,
-                block_table: &bt[i * max_blocks..(i + 1) * max_blocks],
-            })
-            .collect();
+        let spans = spans_of(&seqs, &bt, max_blocks);
         let want = attn_ref::attention(&qv, &pool, &spans, &AttnParams::new(heads, kv_heads, head_dim, 0.125));
         let mut outs = Vec::new();
         for tile in [None, Some(16), Some(32), Some(64), Some(128), Some(256)] {
@@ -746,19 +722,20 @@ fn flash_attention_tile_kv_is_a_parameter() {
         assert_eq!(outs[0], outs[3], "{}: the default tile is tile_kv = 64, bit for bit", kind.name());
     }
     // Refused values, named with the op, the parameter and what it takes.
+    let tiled = |kind, tile| AttentionParams {
+        kind,
+        heads,
+        kv_heads,
+        head_dim,
+        scale: None,
+        block_size,
+        kv_dtype: DType::F32,
+        max_context: 4096,
+        act: DType::F32,
+        tile_kv: Some(tile),
+    };
     for bad in [0usize, 8, 48, 512] {
-        let p = AttentionParams {
-            kind: AttnKind::Flash,
-            heads,
-            kv_heads,
-            head_dim,
-            scale: None,
-            block_size,
-            kv_dtype: DType::F32,
-            max_context: 4096,
-            act: DType::F32,
-            tile_kv: Some(bad),
-        };
+        let p = tiled(AttnKind::Flash, bad);
         let e = Operation::new(&be, OpParams::Attention(p)).err().expect("refused").to_string();
         assert_eq!(
             e,
@@ -768,18 +745,7 @@ fn flash_attention_tile_kv_is_a_parameter() {
             )
         );
     }
-    let p = AttentionParams {
-        kind: AttnKind::Standard,
-        heads,
-        kv_heads,
-        head_dim,
-        scale: None,
-        block_size,
-        kv_dtype: DType::F32,
-        max_context: 4096,
-        act: DType::F32,
-        tile_kv: Some(128),
-    };
+    let p = tiled(AttnKind::Standard, 128);
     let e = Operation::new(&be, OpParams::Attention(p)).err().expect("refused").to_string();
     assert!(e.contains("standard_attention.tile_kv") && e.contains("no KV tile"), "{e}");
 }

@@ -1463,17 +1463,111 @@ tboost_norm_params Norm4(tboost_dtype d) {
   return np;
 }
 
+double Silu(double v) { return v / (1.0 + std::exp(-v)); }
+
+// The matmul cases' parameters: `n` outputs of `k` inputs, weight dtype `w`, activations `act`
+// (-1: the backend's), exact, no bias, the default tiling. Their values: x (2 x 3) = kMmX,
+// weight = kMmW, so x · wᵀ = (6, -0.5; -1, -2), exact even in f16; up = kMmUp, x · upᵀ =
+// (1.5, 3; 0, 1).
+tboost_matmul_params MatmulParams(int32_t w, uint64_t n, uint64_t k, int32_t act) {
+  tboost_matmul_params mp{};
+  mp.struct_size = sizeof mp;
+  mp.weight_dtype = w;
+  mp.n = n;
+  mp.k = k;
+  mp.act_dtype = act;
+  return mp;
+}
+const std::vector<float> kMmX = {1, 1, 1, 2, 0, -1}, kMmW = {1, 2, 3, -1, 0.5f, 0}, kMmUp = {0.5f, 0, 1, 1, 1, 1};
+const std::vector<float> kMmY = {6, -0.5f, -1, -2};
+
+// TBOOST_OP_MATMUL_SWIGLU over those values (2 outputs of 3 inputs), and its result in double.
+tboost_matmul_swiglu_params SwigluParams(int32_t w, int32_t act) {
+  tboost_matmul_swiglu_params sp{};
+  sp.struct_size = sizeof sp;
+  sp.weight_dtype = w;
+  sp.n = 2;
+  sp.k = 3;
+  sp.act_dtype = act;
+  return sp;
+}
+const std::vector<double> kSwigluY = {Silu(6) * 1.5, Silu(-0.5) * 3, Silu(-1) * 0, Silu(-2) * 1};
+
+// Attention: one head of 16 over a paged cache of `block` tokens per block, scale 1.
+tboost_attention_params Attn16(int32_t kind, uint32_t block, tboost_dtype d, uint64_t max_context) {
+  tboost_attention_params ap{};
+  ap.struct_size = sizeof ap;
+  ap.kind = kind;
+  ap.heads = 1;
+  ap.kv_heads = 1;
+  ap.head_dim = 16;
+  ap.block_size = block;
+  ap.kv_dtype = d;
+  ap.act_dtype = d;
+  ap.max_context = max_context;
+  ap.scale = 1.0f;
+  return ap;
+}
+
+// The attention cases' data: one block of `block` positions holding k0 = 2·e0, k1 = -2·e0,
+// v0 = (0, 1, ..., 15), v1 = 1; query rows q0 = e0 (sees position 0 only: causal) and
+// q1 = 0.5·e0 (scores 1 and -1). `want`: row 0 = v0, row 1 = w0·v0 + (1 - w0)·v1 with
+// w0 = softmax(1, -1)[0].
+struct AttnCase {
+  std::vector<float> q = std::vector<float>(32, 0.0f), k, v;
+  std::vector<double> want;
+  explicit AttnCase(size_t block) : k(block * 16, 0.0f), v(block * 16, 0.0f) {
+    q[0] = 1.0f;
+    q[16] = 0.5f;
+    k[0] = 2.0f;
+    k[16] = -2.0f;
+    const double w0 = std::exp(1.0) / (std::exp(1.0) + std::exp(-1.0));
+    for (int d = 0; d < 16; ++d) {
+      v[d] = static_cast<float>(d);
+      v[16 + d] = 1.0f;
+      want.push_back(d);
+    }
+    for (int d = 0; d < 16; ++d) want.push_back(w0 * d + (1.0 - w0));
+  }
+};
+
+// MoE routing of kLogits (2 tokens, 3 experts) to the top 2, renormalized: kRouteIds and, as
+// e^a / (e^a + e^b) = 1 / (1 + e^(b - a)), kRouteW.
+tboost_moe_route_params Route3(tboost_dtype d) {
+  tboost_moe_route_params rp{};
+  rp.struct_size = sizeof rp;
+  rp.experts = 3;
+  rp.top_k = 2;
+  rp.act_dtype = d;
+  return rp;
+}
+const std::vector<float> kLogits = {1, 3, 2, 0, 1, 5};
+const std::vector<uint32_t> kRouteIds = {1, 2, 2, 1};
+const std::vector<double> kRouteW = {1 / (1 + std::exp(-1.0)), 1 / (1 + std::exp(1.0)), 1 / (1 + std::exp(-4.0)),
+                                     1 / (1 + std::exp(4.0))};
+
+// Grouped experts, hidden 2, inter 1: kExperts holds gate, up and down of each; one token
+// x = (1, 2) through both experts with weights (0.25, 0.75) gives kGroupedY.
+tboost_moe_grouped_params Grouped2(int32_t w, int32_t act) {
+  tboost_moe_grouped_params gp{};
+  gp.struct_size = sizeof gp;
+  gp.experts = 2;
+  gp.top_k = 2;
+  gp.weight_dtype = w;
+  gp.hidden = 2;
+  gp.inter = 1;
+  gp.act_dtype = act;
+  return gp;
+}
+const std::vector<std::vector<float>> kExperts[] = {{{1, 0}, {0, 1}, {1, 2}}, {{0, 1}, {1, 1}, {-1, 1}}};
+const double kH0 = Silu(1.0) * 2.0, kH1 = Silu(2.0) * 3.0;
+const std::vector<double> kGroupedY = {0.25 * kH0 - 0.75 * kH1, 0.25 * 2 * kH0 + 0.75 * kH1};
+
 TEST(OpApi, MatmulThroughTheCApiEqualsAHandComputation) {
   OpBackend be;
   const size_t m = 2, k = 3, n = 2;
-  tboost_matmul_params mp{};
-  mp.struct_size = sizeof mp;
-  mp.weight_dtype = TBOOST_DTYPE_F32;
-  mp.n = n;
-  mp.k = k;
+  tboost_matmul_params mp = MatmulParams(TBOOST_DTYPE_F32, n, k, -1);
   mp.bias = 1;
-  mp.precision = 0;
-  mp.act_dtype = -1;
   tboost_op* op = nullptr;
   ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_MATMUL, &mp, &op));
   bool ok = false;
@@ -1483,10 +1577,10 @@ TEST(OpApi, MatmulThroughTheCApiEqualsAHandComputation) {
   EXPECT_TRUE(ok);
   EXPECT_STREQ(why, "");
   tboost_tensor x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {m, k}), {m, k});
-  tboost_tensor w = Tensor(be.Weight({n, k}, {1, 2, 3, -1, 0.5f, 0}), {n, k});
+  tboost_tensor w = Tensor(be.Weight({n, k}, kMmW), {n, k});
   tboost_tensor bias = Tensor(be.Weight({n}, {10, -10}), {n});
   tboost_tensor y = Tensor(be.Alloc(TBOOST_DTYPE_F32, {m, n}), {m, n});
-  be.Put(x, {1, 1, 1, 2, 0, -1});
+  be.Put(x, kMmX);
   tboost_tensor ins[] = {x, w, bias};
   size_t ws = 99;
   ASSERT_OK(tboost_op_workspace_size(op, ins, 3, &y, 1, &ws));
@@ -1578,35 +1672,17 @@ TEST(OpApi, BadHandlesAndParamsGiveTheDocumentedStatus) {
 TEST(OpApi, AttentionWithATileThroughTheCApi) {
   OpBackend be;
   // One sequence of two rows over two positions, one head of 16, block_size 4.
-  tboost_attention_params ap{};
-  ap.struct_size = sizeof ap;
-  ap.kind = TBOOST_ATTENTION_FLASH;
-  ap.heads = 1;
-  ap.kv_heads = 1;
-  ap.head_dim = 16;
-  ap.block_size = 4;
-  ap.kv_dtype = TBOOST_DTYPE_F32;
-  ap.act_dtype = TBOOST_DTYPE_F32;
-  ap.max_context = 64;
-  ap.scale = 1.0f;
+  tboost_attention_params ap = Attn16(TBOOST_ATTENTION_FLASH, 4, TBOOST_DTYPE_F32, 64);
   ap.tile_kv = 16;
   tboost_op* op = nullptr;
   ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_ATTENTION, &ap, &op));
-  std::vector<float> q(32, 0.0f), k(64, 0.0f), v(64, 0.0f);
-  q[0] = 1.0f;        // row 0 never sees position 1 (causal)
-  q[16 + 0] = 0.5f;   // row 1: scores 0.5 * k0[0] and 0.5 * k1[0]
-  k[0] = 2.0f;        // position 0
-  k[16 + 0] = -2.0f;  // position 1
-  for (int d = 0; d < 16; ++d) {
-    v[d] = static_cast<float>(d);
-    v[16 + d] = 1.0f;
-  }
+  const AttnCase c(4);
   tboost_tensor tq = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 16}), {2, 16});
   tboost_tensor tk = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 4, 1, 16}), {1, 4, 1, 16});
   tboost_tensor tv = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 4, 1, 16}), {1, 4, 1, 16});
-  be.Put(tq, q);
-  be.Put(tk, k);
-  be.Put(tv, v);
+  be.Put(tq, c.q);
+  be.Put(tk, c.k);
+  be.Put(tv, c.v);
   tboost_buffer* sb = be.Alloc(TBOOST_DTYPE_U32, {1, 3});
   tboost_buffer* bb = be.Alloc(TBOOST_DTYPE_U32, {1, 1});
   tboost_tensor ts = Tensor(sb, {1, 3}), tb = Tensor(bb, {1, 1});
@@ -1617,12 +1693,7 @@ TEST(OpApi, AttentionWithATileThroughTheCApi) {
   tboost_tensor ins[] = {tq, tk, tv, ts, tb};
   ASSERT_OK(tboost_op_execute(op, ins, 5, &out, 1, nullptr));
   const std::vector<float> got = be.Get(out, 32);
-  // Row 1: weights softmax(1, -1) = (e / (e + 1/e), ...) over v0 = d and v1 = 1.
-  const double w0 = std::exp(1.0) / (std::exp(1.0) + std::exp(-1.0));
-  for (int d = 0; d < 16; ++d) {
-    EXPECT_NEAR(got[d], d, 1e-5) << d;
-    EXPECT_NEAR(got[16 + d], w0 * d + (1.0 - w0), 1e-5) << d;
-  }
+  for (int i = 0; i < 32; ++i) EXPECT_NEAR(got[i], c.want[i], 1e-5) << i;
   ASSERT_OK(tboost_op_free(op));
   // A tile the kernel does not take, and flash with a head_dim it does not take.
   ap.tile_kv = 48;
@@ -1724,13 +1795,7 @@ TEST(OpApi, EmbedAndRopeThroughTheCApi) {
 // 1e-6 relative).
 TEST(OpApi, MatmulSwigluThroughTheCApiEqualsAHandComputation) {
   OpBackend be;
-  tboost_matmul_swiglu_params sp{};
-  sp.struct_size = sizeof sp;
-  sp.weight_dtype = TBOOST_DTYPE_F32;
-  sp.n = 2;
-  sp.k = 3;
-  sp.precision = 0;
-  sp.act_dtype = -1;
+  tboost_matmul_swiglu_params sp = SwigluParams(TBOOST_DTYPE_F32, -1);
   tboost_op* op = nullptr;
   ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_MATMUL_SWIGLU, &sp, &op));
   bool ok = false;
@@ -1738,17 +1803,14 @@ TEST(OpApi, MatmulSwigluThroughTheCApiEqualsAHandComputation) {
   ASSERT_OK(tboost_op_supports(op, &ok, why, sizeof why, nullptr));
   EXPECT_TRUE(ok) << why;
   tboost_tensor x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 3}), {2, 3});
-  tboost_tensor gate = Tensor(be.Weight({2, 3}, {1, 2, 3, -1, 0.5f, 0}), {2, 3});
-  tboost_tensor up = Tensor(be.Weight({2, 3}, {0.5f, 0, 1, 1, 1, 1}), {2, 3});
+  tboost_tensor gate = Tensor(be.Weight({2, 3}, kMmW), {2, 3});
+  tboost_tensor up = Tensor(be.Weight({2, 3}, kMmUp), {2, 3});
   tboost_tensor y = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 2}), {2, 2});
-  be.Put(x, {1, 1, 1, 2, 0, -1});
+  be.Put(x, kMmX);
   tboost_tensor ins[] = {x, gate, up};
   ASSERT_OK(tboost_op_execute(op, ins, 3, &y, 1, nullptr));
-  // x · gateᵀ = (6, -0.5; -1, -2), x · upᵀ = (1.5, 3; 0, 1).
-  auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
-  const double want[] = {silu(6) * 1.5, silu(-0.5) * 3, silu(-1) * 0, silu(-2) * 1};
   const std::vector<float> got = be.Get(y, 4);
-  for (int i = 0; i < 4; ++i) EXPECT_NEAR(got[i], want[i], 1e-6 * std::max(1.0, std::fabs(want[i]))) << i;
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(got[i], kSwigluY[i], 1e-6 * std::max(1.0, std::fabs(kSwigluY[i]))) << i;
   ASSERT_OK(tboost_op_free(op));
   // The same case with a tiling gives the same bits; a tiling out of range and a struct_size
   // below the first version are refused at creation, naming what is wrong.
@@ -1821,12 +1883,7 @@ TEST(OpApi, TilingKeysAndOpFieldsAreRangeCheckedAndReported) {
   // The op parameter: out of range named at creation; a version-1 struct_size (40) takes the
   // defaults; in range, the hand computation of MatmulThroughTheCApiEqualsAHandComputation.
   OpBackend be;
-  tboost_matmul_params mp{};
-  mp.struct_size = sizeof mp;
-  mp.weight_dtype = TBOOST_DTYPE_F32;
-  mp.n = 2;
-  mp.k = 3;
-  mp.act_dtype = -1;
+  tboost_matmul_params mp = MatmulParams(TBOOST_DTYPE_F32, 2, 3, -1);
   mp.tiling.tasks_per_thread = 65;
   tboost_op* op = nullptr;
   EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, TBOOST_OP_MATMUL, &mp, &op));
@@ -1841,21 +1898,14 @@ TEST(OpApi, TilingKeysAndOpFieldsAreRangeCheckedAndReported) {
   mp.tiling.decode_task_min_bytes = 4096;
   ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_MATMUL, &mp, &op));
   tboost_tensor x = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 3}), {2, 3});
-  tboost_tensor w = Tensor(be.Weight({2, 3}, {1, 2, 3, -1, 0.5f, 0}), {2, 3});
+  tboost_tensor w = Tensor(be.Weight({2, 3}, kMmW), {2, 3});
   tboost_tensor y = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 2}), {2, 2});
-  be.Put(x, {1, 1, 1, 2, 0, -1});
+  be.Put(x, kMmX);
   tboost_tensor ins[] = {x, w};
   ASSERT_OK(tboost_op_execute(op, ins, 2, &y, 1, nullptr));
-  EXPECT_EQ(be.Get(y, 4), (std::vector<float>{6, -0.5f, -1, -2}));
+  EXPECT_EQ(be.Get(y, 4), kMmY);
   ASSERT_OK(tboost_op_free(op));
-  tboost_moe_grouped_params gp{};
-  gp.struct_size = sizeof gp;
-  gp.experts = 2;
-  gp.top_k = 2;
-  gp.weight_dtype = TBOOST_DTYPE_F32;
-  gp.hidden = 2;
-  gp.inter = 1;
-  gp.act_dtype = -1;
+  tboost_moe_grouped_params gp = Grouped2(TBOOST_DTYPE_F32, -1);
   gp.tiling.expert_batch_tokens = 70000;
   EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_op_create(be.p, TBOOST_OP_MOE_GROUPED, &gp, &op));
   EXPECT_NE(LastError().find("`moe_grouped.expert_batch_tokens`: 70000 is not in 1..=65536"), std::string::npos)
@@ -1868,48 +1918,31 @@ TEST(OpApi, TilingKeysAndOpFieldsAreRangeCheckedAndReported) {
 // MoE routing and grouped experts through the C ABI, against hand computations.
 TEST(OpApi, MoeRouteAndGroupedThroughTheCApi) {
   OpBackend be;
-  auto silu = [](double v) { return v / (1.0 + std::exp(-v)); };
   // Routing: softmax over 3 experts, the best 2 renormalized.
-  tboost_moe_route_params rp{};
-  rp.struct_size = sizeof rp;
-  rp.experts = 3;
-  rp.top_k = 2;
-  rp.act_dtype = TBOOST_DTYPE_F32;
+  tboost_moe_route_params rp = Route3(TBOOST_DTYPE_F32);
   tboost_op* route = nullptr;
   ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_MOE_ROUTE, &rp, &route));
   tboost_tensor logits = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 3}), {2, 3});
   tboost_tensor ids = Tensor(be.Alloc(TBOOST_DTYPE_U32, {2, 2}), {2, 2});
   tboost_tensor wts = Tensor(be.Alloc(TBOOST_DTYPE_F32, {2, 2}), {2, 2});
-  be.Put(logits, {1, 3, 2, 0, 1, 5});
+  be.Put(logits, kLogits);
   tboost_tensor routed[] = {ids, wts};
   ASSERT_OK(tboost_op_execute(route, &logits, 1, routed, 2, nullptr));
   std::vector<uint32_t> got_ids(4);
   ASSERT_OK(tboost_backend_copy(be.p, &ids, got_ids.data(), 16, TBOOST_COPY_BACKEND_TO_HOST));
-  EXPECT_EQ(got_ids, (std::vector<uint32_t>{1, 2, 2, 1}));
+  EXPECT_EQ(got_ids, kRouteIds);
   const std::vector<float> w = be.Get(wts, 4);
-  // Renormalized over the top 2: e^a / (e^a + e^b) = 1 / (1 + e^(b - a)).
-  const double want_w[] = {1 / (1 + std::exp(-1.0)), 1 / (1 + std::exp(1.0)), 1 / (1 + std::exp(-4.0)),
-                           1 / (1 + std::exp(4.0))};
-  for (int i = 0; i < 4; ++i) EXPECT_NEAR(w[i], want_w[i], 1e-6) << i;
+  for (int i = 0; i < 4; ++i) EXPECT_NEAR(w[i], kRouteW[i], 1e-6) << i;
 
-  // Grouped experts: hidden 2, inter 1; expert 0: gate (1, 0), up (0, 1), down (1, 2);
-  // expert 1: gate (0, 1), up (1, 1), down (-1, 1). One token x = (1, 2) through both.
-  tboost_moe_grouped_params gp{};
-  gp.struct_size = sizeof gp;
-  gp.experts = 2;
-  gp.top_k = 2;
-  gp.weight_dtype = TBOOST_DTYPE_F32;
-  gp.hidden = 2;
-  gp.inter = 1;
-  gp.act_dtype = TBOOST_DTYPE_F32;
+  // Grouped experts (kExperts): one token x = (1, 2) through both.
+  tboost_moe_grouped_params gp = Grouped2(TBOOST_DTYPE_F32, TBOOST_DTYPE_F32);
   tboost_op* moe = nullptr;
   ASSERT_OK(tboost_op_create(be.p, TBOOST_OP_MOE_GROUPED, &gp, &moe));
   std::vector<tboost_tensor> ins;
   ins.push_back(Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 2}), {1, 2}));
   ins.push_back(Tensor(be.Alloc(TBOOST_DTYPE_U32, {1, 2}), {1, 2}));
   ins.push_back(Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 2}), {1, 2}));
-  const std::vector<std::vector<float>> experts[] = {{{1, 0}, {0, 1}, {1, 2}}, {{0, 1}, {1, 1}, {-1, 1}}};
-  for (const auto& e : experts) {  // uploaded consecutively: gate, up, down of each expert
+  for (const auto& e : kExperts) {  // uploaded consecutively: gate, up, down of each expert
     ins.push_back(Tensor(be.Weight({1, 2}, e[0]), {1, 2}));
     ins.push_back(Tensor(be.Weight({1, 2}, e[1]), {1, 2}));
     ins.push_back(Tensor(be.Weight({2, 1}, e[2]), {2, 1}));
@@ -1920,10 +1953,8 @@ TEST(OpApi, MoeRouteAndGroupedThroughTheCApi) {
   be.Put(ins[2], {0.25f, 0.75f});
   tboost_tensor y = Tensor(be.Alloc(TBOOST_DTYPE_F32, {1, 2}), {1, 2});
   ASSERT_OK(tboost_op_execute(moe, ins.data(), ins.size(), &y, 1, nullptr));
-  const double h0 = silu(1.0) * 2.0, h1 = silu(2.0) * 3.0;
-  const double want_y[] = {0.25 * h0 - 0.75 * h1, 0.25 * 2 * h0 + 0.75 * h1};
   const std::vector<float> got_y = be.Get(y, 2);
-  for (int i = 0; i < 2; ++i) EXPECT_NEAR(got_y[i], want_y[i], 1e-5) << i;
+  for (int i = 0; i < 2; ++i) EXPECT_NEAR(got_y[i], kGroupedY[i], 1e-5) << i;
   // An expert id out of range is refused, naming the tensor; one tensor short likewise.
   uint32_t bad_ids[] = {0, 2};
   ASSERT_OK(tboost_backend_copy(be.p, &ins[1], bad_ids, sizeof bad_ids, TBOOST_COPY_HOST_TO_BACKEND));
@@ -2149,8 +2180,6 @@ void ExpectF16(const std::vector<float>& got, const std::vector<double>& want, d
     EXPECT_NEAR(got[i], want[i], rounds * kF16 * scale) << what << " [" << i << "]";
 }
 
-double Silu(double v) { return v / (1.0 + std::exp(-v)); }
-
 const char* const kNoTiling = " is not the default (unset) on ascend, whose kernels choose their own tiling";
 
 // Matmul in f16 (exact products), a GGUF weight, fast precision and a CPU tiling (refused with
@@ -2158,19 +2187,13 @@ const char* const kNoTiling = " is not the default (unset) on ascend, whose kern
 TEST(AscendOps, MatmulQuantizedWeightAndMatmulSwiglu) {
   AscendSim a;
   ASSERT_NE(a.be, nullptr);
-  tboost_matmul_params mp{};
-  mp.struct_size = sizeof mp;
-  mp.weight_dtype = TBOOST_DTYPE_F16;
-  mp.n = 2;
-  mp.k = 3;
-  mp.act_dtype = TBOOST_DTYPE_F16;
+  tboost_matmul_params mp = MatmulParams(TBOOST_DTYPE_F16, 2, 3, TBOOST_DTYPE_F16);
   tboost_op* mm = a.Op(TBOOST_OP_MATMUL, &mp);
-  tboost_tensor x = a.Half({2, 3}, {1, 1, 1, 2, 0, -1});
-  tboost_tensor w = a.Half({2, 3}, {1, 2, 3, -1, 0.5f, 0}, true);
+  tboost_tensor x = a.Half({2, 3}, kMmX);
+  tboost_tensor w = a.Half({2, 3}, kMmW, true);
   tboost_tensor y = a.Zeros({2, 2});
   a.Run(mm, {x, w}, {y});
-  // x · wᵀ = (1+2+3, -1+0.5+0; 2-3, -2+0): exact in f16.
-  EXPECT_EQ(a.Get(y), (std::vector<float>{6, -0.5f, -1, -2}));
+  EXPECT_EQ(a.Get(y), kMmY);  // exact in f16
 
   // A Q8_0 weight (k = 32, two rows of one block: scale 1, quants 1..32 and -1): aclnn has no
   // GGUF matmul; the plan converts such weights at upload, the op API takes them as they are.
@@ -2202,20 +2225,14 @@ TEST(AscendOps, MatmulQuantizedWeightAndMatmulSwiglu) {
   tiled.tiling.panel_rows = 32;
   a.Refused(a.Op(TBOOST_OP_MATMUL, &tiled), std::string("panel_rows=32") + kNoTiling, {x, w}, {y});
 
-  // matmul_swiglu: x · gateᵀ = (6, -0.5; -1, -2), x · upᵀ = (1.5, 3; 0, 1), each exact in f16;
-  // silu and the product round to f16 at most twice each: 4 roundings of the result.
-  tboost_matmul_swiglu_params sp{};
-  sp.struct_size = sizeof sp;
-  sp.weight_dtype = TBOOST_DTYPE_F16;
-  sp.n = 2;
-  sp.k = 3;
-  sp.act_dtype = TBOOST_DTYPE_F16;
+  // matmul_swiglu: x · gateᵀ and x · upᵀ are exact in f16; silu and the product round to f16
+  // at most twice each: 4 roundings of the largest result (< 9).
+  tboost_matmul_swiglu_params sp = SwigluParams(TBOOST_DTYPE_F16, TBOOST_DTYPE_F16);
   tboost_op* sw = a.Op(TBOOST_OP_MATMUL_SWIGLU, &sp);
-  tboost_tensor up = a.Half({2, 3}, {0.5f, 0, 1, 1, 1, 1}, true);
+  tboost_tensor up = a.Half({2, 3}, kMmUp, true);
   tboost_tensor h = a.Zeros({2, 2});
   a.Run(sw, {x, w, up}, {h});
-  const std::vector<double> want = {Silu(6) * 1.5, Silu(-0.5) * 3, Silu(-1) * 0, Silu(-2) * 1};
-  ExpectF16(a.Get(h), want, 4, 9, "matmul_swiglu");
+  ExpectF16(a.Get(h), kSwigluY, 4, 9, "matmul_swiglu");
   sp.tiling.act_rows = 2;
   a.Refused(a.Op(TBOOST_OP_MATMUL_SWIGLU, &sp), std::string("act_rows=2") + kNoTiling, {x, w, up}, {h});
 }
@@ -2299,41 +2316,18 @@ TEST(AscendOps, AttentionFlashPagedDecodeAndRefusedCases) {
   {
     AscendSim a;
     ASSERT_NE(a.be, nullptr);
-    tboost_attention_params ap{};
-    ap.struct_size = sizeof ap;
-    ap.kind = TBOOST_ATTENTION_FLASH;
-    ap.heads = 1;
-    ap.kv_heads = 1;
-    ap.head_dim = 16;
-    ap.block_size = 128;
-    ap.kv_dtype = TBOOST_DTYPE_F16;
-    ap.act_dtype = TBOOST_DTYPE_F16;
-    ap.max_context = 256;
-    ap.scale = 1.0f;
-    // Positions 0 and 1 of block 0: k0 = 2·e0, k1 = -2·e0; v0 = (0, 1, ..., 15), v1 = 1.
-    std::vector<float> k(128 * 16, 0.0f), v(128 * 16, 0.0f);
-    k[0] = 2.0f;
-    k[16] = -2.0f;
-    for (int d = 0; d < 16; ++d) {
-      v[d] = static_cast<float>(d);
-      v[16 + d] = 1.0f;
-    }
-    tboost_tensor kc = a.Half({1, 128, 1, 16}, k), vc = a.Half({1, 128, 1, 16}, v);
-    std::vector<float> qv(32, 0.0f);
-    qv[0] = 1.0f;   // row 0 sees position 0 only (causal)
-    qv[16] = 0.5f;  // row 1: scores 1 and -1
-    tboost_tensor q = a.Half({2, 16}, qv);
+    // FIA's paged prefill takes blocks of 128..512 tokens.
+    tboost_attention_params ap = Attn16(TBOOST_ATTENTION_FLASH, 128, TBOOST_DTYPE_F16, 256);
+    const AttnCase c(128);
+    tboost_tensor kc = a.Half({1, 128, 1, 16}, c.k), vc = a.Half({1, 128, 1, 16}, c.v);
+    tboost_tensor q = a.Half({2, 16}, c.q);
     tboost_tensor one_seq = a.U32({1, 3}, {0, 2, 2});
     tboost_tensor table = a.U32({1, 1}, {0});
     tboost_tensor out = a.Zeros({2, 16});
-    // Row 1 = w0·v0 + (1 - w0)·v1 with w0 = softmax(1, -1)[0]; the weights and the output round to
-    // f16 (P in f16 as FIA keeps it): 4 roundings of the largest value (15).
-    const double w0 = std::exp(1.0) / (std::exp(1.0) + std::exp(-1.0));
-    std::vector<double> want;
-    for (int d = 0; d < 16; ++d) want.push_back(d);
-    for (int d = 0; d < 16; ++d) want.push_back(w0 * d + (1.0 - w0));
+    // The softmax weights and the output round to f16 (P in f16, as FIA keeps it): 4 roundings
+    // of the largest value (15).
     a.Run(a.Op(TBOOST_OP_ATTENTION, &ap), {q, kc, vc, one_seq, table}, {out});
-    ExpectF16(a.Get(out), want, 4, 16, "flash_attention");
+    ExpectF16(a.Get(out), c.want, 4, 16, "flash_attention");
 
     // Paged decode: two sequences of one new row each over the same block, contexts 1 and 2.
     tboost_attention_params dp = ap;
@@ -2342,7 +2336,7 @@ TEST(AscendOps, AttentionFlashPagedDecodeAndRefusedCases) {
     tboost_tensor tables = a.U32({2, 1}, {0, 0});
     tboost_tensor dout = a.Zeros({2, 16});
     a.Run(a.Op(TBOOST_OP_ATTENTION, &dp), {q, kc, vc, two_seqs, tables}, {dout});
-    ExpectF16(a.Get(dout), want, 4, 16, "paged_decode_attention");
+    ExpectF16(a.Get(dout), c.want, 4, 16, "paged_decode_attention");
 
     // Refused cases, with the reasons the plan gives (checked against the plan below).
     tboost_attention_params st = ap;
@@ -2378,46 +2372,30 @@ TEST(AscendOps, AttentionFlashPagedDecodeAndRefusedCases) {
 TEST(AscendOps, MoeRouteAndGrouped) {
   AscendSim a;
   ASSERT_NE(a.be, nullptr);
-  tboost_moe_route_params rp{};
-  rp.struct_size = sizeof rp;
-  rp.experts = 3;
-  rp.top_k = 2;
-  rp.act_dtype = TBOOST_DTYPE_F16;
-  tboost_tensor logits = a.Half({2, 3}, {1, 3, 2, 0, 1, 5});
+  tboost_moe_route_params rp = Route3(TBOOST_DTYPE_F16);
+  tboost_tensor logits = a.Half({2, 3}, kLogits);
   tboost_tensor ids = a.U32({2, 2}, {9, 9, 9, 9});
   tboost_tensor wts = a.Zeros({2, 2});
   a.Run(a.Op(TBOOST_OP_MOE_ROUTE, &rp), {logits}, {ids, wts});
   std::vector<uint32_t> got_ids(4);
   ASSERT_OK(tboost_backend_copy(a.be, &ids, got_ids.data(), 16, TBOOST_COPY_BACKEND_TO_HOST));
-  EXPECT_EQ(got_ids, (std::vector<uint32_t>{1, 2, 2, 1}));
-  // e^a / (e^a + e^b) over the top 2, through an f32 softmax and an f16 output: 2 roundings.
-  ExpectF16(a.Get(wts),
-            {1 / (1 + std::exp(-1.0)), 1 / (1 + std::exp(1.0)), 1 / (1 + std::exp(-4.0)), 1 / (1 + std::exp(4.0))}, 2, 1,
-            "moe_route");
+  EXPECT_EQ(got_ids, kRouteIds);
+  // Through an f32 softmax and an f16 output: 2 roundings.
+  ExpectF16(a.Get(wts), kRouteW, 2, 1, "moe_route");
 
-  // Grouped: hidden 2, inter 1; expert 0: gate (1, 0), up (0, 1), down (1, 2); expert 1: gate
-  // (0, 1), up (1, 1), down (-1, 1); token x = (1, 2) through both with weights 0.25, 0.75.
-  // gate/up are exact; silu, the product, down and the weighted sum round in f16: 8 roundings
-  // of the largest intermediate (3·silu(2) < 6).
-  tboost_moe_grouped_params gp{};
-  gp.struct_size = sizeof gp;
-  gp.experts = 2;
-  gp.top_k = 2;
-  gp.weight_dtype = TBOOST_DTYPE_F16;
-  gp.hidden = 2;
-  gp.inter = 1;
-  gp.act_dtype = TBOOST_DTYPE_F16;
+  // Grouped (kExperts), token x = (1, 2) through both with weights 0.25, 0.75: gate/up are
+  // exact; silu, the product, down and the weighted sum round in f16: 8 roundings of the
+  // largest intermediate (3·silu(2) < 6).
+  tboost_moe_grouped_params gp = Grouped2(TBOOST_DTYPE_F16, TBOOST_DTYPE_F16);
   std::vector<tboost_tensor> ins = {a.Half({1, 2}, {1, 2}), a.U32({1, 2}, {0, 1}), a.Half({1, 2}, {0.25f, 0.75f})};
-  const std::vector<std::vector<float>> experts[] = {{{1, 0}, {0, 1}, {1, 2}}, {{0, 1}, {1, 1}, {-1, 1}}};
-  for (const auto& e : experts) {  // uploaded consecutively: gate, up, down of each expert
+  for (const auto& e : kExperts) {  // uploaded consecutively: gate, up, down of each expert
     ins.push_back(a.Half({1, 2}, e[0], true));
     ins.push_back(a.Half({1, 2}, e[1], true));
     ins.push_back(a.Half({2, 1}, e[2], true));
   }
   tboost_tensor y = a.Zeros({1, 2});
   a.Run(a.Op(TBOOST_OP_MOE_GROUPED, &gp), ins, {y});
-  const double h0 = Silu(1.0) * 2.0, h1 = Silu(2.0) * 3.0;
-  ExpectF16(a.Get(y), {0.25 * h0 - 0.75 * h1, 0.25 * 2 * h0 + 0.75 * h1}, 8, 6, "moe_grouped");
+  ExpectF16(a.Get(y), kGroupedY, 8, 6, "moe_grouped");
   gp.tiling.parallel_expert_batches = 2;
   a.Refused(a.Op(TBOOST_OP_MOE_GROUPED, &gp), std::string("parallel_expert_batches=2") + kNoTiling, ins, {y});
 }
