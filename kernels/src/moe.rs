@@ -9,11 +9,11 @@
 //! whatever the other rows (see `matmul`); the weighted sum runs in rank order. So a token's
 //! output does not depend on which other tokens share the batch or the experts.
 //!
-//! Expert batching ([`MoeTiling`], the last parameter of [`moe_ffn`]): by default each expert runs all its
-//! tokens as one batch, experts one after another, each batch's matmuls split over the pool.
-//! `expert_batch_tokens` caps the tokens of a batch (an expert with more runs several),
-//! `parallel_expert_batches` runs that many batches at once as parallel tasks. By the
-//! invariance above neither changes a bit of the output.
+//! Expert batching ([`MoeTiling`], the last parameter of [`moe_ffn`]): by default each
+//! expert runs all its tokens as one batch, experts one after another, each batch's matmuls
+//! split over the pool. `expert_batch_tokens` caps the tokens of a batch (an expert with more
+//! runs several), `parallel_expert_batches` runs that many batches at once as parallel tasks.
+//! By the invariance above neither changes a bit of the output.
 
 use crate::matmul::{self, MatSeg};
 use crate::WeightMat;
