@@ -331,6 +331,12 @@ enum tboost_op_kind
    * down_e(silu(gate_e · x) * up_e · x) over each token's experts e.
    */
   TBOOST_OP_MOE_GROUPED = 8,
+  /**
+   * `tboost_matmul_swiglu_params`. Inputs: x [m, k], gate [n, k] and up [n, k] (weight
+   * buffers). Outputs: y [m, n] = silu(x · gateᵀ) * (x · upᵀ), in one kernel (the plan's
+   * fused gate-up SwiGLU).
+   */
+  TBOOST_OP_MATMUL_SWIGLU = 9,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -645,6 +651,34 @@ typedef void (*tboost_log_fn)(tboost_log_level level,
 typedef bool (*tboost_progress_fn)(float progress, void *user_data);
 
 /**
+ * The CPU kernels' work split of a matmul (in `tboost_matmul_params` and
+ * `tboost_matmul_swiglu_params`). 0 in a field = the op's default. No value changes a result,
+ * only speed. A value outside its range is `TBOOST_ERR_INVALID_ARGUMENT` at
+ * `tboost_op_create`, naming the op, the field and the range; a backend whose kernels tile
+ * themselves (Ascend), and the bf16 kernels of fast precision, take only the defaults
+ * (`tboost_op_supports` says why).
+ */
+typedef struct tboost_matmul_tiling {
+  /**
+   * Weight rows (output features) per task: a multiple of 16 in 16..=4096.
+   */
+  uint32_t panel_rows;
+  /**
+   * Activation rows (tokens) per task: 1..=65536.
+   */
+  uint32_t act_rows;
+  /**
+   * Tasks per thread the split aims at: 1..=64 (default 4).
+   */
+  uint32_t tasks_per_thread;
+  /**
+   * Least weight bytes of a block-quantized decode task: a multiple of 1024 in
+   * 4096..=16777216 (default 32768).
+   */
+  uint32_t decode_task_min_bytes;
+} tboost_matmul_tiling;
+
+/**
  * Parameters of `TBOOST_OP_MATMUL`.
  */
 typedef struct tboost_matmul_params {
@@ -677,6 +711,10 @@ typedef struct tboost_matmul_params {
    */
   int32_t act_dtype;
   uint32_t reserved;
+  /**
+   * The CPU kernels' work split (appended: a struct_size of 40 leaves the defaults).
+   */
+  struct tboost_matmul_tiling tiling;
 } tboost_matmul_params;
 
 /**
@@ -821,6 +859,21 @@ typedef struct tboost_moe_route_params {
 } tboost_moe_route_params;
 
 /**
+ * The CPU kernel's expert batching of `TBOOST_OP_MOE_GROUPED` (0 = the op's default), under the
+ * rules of `tboost_matmul_tiling`.
+ */
+typedef struct tboost_moe_tiling {
+  /**
+   * Most tokens in one expert batch: 1..=65536 (default: all of an expert's tokens).
+   */
+  uint32_t expert_batch_tokens;
+  /**
+   * Expert batches run at once: 1..=64 (default 1).
+   */
+  uint32_t parallel_expert_batches;
+} tboost_moe_tiling;
+
+/**
  * Parameters of `TBOOST_OP_MOE_GROUPED`.
  */
 typedef struct tboost_moe_grouped_params {
@@ -844,7 +897,42 @@ typedef struct tboost_moe_grouped_params {
    */
   int32_t act_dtype;
   uint32_t reserved;
+  /**
+   * Expert batching (appended: a struct_size of 40 leaves the defaults).
+   */
+  struct tboost_moe_tiling tiling;
 } tboost_moe_grouped_params;
+
+/**
+ * Parameters of `TBOOST_OP_MATMUL_SWIGLU`.
+ */
+typedef struct tboost_matmul_swiglu_params {
+  /**
+   * sizeof(tboost_matmul_swiglu_params).
+   */
+  uint32_t struct_size;
+  /**
+   * The `tboost_dtype` of gate and up (dense or a GGUF block type).
+   */
+  int32_t weight_dtype;
+  /**
+   * Output features (rows of gate and of up).
+   */
+  uint64_t n;
+  /**
+   * Input features (their columns).
+   */
+  uint64_t k;
+  /**
+   * 0 = exact, 1 = fast (8-bit activations where the backend has them).
+   */
+  uint32_t precision;
+  /**
+   * `tboost_dtype` of x and y; -1 = the backend's activation dtype.
+   */
+  int32_t act_dtype;
+  struct tboost_matmul_tiling tiling;
+} tboost_matmul_swiglu_params;
 
 /**
  * "Any request" for `tboost_engine_read` and `tboost_engine_wait`.
@@ -895,6 +983,21 @@ tboost_status tboost_config_free(struct tboost_config *cfg);
  *   16, 32, 64, 128 or 256 (default 64); the plan reports it, and a non-default tile on a
  *   backend whose attention kernel tiles itself fails `tboost_engine_new` /
  *   `tboost_model_load` with `TBOOST_ERR_UNSUPPORTED`
+ * - `tiling.matmul.panel_rows` [16, 4096], a multiple of 16: weight rows (output features) per
+ *   task of the CPU matmul kernels
+ * - `tiling.matmul.act_rows` [1, 65536]: activation rows (tokens) per matmul task
+ * - `tiling.matmul.tasks_per_thread` [1, 64]: matmul tasks per thread the split aims at
+ *   (default 4)
+ * - `tiling.matmul.decode_task_min_bytes` [4096, 16777216], a multiple of 1024: least weight
+ *   bytes of a block-quantized decode task (default 32768)
+ * - `tiling.moe.expert_batch_tokens` [1, 65536]: most tokens in one expert batch of the grouped
+ *   MoE (default: all of an expert's tokens)
+ * - `tiling.moe.parallel_expert_batches` [1, 64]: expert batches run at once (default 1)
+ *
+ *   Unset tiling keys are the op's defaults; none changes a result, only speed. The plan
+ *   reports them (`matmul_tiling`, `moe_tiling`), and a set one on a backend whose kernels
+ *   tile themselves (Ascend) fails `tboost_engine_new` / `tboost_model_load` with
+ *   `TBOOST_ERR_UNSUPPORTED` naming the key, the slot and the backend
  * - `debug_panic_at_step` [0, ..]: testing only, the n-th step panics (0 = never)
  * - `debug_step_delay_ms` [0, 60000]: testing only, each step first sleeps this long
  *

@@ -469,6 +469,26 @@ fn the_plan_names_fused_infer_attention_and_every_fallback_with_its_reason() {
     assert!(d["kernel"].as_str().unwrap().contains("aclnnGroupedMatmulV4"));
 }
 
+/// The CPU kernels' work-split tunables do not apply to aclnn ops: the plan refuses them on a
+/// slot the device runs, naming the key, the slot and the backend, instead of dropping them.
+#[test]
+fn cpu_tiling_tunables_are_refused_on_ascend_naming_the_key_and_the_slot() {
+    let dir = golden_dir("mixtral");
+    for (tiling, want) in [
+        ("matmul.panel_rows=32", "tiling.matmul.panel_rows=32 is not the default (unset) on ascend, whose kernels choose their own tiling (layer 0: qkv runs fused_qkv_matmul on ascend)"),
+        ("moe.expert_batch_tokens=4", "tiling.moe.expert_batch_tokens=4 is not the default (unset) on ascend, whose kernels choose their own tiling (layer 0: mlp runs moe_grouped on ascend)"),
+    ] {
+        let (ok, _, err) = tboost(&["plan", "--backend", "ascend", "--model", dir.to_str().unwrap(), "--tiling", tiling], &[]);
+        assert!(!ok && err.contains(want), "--tiling {tiling}: {err}");
+    }
+    // The same tunables on the CPU backend are taken and reported.
+    let (ok, out, err) = tboost(
+        &["plan", "--backend", "cpu", "--model", dir.to_str().unwrap(), "--tiling", "matmul.panel_rows=32"],
+        &[],
+    );
+    assert!(ok && out.contains("tiling: matmul.panel_rows=32"), "{out}{err}");
+}
+
 #[test]
 fn backend_ascend_without_cann_fails_clearly_and_auto_never_picks_the_simulator() {
     let (ok, _, err) = tboost(

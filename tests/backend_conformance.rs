@@ -48,6 +48,9 @@ use tboost::model::Tensor;
 use tboost_kernels::quant::{dequantize_row, quantize_row_reference};
 use tboost_ops::{AttentionCase, AttnParams, AttnPhase, Llama3Scaling, MatMulCase, Precision, RopeParams, RopeStyle};
 
+mod common;
+use common::Rng;
+
 /// Every backend compiled into this build. A new backend adds one line here.
 fn backends() -> Vec<(&'static str, Box<dyn Backend>)> {
     vec![
@@ -114,43 +117,6 @@ fn tiny_act(act: DType) -> f64 {
         DType::F16 => 2f64.powi(-25),
         DType::BF16 => MIN_NORMAL,
         _ => 0.0,
-    }
-}
-
-/// A small seeded xorshift64* generator (`rand` is not a dev-dependency of this crate).
-struct Rng(u64);
-
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-
-    fn u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-
-    fn below(&mut self, n: usize) -> usize {
-        (self.u64() % n as u64) as usize
-    }
-
-    /// Uniform in `[-1, 1)`.
-    fn unit(&mut self) -> f32 {
-        (self.u64() >> 40) as f32 / (1u32 << 23) as f32 - 1.0
-    }
-
-    fn vec(&mut self, n: usize, amp: f32) -> Vec<f32> {
-        (0..n).map(|_| self.unit() * amp).collect()
-    }
-
-    fn shuffle<T>(&mut self, v: &mut [T]) {
-        for i in (1..v.len()).rev() {
-            v.swap(i, self.below(i + 1));
-        }
     }
 }
 
@@ -937,7 +903,7 @@ fn run_matmul(d: &mut Dev<'_>, act: DType, x: &[f32], m: usize, segs: &[Seg], pr
         ops.push(MatSegOp { w, bias, out: d.alloc(act, m * s.w.rows)? });
     }
     let xv = d.acts(act, x)?;
-    d.launch(Op::MatMul { x: xv, m, segs: Segs::from_slice(&ops), precision })?;
+    d.launch(Op::MatMul { x: xv, m, segs: Segs::from_slice(&ops), precision, tiling: Default::default() })?;
     d.sync()?;
     let mut meas = Measured::default();
     for (i, (s, o)) in segs.iter().zip(&ops).enumerate() {
@@ -1075,7 +1041,8 @@ fn matmul_swiglu(s: &mut Suite<'_>, rng: &mut Rng) {
             s.case("matmul_swiglu", TOL_SWIGLU_MM, format!("{dtype} m={m} k={k} n=37"), &q, &[5], |d| {
                 let (gw, uw) = (d.mat("gate", &g)?, d.mat("up", &u)?);
                 let (xv, out) = (d.acts(act, &x)?, d.alloc(act, m * 37)?);
-                d.launch(Op::MatMulSwiGlu { x: xv, m, gate: gw, up: uw, out, precision: Precision::Exact })?;
+                let (precision, tiling) = (Precision::Exact, Default::default());
+                d.launch(Op::MatMulSwiGlu { x: xv, m, gate: gw, up: uw, out, precision, tiling })?;
                 d.sync()?;
                 let got = d.read_act(out)?;
                 let ((gr, mut eg), (ur, mut eu)) = (matmul_ref(&x, m, &g, None), matmul_ref(&x, m, &u, None));
@@ -1807,7 +1774,8 @@ impl Moe {
         let a = self.act;
         let (x, ids, w) = (d.acts(a, &self.x)?, d.u32s(&self.ids)?, d.acts(a, &self.weights)?);
         let out = d.alloc(a, self.m * self.hidden)?;
-        d.launch(Op::MoeGrouped { x, m: self.m, experts, top_k: self.top_k, ids, weights: w, out })?;
+        let tiling = Default::default();
+        d.launch(Op::MoeGrouped { x, m: self.m, experts, top_k: self.top_k, ids, weights: w, out, tiling })?;
         d.sync()?;
         d.read_act(out)
     }
@@ -1826,15 +1794,19 @@ impl Moe {
         // Every slot is routed to exactly one expert, so the scatters cover `ys`; zero it
         // first all the same, as a stale buffer would otherwise leak NaN into the combine.
         d.launch(Op::Zero { dst: ys })?;
-        let mm =
-            |w, out| Op::MatMul { x, m, segs: Segs::one(MatSegOp { w, bias: None, out }), precision: Precision::Exact };
+        let mm = |x, w, out| Op::MatMul {
+            x,
+            m,
+            segs: Segs::one(MatSegOp { w, bias: None, out }),
+            precision: Precision::Exact,
+            tiling: Default::default(),
+        };
         for e in 0..experts.count {
             let (gw, uw, dw) = experts.expert(e);
-            d.launch(mm(gw, g))?;
-            d.launch(mm(uw, u))?;
+            d.launch(mm(x, gw, g))?;
+            d.launch(mm(x, uw, u))?;
             d.launch(Op::SwiGlu { gate: g, up: u, out: act })?;
-            let seg = MatSegOp { w: dw, bias: None, out: y };
-            d.launch(Op::MatMul { x: act, m, segs: Segs::one(seg), precision: Precision::Exact })?;
+            d.launch(mm(act, dw, y))?;
             d.launch(Op::MoeScatter { y, m, expert: e as u32, top_k: k, ids, ys })?;
         }
         d.launch(Op::MoeCombine { ys, m, top_k: k, weights: w, out })?;

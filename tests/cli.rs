@@ -278,6 +278,30 @@ fn bench_op_prints_one_row_per_swept_value() {
     let ms: Vec<&str> = j["rows"].as_array().unwrap().iter().map(|r| r["m"].as_str().unwrap()).collect();
     assert_eq!(ms, ["1", "4", "16"]);
 
+    // The matmul's tiling: swept (one row per value, the fixed ones in the shape), and refused
+    // out of range naming the parameter and the range.
+    let sweep = |extra: &[&str]| {
+        let mut args = vec!["bench-op", "matmul", "--rows", "96", "--cols", "256", "--dtype", "q4_k", "--m", "8"];
+        args.extend(["--repeat", "2", "--threads", "2"]);
+        args.extend_from_slice(extra);
+        tboost(&args)
+    };
+    let (ok, out, err) = sweep(&["--sweep", "panel_rows=16,48,96", "--tiling", "act_rows=4", "--json"]);
+    assert!(ok, "{err}");
+    let j: serde_json::Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(j["sweep"], "panel_rows");
+    assert_eq!(j["shape"]["tiling"]["act_rows"], 4, "{j}");
+    let rows: Vec<&str> = j["rows"].as_array().unwrap().iter().map(|r| r["panel_rows"].as_str().unwrap()).collect();
+    assert_eq!(rows, ["16", "48", "96"]);
+    for key in ["act_rows=1,8", "tasks_per_thread=1,16", "decode_task_min_bytes=4096,65536"] {
+        let (ok, out, err) = sweep(&["--sweep", key]);
+        assert!(ok && out.lines().count() == 4, "--sweep {key}: {out}{err}");
+    }
+    let (ok, _, err) = sweep(&["--sweep", "panel_rows=20"]);
+    assert!(!ok && err.contains("matmul.panel_rows=20 is not a multiple of 16 in 16..=4096"), "{err}");
+    let (ok, _, err) = sweep(&["--tiling", "tasks_per_thread=0"]);
+    assert!(!ok && err.contains("tasks_per_thread=0 is not in 1..=64"), "{err}");
+
     // A tile the kernel does not take: a one-line error naming op, parameter and values.
     let mut args = vec!["bench-op", "flash_attention"];
     args.extend(common);

@@ -52,6 +52,7 @@ fn block(be: &OpBackend, fuse: bool) -> tboost::Result<Block> {
         bias: false,
         precision: tboost::backend::Precision::Exact,
         act: DType::F32,
+        tiling: Default::default(),
     };
     let mut g = GraphBuilder::new();
     g.input("x", DType::F32, &[ROWS, DIM]).constant("gain", gain).constant("w", w);
@@ -198,6 +199,7 @@ fn gate_up_swiglu_is_fused_and_changes_no_bit() {
             bias: false,
             precision: tboost::backend::Precision::Exact,
             act: DType::F32,
+            tiling: Default::default(),
         };
         let mut g = GraphBuilder::new();
         g.input("x", DType::F32, &[ROWS, HID]).constant("wg", wg).constant("wu", wu).constant("wd", wd);

@@ -32,6 +32,7 @@ use tboost_kernels::{activation, norm, rope, WeightMat, WeightVec};
 use tboost_ops::{RopeParams, RopeStyle};
 
 mod common;
+use common::Rng;
 
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 
@@ -50,27 +51,6 @@ fn backends() -> Vec<(String, OpBackend)> {
         eprintln!("op_api: TBOOST_ASCEND_SIM is unset: the Ascend backend (SIMULATOR) is not tested in this run");
     }
     v
-}
-
-struct Rng(u64);
-impl Rng {
-    fn new(seed: u64) -> Rng {
-        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
-    }
-    fn u64(&mut self) -> u64 {
-        let mut x = self.0;
-        x ^= x >> 12;
-        x ^= x << 25;
-        x ^= x >> 27;
-        self.0 = x;
-        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
-    }
-    fn unit(&mut self) -> f32 {
-        (self.u64() >> 40) as f32 / (1u32 << 23) as f32 - 1.0
-    }
-    fn vec(&mut self, n: usize, amp: f32) -> Vec<f32> {
-        (0..n).map(|_| self.unit() * amp).collect()
-    }
 }
 
 fn encode(dtype: DType, v: &[f32]) -> Vec<u8> {
@@ -206,7 +186,8 @@ fn matmul_every_weight_dtype_and_precision_equals_the_reference() {
                     let (m, n, k) = (5, 19, 256);
                     let case =
                         format!("{dtype} {} m={m} n={n} k={k}{}", precision.name(), if bias { " +bias" } else { "" });
-                    let p = MatMulParams { weight: dtype, n, k, bias, precision, act: b.act };
+                    let p =
+                        MatMulParams { weight: dtype, n, k, bias, precision, act: b.act, tiling: Default::default() };
                     let Some(op) = b.op(OpParams::MatMul(p), &case) else { continue };
                     let (x, xv) = b.acts(&[m, k], &rng.vec(m * k, 1.0));
                     let (w, wvals) = b.weight(dtype, &[n, k], &rng.vec(n * k, 0.5));
@@ -404,7 +385,15 @@ fn moe_grouped_equals_the_reference() {
         let mut rng = Rng::new(5);
         let (m, experts, top_k, hidden, inter) = (4, 4, 2, 64, 96);
         for dtype in [DType::F32, DType::F16, DType::Q8_0] {
-            let p = MoeGroupedParams { experts, top_k, hidden, inter, weight: dtype, act: b.act };
+            let p = MoeGroupedParams {
+                experts,
+                top_k,
+                hidden,
+                inter,
+                weight: dtype,
+                act: b.act,
+                tiling: Default::default(),
+            };
             let Some(op) = b.op(OpParams::MoeGrouped(p), &format!("{dtype}")) else { continue };
             let (x, xv) = b.acts(&[m, hidden], &rng.vec(m * hidden, 1.0));
             let ids_v: Vec<u32> = vec![0, 3, 2, 0, 1, 3, 3, 2];
@@ -491,16 +480,7 @@ fn attention_case(b: &B, kind: AttnKind, head_dim: usize, block_size: usize, rng
     let got = b.get(&out);
     let (kb, vb) = (encode(DType::F32, &kh), encode(DType::F32, &vh));
     let pool = KvPool { dtype: DType::F32, block_size, kv_heads, head_dim, k: &kb, v: &vb };
-    let spans: Vec<SeqSpan<'_>> = seqs
-        .iter()
-        .enumerate()
-        .map(|(i, s)| SeqSpan {
-            q_start: s[0] as usize,
-            q_len: s[1] as usize,
-            ctx_len: s[2] as usize,
-            block_table: &bt[i * max_blocks..(i + 1) * max_blocks],
-        })
-        .collect();
+    let spans = spans_of(&seqs, &bt, max_blocks);
     let ap = AttnParams::new(heads, kv_heads, head_dim, 1.0 / (head_dim as f32).sqrt());
     let want = attn_ref::attention(&qv, &pool, &spans, &ap);
     // Output is a convex combination of V rows (|v| ≤ 1): scores' f32 dot products over
@@ -575,6 +555,20 @@ fn flash_attention_head_dim_24_is_refused_with_the_plans_reason() {
     assert_eq!(e, "unsupported: flash_attention on cpu: head_dim=24 is not a multiple of 16");
 }
 
+/// The reference's view of a seq table (`[q_start, q_len, ctx_len]` per sequence) and its
+/// block tables (`max_blocks` per sequence).
+fn spans_of<'a>(seqs: &[[u32; 3]], bt: &'a [u32], max_blocks: usize) -> Vec<SeqSpan<'a>> {
+    seqs.iter()
+        .enumerate()
+        .map(|(i, s)| SeqSpan {
+            q_start: s[0] as usize,
+            q_len: s[1] as usize,
+            ctx_len: s[2] as usize,
+            block_table: &bt[i * max_blocks..(i + 1) * max_blocks],
+        })
+        .collect()
+}
+
 fn err_text(r: tboost::Result<()>) -> String {
     match r {
         Ok(()) => panic!("expected an error"),
@@ -585,7 +579,8 @@ fn err_text(r: tboost::Result<()>) -> String {
 #[test]
 fn bad_tensors_are_errors_naming_op_tensor_and_expectation() {
     let be = OpBackend::new(Box::new(CpuBackend::new(1).unwrap()));
-    let p = MatMulParams { weight: DType::F32, n: 4, k: 8, bias: false, precision: Precision::Exact, act: DType::F32 };
+    let (precision, tiling) = (Precision::Exact, Default::default());
+    let p = MatMulParams { weight: DType::F32, n: 4, k: 8, bias: false, precision, act: DType::F32, tiling };
     let op = Operation::new(&be, OpParams::MatMul(p)).unwrap();
     let x = be.alloc(DType::F32, &[2, 8]).unwrap();
     let w = be.upload_weight(DType::F32, &[4, 8], vec![0u8; 4 * 8 * 4]).unwrap();
@@ -696,16 +691,7 @@ fn flash_attention_tile_kv_is_a_parameter() {
         let btt = b.u32s(&[seqs.len(), max_blocks], &bt);
         let (kb, vb) = (encode(DType::F32, &kh), encode(DType::F32, &vh));
         let pool = KvPool { dtype: DType::F32, block_size, kv_heads, head_dim, k: &kb, v: &vb };
-        let spans: Vec<SeqSpan<'_>> = seqs
-            .iter()
-            .enumerate()
-            .map(|(i, s)| SeqSpan {
-                q_start: s[0] as usize,
-                q_len: s[1] as usize,
-                ctx_len: s[2] as usize,
-                block_table: &bt[i * max_blocks..(i + 1) * max_blocks],
-            })
-            .collect();
+        let spans = spans_of(&seqs, &bt, max_blocks);
         let want = attn_ref::attention(&qv, &pool, &spans, &AttnParams::new(heads, kv_heads, head_dim, 0.125));
         let mut outs = Vec::new();
         for tile in [None, Some(16), Some(32), Some(64), Some(128), Some(256)] {
@@ -736,19 +722,20 @@ fn flash_attention_tile_kv_is_a_parameter() {
         assert_eq!(outs[0], outs[3], "{}: the default tile is tile_kv = 64, bit for bit", kind.name());
     }
     // Refused values, named with the op, the parameter and what it takes.
+    let tiled = |kind, tile| AttentionParams {
+        kind,
+        heads,
+        kv_heads,
+        head_dim,
+        scale: None,
+        block_size,
+        kv_dtype: DType::F32,
+        max_context: 4096,
+        act: DType::F32,
+        tile_kv: Some(tile),
+    };
     for bad in [0usize, 8, 48, 512] {
-        let p = AttentionParams {
-            kind: AttnKind::Flash,
-            heads,
-            kv_heads,
-            head_dim,
-            scale: None,
-            block_size,
-            kv_dtype: DType::F32,
-            max_context: 4096,
-            act: DType::F32,
-            tile_kv: Some(bad),
-        };
+        let p = tiled(AttnKind::Flash, bad);
         let e = Operation::new(&be, OpParams::Attention(p)).err().expect("refused").to_string();
         assert_eq!(
             e,
@@ -758,18 +745,193 @@ fn flash_attention_tile_kv_is_a_parameter() {
             )
         );
     }
-    let p = AttentionParams {
-        kind: AttnKind::Standard,
-        heads,
-        kv_heads,
-        head_dim,
-        scale: None,
-        block_size,
-        kv_dtype: DType::F32,
-        max_context: 4096,
-        act: DType::F32,
-        tile_kv: Some(128),
-    };
+    let p = tiled(AttnKind::Standard, 128);
     let e = Operation::new(&be, OpParams::Attention(p)).err().expect("refused").to_string();
     assert!(e.contains("standard_attention.tile_kv") && e.contains("no KV tile"), "{e}");
+}
+
+/// `x · wᵀ` (or the fused `silu(x · gateᵀ) * (x · upᵀ)` when `up` is given) through one
+/// operation with `tiling`, on `m` rows of `x`.
+fn run_matmul(
+    be: &OpBackend,
+    p: MatMulParams,
+    swiglu: bool,
+    ws: &[TensorRef],
+    x: &TensorRef,
+) -> Result<Vec<f32>, tboost_ops::Unsupported> {
+    let params = if swiglu { OpParams::MatMulSwiGlu(p) } else { OpParams::MatMul(p) };
+    let op = Operation::new(be, params).unwrap();
+    op.supports()?;
+    let y = be.alloc(DType::F32, &[x.shape[0], p.n]).unwrap();
+    let mut ins = vec![x.clone()];
+    ins.extend_from_slice(ws);
+    op.execute(&ins, &mut [y.clone()], None).unwrap();
+    Ok(be.read_f32(&y).unwrap())
+}
+
+/// The work-split tunables through the operator API. Out of range: an error at creation naming
+/// the op, the parameter and the accepted range (each tunable of matmul, matmul_swiglu and
+/// moe_grouped). In range, on the CPU: the default's bits for every weight type tried, both
+/// precisions, decode and prefill rows — except where the bf16 kernels of fast precision run,
+/// which `supports` refuses with its reason (they keep their own split). On a backend whose
+/// kernels tile themselves (Ascend on the simulator), `supports` refuses with the reason and
+/// `execute` is `Unsupported`.
+#[test]
+fn tiling_tunables_are_range_checked_and_change_no_bit() {
+    use tboost::backend::{MatMulTiling, MoeTiling};
+    let cpu = OpBackend::new(Box::new(CpuBackend::new(2).unwrap()));
+    let mm = |tiling| MatMulParams {
+        weight: DType::F32,
+        n: 48,
+        k: 64,
+        bias: false,
+        precision: Precision::Exact,
+        act: DType::F32,
+        tiling,
+    };
+    let refuse = |p: OpParams| Operation::new(&cpu, p).err().expect("refused at creation").to_string();
+    let d = MatMulTiling::default();
+    for (t, text) in [
+        (MatMulTiling { panel_rows: Some(20), ..d }, "panel_rows`: 20 is not a multiple of 16 in 16..=4096"),
+        (MatMulTiling { panel_rows: Some(8192), ..d }, "panel_rows`: 8192 is not a multiple of 16 in 16..=4096"),
+        (MatMulTiling { act_rows: Some(0), ..d }, "act_rows`: 0 is not in 1..=65536"),
+        (MatMulTiling { tasks_per_thread: Some(65), ..d }, "tasks_per_thread`: 65 is not in 1..=64"),
+        (
+            MatMulTiling { decode_task_min_bytes: Some(1000), ..d },
+            "decode_task_min_bytes`: 1000 is not a multiple of 1024 in 4096..=16777216",
+        ),
+    ] {
+        assert_eq!(refuse(OpParams::MatMul(mm(t))), format!("invalid argument `matmul.{text}"));
+        assert_eq!(refuse(OpParams::MatMulSwiGlu(mm(t))), format!("invalid argument `matmul_swiglu.{text}"));
+    }
+    let moe = |tiling| MoeGroupedParams {
+        experts: 4,
+        top_k: 2,
+        hidden: 64,
+        inter: 96,
+        weight: DType::F32,
+        act: DType::F32,
+        tiling,
+    };
+    for (t, text) in [
+        (
+            MoeTiling { expert_batch_tokens: Some(0), ..Default::default() },
+            "expert_batch_tokens`: 0 is not in 1..=65536",
+        ),
+        (
+            MoeTiling { parallel_expert_batches: Some(65), ..Default::default() },
+            "parallel_expert_batches`: 65 is not in 1..=64",
+        ),
+    ] {
+        assert_eq!(refuse(OpParams::MoeGrouped(moe(t))), format!("invalid argument `moe_grouped.{text}"));
+    }
+
+    // In range on the CPU: the default's bits.
+    let tilings = [
+        MatMulTiling {
+            panel_rows: Some(16),
+            act_rows: Some(1),
+            tasks_per_thread: Some(1),
+            decode_task_min_bytes: Some(4096),
+        },
+        MatMulTiling { panel_rows: Some(32), act_rows: Some(7), ..d },
+        MatMulTiling { panel_rows: Some(4096), act_rows: Some(65536), tasks_per_thread: Some(64), ..d },
+    ];
+    let mut rng = Rng::new(9);
+    let (n, k) = (48, 256);
+    let (mut bf16_refusals, mut cases) = (0, 0);
+    for dtype in [DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q8_0, DType::Q4K, DType::Q6K] {
+        let w: Vec<TensorRef> =
+            (0..2).map(|_| cpu.upload_weight(dtype, &[n, k], encode(dtype, &rng.vec(n * k, 0.5))).unwrap()).collect();
+        for precision in [Precision::Exact, Precision::Fast] {
+            for m in [1, 9, 40] {
+                let x = cpu.alloc(DType::F32, &[m, k]).unwrap();
+                cpu.write_f32(&x, &rng.vec(m * k, 1.0)).unwrap();
+                for swiglu in [false, true] {
+                    let p = MatMulParams { weight: dtype, n, k, bias: false, precision, act: DType::F32, tiling: d };
+                    let ws = if swiglu { &w[..] } else { &w[..1] };
+                    // Fast precision on f32/f16 weights is no case of the CPU (`supports` says why).
+                    let Ok(want) = run_matmul(&cpu, p, swiglu, ws, &x) else { continue };
+                    cases += 1;
+                    for t in tilings {
+                        let case = format!("{dtype} {} m={m} swiglu={swiglu} {t:?}", precision.name());
+                        match run_matmul(&cpu, MatMulParams { tiling: t, ..p }, swiglu, ws, &x) {
+                            Ok(got) => {
+                                let same = got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits());
+                                assert!(same, "{case}: other bits than the default tiling");
+                            }
+                            Err(why) => {
+                                // Only the bf16 kernels of fast precision keep their own split.
+                                assert!(dtype == DType::BF16 && precision == Precision::Fast, "{case}: refused: {why}");
+                                let need = "the default (unset) for bf16 weights at fast precision: the";
+                                assert!(why.to_string().contains(need), "{case}: {why}");
+                                bf16_refusals += 1;
+                            }
+                        }
+                    }
+                }
+            }
+        }
+    }
+    eprintln!("op_api tiling: {cases} cases x 3 tilings; {bf16_refusals} bf16 fast refusals (0 without a bf16 kernel)");
+    // Every type in exact precision and the block types in fast, plain and fused, 3 row counts.
+    assert!(cases >= (7 + 4) * 2 * 3, "only {cases} matmul cases ran");
+
+    let (m, experts, top_k, hidden, inter) = (24, 4, 2, 64, 96);
+    for dtype in [DType::F32, DType::Q8_0] {
+        let x = cpu.alloc(DType::F32, &[m, hidden]).unwrap();
+        cpu.write_f32(&x, &rng.vec(m * hidden, 1.0)).unwrap();
+        let ids = cpu.alloc(DType::U32, &[m, top_k]).unwrap();
+        cpu.write_u32(&ids, &(0..m * top_k).map(|i| ((i * 7 + i / 2) % experts) as u32).collect::<Vec<_>>()).unwrap();
+        let wts = cpu.alloc(DType::F32, &[m, top_k]).unwrap();
+        cpu.write_f32(&wts, &rng.vec(m * top_k, 1.0)).unwrap();
+        let mut ins = vec![x, ids, wts];
+        for _ in 0..experts {
+            for shape in [[inter, hidden], [inter, hidden], [hidden, inter]] {
+                let v = rng.vec(shape[0] * shape[1], 0.3);
+                ins.push(cpu.upload_weight(dtype, &shape, encode(dtype, &v)).unwrap());
+            }
+        }
+        let run = |tiling| {
+            let op =
+                Operation::new(&cpu, OpParams::MoeGrouped(MoeGroupedParams { weight: dtype, ..moe(tiling) })).unwrap();
+            op.supports().unwrap();
+            let y = cpu.alloc(DType::F32, &[m, hidden]).unwrap();
+            op.execute(&ins, &mut [y.clone()], None).unwrap();
+            cpu.read_f32(&y).unwrap()
+        };
+        let want = run(MoeTiling::default());
+        for t in [
+            MoeTiling { expert_batch_tokens: Some(1), parallel_expert_batches: Some(3) },
+            MoeTiling { expert_batch_tokens: Some(5), parallel_expert_batches: None },
+            MoeTiling { expert_batch_tokens: None, parallel_expert_batches: Some(64) },
+        ] {
+            let got = run(t);
+            assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "moe_grouped {dtype} {t:?}");
+        }
+    }
+
+    // A backend whose kernels tile themselves takes only the defaults, and says so.
+    each_backend(|b| {
+        if b.label == "cpu" {
+            return;
+        }
+        let t = MatMulTiling { panel_rows: Some(32), ..d };
+        let p = MatMulParams { weight: b.act, act: b.act, ..mm(t) };
+        let op = Operation::new(&b.be, OpParams::MatMul(p)).unwrap();
+        let why = op.supports().expect_err("refused").to_string();
+        let need = "panel_rows=32 is not the default (unset) on ascend, whose kernels choose their own tiling";
+        assert_eq!(why, need, "[{}]", b.label);
+        let x = b.out(&[2, 64]);
+        let w = b.weight(b.act, &[48, 64], &vec![0.0; 48 * 64]).0;
+        let e = err_text(op.execute(&[x, w], &mut [b.out(&[2, 48])], None));
+        assert_eq!(e, format!("unsupported: matmul on ascend: {need}"), "[{}]", b.label);
+        let op = Operation::new(&b.be, OpParams::MatMulSwiGlu(p)).unwrap();
+        assert_eq!(op.supports().expect_err("refused").to_string(), need, "[{}]", b.label);
+        let t = MoeTiling { expert_batch_tokens: Some(4), ..Default::default() };
+        let p = MoeGroupedParams { weight: b.act, act: b.act, ..moe(t) };
+        let why = Operation::new(&b.be, OpParams::MoeGrouped(p)).unwrap().supports().expect_err("refused");
+        let need = "expert_batch_tokens=4 is not the default (unset) on ascend, whose kernels choose their own tiling";
+        assert_eq!(why.to_string(), need, "[{}]", b.label);
+    });
 }

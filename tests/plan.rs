@@ -263,3 +263,104 @@ fn attention_tile_kv_is_an_engine_setting_reported_in_the_plan() {
     let e = tboost::runner::ModelRunner::new(&model, be, &bad, 1).err().expect("refused").to_string();
     assert_eq!(e, "engine config: config `tiling.attention.tile_kv`: tile_kv=48 is not a power of two in 16..=256");
 }
+
+/// The matmul and MoE tunables (`tiling.matmul.*`, `tiling.moe.*`): engine settings the plan
+/// reports (text and JSON), that change no bit of the logits. Every kernel computes an output
+/// with one reduction order whatever the split, so a prefill of 40 tokens (the tiled kernels)
+/// and the decode step after it (the GEMV path) give the default's bits under tilings that cut
+/// the work very differently: f32 MoE and bf16 golden models, a synthetic MoE in Q4_K at both
+/// precisions and in Q8_0. Values out of range are config errors naming key and range.
+#[test]
+fn matmul_and_moe_tiling_are_engine_settings_reported_in_the_plan_that_change_no_bit() {
+    use tboost::backend::cpu::CpuBackend;
+    use tboost::backend::{MatMulTiling, MoeTiling};
+    use tboost::model::{synthetic, Model};
+    use tboost::runner::ModelRunner;
+    use tboost_ops::DType;
+    let tilings = [
+        (
+            MatMulTiling {
+                panel_rows: Some(16),
+                act_rows: Some(3),
+                tasks_per_thread: Some(1),
+                decode_task_min_bytes: Some(4096),
+            },
+            MoeTiling { expert_batch_tokens: Some(2), parallel_expert_batches: Some(3) },
+        ),
+        (
+            MatMulTiling {
+                panel_rows: Some(4096),
+                act_rows: Some(65536),
+                tasks_per_thread: Some(64),
+                decode_task_min_bytes: Some(16 << 20),
+            },
+            MoeTiling { expert_batch_tokens: Some(1), parallel_expert_batches: Some(64) },
+        ),
+        (MatMulTiling { act_rows: Some(7), ..Default::default() }, MoeTiling::default()),
+    ];
+    let tokens: Vec<u32> = (0..40).map(|i| 3 + (i * 37) % 500).collect();
+    // Prefill logits of every position, then one decode step.
+    let run = |model: &Model, o: &PlanOptions| -> (Vec<f32>, Vec<f32>, String) {
+        let mut r = ModelRunner::new(model, Box::new(CpuBackend::new(2).unwrap()), o, 2).unwrap();
+        r.alloc_kv(8, 16).unwrap();
+        let text = r.plan.to_text();
+        let mut s = Session::new(&mut r, tokens.len() + 1).unwrap();
+        (s.feed(&tokens, true).unwrap(), s.feed(&[7], false).unwrap(), text)
+    };
+    let mut models: Vec<(String, Model, PrecisionPolicy)> = Vec::new();
+    for case in ["mixtral", "llama_gqa_bf16"] {
+        models.push((case.into(), Model::load(&golden_dir(case)).unwrap(), PrecisionPolicy::Auto));
+    }
+    for (dtype, precision) in [(DType::Q4K, PrecisionPolicy::Fast), (DType::Q4K, PrecisionPolicy::Exact)] {
+        models.push((
+            format!("tiny-moe {dtype} {precision:?}"),
+            synthetic::build("tiny-moe", dtype, 5).unwrap(),
+            precision,
+        ));
+    }
+    models.push(("small q8_0".into(), synthetic::build("small", DType::Q8_0, 5).unwrap(), PrecisionPolicy::Auto));
+    for (name, model, precision) in &models {
+        let base = PlanOptions { precision: *precision, ..Default::default() };
+        let (prefill, decode, text) = run(model, &base);
+        assert!(!text.contains("tiling:"), "{name}: the defaults print no tiling line:\n{text}");
+        for (mt, et) in tilings {
+            let o = PlanOptions { matmul_tiling: mt, moe_tiling: et, ..base.clone() };
+            let (p, d, text) = run(model, &o);
+            assert!(p == prefill && d == decode, "{name}: {mt:?} {et:?} changed the logits");
+            assert!(text.contains("tiling: matmul."), "{name}: the plan reports the tiling:\n{text}");
+        }
+    }
+
+    // The report: the text line (MoE ones marked unused on a dense model) and the JSON.
+    let (mt, et) = tilings[0];
+    let o = PlanOptions { matmul_tiling: mt, moe_tiling: et, tile_kv: Some(128), ..Default::default() };
+    let moe = runner_with(&golden_dir("mixtral"), &o, 2, 16);
+    let line = "tiling: attention.tile_kv=128 matmul.panel_rows=16 matmul.act_rows=3 matmul.tasks_per_thread=1 \
+                matmul.decode_task_min_bytes=4096 moe.expert_batch_tokens=2 moe.parallel_expert_batches=3\n";
+    assert!(moe.plan.to_text().contains(line), "{}", moe.plan.to_text());
+    let j = moe.plan.to_json();
+    assert_eq!(j["matmul_tiling"]["panel_rows"], 16);
+    assert_eq!(j["matmul_tiling"]["decode_task_min_bytes"], 4096);
+    assert_eq!(j["moe_tiling"]["expert_batch_tokens"], 2);
+    let dense = runner_with(&golden_dir("mistral"), &o, 2, 16).plan.clone();
+    assert!(dense.to_text().contains("moe.expert_batch_tokens=2 (unused: no moe_grouped slot)"), "{}", dense.to_text());
+    let j = runner(&golden_dir("mixtral")).plan.to_json();
+    assert!(j["matmul_tiling"]["panel_rows"].is_null() && j["moe_tiling"]["parallel_expert_batches"].is_null(), "{j}");
+
+    // Out of range: a config error naming the key and the accepted range.
+    let model = Model::load(&golden_dir("mixtral")).unwrap();
+    let refuse = |o: PlanOptions| {
+        let be = Box::new(CpuBackend::new(1).unwrap());
+        ModelRunner::new(&model, be, &o, 1).err().expect("refused").to_string()
+    };
+    let bad = MatMulTiling { panel_rows: Some(20), ..Default::default() };
+    assert_eq!(
+        refuse(PlanOptions { matmul_tiling: bad, ..Default::default() }),
+        "engine config: config `tiling.matmul.panel_rows`: panel_rows=20 is not a multiple of 16 in 16..=4096"
+    );
+    let bad = MoeTiling { parallel_expert_batches: Some(0), ..Default::default() };
+    assert_eq!(
+        refuse(PlanOptions { moe_tiling: bad, ..Default::default() }),
+        "engine config: config `tiling.moe.parallel_expert_batches`: parallel_expert_batches=0 is not in 1..=64"
+    );
+}

@@ -8,10 +8,18 @@
 //! Batch invariance: routing is per token; an expert's matmuls give each row the same bits
 //! whatever the other rows (see `matmul`); the weighted sum runs in rank order. So a token's
 //! output does not depend on which other tokens share the batch or the experts.
+//!
+//! Expert batching ([`MoeTiling`], the last parameter of [`moe_ffn`]): by default each
+//! expert runs all its tokens as one batch, experts one after another, each batch's matmuls
+//! split over the pool. `expert_batch_tokens` caps the tokens of a batch (an expert with more
+//! runs several), `parallel_expert_batches` runs that many batches at once as parallel tasks.
+//! By the invariance above neither changes a bit of the output.
 
 use crate::matmul::{self, MatSeg};
 use crate::WeightMat;
 use rayon::prelude::*;
+pub use tboost_ops::MoeTiling;
+use tboost_ops::Tiling;
 
 /// One expert's SwiGLU MLP weights.
 #[derive(Clone, Copy)]
@@ -82,7 +90,9 @@ pub fn route_topk(logits: &[f32], n_experts: usize, k: usize, renormalize: bool)
     (ids, weights)
 }
 
-/// `out[t] = Σ_r weights[t, r] * expert[ids[t, r]](x[t])`, `x`/`out` are `[tokens, hidden]`.
+/// `out[t] = Σ_r weights[t, r] * expert[ids[t, r]](x[t])`, `x`/`out` are `[tokens, hidden]`,
+/// with the expert batching of `tiling` (`MoeTiling::default()`: each expert's tokens in one
+/// batch, experts one after another; no tiling changes a bit of the output).
 ///
 /// Each expert computes `down · (silu(gate · x) * (up · x))` with `matmul_swiglu` and
 /// `matmul` on the rows of the tokens routed to it only. The weighted sum per element is
@@ -91,7 +101,9 @@ pub fn route_topk(logits: &[f32], n_experts: usize, k: usize, renormalize: bool)
 /// # Panics
 /// On shapes that disagree (experts with different shapes, `gate`/`up` not
 /// `[inter, hidden]`, `down` not `[hidden, inter]`, `x`/`out` not `[tokens, hidden]`,
-/// `ids`/`weights` not `[tokens, k]`), no experts, or an expert id out of range.
+/// `ids`/`weights` not `[tokens, k]`), no experts, an expert id out of range, or a tiling
+/// value outside its range (`tboost_ops::check_moe_tiling`).
+#[allow(clippy::too_many_arguments)]
 pub fn moe_ffn(
     x: &[f32],
     tokens: usize,
@@ -100,7 +112,11 @@ pub fn moe_ffn(
     weights: &[f32],
     k: usize,
     out: &mut [f32],
+    tiling: &MoeTiling,
 ) {
+    if let Err(e) = tiling.check() {
+        panic!("moe_ffn: tiling: {e}");
+    }
     let first = experts.first().expect("moe_ffn: no experts");
     let (inter, hidden) = (first.gate.rows, first.gate.cols);
     for (e, ex) in experts.iter().enumerate() {
@@ -137,38 +153,78 @@ pub fn moe_ffn(
         panic!("moe_ffn: cannot allocate {n} floats for {tokens} tokens x top-{k} x hidden {hidden}: {e}");
     }
     ys.resize(n, 0f32);
-    let (mut xs, mut h, mut y) = (Vec::new(), Vec::new(), Vec::new());
-    let (mut g, mut u) = (Vec::new(), Vec::new());
-    for (ex, list) in experts.iter().zip(&slots) {
-        let cnt = list.len();
-        if cnt == 0 {
-            continue;
-        }
-        xs.clear();
-        for &slot in list {
-            let t = slot / k;
-            xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
-        }
-        h.resize(cnt * inter, 0.0);
-        if swiglu_fusable(&ex.gate, &ex.up) {
-            matmul::matmul_swiglu(&xs, cnt, ex.gate, ex.up, &mut h);
-        } else {
-            // Gate and up of different dtype families (a file may quantize them apart): two
-            // matmuls and the activation, the same arithmetic per element.
-            g.resize(cnt * inter, 0.0);
-            u.resize(cnt * inter, 0.0);
-            matmul::matmul(&xs, cnt, &mut [MatSeg { w: ex.gate, bias: None, out: &mut g }]);
-            matmul::matmul(&xs, cnt, &mut [MatSeg { w: ex.up, bias: None, out: &mut u }]);
-            crate::activation::swiglu(&g, &u, &mut h);
-        }
-        y.resize(cnt * hidden, 0.0);
-        matmul::matmul(&h, cnt, &mut [MatSeg { w: ex.down, bias: None, out: &mut y }]);
+    // Expert batches, in expert order: (expert, the slots it runs), at most
+    // `expert_batch_tokens` slots each; experts with no tokens have none.
+    let per_batch = tiling.expert_batch_tokens.unwrap_or(usize::MAX).max(1);
+    let batches: Vec<(&Expert<'_>, &[usize])> =
+        experts.iter().zip(&slots).flat_map(|(ex, list)| list.chunks(per_batch).map(move |c| (ex, c))).collect();
+    let mut put = |list: &[usize], y: &[f32]| {
         for (row, &slot) in y.chunks_exact(hidden).zip(list) {
             ys[slot * hidden..(slot + 1) * hidden].copy_from_slice(row);
+        }
+    };
+    match tiling.parallel_expert_batches.unwrap_or(1) {
+        0 | 1 => {
+            let mut s = BatchScratch::default();
+            for &(ex, list) in &batches {
+                expert_batch(x, k, ex, list, &mut s);
+                put(list, &s.y);
+            }
+        }
+        at_once => {
+            for group in batches.chunks(at_once) {
+                let done: Vec<BatchScratch> = group
+                    .par_iter()
+                    .map(|&(ex, list)| {
+                        let mut s = BatchScratch::default();
+                        expert_batch(x, k, ex, list, &mut s);
+                        s
+                    })
+                    .collect();
+                for (&(_, list), s) in group.iter().zip(&done) {
+                    put(list, &s.y);
+                }
+            }
         }
     }
 
     combine(&ys, weights, k, hidden, out);
+}
+
+/// The buffers of one expert batch (reused across batches run one after another).
+#[derive(Default)]
+struct BatchScratch {
+    xs: Vec<f32>,
+    h: Vec<f32>,
+    g: Vec<f32>,
+    u: Vec<f32>,
+    /// The batch's expert outputs, `[list.len(), hidden]`.
+    y: Vec<f32>,
+}
+
+/// One expert over the tokens of `list` (slots `t * k + r`): `s.y` = its outputs, in `list`
+/// order.
+fn expert_batch(x: &[f32], k: usize, ex: &Expert<'_>, list: &[usize], s: &mut BatchScratch) {
+    let (inter, hidden, cnt) = (ex.gate.rows, ex.gate.cols, list.len());
+    s.xs.clear();
+    for &slot in list {
+        let t = slot / k;
+        s.xs.extend_from_slice(&x[t * hidden..(t + 1) * hidden]);
+    }
+    s.h.resize(cnt * inter, 0.0);
+    if swiglu_fusable(&ex.gate, &ex.up) {
+        matmul::matmul_swiglu(&s.xs, cnt, ex.gate, ex.up, &mut s.h);
+    } else {
+        // Gate and up of different dtype families (a file may quantize them apart): two
+        // matmuls and the activation, the same arithmetic per element.
+        s.g.resize(cnt * inter, 0.0);
+        s.u.resize(cnt * inter, 0.0);
+        matmul::matmul(&s.xs, cnt, &mut [MatSeg { w: ex.gate, bias: None, out: &mut s.g }]);
+        matmul::matmul(&s.xs, cnt, &mut [MatSeg { w: ex.up, bias: None, out: &mut s.u }]);
+        crate::activation::swiglu(&s.g, &s.u, &mut s.h);
+    }
+    s.y.resize(cnt * hidden, 0.0);
+    matmul::matmul(&s.h, cnt, &mut [MatSeg { w: ex.down, bias: None, out: &mut s.y }]);
 }
 
 /// `out[t] = Σ_r weights[t, r] * ys[t * k + r]`, rows of `hidden` values, summed in rank

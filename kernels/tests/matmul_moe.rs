@@ -140,7 +140,7 @@ fn moe_ffn_matches_naive_reference_and_is_batch_invariant() {
         let (ids, w) = moe::route_topk(&logits, n_exp, k, true);
         assert!(!ids.contains(&5));
         let mut out = vec![f32::NAN; tokens * hidden];
-        moe::moe_ffn(&x, tokens, &experts, &ids, &w, k, &mut out);
+        moe::moe_ffn(&x, tokens, &experts, &ids, &w, k, &mut out, &Default::default());
         for t in 0..tokens {
             let (xt, it, wt) = (&x[t * hidden..(t + 1) * hidden], &ids[t * k..(t + 1) * k], &w[t * k..(t + 1) * k]);
             let want = moe::reference::moe_token(xt, &experts, it, wt);
@@ -157,7 +157,7 @@ fn moe_ffn_matches_naive_reference_and_is_batch_invariant() {
             // The same token alone (its experts see one row) and under other pools: same bits.
             for threads in [1, 2, 3] {
                 let mut alone = vec![0f32; hidden];
-                pool(threads).install(|| moe::moe_ffn(xt, 1, &experts, it, wt, k, &mut alone));
+                pool(threads).install(|| moe::moe_ffn(xt, 1, &experts, it, wt, k, &mut alone, &Default::default()));
                 let same = alone.iter().zip(&out[t * hidden..]).all(|(a, b)| a.to_bits() == b.to_bits());
                 assert!(same, "{dtype} k={k}: token {t} alone on {threads} threads differs from the batch");
             }
@@ -172,5 +172,5 @@ fn moe_ffn_rejects_unknown_expert() {
     let owned: Vec<OwnedExpert> = (0..2).map(|_| OwnedExpert::random(&mut rng, DType::F32, 4, 3)).collect();
     let experts: Vec<Expert<'_>> = owned.iter().map(|o| o.view()).collect();
     let mut out = [0f32; 4];
-    moe::moe_ffn(&[0.0; 4], 1, &experts, &[7], &[1.0], 1, &mut out);
+    moe::moe_ffn(&[0.0; 4], 1, &experts, &[7], &[1.0], 1, &mut out, &Default::default());
 }

@@ -28,7 +28,7 @@ pub mod select;
 pub use ext::BackendExt;
 pub use op::{AttnKind, ExpertSet, KvLayer, MatSegOp, Op, OpQuery, Segs, SeqRange, StepViews, View};
 pub use select::{open, BackendKind, BackendSpec};
-pub use tboost_ops::{check_tile_kv, DType, Precision, Unsupported, DEFAULT_TILE_KV};
+pub use tboost_ops::{check_tile_kv, DType, MatMulTiling, MoeTiling, Precision, Unsupported, DEFAULT_TILE_KV};
 
 use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
@@ -98,6 +98,20 @@ pub trait Backend: Send {
     fn kernel_name(&self, query: &OpQuery) -> Option<String> {
         let _ = query;
         None
+    }
+
+    /// Whether its matmul kernels take the work-split tunables `tiling` for `query` (a
+    /// `MatMul`, `MatMulFused` or `MatMulSwiGlu` case). The default answer takes only the
+    /// defaults: a device's kernels choose their own tiling.
+    fn supports_matmul_tiling(&self, query: &OpQuery, tiling: &MatMulTiling) -> Result<(), Unsupported> {
+        let _ = query;
+        tboost_ops::tiling::default_only(tiling, self.name())
+    }
+
+    /// Whether its grouped MoE takes the expert batching `tiling` (by default only the
+    /// default, as for matmuls).
+    fn supports_moe_tiling(&self, tiling: &MoeTiling) -> Result<(), Unsupported> {
+        tboost_ops::tiling::default_only(tiling, self.name())
     }
 
     /// Element types this backend computes activations in, best first (the plan takes the

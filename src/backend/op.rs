@@ -3,7 +3,9 @@
 //! and the CPU can queue them (`Op` is `Copy`).
 
 use serde::Serialize;
-use tboost_ops::{AttentionCase, AttnParams, DType, MatMulCase, Precision, RopeParams, RopeStyle};
+use tboost_ops::{
+    AttentionCase, AttnParams, DType, MatMulCase, MatMulTiling, MoeTiling, Precision, RopeParams, RopeStyle,
+};
 
 use super::{BufId, WeightId};
 
@@ -258,10 +260,19 @@ pub enum Op {
     AddRmsNorm { residual: View, x: View, w: WeightId, eps: f32, out: View },
     /// `dst += src`.
     Add { dst: View, src: View },
-    /// `seg.out = x · seg.wᵀ + seg.bias` for each segment; `x` is `[m, k]`.
-    MatMul { x: View, m: usize, segs: Segs, precision: Precision },
+    /// `seg.out = x · seg.wᵀ + seg.bias` for each segment; `x` is `[m, k]`. `tiling`: the CPU
+    /// kernels' work split (a backend whose kernels tile themselves takes only the default).
+    MatMul { x: View, m: usize, segs: Segs, precision: Precision, tiling: MatMulTiling },
     /// `out = silu(x · gateᵀ) * (x · upᵀ)` (fused).
-    MatMulSwiGlu { x: View, m: usize, gate: WeightId, up: WeightId, out: View, precision: Precision },
+    MatMulSwiGlu {
+        x: View,
+        m: usize,
+        gate: WeightId,
+        up: WeightId,
+        out: View,
+        precision: Precision,
+        tiling: MatMulTiling,
+    },
     /// `out = silu(gate) * up`.
     SwiGlu { gate: View, up: View, out: View },
     /// cos/sin tables (`[positions, rope.dim / 2]` f32 each) for `positions`.
@@ -276,8 +287,18 @@ pub enum Op {
     /// Top-k softmax routing of `[m, experts]` logits: `ids`/`weights` are `[m, top_k]`
     /// (u32 / f32), weights renormalized over the top k.
     MoeRoute { logits: View, m: usize, experts: usize, top_k: usize, ids: View, weights: View },
-    /// Routed tokens through their experts' SwiGLU MLPs, weighted sum into `out`.
-    MoeGrouped { x: View, m: usize, experts: ExpertSet, top_k: usize, ids: View, weights: View, out: View },
+    /// Routed tokens through their experts' SwiGLU MLPs, weighted sum into `out`, with the
+    /// CPU kernel's expert batching `tiling`.
+    MoeGrouped {
+        x: View,
+        m: usize,
+        experts: ExpertSet,
+        top_k: usize,
+        ids: View,
+        weights: View,
+        out: View,
+        tiling: MoeTiling,
+    },
     /// `ys[i * top_k + j] = y[i]` for every `j` with `ids[i, j] == expert`; `y` is
     /// `[m, hidden]`, `ys` `[m * top_k, hidden]` (the per-expert MoE path).
     MoeScatter { y: View, m: usize, expert: u32, top_k: usize, ids: View, ys: View },

@@ -1,5 +1,6 @@
 //! `tboost bench-op`: one operator through the operator API (`crate::op_api`), timed on its
-//! own, with a parameter swept (`--sweep tile_kv=32,64,128`): per value, the median time,
+//! own, with a parameter swept (`--sweep tile_kv=32,64,128`, `--sweep panel_rows=16,48,96`):
+//! per value, the median time,
 //! GFLOP/s, GB/s of the minimum traffic (every input read once, every output written once) and
 //! that as a percentage of this machine's streaming-read bandwidth measured in the same run.
 
@@ -13,6 +14,7 @@ use crate::backend::cpu::measure_bandwidth;
 use crate::backend::{AttnKind, BackendKind, BackendSpec, DType, Precision};
 use crate::op_api::{AttentionParams, MatMulParams, OpBackend, OpParams, Operation, TensorRef};
 use crate::{Error, Result};
+use tboost_ops::{MatMulTiling, Tiling};
 
 #[derive(Args)]
 pub(crate) struct BenchOpArgs {
@@ -52,8 +54,14 @@ pub(crate) struct BenchOpArgs {
     /// Matmul: exact or fast.
     #[arg(long, default_value = "exact")]
     precision: String,
+    /// Matmul: the CPU kernels' work split when not swept, NAME=VALUE,... with the names of the
+    /// engine's tiling.matmul.* keys (panel_rows, act_rows, tasks_per_thread,
+    /// decode_task_min_bytes); unset = the op's default.
+    #[arg(long, default_value = "")]
+    tiling: String,
     /// One parameter and its values, one row each: tile_kv=... (attention), seq=...
-    /// (attention), m=... or dtype=... (matmul).
+    /// (attention), m=..., dtype=... or a tiling name (panel_rows=16,48,96, act_rows=...,
+    /// tasks_per_thread=..., decode_task_min_bytes=...; matmul).
     #[arg(long)]
     sweep: Option<String>,
     /// Timed runs per row (after one warm-up); the median is reported.
@@ -162,11 +170,11 @@ fn attention_row(a: &BenchOpArgs, be: &OpBackend, kind: AttnKind, seq: usize, ti
     Ok(Row { value: String::new(), secs, flops, bytes })
 }
 
-fn matmul_row(a: &BenchOpArgs, be: &OpBackend, dtype: DType, m: usize) -> Result<Row> {
+fn matmul_row(a: &BenchOpArgs, be: &OpBackend, dtype: DType, m: usize, tiling: MatMulTiling) -> Result<Row> {
     let act = be.activation_dtype()?;
     let precision = Precision::parse(&a.precision)
         .ok_or_else(|| Error::invalid("precision", format!("`{}`: exact or fast", a.precision)))?;
-    let p = MatMulParams { weight: dtype, n: a.rows, k: a.cols, bias: false, precision, act };
+    let p = MatMulParams { weight: dtype, n: a.rows, k: a.cols, bias: false, precision, act, tiling };
     let op = Operation::new(be, OpParams::MatMul(p))?;
     op.supports().map_err(|why| Error::Unsupported(format!("matmul on {}: {why}", be.name().unwrap_or("?"))))?;
     let vals = fill(a.rows * a.cols, 4);
@@ -212,7 +220,17 @@ pub(crate) fn run(a: BenchOpArgs) -> Result<()> {
         }
         None => (String::new(), vec![String::new()]),
     };
-    let allowed: &[&str] = if kind.is_some() { &["tile_kv", "seq"] } else { &["m", "dtype"] };
+    let mut allowed: Vec<&str> = if kind.is_some() { vec!["tile_kv", "seq"] } else { vec!["m", "dtype"] };
+    if kind.is_none() {
+        allowed.extend(MatMulTiling::TUNABLES.iter().map(|t| t.name));
+    }
+    let mut tiling = MatMulTiling::default();
+    for item in a.tiling.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+        let bad = || Error::invalid("tiling", format!("`{item}`: NAME=VALUE, e.g. panel_rows=96"));
+        let (name, v) = item.split_once('=').ok_or_else(bad)?;
+        let v = v.trim().parse::<usize>().map_err(|_| bad())?;
+        tiling.set(name.trim(), v).map_err(|u| Error::invalid("tiling", u.to_string()))?;
+    }
     if !key.is_empty() && !allowed.contains(&key.as_str()) {
         return Err(Error::invalid("sweep", format!("`{key}` for {}: one of {}", a.op, allowed.join(", "))));
     }
@@ -234,7 +252,11 @@ pub(crate) fn run(a: BenchOpArgs) -> Result<()> {
             None => {
                 let dtype = parse_dtype(if key == "dtype" { v } else { &a.dtype })?;
                 let m = if key == "m" { usize_of(v)? } else { a.m };
-                matmul_row(&a, &be, dtype, m)?
+                let mut t = tiling;
+                if MatMulTiling::TUNABLES.iter().any(|t| t.name == key) {
+                    t.set(&key, usize_of(v)?).map_err(|u| Error::invalid("sweep", format!("matmul.{u}")))?;
+                }
+                matmul_row(&a, &be, dtype, m, t)?
             }
         };
         r.value = v.clone();
@@ -245,7 +267,9 @@ pub(crate) fn run(a: BenchOpArgs) -> Result<()> {
             "seq": a.seq, "batch": a.batch, "heads": a.heads, "kv_heads": a.kv_heads,
             "head_dim": a.head_dim, "block_size": a.block_size, "tile_kv": a.tile_kv,
         }),
-        None => json!({ "rows": a.rows, "cols": a.cols, "m": a.m, "dtype": a.dtype, "precision": a.precision }),
+        None => json!({
+            "rows": a.rows, "cols": a.cols, "m": a.m, "dtype": a.dtype, "precision": a.precision, "tiling": tiling,
+        }),
     };
     let backend_name = be.name()?;
     if a.json {

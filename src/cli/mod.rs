@@ -95,12 +95,18 @@ pub(crate) struct EngineArgs {
     /// the engine key `tiling.attention.tile_kv`).
     #[arg(long)]
     tile_kv: Option<usize>,
+    /// CPU kernel tiling, comma-separated NAME=VALUE (the engine keys `tiling.NAME`):
+    /// matmul.panel_rows, matmul.act_rows, matmul.tasks_per_thread, matmul.decode_task_min_bytes,
+    /// moe.expert_batch_tokens, moe.parallel_expert_batches (and attention.tile_kv). Unset
+    /// tunables are the op's defaults; none changes a result, only speed.
+    #[arg(long, default_value = "")]
+    tiling: String,
 }
 
 impl EngineArgs {
     /// The engine settings these flags ask for (other fields at their defaults).
     pub(crate) fn engine_config(&self) -> Result<EngineConfig> {
-        Ok(EngineConfig {
+        let mut c = EngineConfig {
             backend: BackendKind::parse(&self.backend)?,
             threads: self.threads,
             kv_dtype: parse_kv_dtype(&self.kv_dtype)?,
@@ -108,7 +114,14 @@ impl EngineArgs {
             disabled_ops: PlanOptions::parse_disabled(&self.disable)?,
             attention_tile_kv: self.tile_kv,
             ..EngineConfig::default()
-        })
+        };
+        for item in self.tiling.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let bad = || Error::invalid("tiling", format!("`{item}`: NAME=VALUE, e.g. matmul.panel_rows=96"));
+            let (name, value) = item.split_once('=').ok_or_else(bad)?;
+            let value = value.trim().parse::<usize>().map_err(|_| bad())?;
+            c.set_tiling(&format!("tiling.{}", name.trim()), value)?;
+        }
+        Ok(c)
     }
 
     /// The backend these flags name.

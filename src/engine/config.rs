@@ -2,7 +2,7 @@
 
 use std::collections::BTreeSet;
 
-use tboost_ops::DType;
+use tboost_ops::{check_tile_kv, DType, MatMulTiling, MoeTiling, Tiling, Tunable};
 
 use crate::backend::{Backend, BackendKind};
 use crate::plan::{PlanOptions, PrecisionPolicy};
@@ -48,6 +48,13 @@ pub struct EngineConfig {
     /// 64, 128 or 256); `None` = 64. The plan reports it and refuses a non-default tile on a
     /// backend whose attention kernel tiles itself.
     pub attention_tile_kv: Option<usize>,
+    /// The CPU matmul kernels' work split in every matmul slot (`tiling.matmul.*`: panel_rows,
+    /// act_rows, tasks_per_thread, decode_task_min_bytes); unset = the op's default. The plan
+    /// reports it and refuses it on a backend whose kernels tile themselves.
+    pub matmul_tiling: MatMulTiling,
+    /// The CPU grouped MoE's expert batching (`tiling.moe.*`: expert_batch_tokens,
+    /// parallel_expert_batches), reported and refused likewise.
+    pub moe_tiling: MoeTiling,
 }
 
 impl Default for EngineConfig {
@@ -66,6 +73,8 @@ impl Default for EngineConfig {
             finished_records: 65536,
             disabled_ops: BTreeSet::new(),
             attention_tile_kv: None,
+            matmul_tiling: MatMulTiling::default(),
+            moe_tiling: MoeTiling::default(),
         }
     }
 }
@@ -120,8 +129,47 @@ impl EngineConfig {
             precision: self.precision,
             block_size: self.block_size.unwrap_or_else(|| be.preferred_block_size()),
             tile_kv: self.attention_tile_kv,
+            matmul_tiling: self.matmul_tiling,
+            moe_tiling: self.moe_tiling,
         }
         .with_env()
+    }
+}
+
+/// The tiling keys `tiling.matmul.<name>` and `tiling.moe.<name>` with their tunables (the
+/// engine config, the C ABI's config keys and the CLI's `--tiling` take them).
+pub fn tiling_keys() -> Vec<(String, Tunable)> {
+    fn of<T: Tiling>() -> impl Iterator<Item = (String, Tunable)> {
+        T::TUNABLES.iter().map(|t| (format!("tiling.{}.{}", T::GROUP, t.name), *t))
+    }
+    of::<MatMulTiling>().chain(of::<MoeTiling>()).collect()
+}
+
+impl EngineConfig {
+    /// Every matmul and MoE tiling key with its value (`None`: the op's default).
+    pub fn tiling_settings(&self) -> Vec<(String, Option<usize>)> {
+        fn of<T: Tiling>(t: &T) -> impl Iterator<Item = (String, Option<usize>)> {
+            T::TUNABLES.iter().zip(t.values()).map(|(u, v)| (format!("tiling.{}.{}", T::GROUP, u.name), v))
+        }
+        of(&self.matmul_tiling).chain(of(&self.moe_tiling)).collect()
+    }
+
+    /// Sets tiling key `key` (`tiling.matmul.panel_rows`, `tiling.moe.expert_batch_tokens`,
+    /// `tiling.attention.tile_kv`, ...) to `value`. An unknown key, or a value outside the
+    /// tunable's range, is an error naming the key and the accepted values; nothing changes then.
+    pub fn set_tiling(&mut self, key: &str, value: usize) -> Result<()> {
+        let (group, name) = key.strip_prefix("tiling.").and_then(|k| k.split_once('.')).unwrap_or(("", key));
+        let answer = match group {
+            "matmul" => self.matmul_tiling.set(name, value),
+            "moe" => self.moe_tiling.set(name, value),
+            "attention" if name == "tile_kv" => check_tile_kv(value).map(|()| self.attention_tile_kv = Some(value)),
+            _ => {
+                let mut known: Vec<String> = tiling_keys().into_iter().map(|(k, _)| k).collect();
+                known.insert(0, "tiling.attention.tile_kv".into());
+                return Err(Error::invalid("tiling", format!("unknown key `{key}`; known: {}", known.join(", "))));
+            }
+        };
+        answer.map_err(|u| Error::invalid(key, u.to_string()))
     }
 }
 

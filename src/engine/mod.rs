@@ -22,7 +22,7 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-pub use config::{parse_kv_dtype, parse_precision, EngineConfig, KvSize};
+pub use config::{parse_kv_dtype, parse_precision, tiling_keys, EngineConfig, KvSize};
 
 use self::core::Core;
 use crate::backend::{self, BackendSpec};

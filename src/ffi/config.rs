@@ -12,7 +12,7 @@ use super::status::{guard, tboost_status, Failure, FfiResult, Status};
 use super::types::tboost_config;
 use super::util::{read_cstr, require, write_out, write_str};
 use crate::backend::BackendKind;
-use crate::engine::{parse_kv_dtype, parse_precision, EngineConfig, KvSize};
+use crate::engine::{parse_kv_dtype, parse_precision, tiling_keys, EngineConfig, KvSize};
 use crate::plan::PlanOptions;
 
 /// What a config holds: the engine's settings plus the ABI-level ones.
@@ -73,14 +73,24 @@ const KEYS: &[(&str, Kind)] = &[
 ];
 
 fn key_names() -> String {
-    KEYS.iter().map(|(k, _)| *k).collect::<Vec<_>>().join(", ")
+    let tiling = tiling_keys().into_iter().map(|(k, _)| k);
+    KEYS.iter().map(|(k, _)| k.to_string()).chain(tiling).collect::<Vec<_>>().join(", ")
 }
 
-fn kind_of(key: &str) -> FfiResult<&'static Kind> {
-    KEYS.iter()
-        .find(|(k, _)| *k == key)
-        .map(|(_, kind)| kind)
-        .ok_or_else(|| Failure::invalid(format!("unknown config key `{key}`; known keys: {}", key_names())))
+/// A key's kind: the table's, or an integer in its tunable's range for the matmul and MoE
+/// tiling keys (`tiling.matmul.panel_rows`, ...).
+fn kind_of(key: &str) -> FfiResult<Kind> {
+    if let Some((_, kind)) = KEYS.iter().find(|(k, _)| *k == key) {
+        return Ok(match kind {
+            Kind::Int { min, max } => Kind::Int { min: *min, max: *max },
+            Kind::Bool => Kind::Bool,
+            Kind::Str => Kind::Str,
+        });
+    }
+    match tiling_keys().into_iter().find(|(k, _)| k == key) {
+        Some((_, t)) => Ok(Kind::Int { min: t.min as i64, max: t.max as i64 }),
+        None => Err(Failure::invalid(format!("unknown config key `{key}`; known keys: {}", key_names()))),
+    }
 }
 
 /// A typed value after parsing.
@@ -123,6 +133,9 @@ fn apply(s: &mut Settings, key: &str, v: Value<'_>) -> FfiResult {
             s.engine.disabled_ops =
                 PlanOptions::parse_disabled(list).map_err(|e| Failure::invalid(format!("`disabled_ops`: {e}")))?
         }
+        (k, Value::Int(v)) if k.starts_with("tiling.") => {
+            s.engine.set_tiling(k, usize_of(v)?).map_err(|e| Failure::invalid(format!("`{k}`: {}", tiling_why(&e))))?
+        }
         ("debug_panic_at_step", Value::Int(v)) => s.debug_panic_at_step = v as u64,
         ("debug_step_delay_ms", Value::Int(v)) => s.debug_step_delay_ms = v as u64,
         (k, _) => return Err(Failure::new(Status::TBOOST_ERR_INTERNAL, format!("config key `{k}` has no setter"))),
@@ -130,11 +143,19 @@ fn apply(s: &mut Settings, key: &str, v: Value<'_>) -> FfiResult {
     Ok(())
 }
 
+/// The reason of a tiling key's error without the key (the message names it already).
+fn tiling_why(e: &crate::Error) -> String {
+    match e {
+        crate::Error::InvalidArgument { msg, .. } => msg.clone(),
+        other => other.to_string(),
+    }
+}
+
 fn set(cfg: *mut tboost_config, key: &str, raw: Raw<'_>) -> FfiResult {
     let c = CONFIGS.get(cfg, "cfg")?;
     let value = match (kind_of(key)?, raw) {
         (Kind::Int { min, max }, Raw::Int(v)) => {
-            if v < *min || v > *max {
+            if v < min || v > max {
                 return Err(Failure::invalid(format!("`{key}` = {v} is out of range [{min}, {max}]")));
             }
             Value::Int(v)
@@ -142,7 +163,7 @@ fn set(cfg: *mut tboost_config, key: &str, raw: Raw<'_>) -> FfiResult {
         (Kind::Int { min, max }, Raw::Str(s)) => {
             let v: i64 =
                 s.trim().parse().map_err(|_| Failure::invalid(format!("`{key}` = `{s}` is not an integer")))?;
-            if v < *min || v > *max {
+            if v < min || v > max {
                 return Err(Failure::invalid(format!("`{key}` = {v} is out of range [{min}, {max}]")));
             }
             Value::Int(v)
@@ -218,6 +239,21 @@ pub extern "C" fn tboost_config_free(cfg: *mut tboost_config) -> tboost_status {
 ///   16, 32, 64, 128 or 256 (default 64); the plan reports it, and a non-default tile on a
 ///   backend whose attention kernel tiles itself fails `tboost_engine_new` /
 ///   `tboost_model_load` with `TBOOST_ERR_UNSUPPORTED`
+/// - `tiling.matmul.panel_rows` [16, 4096], a multiple of 16: weight rows (output features) per
+///   task of the CPU matmul kernels
+/// - `tiling.matmul.act_rows` [1, 65536]: activation rows (tokens) per matmul task
+/// - `tiling.matmul.tasks_per_thread` [1, 64]: matmul tasks per thread the split aims at
+///   (default 4)
+/// - `tiling.matmul.decode_task_min_bytes` [4096, 16777216], a multiple of 1024: least weight
+///   bytes of a block-quantized decode task (default 32768)
+/// - `tiling.moe.expert_batch_tokens` [1, 65536]: most tokens in one expert batch of the grouped
+///   MoE (default: all of an expert's tokens)
+/// - `tiling.moe.parallel_expert_batches` [1, 64]: expert batches run at once (default 1)
+///
+///   Unset tiling keys are the op's defaults; none changes a result, only speed. The plan
+///   reports them (`matmul_tiling`, `moe_tiling`), and a set one on a backend whose kernels
+///   tile themselves (Ascend) fails `tboost_engine_new` / `tboost_model_load` with
+///   `TBOOST_ERR_UNSUPPORTED` naming the key, the slot and the backend
 /// - `debug_panic_at_step` [0, ..]: testing only, the n-th step panics (0 = never)
 /// - `debug_step_delay_ms` [0, 60000]: testing only, each step first sleeps this long
 ///
@@ -303,6 +339,10 @@ pub unsafe extern "C" fn tboost_config_to_json(
             "debug_panic_at_step": s.debug_panic_at_step,
             "debug_step_delay_ms": s.debug_step_delay_ms,
         });
+        let mut v = v;
+        for (key, value) in e.tiling_settings() {
+            v[key.as_str()] = value.map_or(json!("auto"), |x| json!(x));
+        }
         // SAFETY: buffer contract as documented.
         unsafe { write_str(&v.to_string(), buf, cap, needed) }
     })

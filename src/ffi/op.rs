@@ -14,7 +14,7 @@ use crate::op_api::{
     AttentionParams, EmbedParams, MatMulParams, Mem, MoeGroupedParams, MoeRouteParams, NormParams, OpBackend, OpParams,
     Operation, RopeOpParams, TensorRef,
 };
-use tboost_ops::{RopeParams, RopeStyle};
+use tboost_ops::{MatMulTiling, MoeTiling, RopeParams, RopeStyle};
 
 /// A compute backend opened for the operator API (`tboost_backend_open`). Thread-safe: calls
 /// on one backend are serialized.
@@ -91,6 +91,60 @@ pub enum tboost_op_kind {
     /// that order (3 × experts tensors). Outputs: y [m, hidden] = Σ_k weight_k ·
     /// down_e(silu(gate_e · x) * up_e · x) over each token's experts e.
     TBOOST_OP_MOE_GROUPED = 8,
+    /// `tboost_matmul_swiglu_params`. Inputs: x [m, k], gate [n, k] and up [n, k] (weight
+    /// buffers). Outputs: y [m, n] = silu(x · gateᵀ) * (x · upᵀ), in one kernel (the plan's
+    /// fused gate-up SwiGLU).
+    TBOOST_OP_MATMUL_SWIGLU = 9,
+}
+
+/// The CPU kernels' work split of a matmul (in `tboost_matmul_params` and
+/// `tboost_matmul_swiglu_params`). 0 in a field = the op's default. No value changes a result,
+/// only speed. A value outside its range is `TBOOST_ERR_INVALID_ARGUMENT` at
+/// `tboost_op_create`, naming the op, the field and the range; a backend whose kernels tile
+/// themselves (Ascend), and the bf16 kernels of fast precision, take only the defaults
+/// (`tboost_op_supports` says why).
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct tboost_matmul_tiling {
+    /// Weight rows (output features) per task: a multiple of 16 in 16..=4096.
+    pub panel_rows: u32,
+    /// Activation rows (tokens) per task: 1..=65536.
+    pub act_rows: u32,
+    /// Tasks per thread the split aims at: 1..=64 (default 4).
+    pub tasks_per_thread: u32,
+    /// Least weight bytes of a block-quantized decode task: a multiple of 1024 in
+    /// 4096..=16777216 (default 32768).
+    pub decode_task_min_bytes: u32,
+}
+
+/// The CPU kernel's expert batching of `TBOOST_OP_MOE_GROUPED` (0 = the op's default), under the
+/// rules of `tboost_matmul_tiling`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub struct tboost_moe_tiling {
+    /// Most tokens in one expert batch: 1..=65536 (default: all of an expert's tokens).
+    pub expert_batch_tokens: u32,
+    /// Expert batches run at once: 1..=64 (default 1).
+    pub parallel_expert_batches: u32,
+}
+
+/// Parameters of `TBOOST_OP_MATMUL_SWIGLU`.
+#[repr(C)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct tboost_matmul_swiglu_params {
+    /// sizeof(tboost_matmul_swiglu_params).
+    pub struct_size: u32,
+    /// The `tboost_dtype` of gate and up (dense or a GGUF block type).
+    pub weight_dtype: i32,
+    /// Output features (rows of gate and of up).
+    pub n: u64,
+    /// Input features (their columns).
+    pub k: u64,
+    /// 0 = exact, 1 = fast (8-bit activations where the backend has them).
+    pub precision: u32,
+    /// `tboost_dtype` of x and y; -1 = the backend's activation dtype.
+    pub act_dtype: i32,
+    pub tiling: tboost_matmul_tiling,
 }
 
 /// Parameters of `TBOOST_OP_MOE_ROUTE`.
@@ -121,6 +175,8 @@ pub struct tboost_moe_grouped_params {
     /// `tboost_dtype` of x, the routing weights and y; -1 = the backend's activation dtype.
     pub act_dtype: i32,
     pub reserved: u32,
+    /// Expert batching (appended: a struct_size of 40 leaves the defaults).
+    pub tiling: tboost_moe_tiling,
 }
 
 /// Parameters of `TBOOST_OP_EMBED`.
@@ -221,6 +277,8 @@ pub struct tboost_matmul_params {
     /// `tboost_dtype` of x and y; -1 = the backend's activation dtype.
     pub act_dtype: i32,
     pub reserved: u32,
+    /// The CPU kernels' work split (appended: a struct_size of 40 leaves the defaults).
+    pub tiling: tboost_matmul_tiling,
 }
 
 /// Parameters of `TBOOST_OP_RMSNORM` and `TBOOST_OP_ADD_RMSNORM`.
@@ -314,6 +372,28 @@ pub(super) fn dtype_of(v: i32, param: &str) -> FfiResult<DType> {
         .ok()
         .and_then(|i| DTYPES.get(i).copied())
         .ok_or_else(|| Failure::invalid(format!("`{param}` = {v} is not a tboost_dtype (0..={})", DTYPES.len() - 1)))
+}
+
+fn precision_of(v: u32) -> FfiResult<Precision> {
+    match v {
+        0 => Ok(Precision::Exact),
+        1 => Ok(Precision::Fast),
+        v => Err(Failure::invalid(format!("`params.precision` = {v}: 0 (exact) or 1 (fast)"))),
+    }
+}
+
+/// 0 = unset.
+fn tunable(v: u32) -> Option<usize> {
+    (v != 0).then_some(v as usize)
+}
+
+fn matmul_tiling_of(t: &tboost_matmul_tiling) -> MatMulTiling {
+    MatMulTiling {
+        panel_rows: tunable(t.panel_rows),
+        act_rows: tunable(t.act_rows),
+        tasks_per_thread: tunable(t.tasks_per_thread),
+        decode_task_min_bytes: tunable(t.decode_task_min_bytes),
+    }
 }
 
 fn act_of(v: i32, be: &OpBackend, param: &str) -> FfiResult<DType> {
@@ -602,21 +682,39 @@ pub unsafe extern "C" fn tboost_op_create(
                 precision: 0,
                 act_dtype: -1,
                 reserved: 0,
+                tiling: tboost_matmul_tiling::default(),
             };
             // SAFETY: NULL or `struct_size` readable bytes per the contract.
             let m = unsafe { read_sized(params.cast::<tboost_matmul_params>(), d, 40, "params") }?;
-            let precision = match m.precision {
-                0 => Precision::Exact,
-                1 => Precision::Fast,
-                v => return Err(Failure::invalid(format!("`params.precision` = {v}: 0 (exact) or 1 (fast)"))),
-            };
             OpParams::MatMul(MatMulParams {
                 weight: dtype_of(m.weight_dtype, "params.weight_dtype")?,
                 n: size(m.n, "n")?,
                 k: size(m.k, "k")?,
                 bias: m.bias != 0,
-                precision,
+                precision: precision_of(m.precision)?,
                 act: act_of(m.act_dtype, &b.be, "params.act_dtype")?,
+                tiling: matmul_tiling_of(&m.tiling),
+            })
+        } else if kind == tboost_op_kind::TBOOST_OP_MATMUL_SWIGLU as i32 {
+            let d = tboost_matmul_swiglu_params {
+                struct_size: 0,
+                weight_dtype: 0,
+                n: 0,
+                k: 0,
+                precision: 0,
+                act_dtype: -1,
+                tiling: tboost_matmul_tiling::default(),
+            };
+            // SAFETY: as above.
+            let m = unsafe { read_sized(params.cast::<tboost_matmul_swiglu_params>(), d, 48, "params") }?;
+            OpParams::MatMulSwiGlu(MatMulParams {
+                weight: dtype_of(m.weight_dtype, "params.weight_dtype")?,
+                n: size(m.n, "n")?,
+                k: size(m.k, "k")?,
+                bias: false,
+                precision: precision_of(m.precision)?,
+                act: act_of(m.act_dtype, &b.be, "params.act_dtype")?,
+                tiling: matmul_tiling_of(&m.tiling),
             })
         } else if kind == tboost_op_kind::TBOOST_OP_RMSNORM as i32
             || kind == tboost_op_kind::TBOOST_OP_ADD_RMSNORM as i32
@@ -732,6 +830,7 @@ pub unsafe extern "C" fn tboost_op_create(
                 inter: 0,
                 act_dtype: -1,
                 reserved: 0,
+                tiling: tboost_moe_tiling::default(),
             };
             // SAFETY: as above.
             let g = unsafe { read_sized(params.cast::<tboost_moe_grouped_params>(), d, 40, "params") }?;
@@ -742,6 +841,10 @@ pub unsafe extern "C" fn tboost_op_create(
                 inter: size(g.inter, "inter")?,
                 weight: dtype_of(g.weight_dtype, "params.weight_dtype")?,
                 act: act_of(g.act_dtype, &b.be, "params.act_dtype")?,
+                tiling: MoeTiling {
+                    expert_batch_tokens: tunable(g.tiling.expert_batch_tokens),
+                    parallel_expert_batches: tunable(g.tiling.parallel_expert_batches),
+                },
             })
         } else {
             return Err(Failure::invalid(format!("`kind` = {kind} is not a tboost_op_kind")));

@@ -7,7 +7,8 @@
 //! use tboost::op_api::{MatMulParams, OpBackend, OpParams, Operation};
 //! # fn main() -> tboost::Result<()> {
 //! let be = OpBackend::open(BackendSpec { kind: BackendKind::Cpu, threads: 2 })?;
-//! let p = MatMulParams { weight: DType::F32, n: 2, k: 3, bias: false, precision: Precision::Exact, act: DType::F32 };
+//! let (precision, tiling) = (Precision::Exact, Default::default()); // tiling: the op's default split
+//! let p = MatMulParams { weight: DType::F32, n: 2, k: 3, bias: false, precision, act: DType::F32, tiling };
 //! let op = Operation::new(&be, OpParams::MatMul(p))?;
 //! op.supports().map_err(|why| tboost::Error::Unsupported(why.to_string()))?;
 //! let x = be.alloc(DType::F32, &[1, 3])?;
@@ -56,7 +57,7 @@ use crate::backend::{
 };
 use crate::plan::query;
 use crate::{Error, Result};
-use tboost_ops::{AttnParams, AttnPhase, RopeParams, Unsupported, DEFAULT_TILE_KV};
+use tboost_ops::{AttnParams, AttnPhase, MatMulTiling, MoeTiling, RopeParams, Tiling, Unsupported, DEFAULT_TILE_KV};
 
 /// `y = x · weightᵀ (+ bias)`.
 #[derive(Clone, Copy, Debug, PartialEq)]
@@ -72,6 +73,11 @@ pub struct MatMulParams {
     pub precision: Precision,
     /// Element type of `x` and `y`.
     pub act: DType,
+    /// The CPU kernels' work split (weight rows and activation rows per task, tasks per
+    /// thread, least bytes of a quantized decode task); every field `None` = the op's default.
+    /// Results do not depend on it. A backend whose kernels tile themselves, and the bf16
+    /// kernels of fast precision, take only the default (`supports` says so).
+    pub tiling: MatMulTiling,
 }
 
 /// RMSNorm (and the fused residual add + RMSNorm) over rows of `dim` values.
@@ -145,6 +151,10 @@ pub struct MoeGroupedParams {
     /// Element type of every expert weight.
     pub weight: DType,
     pub act: DType,
+    /// The CPU kernel's expert batching (tokens per expert batch, batches at once); `None`
+    /// fields = the op's default. Results do not depend on it; a backend whose kernels tile
+    /// themselves takes only the default.
+    pub tiling: MoeTiling,
 }
 
 /// What to create.
@@ -234,11 +244,13 @@ impl OpParams {
         match *self {
             OpParams::MatMul(p) => {
                 positive("n", p.n)?;
-                positive("k", p.k)
+                positive("k", p.k)?;
+                tiling_in_range(op, &p.tiling)
             }
             OpParams::MatMulSwiGlu(p) => {
                 positive("n", p.n)?;
                 positive("k", p.k)?;
+                tiling_in_range(op, &p.tiling)?;
                 if p.bias {
                     return Err(Error::invalid(format!("{op}.bias"), "the fused gate-up kernel takes no bias"));
                 }
@@ -306,10 +318,16 @@ impl OpParams {
                 positive("experts", p.experts)?;
                 positive("top_k", p.top_k)?;
                 positive("hidden", p.hidden)?;
-                positive("inter", p.inter)
+                positive("inter", p.inter)?;
+                tiling_in_range(op, &p.tiling)
             }
         }
     }
+}
+
+/// Every set tunable in its range: else `{op}.{param}` with the accepted range.
+fn tiling_in_range<T: Tiling>(op: &str, t: &T) -> Result<()> {
+    t.check().map_err(|u| Error::invalid(format!("{op}.{}", u.param), format!("{} is not {}", u.value, u.need)))
 }
 
 /// One operator on one backend.
@@ -340,7 +358,15 @@ impl Operation {
     /// answer the plan records for the same case.
     pub fn supports(&self) -> Result<(), Unsupported> {
         let be = self.backend.lock().map_err(|e| Unsupported::new("backend", e, "usable"))?;
-        self.params.queries().iter().try_for_each(|q| be.supports(q))?;
+        let queries = self.params.queries();
+        queries.iter().try_for_each(|q| be.supports(q))?;
+        match self.params {
+            OpParams::MatMul(p) | OpParams::MatMulSwiGlu(p) => {
+                queries.iter().try_for_each(|q| be.supports_matmul_tiling(q, &p.tiling))?
+            }
+            OpParams::MoeGrouped(p) => be.supports_moe_tiling(&p.tiling)?,
+            _ => {}
+        }
         if let OpParams::Attention(AttentionParams { tile_kv: Some(t), .. }) = self.params {
             if t != DEFAULT_TILE_KV && be.name() != "cpu" {
                 let need = format!("{DEFAULT_TILE_KV} on {} (its attention kernel chooses its own tiling)", be.name());
@@ -443,7 +469,8 @@ impl Operation {
                     None
                 };
                 let seg = MatSegOp { w: c.weight(w, "weight")?, bias, out: c.view(be, y, "y")? };
-                Ok(vec![Op::MatMul { x: c.view(be, x, "x")?, m, segs: Segs::one(seg), precision: p.precision }])
+                let (precision, tiling) = (p.precision, p.tiling);
+                Ok(vec![Op::MatMul { x: c.view(be, x, "x")?, m, segs: Segs::one(seg), precision, tiling }])
             }
             OpParams::MatMulSwiGlu(p) => {
                 c.counts(&["x", "gate", "up"], &["y"])?;
@@ -464,6 +491,7 @@ impl Operation {
                     up: c.weight(u, "up")?,
                     out: c.view(be, y, "y")?,
                     precision: p.precision,
+                    tiling: p.tiling,
                 }])
             }
             OpParams::RmsNorm(p) => {
@@ -628,6 +656,7 @@ impl Operation {
                     ids: idv,
                     weights: c.view(be, w, "weights")?,
                     out: c.view(be, y, "y")?,
+                    tiling: p.tiling,
                 }])
             }
         }

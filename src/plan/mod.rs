@@ -21,7 +21,7 @@ mod table;
 use std::collections::BTreeSet;
 
 use serde::Serialize;
-use tboost_ops::{DType, Precision, Unsupported};
+use tboost_ops::{DType, MatMulTiling, MoeTiling, Precision, Unsupported};
 
 use crate::backend::{Backend, DeviceInfo, OpQuery};
 use crate::model::{ModelConfig, ModelWeights};
@@ -102,6 +102,11 @@ pub struct PlanOptions {
     /// FlashAttention's KV tile for the flash and paged-decode slots (engine key
     /// `tiling.attention.tile_kv`); `None` = the default, 64.
     pub tile_kv: Option<usize>,
+    /// The CPU matmul kernels' work split in every matmul slot (engine keys
+    /// `tiling.matmul.*`); unset tunables are the op's defaults.
+    pub matmul_tiling: MatMulTiling,
+    /// The CPU grouped MoE's expert batching (engine keys `tiling.moe.*`).
+    pub moe_tiling: MoeTiling,
 }
 
 impl Default for PlanOptions {
@@ -113,6 +118,8 @@ impl Default for PlanOptions {
             precision: PrecisionPolicy::Auto,
             block_size: 16,
             tile_kv: None,
+            matmul_tiling: MatMulTiling::default(),
+            moe_tiling: MoeTiling::default(),
         }
     }
 }
@@ -246,6 +253,11 @@ pub struct Plan {
     pub precision: PrecisionPolicy,
     /// FlashAttention's KV tile in the flash and paged-decode attention slots.
     pub attention_tile_kv: usize,
+    /// The work split of the CPU matmul kernels in every matmul slot (`null` fields: the op's
+    /// default).
+    pub matmul_tiling: MatMulTiling,
+    /// The expert batching of the CPU grouped MoE (`null` fields: the op's default).
+    pub moe_tiling: MoeTiling,
     /// Slots outside the layers: embedding, RoPE tables, final norm, LM head.
     pub model: Vec<Decision>,
     pub layers: Vec<LayerPlan>,

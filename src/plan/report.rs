@@ -96,8 +96,8 @@ impl Plan {
         if !self.disabled.is_empty() {
             let _ = writeln!(s, "disabled: {}", self.disabled.join(", "));
         }
-        if self.attention_tile_kv != tboost_ops::DEFAULT_TILE_KV {
-            let _ = writeln!(s, "tiling: attention.tile_kv={}", self.attention_tile_kv);
+        if let Some(t) = self.tiling_line() {
+            let _ = writeln!(s, "tiling: {t}");
         }
         if self.copy_bytes_per_token > 0 {
             let _ = writeln!(s, "copied between backends: {} bytes per token", self.copy_bytes_per_token);
@@ -126,6 +126,22 @@ impl Plan {
         }
         let _ = writeln!(s, "(* = fallback)");
         s
+    }
+
+    /// The tunables set away from their defaults, `attention.tile_kv=128 matmul.panel_rows=96`
+    /// (MoE ones marked unused when no slot runs the grouped MoE); `None` when all are defaults.
+    pub fn tiling_line(&self) -> Option<String> {
+        use tboost_ops::Tiling;
+        let mut words = Vec::new();
+        if self.attention_tile_kv != tboost_ops::DEFAULT_TILE_KV {
+            words.push(format!("attention.tile_kv={}", self.attention_tile_kv));
+        }
+        words.extend(self.matmul_tiling.set_values().into_iter().map(|(n, v)| format!("matmul.{n}={v}")));
+        let grouped = self.decisions().any(|d| d.choice == super::Choice::MoeGrouped);
+        for (n, v) in self.moe_tiling.set_values() {
+            words.push(format!("moe.{n}={v}{}", if grouped { "" } else { " (unused: no moe_grouped slot)" }));
+        }
+        (!words.is_empty()).then(|| words.join(" "))
     }
 
     pub fn to_json(&self) -> serde_json::Value {

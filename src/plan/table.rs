@@ -3,7 +3,9 @@
 //! backends.
 
 use serde::Serialize;
-use tboost_ops::{check_tile_kv, AttnPhase, DType, MatMulCase, Precision, RopeParams, Unsupported, DEFAULT_TILE_KV};
+use tboost_ops::{
+    check_tile_kv, AttnPhase, DType, MatMulCase, Precision, RopeParams, Tiling, Unsupported, DEFAULT_TILE_KV,
+};
 
 use super::query;
 use super::{Decision, LayerPlan, Placement, Plan, PlanOptions, Tried, Verdict, WeightMode};
@@ -187,8 +189,9 @@ fn gain_dtype(t: &Tensor, a: Ask) -> DType {
     }
 }
 
-/// What a backend took: the weight mode, the precision and its kernel's name.
-type Accepted = (WeightMode, Precision, Option<String>);
+/// What a backend took: the weight mode, the precision, its kernel's name, and the tiling
+/// tunable it refuses for this case (`tiling.<group>.<param>=<value>: why`), if any.
+type Accepted = (WeightMode, Precision, Option<String>, Option<String>);
 /// The query a backend answered no to, and its answer.
 type Rejection = Box<(OpQuery, Unsupported)>;
 
@@ -221,6 +224,10 @@ impl<'a> Planner<'a> {
             Some(d) => d,
             None => primary.kv_dtypes().first().copied().unwrap_or(DType::F32),
         };
+        let ranges = [("matmul", opts.matmul_tiling.check()), ("moe", opts.moe_tiling.check())];
+        for (group, r) in ranges {
+            r.map_err(|u| Error::config("engine config", format!("tiling.{group}.{}", u.param), u.to_string()))?;
+        }
         Ok(Planner { cfg, w, primary, cpu, opts, act, kv })
     }
 
@@ -404,7 +411,10 @@ impl<'a> Planner<'a> {
                 let a = Ask { act, kv: self.kv, mode, precision };
                 let queries = build(a);
                 match queries.iter().try_for_each(|q| be.supports(q).map_err(|why| Box::new((*q, why)))) {
-                    Ok(()) => return Some(Ok((mode, precision, main_kernel(be, &queries)))),
+                    Ok(()) => {
+                        let tiling = self.tiling_refusal(be, &queries);
+                        return Some(Ok((mode, precision, main_kernel(be, &queries), tiling)));
+                    }
                     Err(no) => match &first_no {
                         None if against.is_some_and(|p| p != no.1.param) => blocker = Some(no),
                         None => first_no = Some(no),
@@ -421,6 +431,21 @@ impl<'a> Planner<'a> {
         Some(Err(blocker.or(first_no).unwrap_or_else(|| {
             Box::new((OpQuery::Add { act }, Unsupported::new("candidate", choice.name(), "some query to ask")))
         })))
+    }
+
+    /// Whether `be` takes the engine's tiling tunables for these queries (every matmul and
+    /// the grouped MoE): the first it refuses, as `tiling.<group>.<param>=<value> is not ...`.
+    fn tiling_refusal(&self, be: &dyn Backend, queries: &[OpQuery]) -> Option<String> {
+        queries.iter().find_map(|q| {
+            let (group, answer) = match q {
+                OpQuery::MatMul(_) | OpQuery::MatMulFused { .. } | OpQuery::MatMulSwiGlu { .. } => {
+                    ("matmul", be.supports_matmul_tiling(q, &self.opts.matmul_tiling))
+                }
+                OpQuery::MoeGrouped { .. } => ("moe", be.supports_moe_tiling(&self.opts.moe_tiling)),
+                _ => return None,
+            };
+            answer.err().map(|u| format!("tiling.{group}.{u}"))
+        })
     }
 
     /// The backends to try, in order, each with the activation dtype it computes in.
@@ -492,7 +517,18 @@ impl<'a> Planner<'a> {
                         continue;
                     };
                     match answer {
-                        Ok((weights, precision, kernel)) => {
+                        Ok((_, _, _, Some(tiling))) => {
+                            // Refused loudly, never dropped: the user asked for this split.
+                            let at = layer.map_or("model".to_string(), |l| format!("layer {l}"));
+                            let e = Error::Unsupported(format!(
+                                "{tiling} ({at}: {} runs {} on {})",
+                                slot.name(),
+                                choice.name(),
+                                be.name()
+                            ));
+                            return Err((e, tried));
+                        }
+                        Ok((weights, precision, kernel, None)) => {
                             let weights = self.packed_mode(be, weights, precision, sw);
                             tried.push(Tried {
                                 candidate: choice,
@@ -707,6 +743,8 @@ impl<'a> Planner<'a> {
             block_size: self.opts.block_size,
             precision: self.opts.precision,
             attention_tile_kv: self.opts.tile_kv.unwrap_or(DEFAULT_TILE_KV),
+            matmul_tiling: self.opts.matmul_tiling,
+            moe_tiling: self.opts.moe_tiling,
             model,
             layers,
             copy_bytes_per_token: 0,

@@ -59,6 +59,7 @@ impl Graph<'_> {
         params.tile_kv = plan.attention_tile_kv;
         let rope = RopeParams { dim: c.rope_dim, theta: c.rope_theta, scaling: c.rope_scaling, style: c.rope_style };
         let model = |s| need(plan.model_slot(s), s);
+        let mm = |x, m, segs, precision| Op::MatMul { x, m, segs, precision, tiling: plan.matmul_tiling };
 
         let d = model(Slot::Embed)?;
         ex.launch(d.placement, &Op::Embed { ids: views.ids, table: ids.embed, out: h })?;
@@ -109,7 +110,7 @@ impl Graph<'_> {
             }
             let dp = d(Slot::OProj)?;
             let seg = MatSegOp { w: lw.o, bias: None, out: o };
-            ex.launch(dp.placement, &Op::MatMul { x: attn, m: t, segs: Segs::one(seg), precision: dp.precision })?;
+            ex.launch(dp.placement, &mm(attn, t, Segs::one(seg), dp.precision))?;
 
             norm(ex, d(Slot::FfnNorm)?, lw.ffn_norm)?;
             match &lw.mlp {
@@ -121,10 +122,7 @@ impl Graph<'_> {
                     let rl = v(a.router, t * e);
                     let (rid, rw) = (v(a.route_ids, t * top_k), v(a.route_w, t * top_k));
                     let seg = MatSegOp { w: *router, bias: None, out: rl };
-                    ex.launch(
-                        dr.placement,
-                        &Op::MatMul { x: xn, m: t, segs: Segs::one(seg), precision: dr.precision },
-                    )?;
+                    ex.launch(dr.placement, &mm(xn, t, Segs::one(seg), dr.precision))?;
                     ex.launch(
                         dr.placement,
                         &Op::MoeRoute { logits: rl, m: t, experts: e, top_k, ids: rid, weights: rw },
@@ -133,7 +131,16 @@ impl Graph<'_> {
                     match dm.choice {
                         Choice::MoeGrouped => ex.launch(
                             dm.placement,
-                            &Op::MoeGrouped { x: xn, m: t, experts: *experts, top_k, ids: rid, weights: rw, out: o },
+                            &Op::MoeGrouped {
+                                x: xn,
+                                m: t,
+                                experts: *experts,
+                                top_k,
+                                ids: rid,
+                                weights: rw,
+                                out: o,
+                                tiling: plan.moe_tiling,
+                            },
                         )?,
                         Choice::MoePerExpert => {
                             let (y, ys) = (v(a.expert_y, t * hid), v(a.expert_ys, t * top_k * hid));
@@ -158,7 +165,7 @@ impl Graph<'_> {
         if r > 0 {
             ex.launch(dl.placement, &Op::GatherRows { x: xn, cols: hid, rows: views.logit_rows, out: sel })?;
             let seg = MatSegOp { w: ids.lm_head, bias: None, out: lg };
-            ex.launch(dl.placement, &Op::MatMul { x: sel, m: r, segs: Segs::one(seg), precision: dl.precision })?;
+            ex.launch(dl.placement, &mm(sel, r, Segs::one(seg), dl.precision))?;
         }
         match a.logits_f32 {
             Some(f) => {
@@ -175,12 +182,14 @@ impl Graph<'_> {
     fn qkv(&self, ex: &mut Exec<'_>, d: &Decision, lw: &LayerIds, x: View, outs: [View; 3]) -> Result<()> {
         let segs = [(lw.q, lw.q_bias), (lw.k, lw.k_bias), (lw.v, lw.v_bias)];
         let segs = [0, 1, 2].map(|i| MatSegOp { w: segs[i].0, bias: segs[i].1, out: outs[i] });
-        let (m, p, precision) = (self.tokens, d.placement, d.precision);
+        let (m, p, precision, tiling) = (self.tokens, d.placement, d.precision, self.plan.matmul_tiling);
         match d.choice {
-            Choice::FusedQkvMatmul => ex.launch(p, &Op::MatMul { x, m, segs: Segs::from_slice(&segs), precision }),
+            Choice::FusedQkvMatmul => {
+                ex.launch(p, &Op::MatMul { x, m, segs: Segs::from_slice(&segs), precision, tiling })
+            }
             Choice::SeparateQkvMatmuls => {
                 for s in segs {
-                    ex.launch(p, &Op::MatMul { x, m, segs: Segs::one(s), precision })?;
+                    ex.launch(p, &Op::MatMul { x, m, segs: Segs::one(s), precision, tiling })?;
                 }
                 Ok(())
             }
@@ -202,21 +211,20 @@ impl Graph<'_> {
         let a = self.bufs;
         let (m, inter) = (self.tokens, self.c.intermediate_size);
         let act = View::new(a.act, 0, m * inter);
-        let (p, precision) = (d.placement, d.precision);
+        let (p, precision, tiling) = (d.placement, d.precision, self.plan.matmul_tiling);
+        let one = |x, w, out| Op::MatMul { x, m, segs: Segs::one(MatSegOp { w, bias: None, out }), precision, tiling };
         match d.choice {
-            Choice::FusedGateUpSwiglu => ex.launch(p, &Op::MatMulSwiGlu { x, m, gate, up, out: act, precision })?,
+            Choice::FusedGateUpSwiglu => {
+                ex.launch(p, &Op::MatMulSwiGlu { x, m, gate, up, out: act, precision, tiling })?
+            }
             Choice::GateUpMatmulsThenSwiglu | Choice::MoePerExpert => {
                 let (g, u) = (View::new(a.gate, 0, m * inter), View::new(a.up, 0, m * inter));
-                ex.launch(
-                    p,
-                    &Op::MatMul { x, m, segs: Segs::one(MatSegOp { w: gate, bias: None, out: g }), precision },
-                )?;
-                ex.launch(p, &Op::MatMul { x, m, segs: Segs::one(MatSegOp { w: up, bias: None, out: u }), precision })?;
+                ex.launch(p, &one(x, gate, g))?;
+                ex.launch(p, &one(x, up, u))?;
                 ex.launch(p, &Op::SwiGlu { gate: g, up: u, out: act })?;
             }
             other => return Err(Error::invalid("plan", format!("{} cannot fill the mlp slot", other.name()))),
         }
-        let seg = MatSegOp { w: down, bias: None, out };
-        ex.launch(p, &Op::MatMul { x: act, m, segs: Segs::one(seg), precision })
+        ex.launch(p, &one(act, down, out))
     }
 }

@@ -103,3 +103,40 @@ pub fn demo_model() -> PathBuf {
     );
     p
 }
+
+/// A small seeded xorshift64* generator (`rand` is not a dev-dependency of this crate).
+pub struct Rng(u64);
+
+impl Rng {
+    pub fn new(seed: u64) -> Rng {
+        Rng(seed.wrapping_mul(0x9E37_79B9_7F4A_7C15) | 1)
+    }
+
+    pub fn u64(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x >> 12;
+        x ^= x << 25;
+        x ^= x >> 27;
+        self.0 = x;
+        x.wrapping_mul(0x2545_F491_4F6C_DD1D)
+    }
+
+    pub fn below(&mut self, n: usize) -> usize {
+        (self.u64() % n as u64) as usize
+    }
+
+    /// Uniform in `[-1, 1)`.
+    pub fn unit(&mut self) -> f32 {
+        (self.u64() >> 40) as f32 / (1u32 << 23) as f32 - 1.0
+    }
+
+    pub fn vec(&mut self, n: usize, amp: f32) -> Vec<f32> {
+        (0..n).map(|_| self.unit() * amp).collect()
+    }
+
+    pub fn shuffle<T>(&mut self, v: &mut [T]) {
+        for i in (1..v.len()).rev() {
+            v.swap(i, self.below(i + 1));
+        }
+    }
+}

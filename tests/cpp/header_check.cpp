@@ -14,6 +14,11 @@ static_assert(std::is_standard_layout_v<tboost_event> && sizeof(tboost_event) ==
 static_assert(std::is_standard_layout_v<tboost_stats> && sizeof(tboost_stats) == 144);
 static_assert(offsetof(tboost_event, request_id) == 8 && offsetof(tboost_stats, waiting) == 8);
 static_assert(TBOOST_ANY_REQUEST == 0);
+// Fields appended to a versioned struct start where its first version ended (the minimum
+// struct_size tboost_op_create takes): 40 bytes for matmul and MoE-grouped parameters.
+static_assert(offsetof(tboost_matmul_params, tiling) == 40 && sizeof(tboost_matmul_params) == 56);
+static_assert(offsetof(tboost_moe_grouped_params, tiling) == 40 && sizeof(tboost_moe_grouped_params) == 48);
+static_assert(sizeof(tboost_matmul_swiglu_params) == 48 && sizeof(tboost_matmul_tiling) == 16);
 
 int tboost_header_check_cxx() {
   tboost_status (*step)(tboost_engine*, size_t*) = tboost_engine_step;

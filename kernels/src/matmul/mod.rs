@@ -27,6 +27,10 @@
 //! over all of `k` and reads every weight row from memory once per call; the k-blocked one
 //! (`blocked`, prefill) packs x and weight blocks so tiles work from L1. Work items split
 //! `n` (and `m` when `n` alone gives too few items) across the current rayon pool.
+//!
+//! The split is tunable (`*_tiled` entry points, [`MatMulTiling`]: weight rows and activation
+//! rows per item, items per thread); by the contract above no tiling changes a bit of the
+//! result, only who computes what.
 
 mod blocked;
 mod dense_fast;
@@ -34,6 +38,8 @@ mod kernel;
 pub mod packed;
 pub mod reference;
 mod simd;
+#[cfg(test)]
+pub(crate) mod tiling_tests;
 
 pub use dense_fast::{
     fast_bf16_applies, matmul_fast, matmul_fast_with, matmul_swiglu_fast, matmul_swiglu_fast_with, FastBf16,
@@ -53,8 +59,8 @@ pub struct MatSeg<'a, 'o> {
     pub out: &'o mut [f32],
 }
 
-pub use tboost_ops::MatMulCase;
-use tboost_ops::Unsupported;
+pub use tboost_ops::{MatMulCase, MatMulTiling};
+use tboost_ops::{Tiling, Unsupported};
 
 /// Dense weights run here; block-quantized ones in `crate::quant`. Activations are f32.
 pub fn supports(case: &MatMulCase) -> Result<(), Unsupported> {
@@ -97,7 +103,16 @@ pub fn matmul(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
 /// # Panics
 /// As `matmul`, and when this CPU lacks `isa`.
 pub fn matmul_with(isa: Isa, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
+    matmul_with_tiled(isa, &MatMulTiling::default(), x, m, segs)
+}
+
+/// [`matmul_with`] with its work split by `tiling`.
+///
+/// # Panics
+/// As `matmul_with`, and on a tiling value outside its range.
+pub fn matmul_with_tiled(isa: Isa, tiling: &MatMulTiling, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
     check_isa(isa);
+    check_tiling("matmul", tiling);
     let Some(first) = segs.first() else { return };
     let k = first.w.cols;
     for (s, seg) in segs.iter().enumerate() {
@@ -133,9 +148,9 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
             .iter_mut()
             .map(|s| MatSeg { w: s.w, bias: s.bias, out: &mut *s.out })
             .partition(|s| s.w.layout == Layout::Panels);
-        run_packed(isa, x, m, &mut p);
+        run_packed(isa, tiling, x, m, &mut p);
         if !r.is_empty() {
-            matmul_with(isa, x, m, &mut r);
+            matmul_with_tiled(isa, tiling, x, m, &mut r);
         }
         return;
     }
@@ -151,7 +166,7 @@ pub fn matmul_with(isa: Isa, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
         })
         .collect();
     let dtypes: Vec<DType> = segs.iter().map(|s| s.w.dtype).collect();
-    let items = plan_items(&rows, m, k, isa);
+    let items = plan_items_tiled(&rows, m, k, isa, tiling);
     // SAFETY: shapes were checked above; items cover disjoint output columns/rows.
     execute(&items, |it| unsafe { dispatch(isa, dtypes[it.seg], x.as_ptr(), k, it, &cols[it.seg]) });
 }
@@ -173,7 +188,24 @@ pub fn matmul_swiglu(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_>
 /// # Panics
 /// As `matmul_swiglu`, and when this CPU lacks `isa`.
 pub fn matmul_swiglu_with(isa: Isa, x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_>, out: &mut [f32]) {
+    matmul_swiglu_with_tiled(isa, &MatMulTiling::default(), x, m, gate, up, out)
+}
+
+/// [`matmul_swiglu_with`] with its work split by `tiling`.
+///
+/// # Panics
+/// As `matmul_swiglu_with`, and on a tiling value outside its range.
+pub fn matmul_swiglu_with_tiled(
+    isa: Isa,
+    tiling: &MatMulTiling,
+    x: &[f32],
+    m: usize,
+    gate: WeightMat<'_>,
+    up: WeightMat<'_>,
+    out: &mut [f32],
+) {
     check_isa(isa);
+    check_tiling("matmul_swiglu", tiling);
     check_weight(&gate, "matmul_swiglu: gate");
     check_weight(&up, "matmul_swiglu: up");
     assert!(
@@ -200,7 +232,7 @@ pub fn matmul_swiglu_with(isa: Isa, x: &[f32], m: usize, gate: WeightMat<'_>, up
     if gate.layout == Layout::Panels || up.layout == Layout::Panels {
         assert!(gate.layout == up.layout, "matmul_swiglu: gate and up must both be packed or both not");
         let sink = packed::Sink::Swiglu { out: out.as_mut_ptr(), ld: n, up: up.data.as_ptr() };
-        let tasks = packed_tasks(&[n], m, 2 * k);
+        let tasks = packed_tasks(&[n], m, 2 * k, tiling);
         let sink = SendSink(sink);
         // SAFETY: shapes were checked above; tasks cover disjoint outputs.
         execute_tasks(&tasks, |t| unsafe {
@@ -225,9 +257,17 @@ pub fn matmul_swiglu_with(isa: Isa, x: &[f32], m: usize, gate: WeightMat<'_>, up
         out: out.as_mut_ptr(),
     };
     // Two weight rows per output column: plan with the work of 2n rows, split on n.
-    let items = plan_items(&[n], m, 2 * k, isa);
+    let items = plan_items_tiled(&[n], m, 2 * k, isa, tiling);
     // SAFETY: shapes were checked above; items cover disjoint output columns/rows.
     execute(&items, |it| unsafe { dispatch(isa, gate.dtype, x.as_ptr(), k, it, &cols) });
+}
+
+/// A tiling the kernels take: every set value in its range (checked by the orchestrator first,
+/// so reaching a bad one is a caller bug).
+pub(crate) fn check_tiling(op: &str, tiling: &MatMulTiling) {
+    if let Err(e) = tiling.check() {
+        panic!("{op}: tiling: {e}");
+    }
 }
 
 fn check_isa(isa: Isa) {
@@ -258,18 +298,23 @@ struct PackedTask {
     i1: usize,
 }
 
-/// Splits segments of `rows[s]` rows into whole-panel tasks, as `plan_items` splits columns
-/// (about 4 per thread, and rows of `m` when panels alone give too few).
-fn packed_tasks(rows: &[usize], m: usize, k: usize) -> Vec<PackedTask> {
+/// Splits segments of `rows[s]` rows into whole-panel tasks, as `plan_items_tiled` splits
+/// columns (`tasks_per_thread` per thread, and rows of `m` when panels alone give too few;
+/// `panel_rows`, a multiple of 16, and `act_rows` where the tiling sets them).
+fn packed_tasks(rows: &[usize], m: usize, k: usize, tiling: &MatMulTiling) -> Vec<PackedTask> {
     let panels: Vec<usize> = rows.iter().map(|r| r.div_ceil(packed::PANEL)).collect();
     let total: usize = panels.iter().sum();
     let threads = rayon::current_num_threads().max(1);
     let work = m.saturating_mul(k.max(1)).saturating_mul(total * packed::PANEL);
-    let target = if threads == 1 { 1 } else { (threads * 4).min((work / MIN_ITEM_WORK).max(1)) };
-    let chunk = total.div_ceil(target).max(1);
+    let per_thread = tiling.tasks_per_thread.unwrap_or(tboost_ops::DEFAULT_TASKS_PER_THREAD).max(1);
+    let target = if threads == 1 { 1 } else { (threads * per_thread).min((work / MIN_ITEM_WORK).max(1)) };
+    let chunk = tiling.panel_rows.map_or_else(|| total.div_ceil(target), |r| r / packed::PANEL).max(1);
     let n_tasks: usize = panels.iter().map(|p| p.div_ceil(chunk)).sum();
-    let m_step =
-        if n_tasks < target && m > 8 { m.div_ceil(target.div_ceil(n_tasks.max(1))).next_multiple_of(8) } else { m };
+    let m_step = match tiling.act_rows {
+        Some(r) => r,
+        None if n_tasks < target && m > 8 => m.div_ceil(target.div_ceil(n_tasks.max(1))).next_multiple_of(8),
+        None => m,
+    };
     let mut tasks = Vec::new();
     for (seg, &np) in panels.iter().enumerate() {
         for p0 in (0..np).step_by(chunk) {
@@ -302,8 +347,8 @@ impl<'a> SendSink<'a> {
     }
 }
 
-/// The packed segments of a checked `matmul_with` call.
-fn run_packed(isa: Isa, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
+/// The packed segments of a checked `matmul_with_tiled` call.
+fn run_packed(isa: Isa, tiling: &MatMulTiling, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
     let k = segs.first().map_or(0, |s| s.w.cols);
     let rows: Vec<usize> = segs.iter().map(|s| s.w.rows).collect();
     let sinks: Vec<SendSink<'_>> = segs
@@ -312,7 +357,7 @@ fn run_packed(isa: Isa, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
         .collect();
     let ws: Vec<(DType, usize, usize)> =
         segs.iter().map(|s| (s.w.dtype, s.w.data.as_ptr() as usize, s.w.rows)).collect();
-    let tasks = packed_tasks(&rows, m, k);
+    let tasks = packed_tasks(&rows, m, k, tiling);
     execute_tasks(&tasks, |t| {
         let (dtype, w, n) = ws[t.seg];
         // SAFETY: shapes were checked by `matmul_with`; tasks cover disjoint outputs.
@@ -348,18 +393,27 @@ const MIN_ITEM_WORK: usize = 1 << 18;
 /// rows of `m` (in whole tiles) when the columns alone give too few items. Only the
 /// partition depends on the pool; no result does.
 fn plan_items(rows: &[usize], m: usize, k: usize, isa: Isa) -> Vec<Item> {
+    plan_items_tiled(rows, m, k, isa, &MatMulTiling::default())
+}
+
+/// [`plan_items`] with `tiling`'s choices where it sets them: `tasks_per_thread` items per
+/// thread, `panel_rows` columns and `act_rows` rows per item.
+fn plan_items_tiled(rows: &[usize], m: usize, k: usize, isa: Isa, tiling: &MatMulTiling) -> Vec<Item> {
     let total: usize = rows.iter().sum();
     let threads = rayon::current_num_threads().max(1);
     let work = m.saturating_mul(k.max(1)).saturating_mul(total);
-    let target = if threads == 1 { 1 } else { (threads * 4).min((work / MIN_ITEM_WORK).max(1)) };
-    let chunk = total.div_ceil(target).div_ceil(8).max(1) * 8;
+    let per_thread = tiling.tasks_per_thread.unwrap_or(tboost_ops::DEFAULT_TASKS_PER_THREAD).max(1);
+    let target = if threads == 1 { 1 } else { (threads * per_thread).min((work / MIN_ITEM_WORK).max(1)) };
+    let chunk = tiling.panel_rows.unwrap_or_else(|| total.div_ceil(target).div_ceil(8).max(1) * 8).max(1);
     let n_items: usize = rows.iter().map(|r| r.div_ceil(chunk)).sum();
     let mrb = tile_rows(isa);
-    let m_step = if n_items < target && m > mrb {
-        let parts = target.div_ceil(n_items.max(1)).min(m.div_ceil(mrb));
-        m.div_ceil(parts).div_ceil(mrb) * mrb
-    } else {
-        m
+    let m_step = match tiling.act_rows {
+        Some(r) => r.max(1),
+        None if n_items < target && m > mrb => {
+            let parts = target.div_ceil(n_items.max(1)).min(m.div_ceil(mrb));
+            m.div_ceil(parts).div_ceil(mrb) * mrb
+        }
+        None => m.max(1),
     };
     let mut items = Vec::new();
     for (seg, &n) in rows.iter().enumerate() {
@@ -457,19 +511,38 @@ unsafe fn run_generic<V: Lanes, W: WKind, C: Cols>(
 /// # Panics
 /// As `matmul`.
 pub fn matmul_prec(prec: tboost_ops::Precision, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
-    if prec == tboost_ops::Precision::Exact {
-        return matmul(x, m, segs);
-    }
-    if segs.iter().all(|s| !s.w.dtype.is_quantized()) {
-        return matmul_fast(x, m, segs);
-    }
-    let (mut q, mut d): (Vec<MatSeg<'_, '_>>, Vec<MatSeg<'_, '_>>) = segs
+    matmul_prec_tiled(prec, &MatMulTiling::default(), x, m, segs)
+}
+
+/// [`matmul_prec`] with its work split by `tiling` (same bits as the default split). The bf16
+/// kernels of `Fast` (`fast_bf16_applies`) keep their own split: a non-default tiling there is
+/// refused by the orchestrator (the CPU backend's `supports_tiling`) before it gets here.
+///
+/// # Panics
+/// As `matmul`, and on a tiling value outside its range.
+pub fn matmul_prec_tiled(
+    prec: tboost_ops::Precision,
+    tiling: &MatMulTiling,
+    x: &[f32],
+    m: usize,
+    segs: &mut [MatSeg<'_, '_>],
+) {
+    let (mut q, rest): (Vec<MatSeg<'_, '_>>, Vec<MatSeg<'_, '_>>) = segs
         .iter_mut()
         .map(|s| MatSeg { w: s.w, bias: s.bias, out: &mut *s.out })
         .partition(|s| s.w.dtype.is_quantized());
-    crate::quant::matmul_quant_prec(prec, x, m, &mut q);
+    // Dense weights no bf16 kernel takes run the exact kernels, which take the tiling.
+    let fast = prec == tboost_ops::Precision::Fast;
+    let (mut bf, mut d): (Vec<MatSeg<'_, '_>>, Vec<MatSeg<'_, '_>>) =
+        rest.into_iter().partition(|s| fast && fast_bf16_applies(s.w.dtype));
+    if !q.is_empty() {
+        crate::quant::matmul_quant_prec_with_tiled(isa::active(), isa::vnni_active(), prec, x, m, &mut q, tiling);
+    }
+    if !bf.is_empty() {
+        matmul_fast(x, m, &mut bf)
+    }
     if !d.is_empty() {
-        matmul_fast(x, m, &mut d)
+        matmul_with_tiled(isa::active(), tiling, x, m, &mut d)
     }
 }
 
@@ -485,9 +558,32 @@ pub fn matmul_swiglu_prec(
     up: WeightMat<'_>,
     out: &mut [f32],
 ) {
+    matmul_swiglu_prec_tiled(prec, &MatMulTiling::default(), x, m, gate, up, out)
+}
+
+/// [`matmul_swiglu_prec`] with its work split by `tiling` (the bf16 `Fast` kernels keep their
+/// own, as in [`matmul_prec_tiled`]).
+///
+/// # Panics
+/// As `matmul_swiglu`, and on a tiling value outside its range.
+pub fn matmul_swiglu_prec_tiled(
+    prec: tboost_ops::Precision,
+    tiling: &MatMulTiling,
+    x: &[f32],
+    m: usize,
+    gate: WeightMat<'_>,
+    up: WeightMat<'_>,
+    out: &mut [f32],
+) {
+    let isa = isa::active();
     match prec {
-        _ if gate.dtype.is_quantized() => crate::quant::matmul_swiglu_quant_prec(prec, x, m, gate, up, out),
-        tboost_ops::Precision::Fast => matmul_swiglu_fast(x, m, gate, up, out),
-        tboost_ops::Precision::Exact => matmul_swiglu(x, m, gate, up, out),
+        _ if gate.dtype.is_quantized() => {
+            let vnni = isa::vnni_active();
+            crate::quant::matmul_swiglu_quant_prec_with_tiled(isa, vnni, prec, x, m, gate, up, out, tiling)
+        }
+        tboost_ops::Precision::Fast if fast_bf16_applies(gate.dtype) && up.dtype == gate.dtype => {
+            matmul_swiglu_fast(x, m, gate, up, out)
+        }
+        _ => matmul_swiglu_with_tiled(isa, tiling, x, m, gate, up, out),
     }
 }

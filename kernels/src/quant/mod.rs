@@ -24,6 +24,9 @@
 //! segments) and uses integer dot products (VNNI where the CPU has it); its arithmetic, its
 //! error bound and why it is batch-invariant (and even ISA-invariant) are in `fast`'s
 //! module doc.
+//!
+//! The work split (`plan`) is tunable through the `*_tiled` entry points ([`MatMulTiling`]);
+//! by the reduction order above, no tiling changes a bit of the result.
 
 mod fast;
 #[cfg(target_arch = "x86_64")]
@@ -32,6 +35,8 @@ pub mod packed;
 #[cfg(target_arch = "x86_64")]
 mod packed_x86;
 mod reference;
+#[cfg(test)]
+mod tiling_tests;
 #[cfg(target_arch = "x86_64")]
 mod x86;
 
@@ -41,7 +46,7 @@ pub use tboost_ops::Precision;
 use rayon::prelude::*;
 
 use crate::isa::{self, Isa};
-use crate::matmul::{MatMulCase, MatSeg};
+use crate::matmul::{check_tiling, MatMulCase, MatMulTiling, MatSeg};
 use crate::{Layout, WeightMat, WeightVec};
 use tboost_ops::Unsupported;
 
@@ -72,13 +77,19 @@ pub fn matmul_quant(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
 
 /// [`matmul_quant`] on at most `isa` (capped at what this CPU has).
 pub fn matmul_quant_with(isa: Isa, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
+    matmul_quant_with_tiled(isa, &MatMulTiling::default(), x, m, segs)
+}
+
+/// [`matmul_quant_with`] with its work split by `tiling`.
+fn matmul_quant_with_tiled(isa: Isa, tiling: &MatMulTiling, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
+    check_tiling("matmul_quant", tiling);
     let Some(k) = check_segs("matmul_quant", x, m, segs) else { return };
     assert!(segs.iter().all(|s| s.w.layout == Layout::Rows), "matmul_quant: packed weights need Precision::Fast");
     let isa = isa.min(isa::detected());
     let mats: Vec<(WeightMat<'_>, Option<WeightVec<'_>>, OutPtr)> =
         segs.iter_mut().map(|s| (s.w, s.bias, OutPtr(s.out.as_mut_ptr()))).collect();
     let ws: Vec<WeightMat<'_>> = mats.iter().map(|m| m.0).collect();
-    let tasks = plan(&ws, m, tile_min_rows(isa), false);
+    let tasks = plan(&ws, m, tile_min_rows(isa), false, tiling);
     run_tasks(&tasks, |t| {
         let (w, bias, out) = &mats[t.mat];
         // SAFETY: tasks cover disjoint [i0, i1) x [j0, j1) rectangles of each output, which
@@ -100,15 +111,32 @@ pub fn matmul_quant_prec(prec: Precision, x: &[f32], m: usize, segs: &mut [MatSe
 /// [`matmul_quant_prec`] on at most `isa`, with VNNI only if `vnni` (both capped at what this
 /// CPU has): tests select every kernel level this way.
 pub fn matmul_quant_prec_with(isa: Isa, vnni: bool, prec: Precision, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
+    matmul_quant_prec_with_tiled(isa, vnni, prec, x, m, segs, &MatMulTiling::default())
+}
+
+/// [`matmul_quant_prec_with`] with its work split by `tiling` (same bits as the default split).
+///
+/// # Panics
+/// As `matmul_quant`, and on a tiling value outside its range.
+pub fn matmul_quant_prec_with_tiled(
+    isa: Isa,
+    vnni: bool,
+    prec: Precision,
+    x: &[f32],
+    m: usize,
+    segs: &mut [MatSeg<'_, '_>],
+    tiling: &MatMulTiling,
+) {
     if prec == Precision::Exact {
-        return matmul_quant_with(isa, x, m, segs);
+        return matmul_quant_with_tiled(isa, tiling, x, m, segs);
     }
+    check_tiling("matmul_quant", tiling);
     let Some(k) = check_segs("matmul_quant", x, m, segs) else { return };
     let level = FastLevel::new(isa, vnni);
     let mats: Vec<(WeightMat<'_>, Option<WeightVec<'_>>, OutPtr)> =
         segs.iter_mut().map(|s| (s.w, s.bias, OutPtr(s.out.as_mut_ptr()))).collect();
     let ws: Vec<WeightMat<'_>> = mats.iter().map(|m| m.0).collect();
-    let tasks = plan(&ws, m, level.tile_min_rows(), true);
+    let tasks = plan(&ws, m, level.tile_min_rows(), true, tiling);
     fast::with_act(|act| {
         act.fill(x, m, k, level.chain_layout(&ws, &tasks), level.quantizer());
         run_tasks(&tasks, |t| {
@@ -201,6 +229,27 @@ pub fn matmul_swiglu_quant_prec_with(
     up: WeightMat<'_>,
     out: &mut [f32],
 ) {
+    matmul_swiglu_quant_prec_with_tiled(isa, vnni, prec, x, m, gate, up, out, &MatMulTiling::default())
+}
+
+/// [`matmul_swiglu_quant_prec_with`] with its work split by `tiling` (same bits as the default
+/// split).
+///
+/// # Panics
+/// As `matmul_swiglu_quant`, and on a tiling value outside its range.
+#[allow(clippy::too_many_arguments)]
+pub fn matmul_swiglu_quant_prec_with_tiled(
+    isa: Isa,
+    vnni: bool,
+    prec: Precision,
+    x: &[f32],
+    m: usize,
+    gate: WeightMat<'_>,
+    up: WeightMat<'_>,
+    out: &mut [f32],
+    tiling: &MatMulTiling,
+) {
+    check_tiling("matmul_swiglu_quant", tiling);
     let (n, k) = (gate.rows, gate.cols);
     assert!(
         up.rows == n && up.cols == k,
@@ -238,12 +287,12 @@ pub fn matmul_swiglu_quant_prec_with(
             "matmul_swiglu_quant: packed weights need Precision::Fast"
         );
         let isa = isa.min(isa::detected());
-        let tasks = plan(&[gate], m, tile_min_rows(isa), false);
+        let tasks = plan(&[gate], m, tile_min_rows(isa), false, tiling);
         // SAFETY (both closures): the scratch holds the task's [mi, nj] rectangle.
         run_tasks(&tasks, |t| fused(t, &|w, dst| unsafe { dots(isa, w, t, x, k, dst, t.j1 - t.j0) }));
     } else {
         let level = FastLevel::new(isa, vnni);
-        let tasks = plan(&[gate], m, level.tile_min_rows(), true);
+        let tasks = plan(&[gate], m, level.tile_min_rows(), true, tiling);
         fast::with_act(|act| {
             act.fill(x, m, k, level.chain_layout(&[gate], &tasks), level.quantizer());
             run_tasks(&tasks, |t| fused(t, &|w, dst| unsafe { dots_fast(level, w, t, act, dst, t.j1 - t.j0) }));
@@ -309,8 +358,8 @@ struct Task {
 }
 
 /// Weight bytes a decode task aims at: big enough to hide scheduling cost, small enough
-/// that idle threads can steal the rest.
-const TASK_MIN_BYTES: usize = 32 << 10;
+/// that idle threads can steal the rest (the least is `MatMulTiling::decode_task_min_bytes`).
+const TASK_MIN_BYTES: usize = tboost_ops::DEFAULT_DECODE_TASK_MIN_BYTES;
 const TASK_MAX_BYTES: usize = 1 << 20;
 /// Tiled tasks: weight rows per task (whole 6-row Exact tiles and 16-row Fast panels), and
 /// the activation bytes a task keeps hot in L2 (each group of weight rows is multiplied with
@@ -333,34 +382,41 @@ fn tile_min_rows(isa: Isa) -> usize {
 }
 
 /// Splits the work over weight rows (and activation rows for large `m`); from `tile_min`
-/// activation rows on, tasks are tiled. The split never changes a result, only who
-/// computes it.
-fn plan(ws: &[WeightMat<'_>], m: usize, tile_min: usize, fast: bool) -> Vec<Task> {
+/// activation rows on, tasks are tiled. `tiling` overrides the panel (weight rows per task),
+/// the activation rows per task, the tasks per thread and the least decode task bytes where
+/// it sets them. The split never changes a result, only who computes it.
+fn plan(ws: &[WeightMat<'_>], m: usize, tile_min: usize, fast: bool, tiling: &MatMulTiling) -> Vec<Task> {
     let mut tasks = Vec::new();
     if m == 0 {
         return tasks;
     }
     let threads = rayon::current_num_threads();
+    let mut push = |mat: usize, n: usize, rows: usize, mc: usize| {
+        let (rows, mc) = (rows.max(1), mc.max(1));
+        for j0 in (0..n).step_by(rows) {
+            for i0 in (0..m).step_by(mc) {
+                tasks.push(Task { mat, j0, j1: (j0 + rows).min(n), i0, i1: (i0 + mc).min(m) });
+            }
+        }
+    };
     if m < tile_min {
         let total: usize = ws.iter().map(|w| w.data.len()).sum();
-        let target = if threads > 1 { total / (threads * 4) } else { total };
-        let task_bytes = target.clamp(TASK_MIN_BYTES, TASK_MAX_BYTES);
+        let per_thread = tiling.tasks_per_thread.unwrap_or(tboost_ops::DEFAULT_TASKS_PER_THREAD).max(1);
+        let target = if threads > 1 { total / (threads * per_thread) } else { total };
+        let min_bytes = tiling.decode_task_min_bytes.unwrap_or(TASK_MIN_BYTES);
+        let task_bytes = target.clamp(min_bytes, TASK_MAX_BYTES.max(min_bytes));
         for (mat, w) in ws.iter().enumerate() {
-            // Whole packed panels per task (the kernels' unit of work); 4-row tiles otherwise.
+            // Whole packed panels per task (the kernels' unit of work; `panel_rows` is a
+            // multiple of 16); 4-row tiles otherwise.
             let unit = if w.layout == Layout::Panels { packed::PANEL } else { 4 };
-            let rows = (task_bytes / w.row_bytes().max(1)).max(1).next_multiple_of(unit);
-            for j0 in (0..w.rows).step_by(rows) {
-                tasks.push(Task { mat, j0, j1: (j0 + rows).min(w.rows), i0: 0, i1: m });
-            }
+            let rows =
+                tiling.panel_rows.unwrap_or_else(|| (task_bytes / w.row_bytes().max(1)).max(1).next_multiple_of(unit));
+            push(mat, w.rows, rows, tiling.act_rows.unwrap_or(m));
         }
     } else {
         for (mat, w) in ws.iter().enumerate() {
             let mc = if fast { FAST_TASK_M } else { tile_task_m(w.cols) };
-            for j0 in (0..w.rows).step_by(TILE_TASK_N) {
-                for i0 in (0..m).step_by(mc) {
-                    tasks.push(Task { mat, j0, j1: (j0 + TILE_TASK_N).min(w.rows), i0, i1: (i0 + mc).min(m) });
-                }
-            }
+            push(mat, w.rows, tiling.panel_rows.unwrap_or(TILE_TASK_N), tiling.act_rows.unwrap_or(mc));
         }
     }
     tasks

@@ -47,6 +47,12 @@ pub(super) fn be_err(msg: impl Into<String>) -> Error {
     Error::Backend { backend: "ascend".into(), msg: msg.into() }
 }
 
+/// The CPU kernels' work-split tunables do not apply to aclnn ops (they tile themselves): an op
+/// that sets one is refused, naming it, rather than run with the tiling silently dropped.
+fn untiled<T: tboost_ops::Tiling>(op: &str, tiling: &T) -> Result<()> {
+    tboost_ops::tiling::default_only(tiling, "ascend").map_err(|u| be_err(format!("{op}: {u}")))
+}
+
 /// A CANN failure with what tboost was doing (`AclError`'s text names the aclnn op or runtime
 /// call, its status and `aclGetRecentErrMsg()`).
 pub(super) fn acl_err(what: &str, e: AclError) -> Error {
@@ -130,8 +136,14 @@ impl AscendBackend {
             Op::RmsNorm { x, w, eps, out } => self.rms_norm(None, x, w, eps, out),
             Op::AddRmsNorm { residual, x, w, eps, out } => self.rms_norm(Some(residual), x, w, eps, out),
             Op::Add { dst, src } => self.add(dst, src),
-            Op::MatMul { x, m, segs, precision } => self.matmul(x, m, &segs, precision),
-            Op::MatMulSwiGlu { x, m, gate, up, out, precision } => self.matmul_swiglu(x, m, gate, up, out, precision),
+            Op::MatMul { x, m, segs, precision, tiling } => {
+                untiled("matmul", &tiling)?;
+                self.matmul(x, m, &segs, precision)
+            }
+            Op::MatMulSwiGlu { x, m, gate, up, out, precision, tiling } => {
+                untiled("matmul_swiglu", &tiling)?;
+                self.matmul_swiglu(x, m, gate, up, out, precision)
+            }
             Op::SwiGlu { gate, up, out } => self.swiglu(gate, up, out),
             Op::RopeTables { positions, rope, cos, sin } => self.rope_tables(positions, &rope, cos, sin),
             Op::Rope { x, heads, head_dim, cos, sin, style } => self.rope(x, heads, head_dim, cos, sin, style),
@@ -140,7 +152,8 @@ impl AscendBackend {
             Op::MoeRoute { logits, m, experts, top_k, ids, weights } => {
                 self.moe_route(logits, m, experts, top_k, ids, weights)
             }
-            Op::MoeGrouped { x, m, experts, top_k, ids, weights, out } => {
+            Op::MoeGrouped { x, m, experts, top_k, ids, weights, out, tiling } => {
+                untiled("moe_grouped", &tiling)?;
                 self.moe_grouped(x, m, &experts, top_k, ids, weights, out)
             }
             Op::MoeScatter { .. } | Op::MoeCombine { .. } => Err(be_err(

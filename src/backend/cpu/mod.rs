@@ -17,7 +17,7 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
 use tboost_kernels::{attention, convert, embed, isa, matmul, moe, norm, rope};
-use tboost_ops::{AttnPhase, DType, Precision, Unsupported};
+use tboost_ops::{AttnPhase, DType, MatMulTiling, MoeTiling, Precision, Tiling, Unsupported};
 
 use super::op::{AttnKind, Op, OpQuery, StepViews, View};
 use super::{Backend, BufId, DeviceInfo, EventId, PendingRead, StepHost, WeightId};
@@ -358,6 +358,35 @@ impl Backend for CpuBackend {
             }
             OpQuery::Convert { from, to } => convert::supports(from, to),
         }
+    }
+
+    /// Every tunable in its range; the bf16 kernels of fast precision (AMX, AVX512_BF16) keep
+    /// their own split, so a case they compute takes only the default.
+    fn supports_matmul_tiling(&self, query: &OpQuery, tiling: &MatMulTiling) -> Result<(), Unsupported> {
+        tiling.check()?;
+        let cases: Vec<_> = match *query {
+            OpQuery::MatMul(c) => vec![c],
+            OpQuery::MatMulFused { cases } => cases.into_iter().flatten().collect(),
+            OpQuery::MatMulSwiGlu { gate, up } if gate.dtype == up.dtype => vec![gate],
+            _ => Vec::new(),
+        };
+        let bf16 = cases.iter().find(|c| c.precision == Precision::Fast && matmul::fast_bf16_applies(c.dtype));
+        match (bf16, tiling.set_values().first()) {
+            (Some(c), Some(&(name, v))) => Err(Unsupported::new(
+                name,
+                v,
+                format!(
+                    "the default (unset) for {} weights at fast precision: the {} kernel splits its own work",
+                    c.dtype,
+                    matmul::FastBf16::best().name()
+                ),
+            )),
+            _ => Ok(()),
+        }
+    }
+
+    fn supports_moe_tiling(&self, tiling: &MoeTiling) -> Result<(), Unsupported> {
+        tiling.check()
     }
 
     fn activation_dtypes(&self) -> &'static [DType] {

@@ -10,6 +10,7 @@ use super::weights::{mat, vec};
 use super::CpuBackend;
 use crate::backend::op::{AttnKind, Op};
 use crate::{Error, Result};
+use tboost_ops::Tiling;
 
 fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
     if got != want {
@@ -77,7 +78,8 @@ impl CpuBackend {
                 let (d, s) = (vs.f32_mut(dst)?, vs.f32(src)?);
                 norm::add(d, s);
             }
-            Op::MatMul { x, m, segs, precision } => {
+            Op::MatMul { x, m, segs, precision, tiling } => {
+                tiling.check().map_err(|u| CpuBackend::err(format!("matmul: tiling: {u}")))?;
                 let xs = vs.f32(x)?;
                 let mut ms = Vec::with_capacity(segs.len());
                 let mut cols = None;
@@ -99,9 +101,10 @@ impl CpuBackend {
                     };
                     ms.push(MatSeg { w, bias, out: vs.f32_mut(s.out)? });
                 }
-                matmul::matmul_prec(precision, xs, m, &mut ms)
+                matmul::matmul_prec_tiled(precision, &tiling, xs, m, &mut ms)
             }
-            Op::MatMulSwiGlu { x, m, gate, up, out, precision } => {
+            Op::MatMulSwiGlu { x, m, gate, up, out, precision, tiling } => {
+                tiling.check().map_err(|u| CpuBackend::err(format!("matmul_swiglu: tiling: {u}")))?;
                 let (g, u) = (self.weight(gate)?.matmul(), self.weight(up)?.matmul());
                 packed_precision(&g, precision)?;
                 packed_precision(&u, precision)?;
@@ -113,7 +116,7 @@ impl CpuBackend {
                 check_len("matmul_swiglu x", x.len, m * g.cols)?;
                 check_len("matmul_swiglu out", out.len, m * g.rows)?;
                 let (xs, out) = (vs.f32(x)?, vs.f32_mut(out)?);
-                matmul::matmul_swiglu_prec(precision, xs, m, g, u, out)
+                matmul::matmul_swiglu_prec_tiled(precision, &tiling, xs, m, g, u, out)
             }
             Op::SwiGlu { gate, up, out } => {
                 check_len("swiglu", up.len, gate.len)?;
@@ -197,7 +200,8 @@ impl CpuBackend {
                 vs.u32_mut(ids)?.copy_from_slice(&i);
                 vs.f32_mut(weights)?.copy_from_slice(&w);
             }
-            Op::MoeGrouped { x, m, experts, top_k, ids, weights, out } => {
+            Op::MoeGrouped { x, m, experts, top_k, ids, weights, out, tiling } => {
+                tiling.check().map_err(|u| CpuBackend::err(format!("moe_grouped: tiling: {u}")))?;
                 let mut ex = Vec::with_capacity(experts.count);
                 for e in 0..experts.count {
                     let (g, u, d) = experts.expert(e);
@@ -216,7 +220,7 @@ impl CpuBackend {
                 if let Some(&bad) = ids.iter().find(|&&e| e as usize >= experts.count) {
                     return Err(CpuBackend::err(format!("moe: expert {bad} of {}", experts.count)));
                 }
-                moe::moe_ffn(xs, m, &ex, ids, wts, top_k, out);
+                moe::moe_ffn(xs, m, &ex, ids, wts, top_k, out, &tiling);
             }
             Op::MoeScatter { y, m, expert, top_k, ids, ys } => {
                 check_len("moe_scatter ids", ids.len, m * top_k)?;
