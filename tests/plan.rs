@@ -364,3 +364,64 @@ fn matmul_and_moe_tiling_are_engine_settings_reported_in_the_plan_that_change_no
         "engine config: config `tiling.moe.parallel_expert_batches`: parallel_expert_batches=0 is not in 1..=64"
     );
 }
+
+#[test]
+fn packing_weights_into_panels_changes_no_bit_and_is_recorded() {
+    use tboost::backend::cpu::CpuBackend;
+    use tboost::model::synthetic;
+    use tboost::plan::WeightMode;
+    use tboost::runner::ModelRunner;
+    use tboost_ops::DType;
+    let tokens: Vec<u32> = (0..20).map(|i| 3 + (i * 97) % 1000).collect();
+    // Block types pack for fast, f16 and bf16 for exact, bf16 also for fast's bf16 dot
+    // products where the CPU has them (otherwise those stay as stored: nothing to compare).
+    let cases = [
+        (DType::Q4_0, PrecisionPolicy::Auto),
+        (DType::Q5_0, PrecisionPolicy::Auto),
+        (DType::Q8_0, PrecisionPolicy::Auto),
+        (DType::Q4K, PrecisionPolicy::Auto),
+        (DType::Q6K, PrecisionPolicy::Auto),
+        (DType::F16, PrecisionPolicy::Auto),
+        (DType::BF16, PrecisionPolicy::Auto),
+        (DType::BF16, PrecisionPolicy::Fast),
+    ];
+    for (dtype, precision) in cases {
+        // "small"'s ffn (1408) is no whole number of 256-value k-quant blocks; tiny-moe's
+        // dims are, and its attention and lm_head pack (the experts stay as stored).
+        let shape = if matches!(dtype, DType::Q4K | DType::Q6K) { "tiny-moe" } else { "small" };
+        let slots: &[Slot] =
+            if shape == "small" { &[Slot::Qkv, Slot::OProj, Slot::Mlp] } else { &[Slot::Qkv, Slot::OProj] };
+        let model = synthetic::build(shape, dtype, 11).unwrap();
+        let run = |disabled: &[&str]| {
+            let o = PlanOptions { precision, ..opts(disabled) };
+            let mut r = ModelRunner::new(&model, Box::new(CpuBackend::new(2).unwrap()), &o, 2).unwrap();
+            r.alloc_kv(8, 16).unwrap();
+            let modes: Vec<WeightMode> = (0..r.plan.layers.len())
+                .flat_map(|l| slots.iter().map(move |&s| (l, s)))
+                .map(|(l, s)| decision(&r, l, s).weights)
+                .chain(r.plan.model_slot(Slot::LmHead).map(|d| d.weights))
+                .collect();
+            let mut s = Session::new(&mut r, tokens.len()).unwrap();
+            // A prefill (many rows) and a decode step (one row): both kernel shapes.
+            let mut logits = s.feed(&tokens[..tokens.len() - 1], true).unwrap();
+            logits.extend(s.feed(&tokens[tokens.len() - 1..], true).unwrap());
+            (logits, modes, r.plan.to_text())
+        };
+        let (packed, pm, text) = run(&[]);
+        let (rows, rm, _) = run(&["pack_weights"]);
+        let what = format!("{dtype} {precision:?}");
+        assert!(rm.iter().all(|&m| m == WeightMode::Native), "{what}: pack_weights disabled: {rm:?}");
+        if pm.iter().all(|&m| m == WeightMode::Native) {
+            assert_eq!((dtype, precision), (DType::BF16, PrecisionPolicy::Fast), "{what}: nothing was packed");
+            eprintln!("{what}: this CPU runs fast bf16 without the dot-product kernel; nothing packed");
+            continue;
+        }
+        assert!(pm.iter().all(|&m| m == WeightMode::Packed), "{what}: every matmul slot packed: {pm:?}");
+        assert!(text.contains("repacked into cpu's panel layout at upload"), "{what}: the plan says so:\n{text}");
+        assert!(
+            packed.iter().zip(&rows).all(|(a, b)| a.to_bits() == b.to_bits()),
+            "{what}: packed panels changed the logits (max abs diff {})",
+            max_abs_diff(&packed, &rows)
+        );
+    }
+}

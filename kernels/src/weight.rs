@@ -20,9 +20,13 @@ pub enum Layout {
     /// Row after row, as GGUF and safetensors store them.
     #[default]
     Rows,
-    /// 16 rows interleaved per 32-value group (`crate::quant::packed`): block-quantized
-    /// weights for the `Fast` precision only.
+    /// 16 rows interleaved: per 32-value group for block-quantized weights at `Fast`
+    /// (`crate::quant::packed`), per column for dense weights at `Exact`
+    /// (`crate::matmul::packed`).
     Panels,
+    /// BF16 weights, 16 rows interleaved per pair of values, for `Fast`'s `vdpbf16ps` kernel
+    /// (`crate::matmul::packed_bf16`).
+    PairPanels,
 }
 
 impl<'a> WeightMat<'a> {
@@ -62,9 +66,20 @@ impl<'a> WeightMat<'a> {
         Self::new(DType::F32, rows, cols, data)
     }
 
+    /// Views `data`, the output of `matmul::packed_bf16::pack` for a `[rows, cols]` BF16
+    /// matrix.
+    pub fn pair_panels(rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, String> {
+        let need = crate::matmul::packed_bf16::packed_bytes(rows, cols);
+        if data.len() != need {
+            return Err(format!("bf16 pair panels of {rows}x{cols} need {need} bytes, got {}", data.len()));
+        }
+        Ok(WeightMat { dtype: DType::BF16, rows, cols, data, layout: Layout::PairPanels })
+    }
+
     /// Bytes of one row (for packed panels: the same count, `panel bytes / 16`).
     pub fn row_bytes(&self) -> usize {
         match self.layout {
+            Layout::PairPanels => self.cols * 2,
             Layout::Rows => self.data.len() / self.rows.max(1),
             Layout::Panels if self.dtype.is_quantized() => {
                 crate::quant::packed::panel_bytes(self.dtype, self.cols) / crate::quant::packed::PANEL

@@ -355,3 +355,56 @@ fn quantized_weights_are_refused() {
     let mut out = [0f32; 1];
     matmul::matmul_fast(&[0.0; 32], 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
 }
+
+#[test]
+fn bf16_pair_panels_give_the_dot_kernels_bits_for_every_batch_and_split() {
+    if !kernels().contains(&FastBf16::Dot) {
+        println!("SKIPPED: this CPU has no AVX512_BF16 (the pair panels are for that kernel only)");
+        return;
+    }
+    let mut rng = StdRng::seed_from_u64(61);
+    // k: whole 32-blocks, a partial one, one below a block; n: partial and several panels.
+    for &(n, k) in &[(5, 32), (16, 100), (45, 512), (33, 2050)] {
+        let (gv, uv) = (rand_vec(&mut rng, n * k, 1.0), rand_vec(&mut rng, n * k, 1.0));
+        // `bf16_bytes` puts the values at an odd address (offset 1).
+        let (gb, ub) = (bf16_bytes(&gv), bf16_bytes(&uv));
+        let (gb, ub) = (&gb[1..], &ub[1..]);
+        let (g, u) = (WeightMat::new(DType::BF16, n, k, gb).unwrap(), WeightMat::new(DType::BF16, n, k, ub).unwrap());
+        let pack = |b: &[u8]| {
+            let mut p = vec![0u8; matmul::packed_bf16::packed_bytes(n, k)];
+            matmul::packed_bf16::pack(n, k, b, &mut p);
+            p
+        };
+        let (gp, up) = (pack(gb), pack(ub));
+        let (pg, pu) = (WeightMat::pair_panels(n, k, &gp).unwrap(), WeightMat::pair_panels(n, k, &up).unwrap());
+        let bias = rand_vec(&mut rng, n, 1.0);
+        for m in [1, 2, 5, 9, 33] {
+            let x = rand_vec(&mut rng, m * k, 2.0);
+            let run = |w: WeightMat<'_>, threads: usize| {
+                let mut y = vec![f32::NAN; m * n];
+                rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(|| {
+                    matmul::matmul_fast_with(
+                        Isa::Avx512,
+                        FastBf16::Dot,
+                        &x,
+                        m,
+                        &mut [MatSeg { w, bias: Some(WeightVec::from_f32(&bias)), out: &mut y }],
+                    )
+                });
+                y
+            };
+            let want = run(g, 1);
+            for threads in [1, 3] {
+                let got = run(pg, threads);
+                assert!(
+                    got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
+                    "pair panels n={n} k={k} m={m} threads={threads} differ from the row layout"
+                );
+            }
+            let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
+            matmul::matmul_swiglu_fast_with(Isa::Avx512, FastBf16::Dot, &x, m, g, u, &mut a);
+            matmul::matmul_swiglu_fast_with(Isa::Avx512, FastBf16::Dot, &x, m, pg, pu, &mut b);
+            assert!(a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()), "pair-panel swiglu n={n} k={k} m={m}");
+        }
+    }
+}

@@ -105,9 +105,14 @@ impl Plan {
         let row = |s: &mut String, d: &Decision| {
             let mark = if d.fallback { "*" } else { " " };
             let kernel = d.kernel.as_deref().map(|k| format!(" [{k}]")).unwrap_or_default();
+            let weights = match d.weights {
+                super::WeightMode::Convert(to) => format!("; weights converted to {to} at upload"),
+                super::WeightMode::Packed => format!("; weights repacked into {}'s panel layout at upload", d.backend),
+                super::WeightMode::Native => String::new(),
+            };
             let _ = writeln!(
                 s,
-                " {mark}{:<18} {:<28} {:<6} {}{kernel}",
+                " {mark}{:<18} {:<28} {:<6} {}{kernel}{weights}",
                 d.slot.name(),
                 d.choice.name(),
                 d.backend,

@@ -123,6 +123,18 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
             seg.w.dtype
         );
     }
+    if segs.iter().any(|s| s.w.layout == crate::Layout::PairPanels) {
+        assert_eq!(kernel, FastBf16::Dot, "matmul_fast: bf16 pair panels are for the avx512bf16 kernel");
+        let (mut p, mut r): (Vec<MatSeg<'_, '_>>, Vec<MatSeg<'_, '_>>) = segs
+            .iter_mut()
+            .map(|s| MatSeg { w: s.w, bias: s.bias, out: &mut *s.out })
+            .partition(|s| s.w.layout == crate::Layout::PairPanels);
+        super::run_pair_panels(x, m, &mut p);
+        if !r.is_empty() {
+            matmul_fast_with(isa, kernel, x, m, &mut r);
+        }
+        return;
+    }
     if segs.iter().all(|s| !kernel.applies(s.w.dtype)) {
         return super::matmul_with(isa, x, m, segs);
     }
@@ -251,6 +263,10 @@ pub fn matmul_swiglu_fast_with(
         "matmul_swiglu_fast: gate is {}; quantized weights run in crate::quant",
         gate.dtype
     );
+    if gate.layout == crate::Layout::PairPanels || up.layout == crate::Layout::PairPanels {
+        assert_eq!(kernel, FastBf16::Dot, "matmul_swiglu_fast: bf16 pair panels are for the avx512bf16 kernel");
+        return super::swiglu_pair_panels(x, m, gate, up, out);
+    }
     if !kernel.applies(gate.dtype) || up.dtype != gate.dtype {
         return super::matmul_swiglu_with(isa, x, m, gate, up, out);
     }
@@ -304,6 +320,9 @@ unsafe fn run_bf16<C: Cols>(x: *const f32, k: usize, it: &Item, cols: &C) {
 }
 
 #[cfg(target_arch = "x86_64")]
+pub(super) use x86::round_row;
+
+#[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::Cols;
     use std::arch::x86_64::*;
@@ -327,7 +346,7 @@ mod x86 {
     /// Rounds `n` f32 at `src` to bf16 at `dst` (RNE, DAZ), zero-padding to `padded`
     /// (a multiple of 32).
     #[inline(always)]
-    pub(super) unsafe fn round_row(src: *const f32, n: usize, padded: usize, dst: *mut u16) {
+    pub(in crate::matmul) unsafe fn round_row(src: *const f32, n: usize, padded: usize, dst: *mut u16) {
         let mut c = 0;
         while c < padded {
             let left = n.saturating_sub(c);

@@ -36,6 +36,7 @@ mod blocked;
 mod dense_fast;
 mod kernel;
 pub mod packed;
+pub mod packed_bf16;
 pub mod reference;
 mod simd;
 #[cfg(test)]
@@ -281,8 +282,10 @@ fn check_weight(w: &WeightMat<'_>, what: &str) {
     if let Err(e) = supports(&MatMulCase::f32(w.dtype, w.rows, w.cols)) {
         panic!("{what}: {e}");
     }
-    if w.layout == Layout::Panels {
-        return packed::check(w, what);
+    match w.layout {
+        Layout::Panels => return packed::check(w, what),
+        Layout::PairPanels => panic!("{what}: bf16 pair panels run the fast bf16 kernel (Precision::Fast) only"),
+        Layout::Rows => {}
     }
     let need = w.dtype.bytes_for(w.cols).and_then(|rb| rb.checked_mul(w.rows));
     assert_eq!(Some(w.data.len()), need, "{what}: {}x{} {} weight has {} bytes", w.rows, w.cols, w.dtype, w.data.len());
@@ -345,6 +348,59 @@ impl<'a> SendSink<'a> {
     fn get(&self) -> &packed::Sink<'a> {
         &self.0
     }
+}
+
+/// Segments in bf16 pair panels (`matmul_fast`'s caller checked the kernel): shapes checked
+/// here, tasks split as packed panels' (default tiling: the bf16 kernels keep their split).
+fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
+    let Some(first) = segs.first() else { return };
+    let k = first.w.cols;
+    for (s, seg) in segs.iter().enumerate() {
+        packed_bf16::check(&seg.w, &format!("matmul_fast: segment {s}"));
+        assert_eq!(seg.w.cols, k, "matmul_fast: segment {s} has {} columns but segment 0 has {k}", seg.w.cols);
+        assert_eq!(Some(seg.out.len()), m.checked_mul(seg.w.rows), "matmul_fast: segment {s} output size");
+        if let Some(b) = &seg.bias {
+            assert_eq!(b.len, seg.w.rows, "matmul_fast: segment {s} bias has {} values for {} rows", b.len, seg.w.rows);
+        }
+    }
+    assert_eq!(Some(x.len()), m.checked_mul(k), "matmul_fast: x has {} values, expected [m={m}, k={k}]", x.len());
+    let rows: Vec<usize> = segs.iter().map(|s| s.w.rows).collect();
+    let sinks: Vec<SendSink<'_>> = segs
+        .iter_mut()
+        .map(|s| SendSink(packed::Sink::Plain { out: s.out.as_mut_ptr(), ld: s.w.rows, bias: s.bias }))
+        .collect();
+    let ws: Vec<(usize, usize)> = segs.iter().map(|s| (s.w.data.as_ptr() as usize, s.w.rows)).collect();
+    let tasks = packed_tasks(&rows, m, k, &MatMulTiling::default());
+    execute_tasks(&tasks, |t| {
+        let (w, n) = ws[t.seg];
+        // SAFETY: shapes checked above; tasks cover disjoint outputs; the caller checked that
+        // the avx512bf16 kernel runs here.
+        unsafe { packed_bf16::task(w as *const u8, (n, k), (t.p0, t.p1), x.as_ptr(), (t.i0, t.i1), sinks[t.seg].get()) }
+    });
+}
+
+/// Fused SwiGLU over bf16 pair panels (`matmul_swiglu_fast`'s caller checked the kernel).
+fn swiglu_pair_panels(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_>, out: &mut [f32]) {
+    packed_bf16::check(&gate, "matmul_swiglu_fast: gate");
+    packed_bf16::check(&up, "matmul_swiglu_fast: up");
+    let (n, k) = (gate.rows, gate.cols);
+    assert!(up.rows == n && up.cols == k, "matmul_swiglu_fast: gate is {n}x{k} but up is {}x{}", up.rows, up.cols);
+    assert_eq!(
+        Some(x.len()),
+        m.checked_mul(k),
+        "matmul_swiglu_fast: x has {} values, expected [m={m}, k={k}]",
+        x.len()
+    );
+    assert_eq!(Some(out.len()), m.checked_mul(n), "matmul_swiglu_fast: out size");
+    if m == 0 || n == 0 {
+        return;
+    }
+    let sink = SendSink(packed::Sink::Swiglu { out: out.as_mut_ptr(), ld: n, up: up.data.as_ptr() });
+    let tasks = packed_tasks(&[n], m, 2 * k, &MatMulTiling::default());
+    // SAFETY: as in `run_pair_panels`.
+    execute_tasks(&tasks, |t| unsafe {
+        packed_bf16::task(gate.data.as_ptr(), (n, k), (t.p0, t.p1), x.as_ptr(), (t.i0, t.i1), sink.get())
+    });
 }
 
 /// The packed segments of a checked `matmul_with_tiled` call.

@@ -191,10 +191,24 @@ pub(super) enum Sink<'a> {
 /// Stores lanes `0..rows` of `v` (row `i`, panel rows from `j0`).
 #[inline(always)]
 unsafe fn put<V: Lanes>(v: V, up: Option<V>, sink: &Sink<'_>, i: usize, j0: usize, rows: usize) {
+    put_lanes(|p| v.store(p), up.map(|u| move |p: *mut f32| u.store(p)), sink, i, j0, rows)
+}
+
+/// Stores the 16 sums `store_g` writes (and `store_u`'s, fused SwiGLU) for row `i`, panel rows
+/// `j0..j0 + rows`, as `sink` says.
+#[inline(always)]
+pub(super) unsafe fn put_lanes(
+    store_g: impl FnOnce(*mut f32),
+    store_u: Option<impl FnOnce(*mut f32)>,
+    sink: &Sink<'_>,
+    i: usize,
+    j0: usize,
+    rows: usize,
+) {
     let (mut s, mut u) = ([0f32; PANEL], [0f32; PANEL]);
-    v.store(s.as_mut_ptr());
-    if let Some(up) = up {
-        up.store(u.as_mut_ptr());
+    store_g(s.as_mut_ptr());
+    if let Some(f) = store_u {
+        f(u.as_mut_ptr());
     }
     match sink {
         Sink::Plain { out, ld, bias } => {

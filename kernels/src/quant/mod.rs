@@ -329,6 +329,7 @@ fn check_weight(op: &str, what: &str, w: &WeightMat<'_>, k: usize) {
     let bytes = match w.layout {
         Layout::Rows => w.dtype.bytes_for(w.cols).and_then(|rb| rb.checked_mul(w.rows)),
         Layout::Panels => packed::packable(w.dtype).then(|| packed::packed_bytes(w.dtype, w.rows, w.cols)),
+        Layout::PairPanels => None,
     };
     assert_eq!(Some(w.data.len()), bytes, "{op}: {what}: {}x{} {} has {} bytes", w.rows, w.cols, w.dtype, w.data.len());
 }

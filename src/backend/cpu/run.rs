@@ -24,9 +24,15 @@ fn check_len(what: &str, got: usize, want: usize) -> Result<()> {
 /// Packed panels have kernels at one precision: `Fast` for block types, `Exact` for dense
 /// ones (the plan packs a slot's weights only for the precision it runs at).
 fn packed_precision(w: &tboost_kernels::WeightMat<'_>, precision: tboost_ops::Precision) -> Result<()> {
+    use tboost_kernels::Layout;
     use tboost_ops::Precision;
-    let want = if w.dtype.is_quantized() { Precision::Fast } else { Precision::Exact };
-    if w.layout == tboost_kernels::Layout::Panels && precision != want {
+    let want = match w.layout {
+        Layout::Rows => return Ok(()),
+        Layout::PairPanels => Precision::Fast,
+        Layout::Panels if w.dtype.is_quantized() => Precision::Fast,
+        Layout::Panels => Precision::Exact,
+    };
+    if precision != want {
         return Err(CpuBackend::err(format!(
             "matmul: a {} weight repacked into panels needs precision {}, not {} (a bug in the plan)",
             w.dtype,

@@ -1,9 +1,9 @@
 //! Weight tensors as the CPU kernels see them, and weight conversion for backends that lack
 //! a weight type (the plan's "convert at upload").
 
-use tboost_kernels::matmul::packed as dense_packed;
+use tboost_kernels::matmul::{packed as dense_packed, packed_bf16};
 use tboost_kernels::quant::{dequantize_row, packed};
-use tboost_kernels::{convert, WeightMat, WeightVec};
+use tboost_kernels::{convert, Layout, WeightMat, WeightVec};
 use tboost_ops::{DType, Precision};
 
 use super::CpuBackend;
@@ -24,9 +24,9 @@ pub(super) fn vec(t: &Tensor) -> WeightVec<'_> {
 pub(super) enum CpuWeight {
     /// As the model stores it (zero-copy).
     Stored(Tensor),
-    /// A matmul weight repacked into 16-row panels for the `Fast` integer kernels
-    /// (`tboost_kernels::quant::packed`), in its own huge-page memory.
-    Packed { name: String, dtype: DType, rows: usize, cols: usize, bytes: memmap2::Mmap },
+    /// A matmul weight repacked into 16-row panels (`layout`: see [`packable`]), in its own
+    /// huge-page memory.
+    Packed { name: String, dtype: DType, rows: usize, cols: usize, layout: Layout, bytes: memmap2::Mmap },
 }
 
 impl CpuWeight {
@@ -34,16 +34,12 @@ impl CpuWeight {
     pub fn matmul(&self) -> WeightMat<'_> {
         match self {
             CpuWeight::Stored(t) => mat(t),
-            CpuWeight::Packed { dtype, rows, cols, bytes, .. } => WeightMat {
+            CpuWeight::Packed { dtype, rows, cols, layout, bytes, .. } => WeightMat {
                 dtype: *dtype,
                 rows: *rows,
                 cols: *cols,
-                data: &bytes[..if dtype.is_quantized() {
-                    packed::packed_bytes(*dtype, *rows, *cols)
-                } else {
-                    dense_packed::packed_bytes(*dtype, *rows, *cols)
-                }],
-                layout: tboost_kernels::Layout::Panels,
+                data: &bytes[..packed_len(*dtype, *layout, *rows, *cols)],
+                layout: *layout,
             },
         }
     }
@@ -59,14 +55,31 @@ impl CpuWeight {
     }
 }
 
-/// Whether [`pack`] repacks `dtype` matmul weights run at `precision`: GGUF block types for
-/// the `Fast` integer kernels (1.5-2x the GEMV of the GGUF layout, which must reduce every
-/// group across lanes), f16 and bf16 for the `Exact` kernels (1.3-1.7x the GEMV of the row
-/// layout); see `tboost_kernels::quant::packed` and `matmul::packed`.
-pub(super) fn packable(dtype: DType, precision: Precision) -> bool {
+/// The layout [`pack`] gives `dtype` matmul weights run at `precision`, if any: GGUF block
+/// types for the `Fast` integer kernels (1.5-2x the GEMV of the GGUF layout, which must
+/// reduce every group across lanes), bf16 for `Fast`'s `vdpbf16ps` kernel where it runs, f16
+/// and bf16 for the `Exact` kernels (1.3-1.7x the GEMV of the row layout); see
+/// `tboost_kernels::quant::packed`, `matmul::packed` and `matmul::packed_bf16`.
+fn layout_for(dtype: DType, precision: Precision) -> Option<Layout> {
     match precision {
-        Precision::Fast => packed::packable(dtype),
-        Precision::Exact => dense_packed::pays(dtype),
+        Precision::Fast if packed::packable(dtype) => Some(Layout::Panels),
+        Precision::Fast if dtype == DType::BF16 && packed_bf16::applies() => Some(Layout::PairPanels),
+        Precision::Exact if dense_packed::pays(dtype) => Some(Layout::Panels),
+        _ => None,
+    }
+}
+
+/// Whether [`pack`] repacks `dtype` matmul weights run at `precision`.
+pub(super) fn packable(dtype: DType, precision: Precision) -> bool {
+    layout_for(dtype, precision).is_some()
+}
+
+/// Bytes of a packed `[rows, cols]` matrix.
+fn packed_len(dtype: DType, layout: Layout, rows: usize, cols: usize) -> usize {
+    match layout {
+        Layout::PairPanels => packed_bf16::packed_bytes(rows, cols),
+        _ if dtype.is_quantized() => packed::packed_bytes(dtype, rows, cols),
+        _ => dense_packed::packed_bytes(dtype, rows, cols),
     }
 }
 
@@ -76,26 +89,24 @@ pub(super) fn packable(dtype: DType, precision: Precision) -> bool {
 pub(super) fn pack(t: &Tensor, precision: Precision, pool: &rayon::ThreadPool) -> Result<Option<CpuWeight>> {
     let (rows, cols) = t.rows_cols();
     let block = t.dtype.is_quantized();
-    if t.shape.len() != 2 || !packable(t.dtype, precision) || (block && !cols.is_multiple_of(packed::GROUP_VALUES)) {
+    let Some(layout) = layout_for(t.dtype, precision) else { return Ok(None) };
+    if t.shape.len() != 2 || (block && !cols.is_multiple_of(packed::GROUP_VALUES)) {
         return Ok(None);
     }
-    let n =
-        if block { packed::packed_bytes(t.dtype, rows, cols) } else { dense_packed::packed_bytes(t.dtype, rows, cols) };
+    let n = packed_len(t.dtype, layout, rows, cols);
     let mut bytes = crate::model::hugepages::anon(n)
         .map_err(|e| CpuBackend::err(format!("tensor `{}`: no memory for its {n} repacked bytes: {e}", t.name)))?;
-    pool.install(|| {
-        if block {
-            packed::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n])
-        } else {
-            dense_packed::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n])
-        }
+    pool.install(|| match layout {
+        Layout::PairPanels => packed_bf16::pack(rows, cols, t.bytes(), &mut bytes[..n]),
+        _ if block => packed::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n]),
+        _ => dense_packed::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n]),
     });
     let bytes = bytes
         .make_read_only()
         .map_err(|e| CpuBackend::err(format!("tensor `{}`: cannot make its repacked bytes read-only: {e}", t.name)))?;
     t.release_resident();
     log::debug!("tensor `{}`: {rows}x{cols} {} repacked into 16-row panels ({n} bytes)", t.name, t.dtype);
-    Ok(Some(CpuWeight::Packed { name: t.name.clone(), dtype: t.dtype, rows, cols, bytes }))
+    Ok(Some(CpuWeight::Packed { name: t.name.clone(), dtype: t.dtype, rows, cols, layout, bytes }))
 }
 
 /// `t` converted to `to` (f32, f16 or bf16): block-quantized rows are dequantized one at a
