@@ -1022,7 +1022,7 @@ tboost_status tboost_config_set_int(struct tboost_config *cfg, const char *key, 
  *   "fast" (8-bit activations with integer dot products where the backend has them)
  * - `disabled_ops`: comma-separated ops and fusions the operator plan must not use
  *   (flash_attention, paged_decode_attention, standard_attention, moe_grouped,
- *   convert_weights, fuse_qkv, fuse_gate_up, fuse_add_norm)
+ *   convert_weights, pack_weights, fuse_qkv, fuse_gate_up, fuse_add_norm)
  *
  * Errors as for `tboost_config_set_int`.
  */

@@ -79,8 +79,8 @@ pub(crate) struct EngineArgs {
     #[arg(long, default_value_t = 0)]
     threads: usize,
     /// Ops or fusions to forbid, comma-separated (also TBOOST_DISABLE): flash_attention,
-    /// paged_decode_attention, standard_attention, moe_grouped, convert_weights, fuse_qkv,
-    /// fuse_gate_up, fuse_add_norm.
+    /// paged_decode_attention, standard_attention, moe_grouped, convert_weights, pack_weights,
+    /// fuse_qkv, fuse_gate_up, fuse_add_norm.
     #[arg(long, default_value = "")]
     disable: String,
     /// KV cache element type: auto, f32, f16 or bf16 (auto: the backend's choice).

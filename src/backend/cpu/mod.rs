@@ -39,13 +39,17 @@ pub fn measure_bandwidth(threads: usize) -> Result<f64> {
         .num_threads(threads)
         .build()
         .map_err(|e| Error::invalid("threads", e.to_string()))?;
-    // 256 MiB: far beyond any L3, small enough not to dominate peak memory.
-    let buf = vec![1u8; 256 << 20];
+    // 256 MiB: far beyond any L3, small enough not to dominate peak memory. Huge pages, as
+    // the weights get (`hugepages`): with 4 KiB pages TLB misses cap a read well below the
+    // bus, and a roof below what llama.cpp reaches is no roof.
+    let mut buf = crate::model::hugepages::anon(256 << 20)
+        .map_err(|e| Error::Io { path: "<bandwidth probe>".into(), source: e })?;
+    buf.fill(1);
     let mut best = 0.0f64;
     let mut sink = 0u64;
     for _ in 0..7 {
         let t = std::time::Instant::now();
-        sink = sink.wrapping_add(pool.install(|| tboost_kernels::membw::stream_read(&buf)));
+        sink = sink.wrapping_add(pool.install(|| tboost_kernels::membw::stream_read(&buf[..])));
         best = best.max(buf.len() as f64 / t.elapsed().as_secs_f64());
     }
     std::hint::black_box(sink);
