@@ -21,6 +21,8 @@
 //! block of columns (`MR` rows share each weight load, the chains wait in memory between
 //! blocks). So results are bit-identical to the row layout on every ISA, batch and split.
 
+#![allow(clippy::needless_range_loop)] // lane, chain and row indices address several arrays at once
+
 use rayon::prelude::*;
 
 use super::simd::{Lanes, WKind, WBF16, WF16, WF32};
@@ -303,6 +305,7 @@ unsafe fn run_avx2<W: WKind>(
 /// # Safety
 /// `w` is a packed `[n, k]` matrix of `dtype`, `x` covers rows `ir`, the sink covers the
 /// task's outputs, and this CPU supports `isa`.
+#[allow(clippy::too_many_arguments)]
 pub(super) unsafe fn task(
     isa: crate::isa::Isa,
     dtype: DType,

@@ -15,6 +15,8 @@
 //! same operands whether the row or the lane carries them, so results are bit-identical to
 //! the row layout's for every batch and split.
 
+#![allow(clippy::needless_range_loop)] // lane, chain and row indices address several arrays at once
+
 use rayon::prelude::*;
 
 use super::packed::{Sink, PANEL};

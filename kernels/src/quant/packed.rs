@@ -273,7 +273,7 @@ pub(crate) fn group(w: &crate::WeightMat<'_>, j: usize, g: usize) -> Group {
     };
     let wv: [i8; GROUP] = std::array::from_fn(|e| (u[e] as i32 - bias) as i8);
     let (sbk, jg) = (so + g / SUPER * SUPER * sb, g % SUPER);
-    let s = &w.data[..];
+    let s = w.data;
     match dtype {
         DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => Group { w: wv, sc: [1, 1], a: f16(s, so + g * sb + 2 * r), m: 0.0 },
         DType::Q4K | DType::Q5K => {
