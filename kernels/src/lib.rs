@@ -23,6 +23,7 @@ pub mod matmul;
 pub mod membw;
 pub mod moe;
 pub mod norm;
+mod par;
 pub mod quant;
 pub mod rope;
 pub mod weight;

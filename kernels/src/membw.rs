@@ -1,18 +1,23 @@
 //! A streaming-read kernel: the memory-bandwidth yardstick benchmarks compare decode with.
 
-use rayon::prelude::*;
+use std::sync::atomic::{AtomicU64, Ordering};
 
-/// Reads every byte of `data` once (in parallel on the current pool: one contiguous part per
-/// thread, like a GEMV's split of a weight matrix) and returns a checksum so the reads cannot
-/// be optimized away. Bandwidth = `data.len()` / elapsed time.
+/// Reads every byte of `data` once, in parallel on the current pool the way the matmuls
+/// split a weight matrix (chunks claimed in order, so the threads stream side by side), and
+/// returns a checksum so the reads cannot be optimized away. Bandwidth = `data.len()` /
+/// elapsed time.
 ///
 /// `prefetch` adds software prefetches 2 KiB ahead. Which variant is faster depends on the
 /// machine (on a Xeon the hardware prefetcher alone left bandwidth unused; on a Zen 4 the
 /// prefetches cost a quarter of it), so a roof is the best of both.
 pub fn stream_read_with(data: &[u8], prefetch: bool) -> u64 {
-    let parts = rayon::current_num_threads().max(1);
-    let part = data.len().div_ceil(parts).next_multiple_of(4096).max(4096);
-    data.par_chunks(part).map(|c| read_part(c, prefetch)).reduce(|| 0, u64::wrapping_add)
+    const CHUNK: usize = 256 << 10;
+    let chunks: Vec<&[u8]> = data.chunks(CHUNK).collect();
+    let sum = AtomicU64::new(0);
+    crate::par::for_each_in_order(&chunks, |c| {
+        sum.fetch_add(read_part(c, prefetch), Ordering::Relaxed);
+    });
+    sum.into_inner()
 }
 
 /// [`stream_read_with`] without software prefetch.

@@ -49,7 +49,6 @@ pub use dense_fast::{
 use crate::isa::{self, Isa};
 use crate::{DType, Layout, WeightMat, WeightVec};
 use kernel::{Cols, PlainCols, SwigluCols};
-use rayon::prelude::*;
 use simd::{Lanes, Scalar16, WKind, WBF16, WF16, WF32};
 
 /// One weight matrix of a (possibly merged) projection and where its result goes.
@@ -304,6 +303,9 @@ struct PackedTask {
 /// Splits segments of `rows[s]` rows into whole-panel tasks, as `plan_items_tiled` splits
 /// columns (`tasks_per_thread` per thread, and rows of `m` when panels alone give too few;
 /// `panel_rows`, a multiple of 16, and `act_rows` where the tiling sets them).
+/// Weight bytes a decode task of packed dense panels reads at most.
+const DECODE_TASK_BYTES: usize = 512 << 10;
+
 fn packed_tasks(rows: &[usize], m: usize, k: usize, tiling: &MatMulTiling) -> Vec<PackedTask> {
     let panels: Vec<usize> = rows.iter().map(|r| r.div_ceil(packed::PANEL)).collect();
     let total: usize = panels.iter().sum();
@@ -311,7 +313,23 @@ fn packed_tasks(rows: &[usize], m: usize, k: usize, tiling: &MatMulTiling) -> Ve
     let work = m.saturating_mul(k.max(1)).saturating_mul(total * packed::PANEL);
     let per_thread = tiling.tasks_per_thread.unwrap_or(tboost_ops::DEFAULT_TASKS_PER_THREAD).max(1);
     let target = if threads == 1 { 1 } else { (threads * per_thread).min((work / MIN_ITEM_WORK).max(1)) };
-    let chunk = tiling.panel_rows.map_or_else(|| total.div_ceil(target), |r| r / packed::PANEL).max(1);
+    let chunk = tiling
+        .panel_rows
+        .map_or_else(
+            || {
+                let even = total.div_ceil(target);
+                // Decode: tasks of at most DECODE_TASK_BYTES (2-byte weights), claimed in order
+                // (`par`), keep the threads' weight streams within a megabyte of each other.
+                let cap = DECODE_TASK_BYTES / (packed::PANEL * 2 * k.max(1));
+                if m <= 16 {
+                    even.min(cap.max(1))
+                } else {
+                    even
+                }
+            },
+            |r| r / packed::PANEL,
+        )
+        .max(1);
     let n_tasks: usize = panels.iter().map(|p| p.div_ceil(chunk)).sum();
     let m_step = match tiling.act_rows {
         Some(r) => r,
@@ -330,11 +348,7 @@ fn packed_tasks(rows: &[usize], m: usize, k: usize, tiling: &MatMulTiling) -> Ve
 }
 
 fn execute_tasks(tasks: &[PackedTask], f: impl Fn(&PackedTask) + Sync + Send) {
-    if tasks.len() <= 1 {
-        tasks.iter().for_each(f);
-    } else {
-        tasks.par_iter().with_max_len(1).for_each(f);
-    }
+    crate::par::for_each_in_order(tasks, f)
 }
 
 /// A sink shared by tasks that write disjoint outputs.
@@ -483,11 +497,7 @@ fn plan_items_tiled(rows: &[usize], m: usize, k: usize, isa: Isa, tiling: &MatMu
 }
 
 fn execute(items: &[Item], f: impl Fn(&Item) + Sync + Send) {
-    if items.len() <= 1 {
-        items.iter().for_each(f);
-    } else {
-        items.par_iter().with_max_len(1).for_each(f);
-    }
+    crate::par::for_each_in_order(items, f)
 }
 
 /// Runs one item with the kernel for (`isa`, `dtype`).

@@ -43,8 +43,6 @@ mod x86;
 pub use reference::{dequantize_row, fast_reference, quantize_row_reference, FastReference};
 pub use tboost_ops::Precision;
 
-use rayon::prelude::*;
-
 use crate::isa::{self, Isa};
 use crate::matmul::{check_tiling, MatMulCase, MatMulTiling, MatSeg};
 use crate::{Layout, WeightMat, WeightVec};
@@ -424,11 +422,7 @@ fn plan(ws: &[WeightMat<'_>], m: usize, tile_min: usize, fast: bool, tiling: &Ma
 }
 
 fn run_tasks<F: Fn(&Task) + Sync + Send>(tasks: &[Task], f: F) {
-    if tasks.len() <= 1 || rayon::current_num_threads() == 1 {
-        tasks.iter().for_each(f);
-    } else {
-        tasks.par_iter().for_each(f);
-    }
+    crate::par::for_each_in_order(tasks, f)
 }
 
 /// Raw dot products of task `t`: `dst[(i - i0) * ld + (j - j0)] = x[i] · w[j]`.
