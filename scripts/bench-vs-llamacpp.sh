@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # tboost against llama.cpp on the same GGUF files, the same machine and the same threads:
-# prefill (pp512) and decode (tg128) per model, and aggregate decode of concurrent requests
-# (llama-batched-bench -npp 32 -ntg 64 -npl 1,4,16 against tboost bench --concurrency). Runs
+# prefill (pp512) and decode (tg128, from an empty context as llama-bench's) per model, and
+# aggregate decode of concurrent requests (llama-batched-bench -npp 32 -ntg 64 -npl 1,4,16
+# against tboost bench --concurrency). Runs
 # alternate A B A B so slow drift of a shared machine hits both engines alike; each figure
 # is the median over the alternations. Prints a Markdown report ready for the README.
 #
@@ -143,7 +144,11 @@ wait_idle() {
 run_tboost() { # model run-index
   local m="$1" r="$2"
   wait_idle "tboost $(basename "$m") #$r"
-  "$TBOOST" bench --model "$m" --prefill "$PP" --decode "$TG" --threads "$THREADS" --repeat 1 --precision "$PRECISION" --json \
+  # As llama-bench measures them: pp on its own, and tg from an (almost) empty context rather
+  # than after the pp prompt, whose attention would make each step slower.
+  "$TBOOST" bench --model "$m" --prefill "$PP" --decode 1 --threads "$THREADS" --repeat 1 --precision "$PRECISION" --json \
+    > "$RAW/tbp.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "tboost bench failed on $m (see above)"
+  "$TBOOST" bench --model "$m" --prefill 1 --decode "$TG" --threads "$THREADS" --repeat 1 --precision "$PRECISION" --json \
     > "$RAW/tb.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "tboost bench failed on $m (see above)"
 }
 
@@ -229,8 +234,9 @@ for m in models:
     b = os.path.basename(m)
     tp, td, lp, ld, roof = [], [], [], [], []
     for i in range(1, runs + 1):
+        tp.append(json.load(open(f"{raw}/tbp.{b}.{i}.json"))['prefill_tokens_per_s'])
         j = json.load(open(f"{raw}/tb.{b}.{i}.json"))
-        tp.append(j['prefill_tokens_per_s']); td.append(j['decode_tokens_per_s'])
+        td.append(j['decode_tokens_per_s'])
         # The decode roof: measured read bandwidth / the weight bytes each token streams.
         roof.append(j['memory_bandwidth_bytes_per_s'] / j['weight_bytes'])
         p, g = llama_rows(f"{raw}/lb.{b}.{i}.json")
