@@ -2,7 +2,8 @@
 //!
 //! `cargo bench -p tboost-kernels --bench quant -- [bw] [peak] [gemv] [batch] [gemm] [decode] [small]
 //! [threads=N] [exact] [fast]`
-//! - bw:     streaming-read memory bandwidth (the ceiling for m=1 GEMV)
+//! - bw:     streaming-read memory bandwidth (the ceiling for m=1 GEMV), and how it depends
+//!           on how far apart the threads' streams are
 //! - peak:   f32 FMA peak of one thread (register-only loop), the yardstick for gemm
 //! - gemv:   m=1, GB/s of weight bytes per type and shape (weights cycled through > 256 MiB)
 //! - batch:  m=16 (batched decode), GB/s and GFLOP/s
@@ -225,6 +226,20 @@ fn bandwidth(threads: usize) {
         best = best.max(data.len() as f64 / s.elapsed().as_secs_f64());
     }
     println!("bw       threads={threads}: membw::stream_read (tboost bench's yardstick) {:.1} GB/s", best / 1e9);
+    // How far apart the threads' streams are (kernels/src/par.rs): each thread reading one
+    // contiguous half (rayon's split of a task list), against chunks claimed in order.
+    for (how, chunk) in [("one half per thread", data.len().div_ceil(threads.max(1))), ("1 MiB chunks", 1 << 20)] {
+        let mut best = 0f64;
+        for _ in 0..6 {
+            let s = Instant::now();
+            black_box(p.install(|| {
+                use rayon::prelude::*;
+                data.par_chunks(chunk).with_max_len(1).map(tboost_kernels::membw::stream_read_serial).sum::<u64>()
+            }));
+            best = best.max(data.len() as f64 / s.elapsed().as_secs_f64());
+        }
+        println!("bw       threads={threads}: streams placed {how}: {:.1} GB/s", best / 1e9);
+    }
 }
 
 /// The f32 FMA peak of one thread: 12 independent zmm (AVX-512) or ymm chains.

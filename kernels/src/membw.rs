@@ -20,6 +20,11 @@ pub fn stream_read_with(data: &[u8], prefetch: bool) -> u64 {
     sum.into_inner()
 }
 
+/// One thread's plain read of `c` (the benchmarks place the threads' parts themselves).
+pub fn stream_read_serial(c: &[u8]) -> u64 {
+    read_part(c, false)
+}
+
 /// [`stream_read_with`] without software prefetch.
 pub fn stream_read(data: &[u8]) -> u64 {
     stream_read_with(data, false)

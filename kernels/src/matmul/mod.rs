@@ -319,7 +319,7 @@ fn packed_tasks(rows: &[usize], m: usize, k: usize, tiling: &MatMulTiling) -> Ve
             || {
                 let even = total.div_ceil(target);
                 // Decode: tasks of at most DECODE_TASK_BYTES (2-byte weights), claimed in order
-                // (`par`), keep the threads' weight streams within a megabyte of each other.
+                // (`par`), keep the threads' weight streams close to each other.
                 let cap = DECODE_TASK_BYTES / (packed::PANEL * 2 * k.max(1));
                 if m <= 16 {
                     even.min(cap.max(1))

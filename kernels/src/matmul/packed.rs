@@ -190,6 +190,16 @@ pub(super) enum Sink<'a> {
     Swiglu { out: *mut f32, ld: usize, up: *const u8 },
 }
 
+impl Sink<'_> {
+    /// The up matrix a fused SwiGLU also reads.
+    pub(super) fn up(&self) -> Option<*const u8> {
+        match self {
+            Sink::Swiglu { up, .. } => Some(*up),
+            Sink::Plain { .. } => None,
+        }
+    }
+}
+
 /// Stores lanes `0..rows` of `v` (row `i`, panel rows from `j0`).
 #[inline(always)]
 unsafe fn put<V: Lanes>(v: V, up: Option<V>, sink: &Sink<'_>, i: usize, j0: usize, rows: usize) {
@@ -244,10 +254,7 @@ unsafe fn run<V: Lanes, W: WKind, const MR: usize>(
     sink: &Sink<'_>,
 ) {
     let pb = PANEL * k * W::BYTES;
-    let up = match sink {
-        Sink::Swiglu { up, .. } => Some(*up),
-        Sink::Plain { .. } => None,
-    };
+    let up = sink.up();
     for p in p0..p1 {
         let (wp, j0) = (w.add(p * pb), p * PANEL);
         let rows = (n - j0).min(PANEL);

@@ -210,10 +210,7 @@ mod x86 {
             round_row(x.add((i0 + r) * k), k, kp, xb.add(r * kp));
         }
         let pb = PANEL * kp * 2;
-        let up = match sink {
-            Sink::Swiglu { up, .. } => Some(*up),
-            Sink::Plain { .. } => None,
-        };
+        let up = sink.up();
         for p in p0..p1 {
             let (wp, j0) = (w.add(p * pb), p * PANEL);
             let nr = (n - j0).min(PANEL);
