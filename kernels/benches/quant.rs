@@ -1,10 +1,13 @@
 //! Quantized matmul throughput (a plain timing harness: short runs, median of repeats).
 //!
 //! `cargo bench -p tboost-kernels --bench quant -- [bw] [peak] [gemv] [batch] [gemm] [decode] [small]
-//! [threads=N] [exact] [fast]`
+//! [bf16] [threads=N] [exact] [fast]`
 //! - bw:     streaming-read memory bandwidth (the ceiling for m=1 GEMV), and how it depends
-//!           on how far apart the threads' streams are
-//! - peak:   f32 FMA peak of one thread (register-only loop), the yardstick for gemm
+//!   on how far apart the threads' streams are
+//! - peak:   f32 FMA and bf16 pair-dot peaks of one thread (register-only loops), the
+//!   yardsticks for gemm
+//! - bf16:   BF16 weights under fast precision, rows against pair panels, m = 1..512 (only
+//!   when named)
 //! - gemv:   m=1, GB/s of weight bytes per type and shape (weights cycled through > 256 MiB)
 //! - batch:  m=16 (batched decode), GB/s and GFLOP/s
 //! - gemm:   m=512, GFLOP/s
@@ -268,6 +271,26 @@ fn peak() {
             black_box(unsafe { run(black_box(iters)) });
         });
         println!("peak     threads=1: f32 FMA {:.1} GFLOP/s", (iters * 12 * 16 * 2) as f64 / secs / 1e9);
+        // The bf16 pair dot: 16 lanes x 2 products x 2 FLOPs per instruction.
+        #[target_feature(enable = "avx512f,avx512bf16")]
+        unsafe fn run_bf16(iters: usize) -> f32 {
+            let (a, b) = (_mm512_set1_epi32(0x3f80_3f80), _mm512_set1_epi32(0x3380_3380));
+            let (a, b) = (std::mem::transmute::<__m512i, __m512bh>(a), std::mem::transmute::<__m512i, __m512bh>(b));
+            let mut acc = [_mm512_set1_ps(1.0); 12];
+            for _ in 0..iters {
+                for v in acc.iter_mut() {
+                    *v = _mm512_dpbf16_ps(*v, a, b);
+                }
+            }
+            acc.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
+        }
+        if is_x86_feature_detected!("avx512bf16") {
+            let secs = time(&pool(1), Duration::from_secs(2), || {
+                // SAFETY: AVX512_BF16 checked above.
+                black_box(unsafe { run_bf16(black_box(iters)) });
+            });
+            println!("peak     threads=1: bf16 pair dot {:.1} GFLOP/s", (iters * 12 * 16 * 4) as f64 / secs / 1e9);
+        }
     }
 }
 
@@ -379,6 +402,60 @@ fn dense(threads: usize) {
                     2.0 * (m * n * k) as f64 / secs / 1e9
                 );
             }
+        }
+    }
+}
+
+/// BF16 weights under `Precision::Fast` (the `vdpbf16ps` kernels): rows against pair panels
+/// at m = 1, 16, 128 and 512, n=5632 k=2048; weights cycled through more than the caches for
+/// m <= 16. Compare GFLOP/s with `peak`'s bf16 pair dot line.
+fn bf16_fast(threads: usize) {
+    use tboost_kernels::matmul;
+    if !matmul::packed_bf16::applies() {
+        println!("bf16     (no avx512bf16 kernel here)");
+        return;
+    }
+    let p = pool(threads);
+    let (n, k) = (5632, 2048);
+    let bytes = n * k * 2;
+    for m in [1, 16, 128, 512] {
+        for packed in [false, true] {
+            let copies = if m > 16 { 1 } else { (cold_bytes() / bytes).max(2) };
+            let ws: Vec<Huge> = (0..copies)
+                .map(|c| {
+                    let mut r = Lcg(c as u64 + 5);
+                    let w: Vec<u8> = (0..n * k)
+                        .flat_map(|_| half::bf16::from_f32((r.next() % 2001) as f32 / 1000.0 - 1.0).to_le_bytes())
+                        .collect();
+                    if packed {
+                        let mut pk = vec![0u8; matmul::packed_bf16::packed_bytes(n, k)];
+                        matmul::packed_bf16::pack(n, k, &w, &mut pk);
+                        Huge::new(&pk)
+                    } else {
+                        Huge::new(&w)
+                    }
+                })
+                .collect();
+            let xs = x(m, k);
+            let mut out = vec![0f32; m * n];
+            let mut c = 0;
+            let secs = time(&p, Duration::from_millis(1500), || {
+                let d = &ws[c % copies];
+                let w = if packed {
+                    WeightMat::pair_panels(n, k, d).unwrap()
+                } else {
+                    WeightMat::new(DType::BF16, n, k, d).unwrap()
+                };
+                c += 1;
+                matmul::matmul_prec(Precision::Fast, &xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
+            });
+            println!(
+                "bf16     threads={threads} fast {} m={m:>3} n={n} k={k}: {:9.1} us  {:5.1} GB/s  {:6.1} GFLOP/s",
+                if packed { "pairs" } else { "rows " },
+                secs * 1e6,
+                bytes as f64 / secs / 1e9,
+                2.0 * (m * n * k) as f64 / secs / 1e9
+            );
         }
     }
 }
@@ -571,6 +648,9 @@ fn main() {
             }
             if args.iter().any(|a| a == "dense") && prec == Precision::Exact {
                 dense(t);
+            }
+            if args.iter().any(|a| a == "bf16") && prec == Precision::Fast {
+                bf16_fast(t);
             }
             if want("gemm") {
                 gemm(t, prec);

@@ -320,7 +320,7 @@ unsafe fn run_bf16<C: Cols>(x: *const f32, k: usize, it: &Item, cols: &C) {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::round_row;
+pub(super) use x86::{round_row, tile};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -373,11 +373,12 @@ mod x86 {
         _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<0b01>(s2, s2)))
     }
 
-    /// Sums of `MR` bf16 x rows (`xb`, stride `xs` values, zero-padded) against `NR` BF16
-    /// weight rows: `steps` whole 32-blocks, then one block of `tail` (< 32) values.
+    /// Sums of `MR` bf16 x rows (`xb`, 64-byte aligned, stride `xs` values, zero-padded)
+    /// against `NR` BF16 weight rows: `steps` whole 32-blocks, then one block of `tail` (< 32)
+    /// values.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // acc[i][j] is indexed by both loops
-    unsafe fn tile<const MR: usize, const NR: usize>(
+    pub(in crate::matmul) unsafe fn tile<const MR: usize, const NR: usize>(
         xb: *const u16,
         xs: usize,
         steps: usize,
