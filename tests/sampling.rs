@@ -202,6 +202,45 @@ fn greedy_takes_argmax_ties_to_lowest_id() {
 }
 
 #[test]
+fn greedy_equals_a_plain_scan_on_long_rows_with_ties_and_non_finite_values() {
+    // The greedy pick runs 16 lanes then a search: check it against the one-pass definition
+    // (first id of the largest finite logit) on rows of every length mod 16, with ties placed
+    // in different lanes, NaN/±inf mixed in, and rows with no finite value.
+    let scan = |l: &[f32]| {
+        let mut best: Option<(usize, f32)> = None;
+        for (i, &x) in l.iter().enumerate() {
+            if x.is_finite() && best.is_none_or(|(_, b)| x > b) {
+                best = Some((i, x));
+            }
+        }
+        best.map(|(i, _)| i as u32)
+    };
+    let mut s = Sampler::new(SamplingParams::greedy()).unwrap();
+    let mut seed = 7u64;
+    let mut next = move || {
+        seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+        (seed >> 33) as u32
+    };
+    for len in [1usize, 15, 16, 17, 33, 250, 1000] {
+        for case in 0..20 {
+            let mut l: Vec<f32> = (0..len).map(|_| (next() % 50) as f32 - 25.0).collect();
+            for _ in 0..case % 4 {
+                let i = next() as usize % len;
+                l[i] = [f32::NAN, f32::INFINITY, f32::NEG_INFINITY][next() as usize % 3];
+            }
+            if case == 19 {
+                l.iter_mut().for_each(|x| *x = f32::NEG_INFINITY);
+            }
+            match (scan(&l), s.sample(&l, &[], &[])) {
+                (Some(want), Ok(got)) => assert_eq!(got.token, want, "len {len} case {case}: {l:?}"),
+                (None, Err(_)) => {}
+                (want, got) => panic!("len {len} case {case}: want {want:?}, got {got:?}"),
+            }
+        }
+    }
+}
+
+#[test]
 fn top_k_ties_at_the_boundary_keep_lower_ids() {
     // Tokens 1, 2, 3 tie for first place; top_k = 2 keeps 1 and 2, never 3.
     let logits = [0.0, 2.0, 2.0, 2.0, 1.0];

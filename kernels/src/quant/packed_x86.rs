@@ -291,16 +291,19 @@ unsafe fn panel_one<I: IV, F: PF, const VNNI: bool>(q: *const u8, s: *const u8, 
 }
 
 /// `MR` activation rows against one panel, chain by chain: the 16 chain accumulators of
-/// each row to `chains[i]`.
+/// each row (zero for chains past `ng`), all written.
 #[inline(always)]
 unsafe fn panel_many<I: IV, F: PF, const VNNI: bool, const MR: usize>(
     q: *const u8,
     s: *const u8,
     ng: usize,
     x: &[Row; MR],
-    chains: &mut [[I::F; CHAINS]; MR],
-) {
-    for c in 0..CHAINS.min(ng) {
+) -> [[I::F; CHAINS]; MR] {
+    // Every element is written below: no zeroing first (a 4 KiB memset per panel and row
+    // block measured 7% of a 16-request decode step at k = 896).
+    let mut chains = std::mem::MaybeUninit::<[[I::F; CHAINS]; MR]>::uninit();
+    let out = chains.as_mut_ptr() as *mut I::F;
+    for c in 0..CHAINS {
         let mut acc = [I::F::zero(); MR];
         let mut g = c;
         while g < ng {
@@ -313,9 +316,11 @@ unsafe fn panel_many<I: IV, F: PF, const VNNI: bool, const MR: usize>(
             g += CHAINS;
         }
         for i in 0..MR {
-            chains[i][c] = acc[i];
+            out.add(i * CHAINS + c).write(acc[i]);
         }
     }
+    // SAFETY: the loops above wrote all MR x CHAINS elements.
+    chains.assume_init()
 }
 
 /// One call: panels `p0..` of the packed matrix at `w` (laid out as `geo` says) hold weight
@@ -354,9 +359,8 @@ unsafe fn tile<I: IV, F: PF, const VNNI: bool, const MR: usize>(job: &PJob<'_>, 
         x[t] = Row::of(job.act, job.i0 + ib + t);
     }
     let (j0, rows) = (p * PANEL, (job.n - p * PANEL).min(PANEL));
-    let mut chains = [[I::F::zero(); CHAINS]; MR];
     let (qo, so) = job.geo.offsets(job.p0 + p);
-    panel_many::<I, F, VNNI, MR>(job.w.add(qo), job.w.add(so), ng, &x, &mut chains);
+    let chains = panel_many::<I, F, VNNI, MR>(job.w.add(qo), job.w.add(so), ng, &x);
     for t in 0..MR {
         put(tree(&chains[t]), job.dst.add((ib + t) * job.ld + j0), rows);
     }
