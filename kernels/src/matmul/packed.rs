@@ -234,10 +234,8 @@ pub(super) unsafe fn put_lanes(
             }
         }
         Sink::Swiglu { out, ld, .. } => {
-            let o = out.add(i * ld + j0);
-            for r in 0..rows {
-                *o.add(r) = super::silu(s[r]) * u[r];
-            }
+            let o = std::slice::from_raw_parts_mut(out.add(i * ld + j0), rows);
+            crate::activation::swiglu_serial(&s[..rows], &u[..rows], o);
         }
     }
 }

@@ -273,9 +273,7 @@ pub fn matmul_swiglu_quant_prec_with_tiled(
                 // SAFETY: tasks write disjoint rectangles of `out`, which stays mutably
                 // borrowed until every task has finished.
                 let o = unsafe { std::slice::from_raw_parts_mut(out.get().add((t.i0 + i) * n + t.j0), nj) };
-                for ((o, &g), &u) in o.iter_mut().zip(&g[i * nj..(i + 1) * nj]).zip(&u[i * nj..(i + 1) * nj]) {
-                    *o = silu(g) * u;
-                }
+                crate::activation::swiglu_serial(&g[i * nj..(i + 1) * nj], &u[i * nj..(i + 1) * nj], o);
             }
         })
     };
@@ -315,8 +313,6 @@ fn with_scratch<T>(len: usize, f: impl FnOnce(&mut [f32]) -> T) -> T {
         Err(_) => f(&mut vec![0.0; len]),
     })
 }
-
-use crate::activation::silu;
 
 fn check_weight(op: &str, what: &str, w: &WeightMat<'_>, k: usize) {
     let case = MatMulCase::f32(w.dtype, w.rows, w.cols);
