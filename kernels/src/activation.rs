@@ -17,6 +17,8 @@ const PAR_MIN: usize = 1 << 14;
 /// the NaN).
 #[inline(always)]
 pub fn exp_silu(x: f32) -> f32 {
+    // Not `clamp`: that keeps a NaN, while max/min give the bound, as the vector forms do.
+    #[allow(clippy::manual_clamp)]
     let x = x.max(X_MIN).min(X_MAX);
     let n = (x * LOG2E + ROUND) - ROUND;
     let r = x - n * LN2_HI;
@@ -38,8 +40,9 @@ const ROUND: f32 = 12_582_912.0;
 /// ln 2 split so that `n * LN2_HI` is exact for |n| < 2^9 (Cephes' C1, C2).
 const LN2_HI: f32 = 0.693_359_4;
 const LN2_LO: f32 = -2.121_944_4e-4;
-/// Cephes `expf` minimax coefficients, highest degree first.
-const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 5.000_000_1e-1];
+/// Cephes `expf` minimax coefficients, highest degree first (its last, 5.0000001201e-1, is
+/// 0.5 in f32).
+const P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
 
 /// `silu(g) = g / (1 + exp(-g))` in f32 with [`exp_silu`] (shared by every fused matmul).
 #[inline]
