@@ -417,11 +417,41 @@ mod x86 {
         }
         let mut sums = [[0f32; NR]; MR];
         for (s, a) in sums.iter_mut().zip(&acc) {
-            for (s, a) in s.iter_mut().zip(a) {
-                *s = reduce(*a);
+            if NR % 4 == 0 {
+                for j in (0..NR).step_by(4) {
+                    s[j..j + 4].copy_from_slice(&reduce4([a[j], a[j + 1], a[j + 2], a[j + 3]]));
+                }
+            } else {
+                for (s, a) in s.iter_mut().zip(a) {
+                    *s = reduce(*a);
+                }
             }
         }
         sums
+    }
+
+    /// [`reduce`] of four vectors at once, the same additions on the same operands (so the
+    /// same bits) with the lanes shuffled across vectors: 13 instructions instead of 32.
+    #[inline(always)]
+    unsafe fn reduce4(v: [__m512; 4]) -> [f32; 4] {
+        // s8 = low half + high half, two vectors per register.
+        let ab = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(v[0], v[1]),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(v[0], v[1]),
+        );
+        let cd = _mm512_add_ps(
+            _mm512_shuffle_f32x4::<0b01_00_01_00>(v[2], v[3]),
+            _mm512_shuffle_f32x4::<0b11_10_11_10>(v[2], v[3]),
+        );
+        // s4 = low + high 128 bits of each s8: one vector's s4 per 128-bit chunk.
+        let s4 =
+            _mm512_add_ps(_mm512_shuffle_f32x4::<0b10_00_10_00>(ab, cd), _mm512_shuffle_f32x4::<0b11_01_11_01>(ab, cd));
+        // s2 = s4 + its high pair; s = s2[0] + s2[1]: lane 0 of each chunk.
+        let s2 = _mm512_add_ps(s4, _mm512_permute_ps::<0b11_10_11_10>(s4));
+        let s1 = _mm512_add_ps(s2, _mm512_permute_ps::<0b01_01_01_01>(s2));
+        let mut l = [0f32; 16];
+        _mm512_storeu_ps(l.as_mut_ptr(), s1);
+        [l[0], l[4], l[8], l[12]]
     }
 
     /// One x tile of `MR` rows (bf16 at `xb`) against weight columns `j0..j1` in sub-tiles of
