@@ -417,7 +417,7 @@ mod x86 {
         }
         let mut sums = [[0f32; NR]; MR];
         for (s, a) in sums.iter_mut().zip(&acc) {
-            if NR % 4 == 0 {
+            if NR.is_multiple_of(4) {
                 for j in (0..NR).step_by(4) {
                     s[j..j + 4].copy_from_slice(&reduce4([a[j], a[j + 1], a[j + 2], a[j + 3]]));
                 }
