@@ -24,7 +24,7 @@
 //! L1 set. Measured at m = 512, n = 5632, k = 2048, one Zen 4 thread
 //! (`cargo bench -p tboost-kernels --bench quant -- peak bf16 fast threads=1`): the panel
 //! walk ran at 134 GFLOP/s, 57% of the `vdpbf16ps` peak (233); the transposed row tiles at
-//! 192 (82%), the file's row layout at 199. The transposition (64 shuffles per KiB) is paid
+//! 195 (84%), the file's row layout at 199. The transposition (64 shuffles per KiB) is paid
 //! once per task, not per row.
 
 #![allow(clippy::needless_range_loop)] // lane, chain and row indices address several arrays at once
