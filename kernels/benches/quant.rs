@@ -4,7 +4,7 @@
 //! [bf16] [threads=N] [exact] [fast]`
 //! - bw:     streaming-read memory bandwidth (the ceiling for m=1 GEMV), and how it depends
 //!   on how far apart the threads' streams are
-//! - peak:   f32 FMA and bf16 pair-dot peaks of one thread (register-only loops), the
+//! - peak:   f32 FMA and bf16 pair-dot peaks of N threads at once (register-only loops), the
 //!   yardsticks for gemm
 //! - bf16:   BF16 weights under fast precision, rows against pair panels, m = 1..512 (only
 //!   when named)
@@ -245,10 +245,13 @@ fn bandwidth(threads: usize) {
     }
 }
 
-/// The f32 FMA peak of one thread: 12 independent zmm (AVX-512) or ymm chains.
-fn peak() {
+/// The f32 FMA and bf16 pair-dot peaks of `threads` threads running at once: 12 independent
+/// zmm chains per thread (ymm where the CPU has no AVX-512). Measured, not one thread's times
+/// `threads`: with every core busy the clock may be lower.
+fn peak(threads: usize) {
     #[cfg(target_arch = "x86_64")]
     {
+        use rayon::prelude::*;
         use std::arch::x86_64::*;
         #[target_feature(enable = "avx512f")]
         unsafe fn run(iters: usize) -> f32 {
@@ -261,16 +264,41 @@ fn peak() {
             }
             acc.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
         }
-        if !is_x86_feature_detected!("avx512f") {
-            println!("peak     (no AVX-512)");
-            return;
+        #[target_feature(enable = "avx2,fma")]
+        unsafe fn run_avx2(iters: usize) -> f32 {
+            let (a, b) = (_mm256_set1_ps(0.999), _mm256_set1_ps(1e-6));
+            let mut acc = [_mm256_set1_ps(1.0); 12];
+            for _ in 0..iters {
+                for v in acc.iter_mut() {
+                    *v = _mm256_fmadd_ps(*v, a, b);
+                }
+            }
+            let mut out = [0f32; 8];
+            acc.iter().for_each(|v| _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(*v, _mm256_loadu_ps(out.as_ptr()))));
+            out.iter().sum()
         }
         let iters = 20_000_000;
-        let secs = time(&pool(1), Duration::from_secs(2), || {
-            // SAFETY: AVX-512F checked above.
-            black_box(unsafe { run(black_box(iters)) });
-        });
-        println!("peak     threads=1: f32 FMA {:.1} GFLOP/s", (iters * 12 * 16 * 2) as f64 / secs / 1e9);
+        let p = pool(threads);
+        // One item per thread; a run where one thread took both items is slower and dropped.
+        let on_all = |f: &(dyn Fn() + Sync)| {
+            time(&p, Duration::from_secs(2), || (0..threads).into_par_iter().with_max_len(1).for_each(|_| f()))
+        };
+        let gflops = |secs: f64, lanes: usize, per_lane: usize| (threads * iters * 12 * lanes * per_lane) as f64 / secs / 1e9;
+        if is_x86_feature_detected!("avx512f") {
+            let secs = on_all(&|| {
+                // SAFETY: AVX-512F checked above.
+                black_box(unsafe { run(black_box(iters)) });
+            });
+            println!("peak     threads={threads}: f32 FMA (zmm) {:.1} GFLOP/s", gflops(secs, 16, 2));
+        } else if is_x86_feature_detected!("avx2") && is_x86_feature_detected!("fma") {
+            let secs = on_all(&|| {
+                // SAFETY: AVX2 and FMA checked above.
+                black_box(unsafe { run_avx2(black_box(iters)) });
+            });
+            println!("peak     threads={threads}: f32 FMA (ymm) {:.1} GFLOP/s", gflops(secs, 8, 2));
+        } else {
+            println!("peak     (no AVX2+FMA)");
+        }
         // The bf16 pair dot: 16 lanes x 2 products x 2 FLOPs per instruction.
         #[target_feature(enable = "avx512f,avx512bf16")]
         unsafe fn run_bf16(iters: usize) -> f32 {
@@ -285,11 +313,11 @@ fn peak() {
             acc.iter().map(|v| _mm512_reduce_add_ps(*v)).sum()
         }
         if is_x86_feature_detected!("avx512bf16") {
-            let secs = time(&pool(1), Duration::from_secs(2), || {
+            let secs = on_all(&|| {
                 // SAFETY: AVX512_BF16 checked above.
                 black_box(unsafe { run_bf16(black_box(iters)) });
             });
-            println!("peak     threads=1: bf16 pair dot {:.1} GFLOP/s", (iters * 12 * 16 * 4) as f64 / secs / 1e9);
+            println!("peak     threads={threads}: bf16 pair dot {:.1} GFLOP/s", gflops(secs, 16, 4));
         }
     }
 }
@@ -632,10 +660,10 @@ fn main() {
         _ => vec![Precision::Exact, Precision::Fast],
     };
     println!("isa: {} vnni: {}", tboost_kernels::isa::active().name(), tboost_kernels::isa::vnni_active());
-    if args.iter().any(|a| a == "peak") {
-        peak();
-    }
     for &t in &threads {
+        if args.iter().any(|a| a == "peak") {
+            peak(t);
+        }
         if want("bw") {
             bandwidth(t);
         }

@@ -39,12 +39,16 @@ pub fn packable(dtype: DType) -> bool {
     matches!(dtype, DType::F32 | DType::F16 | DType::BF16)
 }
 
-/// Whether packing `dtype` weights pays for the exact kernels. Measured on a Zen 4 VM, 2
-/// threads, 5632x2048 (`cargo bench -p tboost-kernels --bench quant -- dense exact`): f16
-/// and bf16 GEMV 1.3-1.7x the row layout, m = 512 1.0-1.1x, m = 16 0.86-0.89x; f32 GEMV
-/// 1.35x but m = 16 0.68x, so f32 stays in rows.
+/// Whether packing `dtype` weights pays for the exact kernels on this CPU (`isa::active`).
+/// Measured with `cargo bench -p tboost-kernels --bench quant -- dense exact threads=2`,
+/// 5632x2048:
+/// - Zen 4 VM (AVX-512): f16 and bf16 GEMV 1.3-1.7x the row layout, m = 512 1.0-1.1x,
+///   m = 16 0.86-0.89x; f32 GEMV 1.35x but m = 16 0.68x, so f32 stays in rows.
+/// - Zen 2 VM (AVX2): packed loses everywhere, f16 / bf16 GEMV 0.85 / 0.68x, m = 16
+///   0.70 / 0.64x, m = 512 0.73 / 0.74x (a panel's 16 rows fill two ymm chains, not one
+///   zmm), so below AVX-512 nothing is packed.
 pub fn pays(dtype: DType) -> bool {
-    matches!(dtype, DType::F16 | DType::BF16)
+    matches!(dtype, DType::F16 | DType::BF16) && crate::isa::active() >= crate::isa::Isa::Avx512
 }
 
 /// Bytes of a packed `[rows, cols]` matrix (rows rounded up to whole panels).
