@@ -299,6 +299,31 @@ fn peak(threads: usize) {
         } else {
             println!("peak     (no AVX2+FMA)");
         }
+        // The int8 dot of the kernels without VNNI: vpmaddubsw (u8 x i8 pairs to i16), then
+        // vpmaddwd by ones (i16 pairs to i32), then vpaddd; 32 multiply-adds (64 ops) per ymm.
+        #[target_feature(enable = "avx2")]
+        unsafe fn run_int8_avx2(iters: usize) -> i32 {
+            let (step, one) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1));
+            let mut b = _mm256_set1_epi8(-2);
+            let x: [__m256i; 12] = std::array::from_fn(|i| _mm256_set1_epi8(i as i8 + 1));
+            let mut acc = [_mm256_setzero_si256(); 12];
+            for _ in 0..iters {
+                // One shared add per 12 dots keeps the products from being hoisted.
+                b = _mm256_add_epi8(b, step);
+                for (v, xv) in acc.iter_mut().zip(&x) {
+                    *v = _mm256_add_epi32(*v, _mm256_madd_epi16(_mm256_maddubs_epi16(*xv, b), one));
+                }
+            }
+            acc.iter().map(|v| _mm256_extract_epi32::<0>(*v)).sum()
+        }
+        if is_x86_feature_detected!("avx2") {
+            let secs = on_all(&|| {
+                // SAFETY: AVX2 checked above.
+                black_box(unsafe { run_int8_avx2(black_box(iters / 4)) });
+            });
+            let gops = (threads * iters / 4 * 12 * 64) as f64 / secs / 1e9;
+            println!("peak     threads={threads}: int8 maddubs+maddwd (ymm) {gops:.1} GOP/s");
+        }
         // The bf16 pair dot: 16 lanes x 2 products x 2 FLOPs per instruction.
         #[target_feature(enable = "avx512f,avx512bf16")]
         unsafe fn run_bf16(iters: usize) -> f32 {
