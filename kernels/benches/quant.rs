@@ -274,7 +274,8 @@ fn peak(threads: usize) {
                 }
             }
             let mut out = [0f32; 8];
-            acc.iter().for_each(|v| _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(*v, _mm256_loadu_ps(out.as_ptr()))));
+            acc.iter()
+                .for_each(|v| _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(*v, _mm256_loadu_ps(out.as_ptr()))));
             out.iter().sum()
         }
         let iters = 20_000_000;
@@ -283,7 +284,8 @@ fn peak(threads: usize) {
         let on_all = |f: &(dyn Fn() + Sync)| {
             time(&p, Duration::from_secs(2), || (0..threads).into_par_iter().with_max_len(1).for_each(|_| f()))
         };
-        let gflops = |secs: f64, lanes: usize, per_lane: usize| (threads * iters * 12 * lanes * per_lane) as f64 / secs / 1e9;
+        let gflops =
+            |secs: f64, lanes: usize, per_lane: usize| (threads * iters * 12 * lanes * per_lane) as f64 / secs / 1e9;
         if is_x86_feature_detected!("avx512f") {
             let secs = on_all(&|| {
                 // SAFETY: AVX-512F checked above.
@@ -299,8 +301,10 @@ fn peak(threads: usize) {
         } else {
             println!("peak     (no AVX2+FMA)");
         }
-        // The int8 dot of the kernels without VNNI: vpmaddubsw (u8 x i8 pairs to i16), then
-        // vpmaddwd by ones (i16 pairs to i32), then vpaddd; 32 multiply-adds (64 ops) per ymm.
+        // The int8 dot without VNNI: vpmaddubsw (u8 x i8 pairs to i16), then vpmaddwd by
+        // ones (i16 pairs to i32), then vpaddd; 32 multiply-adds (64 ops) per ymm. The packed
+        // kernels widen once per run of i16 sums for 4- to 6-bit weights, so they can pass it;
+        // Q8_0 (signed bytes) cannot.
         #[target_feature(enable = "avx2")]
         unsafe fn run_int8_avx2(iters: usize) -> i32 {
             let (step, one) = (_mm256_set1_epi8(1), _mm256_set1_epi16(1));

@@ -62,6 +62,13 @@ pub(super) trait IV: Copy {
     unsafe fn shl(self, n: u32) -> Self;
     /// i16 pairs multiplied and summed into i32 lanes.
     unsafe fn madd16(a: Self, b: Self) -> Self;
+    /// `vpmaddubsw`: unsigned bytes `w` times signed bytes `x`, pair sums as i16 (the caller
+    /// keeps them below 2^15: no saturation).
+    unsafe fn ubs(w: Self, x: Self) -> Self;
+    /// i16 lanes added (the caller keeps the sums below 2^15).
+    unsafe fn add16(a: Self, b: Self) -> Self;
+    /// i16 pairs summed into i32 lanes (`vpmaddwd` by ones).
+    unsafe fn widen16(self) -> Self;
     /// `[s0 x 8, s1 x 8, s2 x 8, s3 x 8]` as i16 from the 4 i16 at `p`.
     unsafe fn sc_unit(p: *const i16) -> Self;
     unsafe fn cvt(self) -> Self::F;
@@ -164,6 +171,18 @@ impl IV for ZI {
     #[inline(always)]
     unsafe fn madd16(a: Self, b: Self) -> Self {
         ZI(_mm512_madd_epi16(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn ubs(w: Self, x: Self) -> Self {
+        ZI(_mm512_maddubs_epi16(w.0, x.0))
+    }
+    #[inline(always)]
+    unsafe fn add16(a: Self, b: Self) -> Self {
+        ZI(_mm512_add_epi16(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn widen16(self) -> Self {
+        ZI(_mm512_madd_epi16(self.0, _mm512_set1_epi16(1)))
     }
     #[inline(always)]
     unsafe fn sc_unit(p: *const i16) -> Self {
@@ -328,6 +347,19 @@ impl IV for YI {
     #[inline(always)]
     unsafe fn madd16(a: Self, b: Self) -> Self {
         YI(_mm256_madd_epi16(a.0, b.0), _mm256_madd_epi16(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn ubs(w: Self, x: Self) -> Self {
+        YI(_mm256_maddubs_epi16(w.0, x.0), _mm256_maddubs_epi16(w.1, x.1))
+    }
+    #[inline(always)]
+    unsafe fn add16(a: Self, b: Self) -> Self {
+        YI(_mm256_add_epi16(a.0, b.0), _mm256_add_epi16(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn widen16(self) -> Self {
+        let one = _mm256_set1_epi16(1);
+        YI(_mm256_madd_epi16(self.0, one), _mm256_madd_epi16(self.1, one))
     }
     #[inline(always)]
     unsafe fn sc_unit(p: *const i16) -> Self {

@@ -204,14 +204,37 @@ unsafe fn group_dot<I: IV, F: PF, const VNNI: bool>(w: &[I; 8], sc: &GroupScales
     } else if F::OFF > 0 && (VNNI || !F::SIGNED) {
         d0 = splat_i32(-(*x.s.add(g) << F::OFF));
     }
-    for t in 0..4 {
-        let (xa, xb) = (I::bcast32(xq.add(4 * t)), I::bcast32(xq.add(16 + 4 * t)));
-        if F::SIGNED && !VNNI {
-            d0 = I::dot_ss(d0, w[t], xa);
-            d1 = I::dot_ss(d1, w[t + 4], xb);
-        } else {
-            d0 = I::dot::<VNNI>(d0, w[t], xa);
-            d1 = I::dot::<VNNI>(d1, w[t + 4], xb);
+    if !VNNI && !F::SIGNED {
+        // vpmaddubsw pair sums (at most 2 * 2^(4 + HIGH) * 128 for 4 + HIGH bit weights) are
+        // added in i16 while they stay below 2^15: 8 of them for 4 bits, 4 for 5, 2 for 6.
+        // Then one vpmaddwd widens each run: the integer-multiply pipe does 8 + 8 / run
+        // instructions a group instead of 16 (it is the non-VNNI kernels' bottleneck). The
+        // integers are the same, so the result is the same.
+        let run = 8 >> F::HIGH;
+        let mut q = I::zero();
+        // Quad t of the group (t < 4: first half) is values 4t..4t + 4 in both halves' order.
+        for t in 0..8 {
+            let p = I::ubs(w[t], I::bcast32(xq.add(4 * t)));
+            q = if t % run == 0 { p } else { I::add16(q, p) };
+            if t % run == run - 1 {
+                // Runs of the first half go to d0, of the second to d1 (Q6_K scales each half).
+                if t < 4 {
+                    d0 = I::add(d0, q.widen16());
+                } else {
+                    d1 = I::add(d1, q.widen16());
+                }
+            }
+        }
+    } else {
+        for t in 0..4 {
+            let (xa, xb) = (I::bcast32(xq.add(4 * t)), I::bcast32(xq.add(16 + 4 * t)));
+            if F::SIGNED && !VNNI {
+                d0 = I::dot_ss(d0, w[t], xa);
+                d1 = I::dot_ss(d1, w[t + 4], xb);
+            } else {
+                d0 = I::dot::<VNNI>(d0, w[t], xa);
+                d1 = I::dot::<VNNI>(d1, w[t + 4], xb);
+            }
         }
     }
     if F::SCALES == Scales::K6 {
