@@ -411,14 +411,15 @@ fn packing_weights_into_panels_changes_no_bit_and_is_recorded() {
         let (rows, rm, _) = run(&["pack_weights"]);
         let what = format!("{dtype} {precision:?}");
         assert!(rm.iter().all(|&m| m == WeightMode::Native), "{what}: pack_weights disabled: {rm:?}");
-        if pm.iter().all(|&m| m == WeightMode::Native) {
-            // Dense panels pay only from AVX-512 (`matmul::packed::pays`); fast bf16 without
-            // the dot-product kernel runs exact.
-            let dense_in_rows = dtype.is_float() && !tboost_kernels::matmul::packed::pays(dtype);
-            assert!(
-                dense_in_rows || (dtype, precision) == (DType::BF16, PrecisionPolicy::Fast),
-                "{what}: nothing was packed"
-            );
+        // Block types always pack; f16 and bf16 (exact) only where dense panels pay (from
+        // AVX-512, `matmul::packed::pays`); fast bf16 only where its dot-product kernel runs.
+        let expect_packed = match (dtype, precision) {
+            (DType::BF16, PrecisionPolicy::Fast) => tboost_kernels::matmul::packed_bf16::applies(),
+            _ if dtype.is_float() => tboost_kernels::matmul::packed::pays(dtype),
+            _ => true,
+        };
+        if !expect_packed {
+            assert!(pm.iter().all(|&m| m == WeightMode::Native), "{what}: this CPU keeps rows: {pm:?}");
             eprintln!("{what}: this CPU keeps these weights in rows; nothing packed");
             continue;
         }

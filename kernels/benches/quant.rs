@@ -274,8 +274,7 @@ fn peak(threads: usize) {
                 }
             }
             let mut out = [0f32; 8];
-            acc.iter()
-                .for_each(|v| _mm256_storeu_ps(out.as_mut_ptr(), _mm256_add_ps(*v, _mm256_loadu_ps(out.as_ptr()))));
+            _mm256_storeu_ps(out.as_mut_ptr(), acc.iter().fold(_mm256_setzero_ps(), |s, v| _mm256_add_ps(s, *v)));
             out.iter().sum()
         }
         let iters = 20_000_000;

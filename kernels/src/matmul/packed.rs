@@ -45,7 +45,7 @@ pub fn packable(dtype: DType) -> bool {
 /// - Zen 4 VM (AVX-512): f16 and bf16 GEMV 1.3-1.7x the row layout, m = 512 1.0-1.1x,
 ///   m = 16 0.86-0.89x; f32 GEMV 1.35x but m = 16 0.68x, so f32 stays in rows.
 /// - Zen 2 VM (AVX2): packed loses everywhere, f16 / bf16 GEMV 0.85 / 0.68x, m = 16
-///   0.70 / 0.64x, m = 512 0.73 / 0.74x (a panel's 16 rows fill two ymm chains, not one
+///   0.70 / 0.64x, m = 512 0.73 / 0.74x (likely because a panel's 16 rows fill two ymm, not one
 ///   zmm), so below AVX-512 nothing is packed.
 pub fn pays(dtype: DType) -> bool {
     matches!(dtype, DType::F16 | DType::BF16) && crate::isa::active() >= crate::isa::Isa::Avx512
