@@ -54,9 +54,10 @@ thread_local! {
 }
 
 /// Computes output rows `i0..i1`, columns `j0..j1` of `cols` from `x` (`[*, k]`) with
-/// `MRB x NRB` tiles (`MRB` divides `MC`).
+/// `MRB x NRB` tiles when weights are read in place and `MRB x NRP` tiles on packed
+/// weights (`MRB` divides `MC`; `NRP` differs where `V::SPLIT` halves the accumulators).
 #[inline(always)]
-pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NRB: usize>(
+pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NRB: usize, const NRP: usize>(
     x: *const f32,
     k: usize,
     (i0, i1): (usize, usize),
@@ -64,10 +65,11 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
     cols: &C,
 ) {
     debug_assert!(MC.is_multiple_of(MRB) && NRB.is_multiple_of(C::ROWS_PER_COL));
+    debug_assert!(NRP.is_multiple_of(C::ROWS_PER_COL));
     let kp = k.div_ceil(16) * 16;
     // Weight rows per L2 block: a whole number of sub-tiles, 16..=128 rows.
-    let nc_rows = (W_L2_BYTES / (4 * kp.max(16))).clamp(16, 128) / NRB * NRB;
-    let cb = NRB / C::ROWS_PER_COL;
+    let nc_rows = (W_L2_BYTES / (4 * kp.max(16))).clamp(16, 128) / NRP * NRP;
+    let cb = NRP / C::ROWS_PER_COL;
     let nc_cols = nc_rows / C::ROWS_PER_COL;
 
     // Few x rows: read weights in place (widened in registers, prefetched) so the weight
@@ -95,7 +97,7 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
     let mut ib2 = i0;
     while ib2 < i1 {
         let ie2 = (ib2 + mc2).min(i1);
-        pack_x(x, k, kp, (ib2, ie2), mc2, xp);
+        pack_x(x, k, kp, (ib2, ie2), mc2, xp, V::SPLIT && !raw);
         if raw {
             raw_block::<V, W, C, MRB, NRB>(xp, mc2, k, (ib2, ie2), (j0, j1), cols, acc);
             ib2 = ie2;
@@ -106,8 +108,8 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
             let je = (jb + nc_cols).min(j1);
             let nsub = (je - jb).div_ceil(cb);
             for s in 0..nsub {
-                let ws = cols.rows::<NRB>(jb + s * cb);
-                pack_w::<V, W, NRB>(&ws, k, kp, nc_rows, wp, s * NRB);
+                let ws = cols.rows::<NRP>(jb + s * cb);
+                pack_w::<V, W, NRP>(&ws, k, kp, nc_rows, wp, s * NRP);
             }
             let mut ib = ib2;
             while ib < ie2 {
@@ -116,7 +118,7 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
                 let nfull = rows / MRB;
                 let r = rows % MRB;
                 // Accumulators of sub-tile s, x row t (within this block), weight row j:
-                // acc[(s * MC + t) * NRB + j]; a tile's MR x NRB block is contiguous.
+                // acc[(s * MC + t) * NRP + j]; a tile's MR x NRP block is contiguous.
                 let mut k0 = 0;
                 while k0 < kp {
                     let kcl = KC.min(kp - k0);
@@ -125,27 +127,32 @@ pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NR
                     let xk = xp.add(k0 * mc2 + (ib - ib2) * kcl);
                     let wk = wp.add(k0 * nc_rows);
                     for s in 0..nsub {
-                        let mut ws = [wk as *const u8; NRB];
-                        for (j, w) in ws.iter_mut().enumerate() {
-                            *w = wk.add((s * NRB + j) * kcl) as *const u8;
+                        let accs = acc.add(s * MC * NRP);
+                        let w0 = wk.add(s * NRP * kcl);
+                        if V::SPLIT {
+                            split_tiles::<V, MRB, NRP>(xk, kcl, w0, kcl / 16, accs, (nfull, r), first);
+                            continue;
                         }
-                        let accs = acc.add(s * MC * NRB);
-                        tiles::<V, WF32, MRB, NRB, false>(xk, kcl, &ws, kcl / 16, None, accs, (nfull, r), first);
+                        let mut ws = [wk as *const u8; NRP];
+                        for (j, w) in ws.iter_mut().enumerate() {
+                            *w = w0.add(j * kcl) as *const u8;
+                        }
+                        tiles::<V, WF32, MRB, NRP, false>(xk, kcl, &ws, kcl / 16, None, accs, (nfull, r), first);
                     }
                     k0 += kcl;
                 }
                 if kp == 0 {
                     // No k blocks ran: every sum is the empty sum.
-                    for a in 0..nsub * MC * NRB {
+                    for a in 0..nsub * MC * NRP {
                         acc.add(a).write(V::zero());
                     }
                 }
                 for s in 0..nsub {
-                    let (jj, accs) = (jb + s * cb, acc.add(s * MC * NRB));
+                    let (jj, accs) = (jb + s * cb, acc.add(s * MC * NRP));
                     for t in 0..nfull {
-                        flush::<V, C, MRB, NRB>(accs.add(t * MRB * NRB), cols, ib + t * MRB, jj, je);
+                        flush::<V, C, MRB, NRP>(accs.add(t * MRB * NRP), cols, ib + t * MRB, jj, je);
                     }
-                    flush_tail::<V, C, NRB>(r, accs.add(nfull * MRB * NRB), cols, ib + nfull * MRB, jj, je);
+                    flush_tail::<V, C, NRP>(r, accs.add(nfull * MRB * NRP), cols, ib + nfull * MRB, jj, je);
                 }
                 ib = ie;
             }
@@ -216,9 +223,10 @@ unsafe fn raw_block<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NRB: us
 
 /// Copies x rows `i0..i1` into `xp`, zero-padded from `k` to `kp`, as one block per KC
 /// columns: the block starting at column `k0` holds `kcl = min(KC, kp - k0)` values per row
-/// at offset `k0 * mc2 + row * kcl`, so a tile's rows are contiguous in L1.
+/// at offset `k0 * mc2 + row * kcl`, so a tile's rows are contiguous in L1. With `split`
+/// each row's block is stored half by half (`split_row`).
 #[inline(always)]
-unsafe fn pack_x(x: *const f32, k: usize, kp: usize, (i0, i1): (usize, usize), mc2: usize, xp: *mut f32) {
+unsafe fn pack_x(x: *const f32, k: usize, kp: usize, (i0, i1): (usize, usize), mc2: usize, xp: *mut f32, split: bool) {
     let mut k0 = 0;
     while k0 < kp {
         let kcl = KC.min(kp - k0);
@@ -227,8 +235,25 @@ unsafe fn pack_x(x: *const f32, k: usize, kp: usize, (i0, i1): (usize, usize), m
             let dst = xp.add(k0 * mc2 + r * kcl);
             std::ptr::copy_nonoverlapping(x.add((i0 + r) * k + k0), dst, valid);
             std::ptr::write_bytes(dst.add(valid), 0, kcl - valid);
+            if split {
+                split_row(dst, kcl);
+            }
         }
         k0 += kcl;
+    }
+}
+
+/// Reorders one packed row block of `kcl` values (a multiple of 16) in place: values
+/// `16g..16g + 8` of every 16-block first (chains 0..8, in block order), then values
+/// `16g + 8..16g + 16` (chains 8..16).
+#[inline(always)]
+unsafe fn split_row(row: *mut f32, kcl: usize) {
+    let mut tmp = [0f32; KC];
+    std::ptr::copy_nonoverlapping(row, tmp.as_mut_ptr(), kcl);
+    let half = kcl / 2;
+    for g in 0..kcl / 16 {
+        std::ptr::copy_nonoverlapping(tmp.as_ptr().add(16 * g), row.add(8 * g), 8);
+        std::ptr::copy_nonoverlapping(tmp.as_ptr().add(16 * g + 8), row.add(half + 8 * g), 8);
     }
 }
 
@@ -258,6 +283,9 @@ unsafe fn pack_w<V: Lanes, W: WKind, const NR: usize>(
             while c < kcl {
                 *dst.add(c) = if k0 + c < k { W::get(w, k0 + c) } else { 0.0 };
                 c += 1;
+            }
+            if V::SPLIT {
+                split_row(dst, kcl);
             }
             k0 += kcl;
         }
@@ -290,6 +318,48 @@ unsafe fn tiles<V: Lanes, W: WKind, const MRB: usize, const NR: usize, const PF:
         3 => tile_acc::<V, W, 3, NR, PF>(xr, xs, ws, steps, tail, ar, first),
         4 => tile_acc::<V, W, 4, NR, PF>(xr, xs, ws, steps, tail, ar, first),
         5 => tile_acc::<V, W, 5, NR, PF>(xr, xs, ws, steps, tail, ar, first),
+        _ => unreachable!("MRB is at most 6"),
+    }
+}
+
+/// `tiles` for `V::SPLIT` types on packed, split blocks: each tile runs both halves of its
+/// chains (`Lanes::split_tile`), weight rows `NR` consecutive packed rows from `w`.
+#[inline(always)]
+unsafe fn split_tiles<V: Lanes, const MRB: usize, const NR: usize>(
+    xk: *const f32,
+    xs: usize,
+    w: *const f32,
+    steps: usize,
+    acc: *mut V,
+    (nfull, r): (usize, usize),
+    first: bool,
+) {
+    #[inline(always)]
+    unsafe fn both<V: Lanes, const MR: usize, const NR: usize>(
+        x: *const f32,
+        xs: usize,
+        w: *const f32,
+        steps: usize,
+        acc: *mut V,
+        first: bool,
+    ) {
+        for h in 0..2 {
+            let off = h * xs / 2;
+            let ws: [*const f32; NR] = std::array::from_fn(|j| w.add(j * xs + off));
+            V::split_tile::<MR, NR>(x.add(off), xs, &ws, steps, acc, h, first);
+        }
+    }
+    for t in 0..nfull {
+        both::<V, MRB, NR>(xk.add(t * MRB * xs), xs, w, steps, acc.add(t * MRB * NR), first);
+    }
+    let (xr, ar) = (xk.add(nfull * MRB * xs), acc.add(nfull * MRB * NR));
+    match r {
+        0 => {}
+        1 => both::<V, 1, NR>(xr, xs, w, steps, ar, first),
+        2 => both::<V, 2, NR>(xr, xs, w, steps, ar, first),
+        3 => both::<V, 3, NR>(xr, xs, w, steps, ar, first),
+        4 => both::<V, 4, NR>(xr, xs, w, steps, ar, first),
+        5 => both::<V, 5, NR>(xr, xs, w, steps, ar, first),
         _ => unreachable!("MRB is at most 6"),
     }
 }

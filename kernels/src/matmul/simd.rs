@@ -37,6 +37,30 @@ pub(super) trait Lanes: Copy {
     /// Hints that the cache line at `p` will be read soon (no effect on results).
     #[inline(always)]
     unsafe fn prefetch(_p: *const u8) {}
+
+    /// Whether `blocked` runs its packed tiles as two passes over half the chains
+    /// (`split_tile`), with each packed k block stored half by half. Chains are independent
+    /// until the final tree, so this changes which chain is advanced when, not any chain's
+    /// own sequence of operations: the bits stay canonical.
+    const SPLIT: bool = false;
+
+    /// One pass of a split tile: continues chains `8h..8h + 8` of an `MR x NR` tile (row `i`,
+    /// weight row `j` at `acc[i * NR + j]`, the other half left as it is) over `steps` steps
+    /// of 8 values: x rows at `x` (stride `xs`), weight rows at `w`, both holding this half's
+    /// values of consecutive 16-blocks. `first` starts the chains from zero (`h = 0` then
+    /// writes the other half as zero too). Only called when `SPLIT`.
+    #[inline(always)]
+    unsafe fn split_tile<const MR: usize, const NR: usize>(
+        _x: *const f32,
+        _xs: usize,
+        _w: &[*const f32; NR],
+        _steps: usize,
+        _acc: *mut Self,
+        _h: usize,
+        _first: bool,
+    ) {
+        unreachable!("split_tile on a type without SPLIT")
+    }
 }
 
 /// Storage type of the weight rows a kernel instance reads.
@@ -201,6 +225,56 @@ mod x86 {
         #[inline(always)]
         unsafe fn reduce(self) -> f32 {
             reduce8(_mm256_add_ps(self.0, self.1))
+        }
+
+        // A 3x2 tile of full 16-lane chains needs 12 ymm accumulators and 10 loads per 12
+        // FMAs; half the chains of a 3x4 tile need the same 12 accumulators but 7 loads.
+        const SPLIT: bool = true;
+
+        #[inline(always)]
+        #[allow(clippy::needless_range_loop)] // a[i][j] is indexed by both loops
+        unsafe fn split_tile<const MR: usize, const NR: usize>(
+            x: *const f32,
+            xs: usize,
+            w: &[*const f32; NR],
+            steps: usize,
+            acc: *mut Self,
+            h: usize,
+            first: bool,
+        ) {
+            let half = |v: Self| if h == 0 { v.0 } else { v.1 };
+            let mut a = [[_mm256_setzero_ps(); NR]; MR];
+            if !first {
+                for i in 0..MR {
+                    for j in 0..NR {
+                        a[i][j] = half(acc.add(i * NR + j).read());
+                    }
+                }
+            }
+            for st in 0..steps {
+                let c = st * 8;
+                let mut xv = [_mm256_setzero_ps(); MR];
+                for i in 0..MR {
+                    xv[i] = _mm256_loadu_ps(x.add(i * xs + c));
+                }
+                for j in 0..NR {
+                    let wv = _mm256_loadu_ps(w[j].add(c));
+                    for i in 0..MR {
+                        a[i][j] = _mm256_fmadd_ps(xv[i], wv, a[i][j]);
+                    }
+                }
+            }
+            for i in 0..MR {
+                for j in 0..NR {
+                    let p = acc.add(i * NR + j);
+                    let v = if h == 0 {
+                        Avx2x2(a[i][j], if first { _mm256_setzero_ps() } else { p.read().1 })
+                    } else {
+                        Avx2x2(p.read().0, a[i][j])
+                    };
+                    p.write(v);
+                }
+            }
         }
     }
 
