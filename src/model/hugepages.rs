@@ -11,7 +11,8 @@
 //! A backend that repacks a tensor into its own layout hands the tensor's pages back
 //! (`Tensor::release_resident`): whole pages of the copy are mapped from the file again
 //! (same bytes, read back only if something reads them), so the weights are not resident
-//! twice.
+//! twice. Repacked tensors go into an [`Arena`]: chunks aligned to 2 MiB, so that they get
+//! huge pages too.
 
 use std::path::Path;
 
@@ -87,6 +88,126 @@ pub fn copy(path: &Path, map: &Mmap, file: std::fs::File) -> Option<FileCopy> {
             log::debug!("{}: cannot make the weight copy read-only ({e}); reading the file map", path.display());
             None
         }
+    }
+}
+
+/// Huge-page size the arena aligns to (x86-64 and aarch64 with 4 KiB base pages).
+const HUGE: usize = 2 << 20;
+/// Bytes of one arena chunk; a tensor larger than a quarter of it gets a mapping of its own.
+const ARENA_CHUNK: usize = 64 << 20;
+/// Alignment of each region inside a chunk (a page: kernels' aligned loads never straddle).
+const REGION_ALIGN: usize = 4096;
+
+/// Anonymous memory for weights a backend repacks one tensor at a time, handed out in
+/// regions of large chunks that start on a 2 MiB boundary.
+///
+/// Why not one mapping per tensor: the kernel backs a mapping with huge pages only over the
+/// 2 MiB-aligned ranges inside it, and a per-tensor mapping (a few MiB, placed anywhere) has
+/// few of those: on tinyllama-1.1b Q4_0 only 370 of 638 MB of the repacked weights got huge
+/// pages, and the 4 KiB rest cost decode about 5% (TLB refills, as above). In
+/// chunks nearly every byte is huge-page backed; the unused end of a chunk is never touched,
+/// so it costs address space, not memory.
+#[derive(Default)]
+pub struct Arena {
+    current: Option<(std::sync::Arc<Chunk>, usize)>,
+}
+
+/// One aligned anonymous mapping; regions keep it alive.
+pub struct Chunk {
+    /// Owns the mapping (unmapped on drop); only reached through `base`.
+    _map: MmapMut,
+    base: *mut u8,
+    len: usize,
+}
+
+// SAFETY: a chunk is plain memory; every access goes through a `Region` / `RegionMut`, and
+// the arena hands out disjoint ranges only.
+unsafe impl Send for Chunk {}
+// SAFETY: as for Send: shared access is to disjoint ranges, or reads only.
+unsafe impl Sync for Chunk {}
+
+/// A region being filled: the only handle to its bytes until [`RegionMut::freeze`].
+pub struct RegionMut {
+    chunk: std::sync::Arc<Chunk>,
+    offset: usize,
+    len: usize,
+}
+
+/// A filled region, read-only from here on.
+pub struct Region {
+    chunk: std::sync::Arc<Chunk>,
+    offset: usize,
+    len: usize,
+}
+
+impl Chunk {
+    /// `len` bytes of zeroed anonymous memory starting on a 2 MiB boundary and advised for
+    /// huge pages: mapped 2 MiB larger, the unaligned head left untouched.
+    fn new(len: usize) -> std::io::Result<Chunk> {
+        let mut map = MmapOptions::new().len(len + HUGE).map_anon()?;
+        let head = (map.as_ptr() as usize).next_multiple_of(HUGE) - map.as_ptr() as usize;
+        // SAFETY: `head + len <= map.len()`, so the pointer stays inside the mapping.
+        let base = unsafe { map.as_mut_ptr().add(head) };
+        #[cfg(target_os = "linux")]
+        // SAFETY: advice over a range inside the mapping; it changes only how the kernel
+        // backs these pages.
+        unsafe {
+            libc::madvise(base as *mut libc::c_void, len, libc::MADV_HUGEPAGE);
+        }
+        Ok(Chunk { _map: map, base, len })
+    }
+}
+
+impl Arena {
+    /// A zeroed region of `len` bytes.
+    pub fn alloc(&mut self, len: usize) -> std::io::Result<RegionMut> {
+        let need = len.max(1).next_multiple_of(REGION_ALIGN);
+        if need > ARENA_CHUNK / 4 {
+            // Its own mapping, exactly as long: its partial last 2 MiB stays in small pages
+            // rather than faulting in a huge page mostly unused.
+            let chunk = std::sync::Arc::new(Chunk::new(need)?);
+            return Ok(RegionMut { chunk, offset: 0, len });
+        }
+        let fits = matches!(&self.current, Some((c, used)) if used + need <= c.len);
+        if !fits {
+            self.current = Some((std::sync::Arc::new(Chunk::new(ARENA_CHUNK)?), 0));
+        }
+        let Some((chunk, used)) = self.current.as_mut() else { unreachable!("a chunk was just made") };
+        let r = RegionMut { chunk: chunk.clone(), offset: *used, len };
+        *used += need;
+        Ok(r)
+    }
+}
+
+impl RegionMut {
+    /// The region, now read-only.
+    pub fn freeze(self) -> Region {
+        Region { chunk: self.chunk, offset: self.offset, len: self.len }
+    }
+}
+
+impl std::ops::Deref for RegionMut {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: `offset + len` lies inside the chunk, which `self.chunk` keeps mapped; the
+        // arena gave this range to this handle alone.
+        unsafe { std::slice::from_raw_parts(self.chunk.base.add(self.offset), self.len) }
+    }
+}
+
+impl std::ops::DerefMut for RegionMut {
+    fn deref_mut(&mut self) -> &mut [u8] {
+        // SAFETY: as in `deref`; `&mut self` makes this the only borrow of the range.
+        unsafe { std::slice::from_raw_parts_mut(self.chunk.base.add(self.offset), self.len) }
+    }
+}
+
+impl std::ops::Deref for Region {
+    type Target = [u8];
+    fn deref(&self) -> &[u8] {
+        // SAFETY: inside the chunk, kept mapped by `self.chunk`; nothing writes a frozen
+        // region (its `RegionMut` was consumed).
+        unsafe { std::slice::from_raw_parts(self.chunk.base.add(self.offset), self.len) }
     }
 }
 
@@ -194,5 +315,34 @@ mod tests {
         #[cfg(target_os = "linux")]
         assert!(before.saturating_sub(after) >= CHUNK / 2, "RSS {before} -> {after}: the range stayed resident");
         assert!(copy.map[..] == bytes[..], "a handed-back range changed");
+    }
+
+    #[test]
+    fn arena_regions_are_zeroed_disjoint_and_huge_page_aligned() {
+        let mut arena = Arena::default();
+        let sizes = [5000, 1, 3 << 20, ARENA_CHUNK / 4 + 1, 4096, ARENA_CHUNK / 4, ARENA_CHUNK / 5];
+        let mut regions = Vec::new();
+        for (i, &n) in sizes.iter().enumerate() {
+            let mut r = arena.alloc(n).unwrap();
+            assert_eq!(r.len(), n);
+            assert!(r.iter().all(|&b| b == 0), "region {i} of {n} bytes is not zeroed");
+            assert_eq!(r.as_ptr() as usize % REGION_ALIGN, 0, "region {i} is not page aligned");
+            r.fill(i as u8 + 1);
+            regions.push(r.freeze());
+        }
+        // Every chunk starts on a 2 MiB boundary: the first region, and a tensor larger than
+        // a quarter chunk (its own mapping).
+        assert_eq!(regions[0].as_ptr() as usize % HUGE, 0);
+        assert_eq!(regions[3].as_ptr() as usize % HUGE, 0);
+        // Writes to one region never reached another.
+        for (i, r) in regions.iter().enumerate() {
+            assert!(r.iter().all(|&b| b == i as u8 + 1), "region {i} was overwritten");
+        }
+        // Small regions share chunks (the point of the arena): the first three are adjacent.
+        let (a, b) = (regions[0].as_ptr() as usize, regions[1].as_ptr() as usize);
+        assert_eq!(b - a, 5000usize.next_multiple_of(REGION_ALIGN));
+        // Regions outlive the arena.
+        drop(arena);
+        assert!(regions[2].iter().all(|&b| b == 3));
     }
 }

@@ -113,6 +113,8 @@ pub struct CpuBackend {
     free_ids: Vec<u32>,
     allocated: usize,
     weights: Vec<CpuWeight>,
+    /// Huge-page memory of the repacked weights.
+    arena: crate::model::hugepages::Arena,
     queue: Vec<Work>,
     /// Bytes of queued `write_async` calls (reused: no allocation in a steady step).
     staging: Vec<u8>,
@@ -140,6 +142,7 @@ impl CpuBackend {
             free_ids: Vec::new(),
             allocated: 0,
             weights: Vec::new(),
+            arena: Default::default(),
             queue: Vec::new(),
             staging: Vec::new(),
             reads: Vec::new(),
@@ -451,7 +454,7 @@ impl Backend for CpuBackend {
     }
 
     fn upload_packed(&mut self, tensor: &Tensor, precision: Precision) -> Result<WeightId> {
-        match weights::pack(tensor, precision, &self.pool)? {
+        match weights::pack(tensor, precision, &self.pool, &mut self.arena)? {
             Some(w) => {
                 self.weights.push(w);
                 Ok(WeightId((self.weights.len() - 1) as u32))

@@ -7,6 +7,7 @@ use tboost_kernels::{convert, Layout, WeightMat, WeightVec};
 use tboost_ops::{DType, Precision};
 
 use super::CpuBackend;
+use crate::model::hugepages::{Arena, Region};
 use crate::model::Tensor;
 use crate::{Error, Result};
 
@@ -24,9 +25,9 @@ pub(super) fn vec(t: &Tensor) -> WeightVec<'_> {
 pub(super) enum CpuWeight {
     /// As the model stores it (zero-copy).
     Stored(Tensor),
-    /// A matmul weight repacked into 16-row panels (`layout`: see [`packable`]), in its own
-    /// huge-page memory.
-    Packed { name: String, dtype: DType, rows: usize, cols: usize, layout: Layout, bytes: memmap2::Mmap },
+    /// A matmul weight repacked into 16-row panels (`layout`: see [`packable`]), in the
+    /// backend's huge-page arena.
+    Packed { name: String, dtype: DType, rows: usize, cols: usize, layout: Layout, bytes: Region },
 }
 
 impl CpuWeight {
@@ -86,7 +87,12 @@ fn packed_len(dtype: DType, layout: Layout, rows: usize, cols: usize) -> usize {
 /// `t` repacked into panels on `pool` for matmuls at `precision`, or `None` when it is not a
 /// matrix [`packable`] covers (then it is used as stored). The tensor's own pages are handed
 /// back (`Tensor::release_resident`), so the weights are not resident twice.
-pub(super) fn pack(t: &Tensor, precision: Precision, pool: &rayon::ThreadPool) -> Result<Option<CpuWeight>> {
+pub(super) fn pack(
+    t: &Tensor,
+    precision: Precision,
+    pool: &rayon::ThreadPool,
+    arena: &mut Arena,
+) -> Result<Option<CpuWeight>> {
     let (rows, cols) = t.rows_cols();
     let block = t.dtype.is_quantized();
     let Some(layout) = layout_for(t.dtype, precision) else { return Ok(None) };
@@ -94,16 +100,15 @@ pub(super) fn pack(t: &Tensor, precision: Precision, pool: &rayon::ThreadPool) -
         return Ok(None);
     }
     let n = packed_len(t.dtype, layout, rows, cols);
-    let mut bytes = crate::model::hugepages::anon(n)
+    let mut bytes = arena
+        .alloc(n)
         .map_err(|e| CpuBackend::err(format!("tensor `{}`: no memory for its {n} repacked bytes: {e}", t.name)))?;
     pool.install(|| match layout {
         Layout::PairPanels => packed_bf16::pack(rows, cols, t.bytes(), &mut bytes[..n]),
         _ if block => packed::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n]),
         _ => dense_packed::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n]),
     });
-    let bytes = bytes
-        .make_read_only()
-        .map_err(|e| CpuBackend::err(format!("tensor `{}`: cannot make its repacked bytes read-only: {e}", t.name)))?;
+    let bytes = bytes.freeze();
     t.release_resident();
     log::debug!("tensor `{}`: {rows}x{cols} {} repacked into 16-row panels ({n} bytes)", t.name, t.dtype);
     Ok(Some(CpuWeight::Packed { name: t.name.clone(), dtype: t.dtype, rows, cols, layout, bytes }))
