@@ -141,22 +141,37 @@ wait_idle() {
   done
 }
 
+# Share of CPU time the hypervisor took from this VM (/proc/stat "steal") while a command ran:
+# `steal_begin`, the command, then `steal_end WHAT` appends "WHAT steal=PCT" to steal.log. The
+# noisy-neighbour cost that an idle check before the run cannot see.
+steal_begin() { STEAL_A=($(head -1 /proc/stat)); }
+steal_end() {
+  local b=($(head -1 /proc/stat)) total=0 i
+  for i in 1 2 3 4 5 6 7 8; do total=$(( total + b[i] - STEAL_A[i] )); done
+  [ "$total" -gt 0 ] || total=1
+  echo "$1 steal=$(( 1000 * (b[8] - STEAL_A[8]) / total ))" >> "$RAW/steal.log"
+}
+
 run_tboost() { # model run-index
   local m="$1" r="$2"
   wait_idle "tboost $(basename "$m") #$r"
   # As llama-bench measures them: pp on its own, and tg from an (almost) empty context rather
   # than after the pp prompt, whose attention would make each step slower.
+  steal_begin
   "$TBOOST" bench --model "$m" --prefill "$PP" --decode 1 --threads "$THREADS" --repeat 1 --precision "$PRECISION" --json \
     > "$RAW/tbp.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "tboost bench failed on $m (see above)"
   "$TBOOST" bench --model "$m" --prefill 1 --decode "$TG" --threads "$THREADS" --repeat 1 --precision "$PRECISION" --json \
     > "$RAW/tb.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "tboost bench failed on $m (see above)"
+  steal_end tboost
 }
 
 run_llama() {
   local m="$1" r="$2"
   wait_idle "llama-bench $(basename "$m") #$r"
+  steal_begin
   "$LLAMA_BENCH" -m "$m" -t "$THREADS" -p "$PP" -n "$TG" -r 1 -o json \
     > "$RAW/lb.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "llama-bench failed on $m (see $RAW/stderr.log)"
+  steal_end llama.cpp
 }
 
 run_tboost_conc() {
@@ -228,8 +243,8 @@ def r(a, b):
 print(f"tboost vs llama.cpp, {datetime.date.today().isoformat()}, {cpu}, {threads} threads, "
       f"median of {runs} alternation(s) (A B A B), same GGUF files, tboost --precision {precision}")
 print()
-print(f"| model | tboost pp{pp} | llama.cpp pp{pp} | pp ratio | tboost pp spread | tboost tg{tg} | llama.cpp tg{tg} | tg ratio | tg roof | tboost / roof |")
-print("|---|---|---|---|---|---|---|---|---|---|")
+print(f"| model | tboost pp{pp} | llama.cpp pp{pp} | pp ratio | tboost pp spread | tboost tg{tg} | llama.cpp tg{tg} | tg ratio | tg roof | tboost / roof | llama.cpp / roof | 1.3× llama.cpp / roof |")
+print("|---|---|---|---|---|---|---|---|---|---|---|---|")
 for m in models:
     b = os.path.basename(m)
     tp, td, lp, ld, roof = [], [], [], [], []
@@ -244,7 +259,7 @@ for m in models:
     a, c, e, f = med(tp), med(lp), med(td), med(ld)
     # Run-to-run spread of tboost's prefill: (max - min) / median over the alternations.
     spread = (max(tp) - min(tp)) / a if a else float('nan')
-    print(f"| {b} | {a:.1f} | {c:.1f} | {r(a, c)} | {spread:.0%} | {e:.2f} | {f:.2f} | {r(e, f)} | {med(roof):.1f} | {e / med(roof):.0%} |")
+    print(f"| {b} | {a:.1f} | {c:.1f} | {r(a, c)} | {spread:.0%} | {e:.2f} | {f:.2f} | {r(e, f)} | {med(roof):.1f} | {e / med(roof):.0%} | {f / med(roof):.0%} | {1.3 * f / med(roof):.0%} |")
 if conc == '1':
     b = os.path.basename(models[0])
     print()
@@ -264,4 +279,14 @@ log = open(f"{raw}/idle.log").read().splitlines()
 idles = [int(re.search(r'idle=(\d+)', l).group(1)) for l in log]
 print(f"Machine state before each run: CPU idle {min(idles)}–{max(idles)}%"
       + (f"; {busy} run(s) started on a busy machine (below the idle threshold)" if int(busy) else "; idle throughout"))
+steal = {}
+for l in open(f"{raw}/steal.log").read().splitlines():
+    who, v = l.rsplit(' steal=', 1)
+    steal.setdefault(who, []).append(int(v) / 10)
+print("CPU time taken by the hypervisor (steal) during the single-request runs: "
+      + ", ".join(f"{w} {min(v):.1f}–{max(v):.1f}%" for w, v in steal.items()))
+print()
+print("tg roof: the streaming-read bandwidth tboost bench measures beside its decode (best of 8 reads) "
+      "÷ weight bytes per token. Where 1.3× llama.cpp / roof exceeds 100%, the decode goal lies above "
+      "the measured roof.")
 PY
