@@ -387,12 +387,29 @@ fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
         .collect();
     let ws: Vec<(usize, usize)> = segs.iter().map(|s| (s.w.data.as_ptr() as usize, s.w.rows)).collect();
     let tasks = packed_tasks(&rows, m, k, &MatMulTiling::default());
+    // SAFETY: the caller checked that the avx512bf16 kernel runs here.
+    let pre = unsafe { round_x_once(&tasks, x, m, k) };
     execute_tasks(&tasks, |t| {
         let (w, n) = ws[t.seg];
-        // SAFETY: shapes checked above; tasks cover disjoint outputs; the caller checked that
-        // the avx512bf16 kernel runs here.
-        unsafe { packed_bf16::task(w as *const u8, (n, k), (t.p0, t.p1), x.as_ptr(), (t.i0, t.i1), sinks[t.seg].get()) }
+        // SAFETY: shapes checked above; tasks cover disjoint outputs; `pre` rounds this x;
+        // the caller checked that the avx512bf16 kernel runs here.
+        unsafe {
+            packed_bf16::task(w as *const u8, (n, k), (t.p0, t.p1), x.as_ptr(), (t.i0, t.i1), sinks[t.seg].get(), pre.as_ref())
+        }
     });
+}
+
+/// x rounded to bf16 once for the call, when some task takes the GEMM path (which reads all
+/// its rows rounded).
+///
+/// # Safety
+/// The avx512bf16 kernel runs here (`packed_bf16::applies`).
+unsafe fn round_x_once(tasks: &[PackedTask], x: &[f32], m: usize, k: usize) -> Option<packed_bf16::RoundedX> {
+    if tasks.iter().any(|t| t.i1 - t.i0 >= packed_bf16::GEMM_MIN_ROWS) {
+        packed_bf16::round_x(x, m, k)
+    } else {
+        None
+    }
 }
 
 /// Fused SwiGLU over bf16 pair panels (`matmul_swiglu_fast`'s caller checked the kernel).
@@ -414,8 +431,10 @@ fn swiglu_pair_panels(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_
     let sink = SendSink(packed::Sink::Swiglu { out: out.as_mut_ptr(), ld: n, up: up.data.as_ptr() });
     let tasks = packed_tasks(&[n], m, 2 * k, &MatMulTiling::default());
     // SAFETY: as in `run_pair_panels`.
+    let pre = unsafe { round_x_once(&tasks, x, m, k) };
+    // SAFETY: as in `run_pair_panels`.
     execute_tasks(&tasks, |t| unsafe {
-        packed_bf16::task(gate.data.as_ptr(), (n, k), (t.p0, t.p1), x.as_ptr(), (t.i0, t.i1), sink.get())
+        packed_bf16::task(gate.data.as_ptr(), (n, k), (t.p0, t.p1), x.as_ptr(), (t.i0, t.i1), sink.get(), pre.as_ref())
     });
 }
 

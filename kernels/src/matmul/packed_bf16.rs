@@ -25,7 +25,9 @@
 //! (`cargo bench -p tboost-kernels --bench quant -- peak bf16 fast threads=1`): the panel
 //! walk ran at 134 GFLOP/s, 57% of the `vdpbf16ps` peak (233); the transposed row tiles at
 //! 195 (84%), the file's row layout at 199. The transposition (64 shuffles per KiB) is paid
-//! once per task, not per row.
+//! once per task, not per row. The bf16 x rows a GEMM task reads are rounded once per call
+//! ([`round_x`]), not once per task: every task reads all of a call's rows, and eight tasks
+//! re-rounding 512 rows of 5632 values cost about as much as a tenth of the down projection.
 
 #![allow(clippy::needless_range_loop)] // lane, chain and row indices address several arrays at once
 
@@ -77,12 +79,74 @@ pub fn applies() -> bool {
     super::FastBf16::best() == super::FastBf16::Dot
 }
 
-/// Runs one task: panels `p0..p1` of the pair-panel matrix at `w` (`n` rows, `k` columns)
-/// against activation rows `i0..i1` of `x`.
+/// 64 bytes, 64-byte aligned (the row tiles load x aligned).
+#[repr(C, align(64))]
+#[derive(Clone, Copy)]
+struct Line([u8; 64]);
+
+/// Values added to the row stride of the transposed weights and of x in the GEMM path: at
+/// k = 2048 rows 4 KiB apart all fall in one L1 set, and a 6x4 tile's 10 streams exceed its
+/// 8 ways.
+const SKEW: usize = 32;
+
+/// A call's activation rows rounded to bf16 once for all its GEMM tasks ([`round_x`]).
+pub(super) struct RoundedX {
+    lines: Vec<Line>,
+}
+
+std::thread_local! {
+    /// The caller's [`RoundedX`] buffer, reused across calls (no allocation per step).
+    static ROUNDED: std::cell::Cell<Vec<Line>> = const { std::cell::Cell::new(Vec::new()) };
+}
+
+impl Drop for RoundedX {
+    fn drop(&mut self) {
+        ROUNDED.with(|s| s.set(std::mem::take(&mut self.lines)));
+    }
+}
+
+impl RoundedX {
+    fn rows(&self) -> *const u16 {
+        self.lines.as_ptr() as *const u16
+    }
+}
+
+/// `x` (`m` rows of `k`) rounded to bf16 in the GEMM path's skewed row layout, the rows split
+/// over the current pool, when the call's tasks will take that path (`m` at least
+/// [`GEMM_MIN_ROWS`]); `None` otherwise (each task then rounds its few rows itself).
 ///
 /// # Safety
-/// `w` is a packed `[n, k]` matrix, `x` covers rows `ir`, the sink covers the task's outputs,
-/// and [`applies`] holds.
+/// [`applies`] holds.
+pub(super) unsafe fn round_x(x: &[f32], m: usize, k: usize) -> Option<RoundedX> {
+    assert!(x.len() >= m * k, "round_x: {} values for {m}x{k}", x.len());
+    if m < GEMM_MIN_ROWS {
+        return None;
+    }
+    let xs = padded(k) + SKEW;
+    let mut lines = ROUNDED.with(std::cell::Cell::take);
+    lines.resize((m * xs).div_ceil(32).max(1), Line([0; 64]));
+    #[cfg(target_arch = "x86_64")]
+    {
+        let dst = lines.as_mut_ptr() as usize;
+        let xp = x.as_ptr() as usize;
+        let parts = rayon::current_num_threads().max(1) * 4;
+        let per = m.div_ceil(parts);
+        (0..m.div_ceil(per)).into_par_iter().for_each(|c| {
+            let (r0, r1) = (c * per, ((c + 1) * per).min(m));
+            // SAFETY: rows `r0..r1` of x are inside it (asserted); their bf16 rows lie inside
+            // `lines` (sized for m rows of `xs`) and no other part writes them.
+            unsafe { x86::round_rows(xp as *const f32, k, xs, (r0, r1), dst as *mut u16) }
+        });
+    }
+    Some(RoundedX { lines })
+}
+
+/// Runs one task: panels `p0..p1` of the pair-panel matrix at `w` (`n` rows, `k` columns)
+/// against activation rows `i0..i1` of `x` (already rounded in `pre`, when given).
+///
+/// # Safety
+/// `w` is a packed `[n, k]` matrix, `x` covers rows `ir`, `pre` (if any) is [`round_x`] of
+/// the same `x`, the sink covers the task's outputs, and [`applies`] holds.
 pub(super) unsafe fn task(
     w: *const u8,
     nk: (usize, usize),
@@ -90,11 +154,15 @@ pub(super) unsafe fn task(
     x: *const f32,
     ir: (usize, usize),
     sink: &Sink<'_>,
+    pre: Option<&RoundedX>,
 ) {
     #[cfg(target_arch = "x86_64")]
-    x86::run(w, nk, pr, x, ir, sink);
+    x86::run(w, nk, pr, x, ir, sink, pre.map(RoundedX::rows));
     #[cfg(not(target_arch = "x86_64"))]
-    unreachable!("bf16 pair panels are only made where AVX512_BF16 runs: {w:?} {nk:?} {pr:?} {x:?} {ir:?}");
+    unreachable!(
+        "bf16 pair panels are only made where AVX512_BF16 runs: {w:?} {nk:?} {pr:?} {x:?} {ir:?} {}",
+        pre.is_some()
+    );
 }
 
 /// Checks a pair-panel matrix's size (its fields are public).
@@ -106,14 +174,9 @@ pub(super) fn check(w: &crate::WeightMat<'_>, what: &str) {
 #[cfg(target_arch = "x86_64")]
 mod x86 {
     use super::super::dense_fast::{round_row, tile};
-    use super::{padded, Sink, CHAINS, PANEL};
+    use super::{padded, Line, Sink, CHAINS, PANEL, SKEW};
     use std::arch::x86_64::*;
     use std::cell::Cell;
-
-    /// 64 bytes, 64-byte aligned (the row tiles load x aligned).
-    #[repr(C, align(64))]
-    #[derive(Clone, Copy)]
-    struct Line([u8; 64]);
 
     thread_local! {
         /// The bf16 copy of a task's x rows, reused across calls.
@@ -124,10 +187,14 @@ mod x86 {
 
     /// Bytes of transposed weight rows per block (gate and up together): L2-sized.
     const BLOCK_BYTES: usize = 1 << 20;
-    /// Values added to the row stride of the transposed weights and of x in `gemm`: at
-    /// k = 2048 rows 4 KiB apart all fall in one L1 set, and a 6x4 tile's 10 streams exceed
-    /// its 8 ways.
-    const SKEW: usize = 32;
+
+    /// Rows `r0..r1` of `x` (`k` values each) rounded to bf16 rows `xs` values apart at `dst`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")]
+    pub(super) unsafe fn round_rows(x: *const f32, k: usize, xs: usize, (r0, r1): (usize, usize), dst: *mut u16) {
+        for r in r0..r1 {
+            round_row(x.add(r * k), k, padded(k), dst.add(r * xs));
+        }
+    }
 
     /// Registered activation rows walked together through a block of [`KB`] pairs.
     const MR: usize = 4;
@@ -227,11 +294,17 @@ mod x86 {
         x: *const f32,
         (i0, i1): (usize, usize),
         sink: &Sink<'_>,
+        pre: Option<*const u16>,
     ) {
         let kp = padded(k);
         let rows = i1 - i0;
-        let mut buf = XB.with(Cell::take);
         let gemm_rows = rows >= super::GEMM_MIN_ROWS;
+        if let (true, Some(pre)) = (gemm_rows, pre) {
+            let xs = kp + SKEW;
+            gemm(w, n, (kp, xs), (p0, p1), pre.add(i0 * xs), (i0, rows), sink);
+            return;
+        }
+        let mut buf = XB.with(Cell::take);
         let xs = if gemm_rows { kp + SKEW } else { kp };
         let lines = (rows * xs).div_ceil(32).max(1);
         if buf.len() < lines {
