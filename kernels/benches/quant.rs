@@ -14,9 +14,10 @@
 //! - small:  m = 1..12, one thread (only when named)
 //! - decode: the m=1 matmuls of one Qwen2.5-0.5B Q4_K_M token (24 layers + output head)
 //!
-//! `exact` / `fast` pick the precision (default: both). Shapes: Qwen2.5-0.5B (896 x 4864) and
-//! TinyLlama-1.1B (2048 x 5632). Weights are random blocks with ordinary scales; the kernels'
-//! speed does not depend on values.
+//! `exact` / `fast` pick the precision (default: both). Each line is the fastest of many
+//! calls; `PCTL=1` also prints each case's percentiles (to stderr, before its line). Shapes:
+//! Qwen2.5-0.5B (896 x 4864) and TinyLlama-1.1B (2048 x 5632). Weights are random blocks with
+//! ordinary scales; the kernels' speed does not depend on values.
 
 use std::hint::black_box;
 use std::time::{Duration, Instant};
@@ -167,6 +168,7 @@ fn time(p: &rayon::ThreadPool, budget: Duration, mut f: impl FnMut() + Send) -> 
         f();
         let mut best = f64::MAX;
         let (start, mut runs) = (Instant::now(), 0);
+        let mut all = Vec::new();
         while start.elapsed() < budget || runs < 5 {
             let (s, c) = (Instant::now(), thread_cpu_secs());
             f();
@@ -175,7 +177,22 @@ fn time(p: &rayon::ThreadPool, budget: Duration, mut f: impl FnMut() + Send) -> 
                 _ => s.elapsed().as_secs_f64(),
             };
             best = best.min(secs);
+            all.push(secs);
             runs += 1;
+        }
+        if std::env::var_os("PCTL").is_some() {
+            // The spread behind "fastest": on a VM with a noisy neighbour's memory traffic the
+            // typical call can take twice the fastest.
+            all.sort_by(f64::total_cmp);
+            let q = |f: f64| all[((all.len() - 1) as f64 * f) as usize] * 1e6;
+            eprintln!(
+                "  {} calls: p10 {:.0} us, p50 {:.0}, p90 {:.0}, mean {:.0}",
+                all.len(),
+                q(0.1),
+                q(0.5),
+                q(0.9),
+                all.iter().sum::<f64>() / all.len() as f64 * 1e6
+            );
         }
         best
     })
