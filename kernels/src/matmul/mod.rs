@@ -394,7 +394,15 @@ fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
         // SAFETY: shapes checked above; tasks cover disjoint outputs; `pre` rounds this x;
         // the caller checked that the avx512bf16 kernel runs here.
         unsafe {
-            packed_bf16::task(w as *const u8, (n, k), (t.p0, t.p1), x.as_ptr(), (t.i0, t.i1), sinks[t.seg].get(), pre.as_ref())
+            packed_bf16::task(
+                w as *const u8,
+                (n, k),
+                (t.p0, t.p1),
+                x.as_ptr(),
+                (t.i0, t.i1),
+                sinks[t.seg].get(),
+                pre.as_ref(),
+            )
         }
     });
 }
