@@ -112,33 +112,31 @@ impl RoundedX {
 }
 
 /// `x` (`m` rows of `k`) rounded to bf16 in the GEMM path's skewed row layout, the rows split
-/// over the current pool, when the call's tasks will take that path (`m` at least
-/// [`GEMM_MIN_ROWS`]); `None` otherwise (each task then rounds its few rows itself).
+/// over the current pool; the caller asks when some task takes that path (at least
+/// [`GEMM_MIN_ROWS`] rows). `None` where no pair-panel kernel exists (not x86-64).
 ///
 /// # Safety
 /// [`applies`] holds.
 pub(super) unsafe fn round_x(x: &[f32], m: usize, k: usize) -> Option<RoundedX> {
     assert!(x.len() >= m * k, "round_x: {} values for {m}x{k}", x.len());
-    if m < GEMM_MIN_ROWS {
-        return None;
-    }
-    let xs = padded(k) + SKEW;
-    let mut lines = ROUNDED.with(std::cell::Cell::take);
-    lines.resize((m * xs).div_ceil(32).max(1), Line([0; 64]));
     #[cfg(target_arch = "x86_64")]
     {
+        let xs = padded(k) + SKEW;
+        let mut lines = ROUNDED.with(std::cell::Cell::take);
+        lines.resize((m * xs).div_ceil(32).max(1), Line([0; 64]));
         let dst = lines.as_mut_ptr() as usize;
         let xp = x.as_ptr() as usize;
-        let parts = rayon::current_num_threads().max(1) * 4;
-        let per = m.div_ceil(parts);
+        let per = m.div_ceil(rayon::current_num_threads().max(1) * 4).max(1);
         (0..m.div_ceil(per)).into_par_iter().for_each(|c| {
             let (r0, r1) = (c * per, ((c + 1) * per).min(m));
             // SAFETY: rows `r0..r1` of x are inside it (asserted); their bf16 rows lie inside
             // `lines` (sized for m rows of `xs`) and no other part writes them.
             unsafe { x86::round_rows(xp as *const f32, k, xs, (r0, r1), dst as *mut u16) }
         });
+        Some(RoundedX { lines })
     }
-    Some(RoundedX { lines })
+    #[cfg(not(target_arch = "x86_64"))]
+    None
 }
 
 /// Runs one task: panels `p0..p1` of the pair-panel matrix at `w` (`n` rows, `k` columns)
