@@ -201,7 +201,7 @@ fn bench_reports_rates_and_the_bandwidth_share() {
         "--decode",
         "4",
         "--repeat",
-        "1",
+        "2",
         "--threads",
         "1",
         "--concurrency",
@@ -218,6 +218,12 @@ fn bench_reports_rates_and_the_bandwidth_share() {
         assert!(v[k].as_f64().unwrap() > 0.0, "{k}: {v}");
     }
     assert_eq!(v["concurrency"].as_array().unwrap().len(), 2);
+    // Every repeat's rate, the spread behind the median.
+    for k in ["prefill_samples_tokens_per_s", "decode_samples_tokens_per_s"] {
+        let s = v[k].as_array().unwrap_or_else(|| panic!("{k}: {v}"));
+        assert_eq!(s.len(), 2, "{k}: {v}");
+        assert!(s.iter().all(|x| x.as_f64().unwrap() > 0.0), "{k}: {v}");
+    }
 }
 
 #[test]

@@ -87,6 +87,15 @@ fn median(mut v: Vec<f64>) -> f64 {
     v[v.len() / 2]
 }
 
+/// ", min–max a–b" for several samples (the spread behind a median), "" for one.
+fn range(v: &[f64]) -> String {
+    if v.len() < 2 {
+        return String::new();
+    }
+    let (lo, hi) = v.iter().fold((f64::MAX, f64::MIN), |(l, h), &x| (l.min(x), h.max(x)));
+    format!(", min–max {lo:.1}–{hi:.1}")
+}
+
 /// Resets the peak-RSS mark (Linux `clear_refs` 5) so a later reading covers what follows.
 pub(crate) fn reset_peak_rss() {
     let _ = std::fs::write("/proc/self/clear_refs", "5");
@@ -157,6 +166,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
             dec.push(a.decode as f64 / t.elapsed().as_secs_f64());
         }
     }
+    let (pre_all, dec_all) = (pre.clone(), dec.clone());
     let prefill_tps = median(pre);
     let decode_tps = if dec.is_empty() { 0.0 } else { median(dec) };
     let decode_bw = weight_bytes * decode_tps;
@@ -177,6 +187,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
             "weight_bytes": weight_bytes as u64, "kv_dtype": kv_dtype.name(),
             "prefill_tokens": a.prefill, "decode_tokens": a.decode, "repeat": a.repeat,
             "prefill_tokens_per_s": prefill_tps, "decode_tokens_per_s": decode_tps,
+            "prefill_samples_tokens_per_s": pre_all, "decode_samples_tokens_per_s": dec_all,
             "memory_bandwidth_bytes_per_s": bandwidth,
             "decode_weight_bytes_per_s": decode_bw,
             "decode_share_of_bandwidth": decode_bw / bandwidth,
@@ -190,12 +201,19 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         let gb = |b: f64| b / 1e9;
         println!("model     {label}: {:.2} GB of weights; {backend}", gb(weight_bytes));
         println!("bandwidth {:.1} GB/s (streaming read, {threads} threads, same run)", gb(bandwidth));
-        println!("prefill   {:.1} tokens/s ({} tokens, median of {})", prefill_tps, a.prefill, a.repeat);
+        println!(
+            "prefill   {:.1} tokens/s ({} tokens, median of {}{})",
+            prefill_tps,
+            a.prefill,
+            a.repeat,
+            range(&pre_all)
+        );
         if a.decode > 0 {
             println!(
-                "decode    {:.2} tokens/s ({} tokens): {:.1} GB/s of weights = {:.0}% of the bandwidth limit",
+                "decode    {:.2} tokens/s ({} tokens{}): {:.1} GB/s of weights = {:.0}% of the bandwidth limit",
                 decode_tps,
                 a.decode,
+                range(&dec_all),
                 gb(decode_bw),
                 100.0 * decode_bw / bandwidth
             );
