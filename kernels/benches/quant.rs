@@ -6,8 +6,9 @@
 //!   on how far apart the threads' streams are
 //! - peak:   f32 FMA and bf16 pair-dot peaks of N threads at once (register-only loops), the
 //!   yardsticks for gemm
-//! - bf16:   BF16 weights under fast precision, rows against pair panels, m = 1..512 (only
-//!   when named)
+//! - bf16:   BF16 weights under fast precision, rows against pair panels, m = 1..512, and
+//!   TinyLlama's other projection shapes at m = 512 (only when named; `COLD_GEMM=1` cycles
+//!   the weights at every m)
 //! - gemv:   m=1, GB/s of weight bytes per type and shape (weights cycled through > 256 MiB)
 //! - batch:  m=16 (batched decode), GB/s and GFLOP/s
 //! - gemm:   m=512, GFLOP/s
@@ -480,8 +481,10 @@ fn dense(threads: usize) {
 }
 
 /// BF16 weights under `Precision::Fast` (the `vdpbf16ps` kernels): rows against pair panels
-/// at m = 1, 16, 128 and 512, n=5632 k=2048; weights cycled through more than the caches for
-/// m <= 16. Compare GFLOP/s with `peak`'s bf16 pair dot line.
+/// at m = 1, 16, 128 and 512, n=5632 k=2048 (TinyLlama's gate/up), then its down, q/o and
+/// k/v shapes at m = 512; weights cycled through more than the caches for m <= 16, and for
+/// every m with `COLD_GEMM=1` (as a model's prefill reads them: each matrix once per pass).
+/// Compare GFLOP/s with `peak`'s bf16 pair dot line.
 fn bf16_fast(threads: usize) {
     use tboost_kernels::matmul;
     if !matmul::packed_bf16::applies() {
@@ -489,11 +492,16 @@ fn bf16_fast(threads: usize) {
         return;
     }
     let p = pool(threads);
-    let (n, k) = (5632, 2048);
-    let bytes = n * k * 2;
-    for m in [1, 16, 128, 512] {
+    let cases = [1, 16, 128, 512].map(|m| (m, 5632, 2048)).into_iter().chain([
+        (512, 2048, 5632),
+        (512, 2048, 2048),
+        (512, 256, 2048),
+    ]);
+    for (m, n, k) in cases {
+        let bytes = n * k * 2;
         for packed in [false, true] {
-            let copies = if m > 16 { 1 } else { (cold_bytes() / bytes).max(2) };
+            let copies =
+                if m > 16 && std::env::var_os("COLD_GEMM").is_none() { 1 } else { (cold_bytes() / bytes).max(2) };
             let ws: Vec<Huge> = (0..copies)
                 .map(|c| {
                     let mut r = Lcg(c as u64 + 5);
