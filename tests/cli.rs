@@ -227,6 +227,27 @@ fn bench_reports_rates_and_the_bandwidth_share() {
 }
 
 #[test]
+fn bench_text_shows_the_spread_of_its_repeats() {
+    let args = ["bench", "--synthetic", "small", "--prefill", "8", "--decode", "4", "--threads", "1"];
+    let line = |repeat: &str, what: &str| {
+        let (ok, out, err) = tboost(&[&args[..], &["--repeat", repeat]].concat());
+        assert!(ok, "bench failed: {err}");
+        out.lines().find(|l| l.starts_with(what)).unwrap_or_else(|| panic!("no {what} line: {out}")).to_string()
+    };
+    for what in ["prefill", "decode"] {
+        let l = line("3", what);
+        assert!(l.contains("min–max "), "{l}");
+        // The median lies within the range printed beside it.
+        let num = |s: &str| s.trim_matches(|c: char| !c.is_ascii_digit() && c != '.').parse::<f64>().unwrap();
+        let median = num(l.split_whitespace().nth(1).unwrap());
+        let range = l.split("min–max ").nth(1).unwrap().split([')', ':']).next().unwrap();
+        let (lo, hi) = range.split_once('–').unwrap();
+        assert!(num(lo) <= median + 0.05 && median <= num(hi) + 0.05, "{l}");
+        assert!(!line("1", what).contains("min–max"), "one run has no range");
+    }
+}
+
+#[test]
 fn bench_op_prints_one_row_per_swept_value() {
     // Small sizes: each row is a few milliseconds.
     let common =
