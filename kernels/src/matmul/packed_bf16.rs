@@ -419,12 +419,12 @@ mod x86 {
                     let base = m.add(((p - pa) * PANEL + j) * rb);
                     std::array::from_fn(|c| base.add(c * rb))
                 };
-                let s = tile::<MR, NR>(xb, rs, kp / 32, 0, &at(wt));
+                let s = tile::<MR, NR, false>(xb, rs, kp / 32, 0, &at(wt));
                 for t in 0..MR {
                     g[t][j..j + NR].copy_from_slice(&s[t]);
                 }
                 if let Some(ut) = ut {
-                    let s = tile::<MR, NR>(xb, rs, kp / 32, 0, &at(ut));
+                    let s = tile::<MR, NR, false>(xb, rs, kp / 32, 0, &at(ut));
                     for t in 0..MR {
                         u[t][j..j + NR].copy_from_slice(&s[t]);
                     }
