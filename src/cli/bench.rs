@@ -82,7 +82,8 @@ fn concurrent_decode(model: &Model, a: &BenchArgs, n: usize) -> Result<f64> {
     Ok(tokens as f64 / t.elapsed().as_secs_f64())
 }
 
-fn median(mut v: Vec<f64>) -> f64 {
+fn median(v: &[f64]) -> f64 {
+    let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
     v[v.len() / 2]
 }
@@ -166,9 +167,8 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
             dec.push(a.decode as f64 / t.elapsed().as_secs_f64());
         }
     }
-    let (pre_all, dec_all) = (pre.clone(), dec.clone());
-    let prefill_tps = median(pre);
-    let decode_tps = if dec.is_empty() { 0.0 } else { median(dec) };
+    let prefill_tps = median(&pre);
+    let decode_tps = if dec.is_empty() { 0.0 } else { median(&dec) };
     let decode_bw = weight_bytes * decode_tps;
     let peak = peak_rss_bytes();
     let backend = runner.backend().device().device;
@@ -179,7 +179,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
             return Err(Error::invalid("concurrency", "0 requests"));
         }
         let runs: Vec<f64> = (0..a.repeat).map(|_| concurrent_decode(&model, &a, n)).collect::<Result<_>>()?;
-        conc.push((n, median(runs)));
+        conc.push((n, median(&runs)));
     }
     if a.json {
         print_json(&json!({
@@ -187,7 +187,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
             "weight_bytes": weight_bytes as u64, "kv_dtype": kv_dtype.name(),
             "prefill_tokens": a.prefill, "decode_tokens": a.decode, "repeat": a.repeat,
             "prefill_tokens_per_s": prefill_tps, "decode_tokens_per_s": decode_tps,
-            "prefill_samples_tokens_per_s": pre_all, "decode_samples_tokens_per_s": dec_all,
+            "prefill_samples_tokens_per_s": pre, "decode_samples_tokens_per_s": dec,
             "memory_bandwidth_bytes_per_s": bandwidth,
             "decode_weight_bytes_per_s": decode_bw,
             "decode_share_of_bandwidth": decode_bw / bandwidth,
@@ -201,19 +201,13 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         let gb = |b: f64| b / 1e9;
         println!("model     {label}: {:.2} GB of weights; {backend}", gb(weight_bytes));
         println!("bandwidth {:.1} GB/s (streaming read, {threads} threads, same run)", gb(bandwidth));
-        println!(
-            "prefill   {:.1} tokens/s ({} tokens, median of {}{})",
-            prefill_tps,
-            a.prefill,
-            a.repeat,
-            range(&pre_all)
-        );
+        println!("prefill   {:.1} tokens/s ({} tokens, median of {}{})", prefill_tps, a.prefill, a.repeat, range(&pre));
         if a.decode > 0 {
             println!(
                 "decode    {:.2} tokens/s ({} tokens{}): {:.1} GB/s of weights = {:.0}% of the bandwidth limit",
                 decode_tps,
                 a.decode,
-                range(&dec_all),
+                range(&dec),
                 gb(decode_bw),
                 100.0 * decode_bw / bandwidth
             );
