@@ -366,7 +366,7 @@ fn matmul_and_moe_tiling_are_engine_settings_reported_in_the_plan_that_change_no
 }
 
 #[test]
-fn packing_weights_into_panels_changes_no_bit_and_is_recorded() {
+fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
     use tboost::backend::cpu::CpuBackend;
     use tboost::model::synthetic;
     use tboost::plan::WeightMode;
@@ -425,6 +425,17 @@ fn packing_weights_into_panels_changes_no_bit_and_is_recorded() {
         }
         assert!(pm.iter().all(|&m| m == WeightMode::Packed), "{what}: every matmul slot packed: {pm:?}");
         assert!(text.contains("repacked into cpu's panel layout at upload"), "{what}: the plan says so:\n{text}");
+        if (dtype, precision) == (DType::BF16, PrecisionPolicy::Fast) {
+            // The pair panels add each output in one chain, the row layout in 16 chains and a
+            // tree (`matmul::packed_bf16`): both within the bf16 bound of the exact sums, not
+            // the same bits. Logits of this model are O(1); one bf16 ulp of them is 2^-8.
+            let scale = rows.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let diff = max_abs_diff(&packed, &rows);
+            eprintln!("{what}: pair panels against rows: max |diff| {diff}, logit scale {scale}");
+            assert!(diff > 0.0, "{what}: the two orders gave the same bits (is the pair kernel running?)");
+            assert!(diff <= 2f32.powi(-7) * scale, "{what}: pair panels moved the logits by {diff} (scale {scale})");
+            continue;
+        }
         assert!(
             packed.iter().zip(&rows).all(|(a, b)| a.to_bits() == b.to_bits()),
             "{what}: packed panels changed the logits (max abs diff {})",

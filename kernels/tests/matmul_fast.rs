@@ -357,14 +357,15 @@ fn quantized_weights_are_refused() {
 }
 
 #[test]
-fn bf16_pair_panels_give_the_dot_kernels_bits_for_every_batch_and_split() {
+fn bf16_pair_panels_match_their_emulation_for_every_batch_and_split() {
     if !kernels().contains(&FastBf16::Dot) {
         println!("SKIPPED: this CPU has no AVX512_BF16 (the pair panels are for that kernel only)");
         return;
     }
     let mut rng = StdRng::seed_from_u64(61);
-    // k: whole 32-blocks, a partial one, one below a block; n: partial and several panels.
-    for &(n, k) in &[(5, 32), (16, 100), (45, 512), (33, 2050)] {
+    // k: whole 32-blocks, a partial one, an odd one, one below a block; n: partial and
+    // several panels, more than one register tile of them.
+    for &(n, k) in &[(5, 32), (16, 100), (45, 512), (33, 2050), (70, 17)] {
         let (gv, uv) = (rand_vec(&mut rng, n * k, 1.0), rand_vec(&mut rng, n * k, 1.0));
         // `bf16_bytes` puts the values at an odd address (offset 1).
         let (gb, ub) = (bf16_bytes(&gv), bf16_bytes(&uv));
@@ -378,35 +379,70 @@ fn bf16_pair_panels_give_the_dot_kernels_bits_for_every_batch_and_split() {
         let (gp, up) = (pack(gb), pack(ub));
         let (pg, pu) = (WeightMat::pair_panels(n, k, &gp).unwrap(), WeightMat::pair_panels(n, k, &up).unwrap());
         let bias = rand_vec(&mut rng, n, 1.0);
-        // From GEMM_MIN_ROWS the panels are transposed to rows: every x-tile remainder.
+        let bv = WeightVec::from_f32(&bias);
+        // From GEMM_MIN_ROWS a call's x rows are rounded once for all tasks: every x-tile
+        // remainder on both sides of it.
         let gm = matmul::packed_bf16::GEMM_MIN_ROWS;
-        for m in [1, 2, 5, 9].into_iter().chain(gm..gm + 6) {
+        for m in [1, 2, 3, 5, 9].into_iter().chain(gm..gm + 6) {
             let x = rand_vec(&mut rng, m * k, 2.0);
-            let run = |w: WeightMat<'_>, threads: usize| {
-                let mut y = vec![f32::NAN; m * n];
-                rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(|| {
+            let want = reference::matmul_fast_bf16_pairs(&x, m, &g, Some(&bv));
+            for threads in [1, 3] {
+                let mut got = vec![f32::NAN; m * n];
+                pool(threads).install(|| {
                     matmul::matmul_fast_with(
                         Isa::Avx512,
                         FastBf16::Dot,
                         &x,
                         m,
-                        &mut [MatSeg { w, bias: Some(WeightVec::from_f32(&bias)), out: &mut y }],
+                        &mut [MatSeg { w: pg, bias: Some(bv), out: &mut got }],
                     )
                 });
-                y
-            };
-            let want = run(g, 1);
-            for threads in [1, 3] {
-                let got = run(pg, threads);
                 assert!(
-                    got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()),
-                    "pair panels n={n} k={k} m={m} threads={threads} differ from the row layout"
+                    bits_eq(&got, &want),
+                    "pair panels n={n} k={k} m={m} threads={threads} differ from their emulation"
                 );
             }
-            let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
-            matmul::matmul_swiglu_fast_with(Isa::Avx512, FastBf16::Dot, &x, m, g, u, &mut a);
-            matmul::matmul_swiglu_fast_with(Isa::Avx512, FastBf16::Dot, &x, m, pg, pu, &mut b);
-            assert!(a.iter().zip(&b).all(|(a, b)| a.to_bits() == b.to_bits()), "pair-panel swiglu n={n} k={k} m={m}");
+            let (gs, us) = (
+                reference::matmul_fast_bf16_pairs(&x, m, &g, None),
+                reference::matmul_fast_bf16_pairs(&x, m, &u, None),
+            );
+            let unfused: Vec<f32> = gs.iter().zip(&us).map(|(&g, &u)| matmul::silu(g) * u).collect();
+            let mut fused = vec![f32::NAN; m * n];
+            pool(3).install(|| matmul::matmul_swiglu_fast_with(Isa::Avx512, FastBf16::Dot, &x, m, pg, pu, &mut fused));
+            assert!(bits_eq(&fused, &unfused), "pair-panel swiglu n={n} k={k} m={m}");
+            check_bf16_bound("pair panels", &want, &x, m, &g, Some(&bias));
         }
+    }
+}
+
+#[test]
+fn pair_panel_emulation_rounds_special_activations_as_the_hardware_does() {
+    if !kernels().contains(&FastBf16::Dot) {
+        println!("SKIPPED: this CPU has no AVX512_BF16 (the pair panels are for that kernel only)");
+        return;
+    }
+    // Denormal activations and weights flush, -0.0 products and sums, ties round to even,
+    // at k = 3 (a padded pair) and 40 (a padded block).
+    for k in [3usize, 40] {
+        let n = 17;
+        let specials =
+            [1e-40, -0.0, f32::from_bits(0x3f80_8000), -1.5e-39, f32::from_bits(0x3f81_8000), -2.5, 0.0, 1.0];
+        let x: Vec<f32> = (0..2 * k).map(|i| specials[i % specials.len()]).collect();
+        let wv: Vec<f32> = (0..n * k)
+            .map(|i| match i % 7 {
+                0 => -0.0,
+                3 => 1e-39,
+                _ => 1.0 + (i % 9) as f32 / 64.0,
+            })
+            .collect();
+        let wb = bf16_bytes(&wv);
+        let w = WeightMat::new(DType::BF16, n, k, &wb[1..]).unwrap();
+        let mut p = vec![0u8; matmul::packed_bf16::packed_bytes(n, k)];
+        matmul::packed_bf16::pack(n, k, &wb[1..], &mut p);
+        let pw = WeightMat::pair_panels(n, k, &p).unwrap();
+        let want = reference::matmul_fast_bf16_pairs(&x, 2, &w, None);
+        let mut got = vec![0f32; 2 * n];
+        matmul::matmul_fast_with(Isa::Avx512, FastBf16::Dot, &x, 2, &mut [MatSeg { w: pw, bias: None, out: &mut got }]);
+        assert!(bits_eq(&got, &want), "k={k}: {got:?} vs {want:?}");
     }
 }

@@ -320,7 +320,7 @@ unsafe fn run_bf16<C: Cols>(x: *const f32, k: usize, it: &Item, cols: &C) {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{round_row, tile};
+pub(super) use x86::round_row;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -375,12 +375,10 @@ mod x86 {
 
     /// Sums of `MR` bf16 x rows (`xb`, 64-byte aligned, stride `xs` values, zero-padded)
     /// against `NR` BF16 weight rows: `steps` whole 32-blocks, then one block of `tail` (< 32)
-    /// values. `PREFETCH`: weight rows read from memory are prefetched [`PF`] bytes ahead;
-    /// rows already in L2 (`packed_bf16`'s transposed blocks) are not, which measured 3%
-    /// faster there.
+    /// values; the weight rows come from memory, prefetched [`PF`] bytes ahead.
     #[inline(always)]
     #[allow(clippy::needless_range_loop)] // acc[i][j] is indexed by both loops
-    pub(in crate::matmul) unsafe fn tile<const MR: usize, const NR: usize, const PREFETCH: bool>(
+    unsafe fn tile<const MR: usize, const NR: usize>(
         xb: *const u16,
         xs: usize,
         steps: usize,
@@ -396,9 +394,7 @@ mod x86 {
             }
             for j in 0..NR {
                 let wp = ws[j].add(2 * c);
-                if PREFETCH {
-                    _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PF) as *const i8);
-                }
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(PF) as *const i8);
                 let wv: __m512bh = std::mem::transmute(_mm512_loadu_si512(wp as *const __m512i));
                 for i in 0..MR {
                     acc[i][j] = _mm512_dpbf16_ps(acc[i][j], std::mem::transmute::<__m512i, __m512bh>(xv[i]), wv);
@@ -475,7 +471,7 @@ mod x86 {
         let mut j = j0;
         while j < j1 {
             let ws = cols.rows::<NR>(j);
-            let s = tile::<MR, NR, true>(xb, kp, k / 32, k % 32, &ws);
+            let s = tile::<MR, NR>(xb, kp, k / 32, k % 32, &ws);
             cols.store::<MR, NR>(i, j, jend, &s);
             j += step;
         }

@@ -234,7 +234,7 @@ pub fn matmul_swiglu_with_tiled(
     if gate.layout == Layout::Panels || up.layout == Layout::Panels {
         assert!(gate.layout == up.layout, "matmul_swiglu: gate and up must both be packed or both not");
         let sink = packed::Sink::Swiglu { out: out.as_mut_ptr(), ld: n, up: up.data.as_ptr() };
-        let tasks = packed_tasks(&[n], m, 2 * k, tiling);
+        let tasks = packed_tasks(&[n], m, 2 * k, tiling, 1);
         let sink = SendSink(sink);
         // SAFETY: shapes were checked above; tasks cover disjoint outputs.
         execute_tasks(&tasks, |t| unsafe {
@@ -302,13 +302,15 @@ struct PackedTask {
     i1: usize,
 }
 
-/// Splits segments of `rows[s]` rows into whole-panel tasks, as `plan_items_tiled` splits
-/// columns (`tasks_per_thread` per thread, and rows of `m` when panels alone give too few;
-/// `panel_rows`, a multiple of 16, and `act_rows` where the tiling sets them).
 /// Weight bytes a decode task of packed dense panels reads at most.
 const DECODE_TASK_BYTES: usize = 512 << 10;
 
-fn packed_tasks(rows: &[usize], m: usize, k: usize, tiling: &MatMulTiling) -> Vec<PackedTask> {
+/// Splits segments of `rows[s]` rows into whole-panel tasks, as `plan_items_tiled` splits
+/// columns (`tasks_per_thread` per thread, and rows of `m` when panels alone give too few;
+/// `panel_rows`, a multiple of 16, and `act_rows` where the tiling sets them). Above 16 rows
+/// a task takes at least `min_panels` panels (unless the tiling sets `panel_rows`): the
+/// width of the kernel's register tile, which a narrower task would leave part idle.
+fn packed_tasks(rows: &[usize], m: usize, k: usize, tiling: &MatMulTiling, min_panels: usize) -> Vec<PackedTask> {
     let panels: Vec<usize> = rows.iter().map(|r| r.div_ceil(packed::PANEL)).collect();
     let total: usize = panels.iter().sum();
     let threads = rayon::current_num_threads().max(1);
@@ -326,7 +328,7 @@ fn packed_tasks(rows: &[usize], m: usize, k: usize, tiling: &MatMulTiling) -> Ve
                 if m <= 16 {
                     even.min(cap.max(1))
                 } else {
-                    even
+                    even.max(min_panels)
                 }
             },
             |r| r / packed::PANEL,
@@ -386,7 +388,7 @@ fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
         .map(|s| SendSink(packed::Sink::Plain { out: s.out.as_mut_ptr(), ld: s.w.rows, bias: s.bias }))
         .collect();
     let ws: Vec<(usize, usize)> = segs.iter().map(|s| (s.w.data.as_ptr() as usize, s.w.rows)).collect();
-    let tasks = packed_tasks(&rows, m, k, &MatMulTiling::default());
+    let tasks = packed_tasks(&rows, m, k, &MatMulTiling::default(), packed_bf16::GEMM_PANELS);
     // SAFETY: the caller checked that the avx512bf16 kernel runs here.
     let pre = unsafe { round_x_once(&tasks, x, m, k) };
     execute_tasks(&tasks, |t| {
@@ -437,7 +439,7 @@ fn swiglu_pair_panels(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_
         return;
     }
     let sink = SendSink(packed::Sink::Swiglu { out: out.as_mut_ptr(), ld: n, up: up.data.as_ptr() });
-    let tasks = packed_tasks(&[n], m, 2 * k, &MatMulTiling::default());
+    let tasks = packed_tasks(&[n], m, 2 * k, &MatMulTiling::default(), packed_bf16::GEMM_PANELS / 2);
     // SAFETY: as in `run_pair_panels`.
     let pre = unsafe { round_x_once(&tasks, x, m, k) };
     // SAFETY: as in `run_pair_panels`.
@@ -456,7 +458,7 @@ fn run_packed(isa: Isa, tiling: &MatMulTiling, x: &[f32], m: usize, segs: &mut [
         .collect();
     let ws: Vec<(DType, usize, usize)> =
         segs.iter().map(|s| (s.w.dtype, s.w.data.as_ptr() as usize, s.w.rows)).collect();
-    let tasks = packed_tasks(&rows, m, k, tiling);
+    let tasks = packed_tasks(&rows, m, k, tiling, 1);
     execute_tasks(&tasks, |t| {
         let (dtype, w, n) = ws[t.seg];
         // SAFETY: shapes were checked by `matmul_with`; tasks cover disjoint outputs.

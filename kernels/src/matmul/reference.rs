@@ -106,3 +106,39 @@ pub fn matmul_fast_bf16(x: &[f32], m: usize, w: &WeightMat<'_>, bias: Option<&We
     }
     out
 }
+
+/// A scalar emulation of `matmul_fast` for BF16 weights in pair panels
+/// (`matmul::packed_bf16`), bit for bit: each output one chain over the value pairs in
+/// increasing order, `acc += x[2q+1]·w[2q+1]`, then `acc += x[2q]·w[2q]` (one `vdpbf16ps`
+/// lane), then the bias; `[m, w.rows]`. `w` is the row-major BF16 matrix that was packed.
+///
+/// # Panics
+/// When `w` is not BF16 or `x` is not `[m, w.cols]`.
+pub fn matmul_fast_bf16_pairs(x: &[f32], m: usize, w: &WeightMat<'_>, bias: Option<&WeightVec<'_>>) -> Vec<f32> {
+    assert_eq!(w.dtype, DType::BF16, "reference matmul_fast_bf16_pairs: weights are {}", w.dtype);
+    let (n, k) = (w.rows, w.cols);
+    assert_eq!(x.len(), m * k, "reference matmul_fast_bf16_pairs: x is not [m={m}, k={k}]");
+    let mut out = vec![0f32; m * n];
+    for i in 0..m {
+        let xb: Vec<u16> = (0..k).map(|c| bf16_round(x[i * k + c])).collect();
+        for j in 0..n {
+            let row = w.row(j);
+            let mut acc = 0f32;
+            // The chain runs over the zero pairs padding k to whole 32-value blocks too.
+            for q in 0..k.div_ceil(32) * 16 {
+                for e in [2 * q + 1, 2 * q] {
+                    let (xe, we) =
+                        if e < k { (xb[e], u16::from_le_bytes([row[2 * e], row[2 * e + 1]])) } else { (0, 0) };
+                    // Both factors have 8 significant bits: the product is exact in f32.
+                    let p = ftz(bf16_f32(xe) * bf16_f32(we));
+                    acc = ftz(acc + p);
+                }
+            }
+            out[i * n + j] = match bias {
+                Some(b) => acc + b.get(j),
+                None => acc,
+            };
+        }
+    }
+    out
+}
