@@ -82,10 +82,17 @@ fn concurrent_decode(model: &Model, a: &BenchArgs, n: usize) -> Result<f64> {
     Ok(tokens as f64 / t.elapsed().as_secs_f64())
 }
 
+/// The median; of an even count, the mean of the middle two (the upper one alone would
+/// report the better of two runs).
 fn median(v: &[f64]) -> f64 {
     let mut v = v.to_vec();
     v.sort_by(f64::total_cmp);
-    v[v.len() / 2]
+    let h = v.len() / 2;
+    if v.len() % 2 == 0 {
+        (v[h - 1] + v[h]) / 2.0
+    } else {
+        v[h]
+    }
 }
 
 /// ", min–max a–b" for several samples (the spread behind a median), "" for one.
@@ -221,4 +228,15 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         }
     }
     Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn median_of_an_even_count_is_the_mean_of_the_middle_two() {
+        assert_eq!(super::median(&[150.0, 160.0]), 155.0);
+        assert_eq!(super::median(&[4.0, 1.0, 3.0, 2.0]), 2.5);
+        assert_eq!(super::median(&[3.0, 1.0, 2.0]), 2.0);
+        assert_eq!(super::median(&[7.0]), 7.0);
+    }
 }
