@@ -10,7 +10,8 @@
 //! saves the widening work; AMX runs a 512x2048x2048 GEMM 4-5x faster than the exact path.
 //! On CPUs where `vdpbf16ps` runs at the FMA rate (Zen 4/5) `Dot` doubles the peak.
 //!
-//! Numerics of `Dot` (what `reference::matmul_fast_bf16` emulates bit for bit):
+//! Numerics of `Dot` on the row layout (what `reference::matmul_fast_bf16` emulates bit for
+//! bit; the pair panels of `packed_bf16` add in another order, stated there):
 //! - each activation is rounded to bf16 once (`vcvtne2ps2bf16`: round to nearest even,
 //!   denormal inputs become signed zeros, NaN stays NaN);
 //! - lane `l` (0..16) of one accumulator takes, for each block of 32 values of `k` in
