@@ -363,9 +363,9 @@ fn bf16_pair_panels_match_their_emulation_for_every_batch_and_split() {
         return;
     }
     let mut rng = StdRng::seed_from_u64(61);
-    // k: whole 32-blocks, a partial one, an odd one, one below a block; n: partial and
-    // several panels, more than one register tile of them.
-    for &(n, k) in &[(5, 32), (16, 100), (45, 512), (33, 2050), (70, 17)] {
+    // k: whole 32-blocks, a partial one, an odd one, one below a block, none (the bias
+    // alone); n: partial and several panels, more than one register tile of them.
+    for &(n, k) in &[(5, 32), (16, 100), (45, 512), (33, 2050), (70, 17), (20, 0)] {
         let (gv, uv) = (rand_vec(&mut rng, n * k, 1.0), rand_vec(&mut rng, n * k, 1.0));
         // `bf16_bytes` puts the values at an odd address (offset 1).
         let (gb, ub) = (bf16_bytes(&gv), bf16_bytes(&uv));

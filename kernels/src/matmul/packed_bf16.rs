@@ -277,6 +277,7 @@ mod x86 {
         });
         let acc = micro::<MR, NR>(xb, xs, kp / 2, &ws);
         let panels = if up.is_some() { NR / 2 } else { NR };
+        debug_assert!(panels > 0, "a gate-and-up tile needs an even number of streams");
         for t in 0..MR {
             for c in 0..panels {
                 let (g, u) = match up {
@@ -330,8 +331,9 @@ mod x86 {
             }
         };
         let up = sink.up();
-        let pb = PANEL * kp * 2 * if up.is_some() { 2 } else { 1 };
-        let per_block = (BLOCK_BYTES / pb).clamp(1, (p1 - p0).max(1));
+        // Bytes of one panel with its up panel; k = 0 makes empty panels (max(1)).
+        let panel_bytes = PANEL * kp * 2 * if up.is_some() { 2 } else { 1 };
+        let per_block = (BLOCK_BYTES / panel_bytes.max(1)).clamp(1, (p1 - p0).max(1));
         let (nfull, r) = (rows / 6, rows % 6);
         let mut pa = p0;
         while pa < p1 {
