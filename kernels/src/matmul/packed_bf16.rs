@@ -22,7 +22,8 @@
 //! One register tile is up to 6 activation rows by 4 panels (64 outputs): per pair, 4 weight
 //! loads and 6 activation broadcasts feed 24 `vdpbf16ps`, with the 24 chains in registers
 //! from the first pair to the last (no reduction, no transposition). Decode (1 or 2 rows)
-//! takes 8 panels per tile, so 8 independent chains hide the instruction's latency. A task
+//! takes 8 panels per tile: 8 independent chains (4 measured the same in the model's
+//! decode, which memory bounds). A task
 //! walks its panels in blocks of about 768 KiB (L2), every x tile over one block, so a
 //! block comes from memory once. Measured at m = 512, n = 5632, k = 2048, one Zen 4 thread
 //! (`cargo bench -p tboost-kernels --bench quant -- bf16 fast threads=1`): about 215

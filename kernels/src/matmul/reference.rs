@@ -67,78 +67,78 @@ fn ftz(v: f32) -> f32 {
     }
 }
 
-/// A scalar emulation of `matmul_fast` for BF16 weights (`Precision::Fast`), bit for bit:
-/// the order stated in `dense_fast`'s module docs, `[m, w.rows]`.
-///
-/// # Panics
-/// When `w` is not BF16 or `x` is not `[m, w.cols]`.
-pub fn matmul_fast_bf16(x: &[f32], m: usize, w: &WeightMat<'_>, bias: Option<&WeightVec<'_>>) -> Vec<f32> {
-    assert_eq!(w.dtype, DType::BF16, "reference matmul_fast_bf16: weights are {}", w.dtype);
+/// One `vdpbf16ps` lane on value pair `q` of bf16 `xb` and weight row `row` (values past `k`
+/// are the zero padding): `acc += x[2q+1]·w[2q+1]`, then `acc += x[2q]·w[2q]`.
+fn dot_pair(mut acc: f32, xb: &[u16], row: &[u8], k: usize, q: usize) -> f32 {
+    for e in [2 * q + 1, 2 * q] {
+        let (xe, we) = if e < k { (xb[e], u16::from_le_bytes([row[2 * e], row[2 * e + 1]])) } else { (0, 0) };
+        // Both factors have 8 significant bits: the product is exact in f32.
+        let p = ftz(bf16_f32(xe) * bf16_f32(we));
+        acc = ftz(acc + p);
+    }
+    acc
+}
+
+/// `x · wᵀ + bias` for BF16 `w` with the activations rounded to bf16, each output's sum
+/// given by `sum(bf16 x row, weight row)`; `[m, w.rows]`.
+fn emulate_bf16(
+    what: &str,
+    x: &[f32],
+    m: usize,
+    w: &WeightMat<'_>,
+    bias: Option<&WeightVec<'_>>,
+    sum: impl Fn(&[u16], &[u8]) -> f32,
+) -> Vec<f32> {
+    assert_eq!(w.dtype, DType::BF16, "reference {what}: weights are {}", w.dtype);
     let (n, k) = (w.rows, w.cols);
-    assert_eq!(x.len(), m * k, "reference matmul_fast_bf16: x is not [m={m}, k={k}]");
-    let kp = k.div_ceil(32) * 32;
+    assert_eq!(x.len(), m * k, "reference {what}: x is not [m={m}, k={k}]");
     let mut out = vec![0f32; m * n];
     for i in 0..m {
-        let xb: Vec<u16> = (0..kp).map(|c| if c < k { bf16_round(x[i * k + c]) } else { 0 }).collect();
+        let xb: Vec<u16> = x[i * k..(i + 1) * k].iter().map(|&v| bf16_round(v)).collect();
         for j in 0..n {
-            let row = w.row(j);
-            let wb = |c: usize| if c < k { u16::from_le_bytes([row[2 * c], row[2 * c + 1]]) } else { 0 };
-            let mut lanes = [0f32; 16];
-            for t in 0..kp / 32 {
-                for (l, acc) in lanes.iter_mut().enumerate() {
-                    let c = 32 * t + 2 * l;
-                    for e in [c + 1, c] {
-                        // Both factors have 8 significant bits: the product is exact in f32.
-                        let p = ftz(bf16_f32(xb[e]) * bf16_f32(wb(e)));
-                        *acc = ftz(*acc + p);
-                    }
-                }
-            }
-            let s8: [f32; 8] = std::array::from_fn(|q| lanes[q] + lanes[q + 8]);
-            let s4: [f32; 4] = std::array::from_fn(|q| s8[q] + s8[q + 4]);
-            let s2: [f32; 2] = std::array::from_fn(|q| s4[q] + s4[q + 2]);
-            let sum = s2[0] + s2[1];
+            let s = sum(&xb, w.row(j));
             out[i * n + j] = match bias {
-                Some(b) => sum + b.get(j),
-                None => sum,
+                Some(b) => s + b.get(j),
+                None => s,
             };
         }
     }
     out
 }
 
+/// A scalar emulation of `matmul_fast` for BF16 weights (`Precision::Fast`) in the row
+/// layout, bit for bit: the order stated in `dense_fast`'s module docs, `[m, w.rows]`.
+///
+/// # Panics
+/// When `w` is not BF16 or `x` is not `[m, w.cols]`.
+pub fn matmul_fast_bf16(x: &[f32], m: usize, w: &WeightMat<'_>, bias: Option<&WeightVec<'_>>) -> Vec<f32> {
+    let k = w.cols;
+    emulate_bf16("matmul_fast_bf16", x, m, w, bias, |xb, row| {
+        // Lane `l` takes pair `16t + l` of each 32-value block, the padded last one included.
+        let mut lanes = [0f32; 16];
+        for t in 0..k.div_ceil(32) {
+            for (l, acc) in lanes.iter_mut().enumerate() {
+                *acc = dot_pair(*acc, xb, row, k, 16 * t + l);
+            }
+        }
+        let s8: [f32; 8] = std::array::from_fn(|q| lanes[q] + lanes[q + 8]);
+        let s4: [f32; 4] = std::array::from_fn(|q| s8[q] + s8[q + 4]);
+        let s2: [f32; 2] = std::array::from_fn(|q| s4[q] + s4[q + 2]);
+        s2[0] + s2[1]
+    })
+}
+
 /// A scalar emulation of `matmul_fast` for BF16 weights in pair panels
 /// (`matmul::packed_bf16`), bit for bit: each output one chain over the value pairs in
-/// increasing order, `acc += x[2q+1]·w[2q+1]`, then `acc += x[2q]·w[2q]` (one `vdpbf16ps`
-/// lane), then the bias; `[m, w.rows]`. `w` is the row-major BF16 matrix that was packed.
+/// increasing order (one `vdpbf16ps` lane per pair), then the bias; `[m, w.rows]`. `w` is
+/// the row-major BF16 matrix that was packed.
 ///
 /// # Panics
 /// When `w` is not BF16 or `x` is not `[m, w.cols]`.
 pub fn matmul_fast_bf16_pairs(x: &[f32], m: usize, w: &WeightMat<'_>, bias: Option<&WeightVec<'_>>) -> Vec<f32> {
-    assert_eq!(w.dtype, DType::BF16, "reference matmul_fast_bf16_pairs: weights are {}", w.dtype);
-    let (n, k) = (w.rows, w.cols);
-    assert_eq!(x.len(), m * k, "reference matmul_fast_bf16_pairs: x is not [m={m}, k={k}]");
-    let mut out = vec![0f32; m * n];
-    for i in 0..m {
-        let xb: Vec<u16> = (0..k).map(|c| bf16_round(x[i * k + c])).collect();
-        for j in 0..n {
-            let row = w.row(j);
-            let mut acc = 0f32;
-            // The chain runs over the zero pairs padding k to whole 32-value blocks too.
-            for q in 0..k.div_ceil(32) * 16 {
-                for e in [2 * q + 1, 2 * q] {
-                    let (xe, we) =
-                        if e < k { (xb[e], u16::from_le_bytes([row[2 * e], row[2 * e + 1]])) } else { (0, 0) };
-                    // Both factors have 8 significant bits: the product is exact in f32.
-                    let p = ftz(bf16_f32(xe) * bf16_f32(we));
-                    acc = ftz(acc + p);
-                }
-            }
-            out[i * n + j] = match bias {
-                Some(b) => acc + b.get(j),
-                None => acc,
-            };
-        }
-    }
-    out
+    let k = w.cols;
+    emulate_bf16("matmul_fast_bf16_pairs", x, m, w, bias, |xb, row| {
+        // The chain runs over the zero pairs padding k to whole 32-value blocks too.
+        (0..k.div_ceil(32) * 16).fold(0f32, |acc, q| dot_pair(acc, xb, row, k, q))
+    })
 }
