@@ -20,18 +20,17 @@
 //!
 //! ## Kernel
 //! One register tile is up to 6 activation rows by 4 panels (64 outputs): per pair, 4 weight
-//! loads and 6 activation broadcasts feed 24 `vdpbf16ps`, with the 24 chains in registers
-//! from the first pair to the last (no reduction, no transposition). Decode (1 or 2 rows)
-//! takes 8 panels per tile: 8 independent chains (4 measured the same in the model's
-//! decode, which memory bounds). A task
-//! walks its panels in blocks of about 768 KiB (L2), every x tile over one block, so a
-//! block comes from memory once. Measured at m = 512, n = 5632, k = 2048, one Zen 4 thread
-//! (`cargo bench -p tboost-kernels --bench quant -- bf16 fast threads=1`): about 215
-//! GFLOP/s, 92% of the `vdpbf16ps` peak (233); the earlier 16-chain order needed its panels
-//! transposed back to rows for 6x4 dot-product tiles and ran at 195. From
-//! [`GEMM_MIN_ROWS`] activation rows, a call's x rows are rounded to bf16 once for all its
-//! tasks ([`round_x`]): every task reads all of them, and eight tasks re-rounding 512 rows of
-//! 5632 values cost about as much as a tenth of the down projection.
+//! loads and 6 activation broadcasts feed 24 `vdpbf16ps`, with the 24 chains in registers from
+//! the first pair to the last (no reduction, no transposition). Decode (1 or 2 rows) takes 8
+//! panels per tile: 8 independent chains (4 measured the same in the model's decode, which
+//! memory bounds). A task walks its panels in blocks of about 768 KiB (L2), every x tile over
+//! one block, so a block comes from memory once. Measured at m = 512, n = 5632, k = 2048, one
+//! Zen 4 thread (`cargo bench -p tboost-kernels --bench quant -- bf16 fast threads=1`): about
+//! 215 GFLOP/s, 92-98% of the one-thread `vdpbf16ps` peak (233 and 219 in two sessions); the
+//! earlier 16-chain order needed its panels transposed back to rows for 6x4 dot-product tiles
+//! and ran at 195. From [`GEMM_MIN_ROWS`] activation rows, a call's x rows are rounded to bf16
+//! once for all its tasks ([`round_x`]): every task reads all of them, and eight tasks
+//! re-rounding 512 rows of 5632 values cost about as much as a tenth of the down projection.
 
 #![allow(clippy::needless_range_loop)] // lane, chain and row indices address several arrays at once
 
