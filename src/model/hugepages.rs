@@ -2,43 +2,51 @@
 //!
 //! A decode step streams every weight once; over 4 KiB page-cache pages that is one TLB
 //! refill per 4 KiB, which costs a GGUF Q4_0 GEMV about 15% of its speed here (tinyllama-1.1b
-//! Q4_0, 2 threads: 23.4 → 27.2 tokens/s). So a large model file is copied once at load into
-//! anonymous memory marked `MADV_HUGEPAGE` (2 MiB pages), and the copy is what the kernels
-//! read. `TBOOST_WEIGHT_PAGES=file` keeps the zero-copy file map instead (several processes
-//! then share one page-cache copy of the weights); small files (tests, tokenizers) always
-//! stay mapped.
+//! Q4_0, 2 threads: 23.4 → 27.2 tokens/s). So the CPU backend gives every weight of a large
+//! model file its own copy in anonymous memory marked `MADV_HUGEPAGE` (2 MiB pages), an
+//! [`Arena`]: repacked tensors are packed there straight from the file map, tensors used as
+//! stored are copied there ([`copy_into`]), and each tensor's file pages are then dropped from
+//! the process, so the weights are resident once. `TBOOST_WEIGHT_PAGES=file` keeps the
+//! stored tensors in the zero-copy file map instead (several processes then share one
+//! page-cache copy of them); small files (tests, tokenizers) always stay mapped.
 //!
-//! A backend that repacks a tensor into its own layout hands the tensor's pages back
-//! (`Tensor::release_resident`): whole pages of the copy are mapped from the file again
-//! (same bytes, read back only if something reads them), so the weights are not resident
-//! twice. Repacked tensors go into an [`Arena`]: chunks aligned to 2 MiB, so that they get
-//! huge pages too.
-
-use std::path::Path;
+//! Why per tensor at upload, not the whole file at load: the first touch of fresh memory
+//! is what a load costs, and a whole-file copy touched every repacked tensor's bytes twice
+//! (the copy, then the panels). On a VM whose host takes back free memory (free page
+//! reporting), first-touching a fresh 2 MiB page measured about 8 ms, 2 GB in 17.6 s against
+//! 0.2 s for memory touched before (`MADV_HUGEPAGE` mapping, one write per 4 KiB page).
 
 use memmap2::{Mmap, MmapMut, MmapOptions};
-
-use super::tensor::FileCopy;
+use rayon::prelude::*;
 
 /// Files below this stay mapped: the copy would not pay for itself.
 const MIN_BYTES: usize = 64 << 20;
-/// Bytes copied between two releases of the file pages (a multiple of every page size).
-const CHUNK: usize = 32 << 20;
+/// Bytes per parallel piece of [`copy_into`].
+const COPY_PIECE: usize = 4 << 20;
 
-/// Whether `len` bytes of weights go into huge pages: large enough, not opted out, and the
-/// kernel offers transparent huge pages (`always` or `madvise`).
+/// Whether a tensor mapped from a file of `len` bytes is copied into huge pages when a
+/// backend reads it in place: the file is large and [`weights_in_huge_pages`].
 pub fn wanted(len: usize) -> bool {
-    if len < MIN_BYTES {
-        return false;
-    }
-    match std::env::var("TBOOST_WEIGHT_PAGES").as_deref() {
-        Ok("file") => return false,
-        Ok("huge") | Err(_) => {}
-        Ok(other) => {
-            log::warn!("TBOOST_WEIGHT_PAGES={other} is not file or huge; using huge");
+    len >= MIN_BYTES && weights_in_huge_pages()
+}
+
+/// Whether weights go into huge pages at all: `TBOOST_WEIGHT_PAGES` is `huge` (the default),
+/// not `small` (or its old name `file`), and the kernel offers transparent huge pages
+/// (`always` or `madvise`). With `small`, stored tensors stay in the file map and repacked
+/// ones go into 4 KiB pages.
+pub fn weights_in_huge_pages() -> bool {
+    // Asked once per tensor: read the setting (and warn about it) once per process.
+    static POLICY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
+    *POLICY.get_or_init(|| {
+        match std::env::var("TBOOST_WEIGHT_PAGES").as_deref() {
+            Ok("small" | "file") => return false,
+            Ok("huge") | Err(_) => {}
+            Ok(other) => {
+                log::warn!("TBOOST_WEIGHT_PAGES={other} is not huge or small; using huge");
+            }
         }
-    }
-    thp_available()
+        thp_available()
+    })
 }
 
 fn thp_available() -> bool {
@@ -47,48 +55,29 @@ fn thp_available() -> bool {
         .unwrap_or(false)
 }
 
-/// `len` bytes of zeroed anonymous memory advised for huge pages (weights the CPU backend
-/// repacks go there too).
-pub fn anon(len: usize) -> std::io::Result<MmapMut> {
+/// `len` bytes of zeroed anonymous memory, advised for huge pages when `huge` (and against
+/// them otherwise, so that `always` mode does not give them anyway).
+pub fn anon(len: usize, huge: bool) -> std::io::Result<MmapMut> {
     let mut anon = MmapOptions::new().len(len.max(1)).map_anon()?;
     #[cfg(target_os = "linux")]
     // SAFETY: advice over exactly the mapping just created; it changes only how the kernel
     // backs these pages.
     unsafe {
-        libc::madvise(anon.as_mut_ptr() as *mut libc::c_void, anon.len(), libc::MADV_HUGEPAGE);
+        let advice = if huge { libc::MADV_HUGEPAGE } else { libc::MADV_NOHUGEPAGE };
+        libc::madvise(anon.as_mut_ptr() as *mut libc::c_void, anon.len(), advice);
     }
+    #[cfg(not(target_os = "linux"))]
+    let _ = huge;
     Ok(anon)
 }
 
-/// A read-only copy of `map` (of `file`) in anonymous memory advised for huge pages, or
-/// `None` (with a debug line) when the kernel refuses the memory: the caller keeps the file
-/// map then.
-pub fn copy(path: &Path, map: &Mmap, file: std::fs::File) -> Option<FileCopy> {
-    let mut anon = match anon(map.len()) {
-        Ok(m) => m,
-        Err(e) => {
-            log::debug!("{}: no anonymous memory for the weights ({e}); reading the file map", path.display());
-            return None;
-        }
-    };
-    // In chunks, dropping each copied chunk's file pages from this process (they stay in the
-    // page cache), so the peak RSS of a load stays near one copy of the weights.
-    for (i, (dst, src)) in anon.chunks_mut(CHUNK).zip(map.chunks(CHUNK)).enumerate() {
-        dst.copy_from_slice(src);
-        #[cfg(target_os = "linux")]
-        // SAFETY: the range lies inside `map`, a read-only file mapping: dropping its pages
-        // only makes a later read fault them in again from the page cache.
-        unsafe {
-            libc::madvise(map.as_ptr().add(i * CHUNK) as *mut libc::c_void, src.len(), libc::MADV_DONTNEED);
-        }
-    }
-    match anon.make_read_only() {
-        Ok(map) => Some(FileCopy { map, file }),
-        Err(e) => {
-            log::debug!("{}: cannot make the weight copy read-only ({e}); reading the file map", path.display());
-            None
-        }
-    }
+/// `src` copied into a region of `arena`, in pieces on the current rayon pool: the first
+/// touch of fresh memory is most of a copy's cost, and the pool's threads fault pages in side
+/// by side.
+pub fn copy_into(arena: &mut Arena, src: &[u8]) -> std::io::Result<Region> {
+    let mut dst = arena.alloc(src.len())?;
+    dst.par_chunks_mut(COPY_PIECE).zip(src.par_chunks(COPY_PIECE)).for_each(|(d, s)| d.copy_from_slice(s));
+    Ok(dst.freeze())
 }
 
 /// Huge-page size the arena aligns to (x86-64 and aarch64 with 4 KiB base pages).
@@ -142,9 +131,10 @@ pub struct Region {
 
 impl Chunk {
     /// `len` bytes of zeroed anonymous memory starting on a 2 MiB boundary and advised for
-    /// huge pages ([`anon`], 2 MiB larger; the unaligned head is never touched).
+    /// huge pages when [`weights_in_huge_pages`] ([`anon`], 2 MiB larger; the unaligned head
+    /// is never touched).
     fn new(len: usize) -> std::io::Result<Chunk> {
-        let mut map = anon(len + HUGE)?;
+        let mut map = anon(len + HUGE, weights_in_huge_pages())?;
         let head = (map.as_ptr() as usize).next_multiple_of(HUGE) - map.as_ptr() as usize;
         // SAFETY: `head + len <= map.len()`, so the pointer stays inside the mapping.
         let base = unsafe { map.as_mut_ptr().add(head) };
@@ -240,39 +230,6 @@ pub fn release_file_pages(map: &Mmap, offset: usize, len: usize) {
     let _ = (map, offset, len);
 }
 
-/// Maps the whole pages of `offset..offset + len` of the huge-page copy `c` from its file
-/// again (the copy holds the file's bytes at the same offsets, so reads see no change), which
-/// frees their anonymous memory. On failure the copy keeps them (debug line).
-pub fn remap_from_file(c: &FileCopy, offset: usize, len: usize) {
-    #[cfg(target_os = "linux")]
-    if let Some((start, bytes)) = whole_pages(c.map.as_ptr(), offset, len) {
-        use std::os::fd::AsRawFd;
-        let file_off = start - c.map.as_ptr() as usize;
-        // SAFETY: `start..start + bytes` lies inside the copy's mapping, which `c` keeps alive
-        // (its drop unmaps the whole range, these pages included). MAP_FIXED replaces those
-        // pages with a read-only private map of the same file range, whose bytes the copy
-        // already holds: readers, even concurrent ones, see the same values before and after.
-        let p = unsafe {
-            libc::mmap(
-                start as *mut libc::c_void,
-                bytes,
-                libc::PROT_READ,
-                libc::MAP_PRIVATE | libc::MAP_FIXED,
-                c.file.as_raw_fd(),
-                file_off as libc::off_t,
-            )
-        };
-        if p == libc::MAP_FAILED {
-            log::debug!(
-                "could not hand {bytes} bytes of weights back to their file: {}",
-                std::io::Error::last_os_error()
-            );
-        }
-    }
-    #[cfg(not(target_os = "linux"))]
-    let _ = (c, offset, len);
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -284,31 +241,32 @@ mod tests {
     }
 
     #[test]
-    fn the_copy_holds_the_files_bytes() {
+    fn a_copy_holds_the_files_bytes_and_the_file_pages_can_be_dropped() {
         let mut f = tempfile::NamedTempFile::new().unwrap();
-        let len = 2 * CHUNK + 12345; // a partial last chunk
+        let len = 2 * ARENA_CHUNK + 12345; // several copy pieces and a partial last one
         let bytes: Vec<u8> = (0..len).map(|i| (i * 131 % 251) as u8).collect();
         f.write_all(&bytes).unwrap();
         f.flush().unwrap();
         let map = crate::model::map_file(f.path()).unwrap();
-        let file = std::fs::File::open(f.path()).unwrap();
-        let copy = copy(f.path(), &map, file).expect("anonymous memory for 64 MiB");
-        assert_eq!(copy.map.len(), len);
-        assert!(copy.map[..] == bytes[..], "copy differs from the file");
-        // The file map still reads the same bytes after its pages were dropped.
-        assert!(map[..] == bytes[..], "file map changed");
-        // Handing a range back to the file keeps every byte, and frees its memory.
+        let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
+        let mut arena = Arena::default();
+        // A small region first, so the copy starts inside a shared chunk too.
+        let small = copy_into(&mut arena, &bytes[..100]).unwrap();
+        let copy = pool.install(|| copy_into(&mut arena, &map[1000..])).expect("anonymous memory for the copy");
+        assert!(small[..] == bytes[..100]);
+        assert!(copy[..] == bytes[1000..], "copy differs from the file");
+        // Dropping the map's pages frees their memory from this process and keeps every byte.
         let rss = || {
             let s = std::fs::read_to_string("/proc/self/statm").unwrap();
             s.split_whitespace().nth(1).unwrap().parse::<usize>().unwrap() * page_bytes()
         };
         let before = rss();
-        remap_from_file(&copy, 1000, CHUNK + 5000);
         release_file_pages(&map, 0, len);
         let after = rss();
         #[cfg(target_os = "linux")]
-        assert!(before.saturating_sub(after) >= CHUNK / 2, "RSS {before} -> {after}: the range stayed resident");
-        assert!(copy.map[..] == bytes[..], "a handed-back range changed");
+        assert!(before.saturating_sub(after) >= ARENA_CHUNK, "RSS {before} -> {after}: the file pages stayed resident");
+        assert!(map[..] == bytes[..], "file map changed");
+        assert!(copy[..] == bytes[1000..], "the copy changed");
     }
 
     #[test]

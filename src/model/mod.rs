@@ -145,16 +145,8 @@ pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
     Ok(Arc::new(map))
 }
 
-/// Maps a weight file: a large one is copied once into huge pages (see `hugepages`);
-/// otherwise weights are never copied out of the map.
+/// Maps a weight file. Nothing is copied here: the CPU backend copies or repacks each
+/// tensor into huge pages as it uploads it (see `hugepages`).
 pub fn map_weights(path: &Path) -> Result<Storage> {
-    let (file, _) = files::open_regular(path)?;
-    // SAFETY: as in `map_file`.
-    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-    if hugepages::wanted(map.len()) {
-        if let Some(copy) = hugepages::copy(path, &map, file) {
-            return Ok(Storage::Copy(Arc::new(copy)));
-        }
-    }
-    Ok(Storage::Mmap(Arc::new(map)))
+    Ok(Storage::Mmap(map_file(path)?))
 }

@@ -5,6 +5,7 @@ use std::sync::Arc;
 use memmap2::Mmap;
 use tboost_ops::DType;
 
+use super::hugepages::{self, Arena, Region};
 use super::limits::{MAX_TENSOR_DIMS, MAX_TENSOR_ELEMENTS};
 
 /// Bytes that back one or more tensors.
@@ -12,23 +13,16 @@ use super::limits::{MAX_TENSOR_DIMS, MAX_TENSOR_ELEMENTS};
 pub enum Storage {
     /// A read-only map of a file.
     Mmap(Arc<Mmap>),
-    /// An anonymous copy of a whole file in huge pages (`hugepages`), with the file.
-    Copy(Arc<FileCopy>),
+    /// One tensor's bytes copied into a backend's huge-page arena ([`Tensor::copied_into`]).
+    Region(Arc<Region>),
     Owned(Arc<Vec<u8>>),
-}
-
-/// A file's bytes copied into anonymous memory, and the file they came from: pages a
-/// backend no longer reads can be mapped from the file again ([`Tensor::release_resident`]).
-pub struct FileCopy {
-    pub map: Mmap,
-    pub file: std::fs::File,
 }
 
 impl Storage {
     pub fn bytes(&self) -> &[u8] {
         match self {
             Storage::Mmap(m) => m,
-            Storage::Copy(c) => &c.map,
+            Storage::Region(r) => r,
             Storage::Owned(v) => v,
         }
     }
@@ -126,22 +120,35 @@ impl Tensor {
         Tensor::new(name, self.dtype, inner.to_vec(), self.storage.clone(), self.offset + i * each, each)
     }
 
-    /// True when the bytes come from the model file (mapped, or copied whole into huge
-    /// pages at load), not from an owned buffer.
+    /// True when the bytes are a map of the model file (not yet in memory until touched).
     pub fn is_mapped(&self) -> bool {
-        matches!(self.storage, Storage::Mmap(_) | Storage::Copy(_))
+        matches!(self.storage, Storage::Mmap(_))
     }
 
-    /// Gives back the memory of this tensor's whole pages, for a backend that keeps its own
-    /// copy (repacked weights) so the bytes are not resident twice. The bytes stay readable
-    /// and unchanged: pages of a huge-page copy are mapped from the file again (read back on
-    /// demand), pages of a file map are dropped from this process (the page cache keeps
-    /// them). Owned tensors, and platforms other than Linux, keep their memory.
+    /// Whether a backend that reads this tensor in place should copy it into huge pages
+    /// ([`Tensor::copied_into`]): it is mapped from a large file and `TBOOST_WEIGHT_PAGES`
+    /// does not keep the file map (see `hugepages`).
+    pub fn wants_huge_pages(&self) -> bool {
+        matches!(&self.storage, Storage::Mmap(m) if hugepages::wanted(m.len()))
+    }
+
+    /// This tensor with its bytes copied into `arena` (on the current rayon pool); its file
+    /// pages are then dropped from the process ([`Tensor::release_resident`]).
+    pub fn copied_into(&self, arena: &mut Arena) -> std::io::Result<Tensor> {
+        let region = hugepages::copy_into(arena, self.bytes())?;
+        self.release_resident();
+        let (name, dtype, shape) = (self.name.clone(), self.dtype, self.shape.clone());
+        Ok(Tensor { name, dtype, shape, storage: Storage::Region(Arc::new(region)), offset: 0, len: self.len })
+    }
+
+    /// Gives back the memory of this tensor's whole pages of a file map, for a backend that
+    /// keeps its own copy (repacked or copied weights) so the bytes are not resident twice.
+    /// The bytes stay readable and unchanged: the pages are dropped from this process only
+    /// (the page cache keeps them, a later read maps them again). Copies and owned tensors,
+    /// and platforms other than Linux, keep their memory.
     pub fn release_resident(&self) {
-        match &self.storage {
-            Storage::Mmap(m) => super::hugepages::release_file_pages(m, self.offset, self.len),
-            Storage::Copy(c) => super::hugepages::remap_from_file(c, self.offset, self.len),
-            Storage::Owned(_) => {}
+        if let Storage::Mmap(m) = &self.storage {
+            hugepages::release_file_pages(m, self.offset, self.len)
         }
     }
 }

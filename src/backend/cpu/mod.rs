@@ -42,7 +42,7 @@ pub fn measure_bandwidth(threads: usize) -> Result<f64> {
     // 256 MiB: far beyond any L3, small enough not to dominate peak memory. Huge pages, as
     // the weights get (`hugepages`): with 4 KiB pages TLB misses cap a read well below the
     // bus, and a roof below what llama.cpp reaches is no roof.
-    let mut buf = crate::model::hugepages::anon(256 << 20)
+    let mut buf = crate::model::hugepages::anon(256 << 20, true)
         .map_err(|e| Error::Io { path: "<bandwidth probe>".into(), source: e })?;
     buf.fill(1);
     let mut best = 0.0f64;
@@ -444,8 +444,21 @@ impl Backend for CpuBackend {
     }
 
     fn upload_weight(&mut self, tensor: &Tensor) -> Result<WeightId> {
-        // Zero-copy: the tensor keeps its memory map (or owned buffer) alive.
-        self.weights.push(CpuWeight::Stored(tensor.clone()));
+        // A large file's tensors go into huge pages (see `model::hugepages`); otherwise
+        // zero-copy: the tensor keeps its memory map (or owned buffer) alive.
+        let stored = if tensor.wants_huge_pages() {
+            let arena = &mut self.arena;
+            match self.pool.install(|| tensor.copied_into(arena)) {
+                Ok(t) => t,
+                Err(e) => {
+                    log::debug!("tensor `{}`: no huge-page memory for a copy ({e}); reading the file map", tensor.name);
+                    tensor.clone()
+                }
+            }
+        } else {
+            tensor.clone()
+        };
+        self.weights.push(CpuWeight::Stored(stored));
         Ok(WeightId((self.weights.len() - 1) as u32))
     }
 

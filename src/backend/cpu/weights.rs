@@ -23,7 +23,7 @@ pub(super) fn vec(t: &Tensor) -> WeightVec<'_> {
 
 /// A weight as the CPU kernels read it.
 pub(super) enum CpuWeight {
-    /// As the model stores it (zero-copy).
+    /// In the layout the model stores it: the file map, or a copy of it in huge pages.
     Stored(Tensor),
     /// A matmul weight repacked into 16-row panels (`layout`: see [`packable`]), in the
     /// backend's huge-page arena.
