@@ -117,3 +117,48 @@ fn synth_command_writes_a_loadable_file() {
     assert!(!o.status.success() && err.contains("huge") && err.contains("tinyllama-1.1b"), "{err}");
     assert!(!dir.path().join("x.gguf").exists(), "no partial file is left behind");
 }
+
+/// `ModelRunner::reserve` sizes the activation buffers at load: a step it covers allocates
+/// nothing (its memory was faulted in before, not inside the step), and the logits are the
+/// same as with buffers grown by the step itself.
+#[test]
+fn a_reserved_step_allocates_nothing_and_computes_the_same() {
+    use tboost::backend::Backend;
+    let model = synthetic::build("small", DType::Q8_0, 7).unwrap();
+    let tokens: Vec<u32> = (0..40).map(|i| 3 + (i * 97) % 4000).collect();
+    let run = |reserve: bool| {
+        let mut r =
+            ModelRunner::new(&model, Box::new(CpuBackend::new(2).unwrap()), &PlanOptions::default(), 2).unwrap();
+        r.alloc_kv(8, 16).unwrap();
+        if reserve {
+            r.reserve(tokens.len(), 1, 1, 8).unwrap();
+        }
+        let before = r.backend().allocated_bytes();
+        let logits = Session::new(&mut r, tokens.len() + 1).unwrap().feed(&tokens, false).unwrap();
+        (r.backend().allocated_bytes() - before, logits)
+    };
+    let (grew_reserved, reserved) = run(true);
+    let (grew_lazy, lazy) = run(false);
+    assert_eq!(grew_reserved, 0, "a step inside the reserved capacity allocated {grew_reserved} bytes");
+    assert!(grew_lazy > 0, "without reserve the step must allocate its buffers (else this test shows nothing)");
+    assert_eq!(reserved, lazy);
+}
+
+/// The CPU backend zeroes each buffer itself (to fault it in at allocation): new buffers
+/// read as zeros even where the allocator hands back memory a freed buffer wrote.
+#[test]
+fn cpu_buffers_start_zeroed_even_in_reused_memory() {
+    use tboost::backend::{Backend, View};
+    let mut be = CpuBackend::new(2).unwrap();
+    // Small (one piece) and large (zeroed in parallel pieces, with a partial last piece).
+    for len in [1000usize, (3 << 20) + 12345] {
+        for round in 0..3 {
+            let b = be.alloc(DType::U8, len).unwrap();
+            let mut got = vec![7u8; len];
+            be.read(View::new(b, 0, len), &mut got).unwrap();
+            assert!(got.iter().all(|&x| x == 0), "{len} bytes, round {round}: a new buffer is not zeroed");
+            be.write(View::new(b, 0, len), &vec![0xA5u8; len]).unwrap();
+            be.free(b);
+        }
+    }
+}

@@ -120,6 +120,17 @@ pub(crate) fn peak_rss_bytes() -> u64 {
         .unwrap_or(0)
 }
 
+/// Page faults this process has taken so far (minor and major), or 0 if unknown.
+fn page_faults() -> u64 {
+    // SAFETY: getrusage writes one `rusage` it is given; a zeroed one is a valid start.
+    let mut u: libc::rusage = unsafe { std::mem::zeroed() };
+    // SAFETY: as above; RUSAGE_SELF takes no other argument.
+    if unsafe { libc::getrusage(libc::RUSAGE_SELF, &mut u) } != 0 {
+        return 0;
+    }
+    (u.ru_minflt + u.ru_majflt) as u64
+}
+
 pub(crate) fn run(a: BenchArgs) -> Result<()> {
     if a.repeat == 0 || a.prefill == 0 {
         return Err(Error::invalid("bench", "--repeat and --prefill must be at least 1"));
@@ -146,6 +157,9 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let bs = runner.plan.block_size;
     let cap = a.prefill + a.decode;
     runner.alloc_kv(cap.div_ceil(bs), bs)?;
+    // As llama.cpp sizes its buffers when it makes a context: a step's time, not the first
+    // step's page faults.
+    runner.reserve(a.prefill.max(1), 1, 1, cap.div_ceil(bs))?;
     let weight_bytes = runner.weight_bytes() as f64;
     let bandwidth = measure_bandwidth(threads)?;
     reset_peak_rss();
@@ -161,6 +175,8 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
         s.feed(&[argmax(&logits)], false)?;
     }
     let (mut pre, mut dec) = (Vec::new(), Vec::new());
+    // Faults inside the timed passes: memory first touched in a step rather than at load.
+    let faults0 = page_faults();
     for _ in 0..a.repeat {
         let mut s = Session::new(&mut runner, cap)?;
         let t = Instant::now();
@@ -174,6 +190,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
             dec.push(a.decode as f64 / t.elapsed().as_secs_f64());
         }
     }
+    let pass_faults = page_faults().saturating_sub(faults0);
     let prefill_tps = median(&pre);
     let decode_tps = if dec.is_empty() { 0.0 } else { median(&dec) };
     let decode_bw = weight_bytes * decode_tps;
@@ -198,7 +215,7 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
             "memory_bandwidth_bytes_per_s": bandwidth,
             "decode_weight_bytes_per_s": decode_bw,
             "decode_share_of_bandwidth": decode_bw / bandwidth,
-            "peak_rss_bytes": peak,
+            "peak_rss_bytes": peak, "page_faults_during_passes": pass_faults,
             "concurrency": conc.iter().map(|&(n, tps)| json!({
                 "requests": n, "aggregate_decode_tokens_per_s": tps,
                 "speedup_vs_single_request": tps / decode_tps,
@@ -219,7 +236,10 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
                 100.0 * decode_bw / bandwidth
             );
         }
-        println!("memory    peak RSS {:.2} GB (weights, KV cache and activations)", gb(peak as f64));
+        println!(
+            "memory    peak RSS {:.2} GB (weights, KV cache and activations); {pass_faults} page faults in the timed passes",
+            gb(peak as f64)
+        );
         for (n, tps) in &conc {
             println!(
                 "batched   {n:>3} requests decoding together: {tps:.2} tokens/s aggregate = {:.1}x one request",

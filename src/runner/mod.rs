@@ -236,25 +236,39 @@ impl ModelRunner {
         Ok(())
     }
 
+    /// Allocates the activation buffers for steps of up to `tokens` tokens, `rows` logit
+    /// rows, `seqs` sequences and `max_blocks` KV blocks per sequence now, at load, rather
+    /// than in the first step that needs them: allocating faults their memory in (on the CPU,
+    /// see `HostBuf`), which in a step would count against that step's time.
+    pub fn reserve(&mut self, tokens: usize, rows: usize, seqs: usize, max_blocks: usize) -> Result<()> {
+        self.ensure_buffers(Capacity { tokens, rows, seqs, max_blocks })
+    }
+
+    /// Activation buffers covering `want` (grown, never shrunk).
+    fn ensure_buffers(&mut self, want: Capacity) -> Result<()> {
+        if self.bufs.as_ref().is_some_and(|bf| bf.covers(&want)) {
+            return Ok(());
+        }
+        let old = self.bufs.take();
+        let old_cap = old.as_ref().map(|o| o.cap);
+        if let Some(o) = old {
+            o.free(self.primary.as_mut());
+        }
+        if let Some(f) = self.fallback.as_mut() {
+            f.forget();
+        }
+        self.bufs =
+            Some(Buffers::alloc(self.primary.as_mut(), &self.cfg, self.plan.act_dtype, want, old_cap.as_ref())?);
+        Ok(())
+    }
+
     /// Runs the model on a batch; `logits` receives `[logit_rows.len(), vocab]` in f32.
     pub fn forward(&mut self, b: &StepBatch<'_>, logits: &mut Vec<f32>) -> Result<()> {
         self.validate(b)?;
         let caches = self.layer_caches()?;
         let l = b.layout;
         let (t, r) = (b.tokens.len(), b.logit_rows.len());
-        let want = Capacity { tokens: t, rows: r, seqs: l.seqs.len(), max_blocks: l.max_blocks };
-        if !self.bufs.as_ref().is_some_and(|bf| bf.covers(&want)) {
-            let old = self.bufs.take();
-            let old_cap = old.as_ref().map(|o| o.cap);
-            if let Some(o) = old {
-                o.free(self.primary.as_mut());
-            }
-            if let Some(f) = self.fallback.as_mut() {
-                f.forget();
-            }
-            self.bufs =
-                Some(Buffers::alloc(self.primary.as_mut(), &self.cfg, self.plan.act_dtype, want, old_cap.as_ref())?);
-        }
+        self.ensure_buffers(Capacity { tokens: t, rows: r, seqs: l.seqs.len(), max_blocks: l.max_blocks })?;
         let ModelRunner { cfg, plan, primary, fallback, ids, bufs, .. } = self;
         let bufs = bufs.as_ref().ok_or_else(|| Error::invalid("buffers", "activation buffers missing"))?;
         let views = bufs.step_views(t, l.seqs.len(), l.max_blocks, r);
