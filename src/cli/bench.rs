@@ -167,11 +167,13 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     // Deterministic prompt ids in [3, vocab).
     let prompt: Vec<u32> =
         (0..a.prefill).map(|i| 3 + ((i as u64 * 2654435761) % (cfg.vocab_size as u64 - 3)) as u32).collect();
-    // One untimed short run, as llama-bench warms up: first-use costs (scratch buffers,
-    // the pool's threads, caches of the plan) are not a property of steady-state speed.
+    // One untimed run of the whole prompt and one decode token, as llama-bench warms up
+    // (`test_prompt(ctx, t.n_prompt, ...)`, then `test_gen(ctx, 1, ...)`): first-use costs
+    // (the kernels' per-thread scratch at this size, the pool's threads, the caches) are
+    // not a property of steady-state speed.
     {
         let mut s = Session::new(&mut runner, cap)?;
-        let logits = s.feed(&prompt[..prompt.len().min(32)], false)?;
+        let logits = s.feed(&prompt, false)?;
         s.feed(&[argmax(&logits)], false)?;
     }
     let (mut pre, mut dec) = (Vec::new(), Vec::new());
