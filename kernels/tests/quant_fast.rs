@@ -337,11 +337,13 @@ fn packed_panels_give_the_row_layouts_bits_on_every_level_batch_and_split() {
     for dt in QUANT {
         assert!(packed::packable(dt), "{dt} has a packed layout");
         // Rows: a partial panel, exactly one, several with a partial last one. Groups: 1, a
-        // short chunk (28), whole chunks (48), one super-block (8) for the K types.
+        // short chunk (28), whole chunks (48), one super-block (8) for the K types. The last
+        // shape's panels (74-139 KiB at k = 8192) fill several of the many-row walk's L2
+        // blocks on one thread.
         let shapes: &[(usize, usize)] = if dt.block_elems() == 32 {
-            &[(5, 32), (16, 896), (45, 1536), (67, 512)]
+            &[(5, 32), (16, 896), (45, 1536), (67, 512), (150, 8192)]
         } else {
-            &[(5, 256), (16, 768), (45, 1536), (35, 4864)]
+            &[(5, 256), (16, 768), (45, 1536), (35, 4864), (150, 8192)]
         };
         for &(n, k) in shapes {
             let wb = random_weights(dt, n, k, &mut rng);
