@@ -141,6 +141,14 @@ impl Tensor {
         Ok(Tensor { name, dtype, shape, storage: Storage::Region(Arc::new(region)), offset: 0, len: self.len })
     }
 
+    /// This tensor (name, dtype, shape) over the bytes of `copy`, a copy of the same bytes
+    /// ([`Tensor::copied_into`] of a tensor over the same range).
+    pub fn over_bytes_of(&self, copy: &Tensor) -> Tensor {
+        assert_eq!(self.len, copy.len, "tensor `{}`: a copy of {} bytes for {}", self.name, copy.len, self.len);
+        let (name, dtype, shape) = (self.name.clone(), self.dtype, self.shape.clone());
+        Tensor { name, dtype, shape, storage: copy.storage.clone(), offset: copy.offset, len: self.len }
+    }
+
     /// Gives back the memory of this tensor's whole pages of a file map, for a backend that
     /// keeps its own copy (repacked or copied weights) so the bytes are not resident twice.
     /// The bytes stay readable and unchanged: the pages are dropped from this process only

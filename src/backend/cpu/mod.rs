@@ -138,6 +138,9 @@ pub struct CpuBackend {
     free_ids: Vec<u32>,
     allocated: usize,
     weights: Vec<CpuWeight>,
+    /// Huge-page copies `upload_weight` made, by the address and length of the file bytes
+    /// they hold: a range uploaded twice shares one copy.
+    copies: std::collections::HashMap<(usize, usize), Tensor>,
     /// Huge-page memory of the repacked weights.
     arena: crate::model::hugepages::Arena,
     queue: Vec<Work>,
@@ -168,6 +171,7 @@ impl CpuBackend {
             allocated: 0,
             weights: Vec::new(),
             arena: Default::default(),
+            copies: Default::default(),
             queue: Vec::new(),
             staging: Vec::new(),
             reads: Vec::new(),
@@ -473,12 +477,25 @@ impl Backend for CpuBackend {
         // A large file's tensors go into huge pages (see `model::hugepages`); otherwise
         // zero-copy: the tensor keeps its memory map (or owned buffer) alive.
         let stored = if tensor.wants_huge_pages() {
-            let arena = &mut self.arena;
-            match self.pool.install(|| tensor.copied_into(arena)) {
-                Ok(t) => t,
-                Err(e) => {
-                    log::debug!("tensor `{}`: no huge-page memory for a copy ({e}); reading the file map", tensor.name);
-                    tensor.clone()
+            // One copy per range of the file: a tied embedding table is also the lm_head.
+            let key = (tensor.bytes().as_ptr() as usize, tensor.bytes().len());
+            match self.copies.get(&key) {
+                Some(copy) => tensor.over_bytes_of(copy),
+                None => {
+                    let arena = &mut self.arena;
+                    match self.pool.install(|| tensor.copied_into(arena)) {
+                        Ok(t) => {
+                            self.copies.insert(key, t.clone());
+                            t
+                        }
+                        Err(e) => {
+                            log::debug!(
+                                "tensor `{}`: no huge-page memory for a copy ({e}); reading the file map",
+                                tensor.name
+                            );
+                            tensor.clone()
+                        }
+                    }
                 }
             }
         } else {
@@ -614,5 +631,40 @@ impl Drop for CpuBackend {
                 );
             }
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::io::Write;
+
+    /// A file range uploaded twice as stored (a tied embedding table and lm_head) gets one
+    /// huge-page copy, not two; each weight keeps its own name.
+    #[test]
+    fn a_range_uploaded_twice_shares_one_copy() {
+        let len = 64 << 20; // the smallest file whose tensors are copied
+        let mut f = tempfile::NamedTempFile::new().unwrap();
+        let bytes: Vec<u8> = (0..len).map(|i| (i % 253) as u8).collect();
+        f.write_all(&bytes).unwrap();
+        f.flush().unwrap();
+        let storage = crate::model::map_weights(f.path()).unwrap();
+        let t = |name: &str| Tensor::new(name, DType::U8, vec![len], storage.clone(), 0, len).unwrap();
+        let (embed, head) = (t("embed"), t("lm_head"));
+        if !embed.wants_huge_pages() {
+            eprintln!("SKIPPED: this kernel offers no transparent huge pages (no copies are made)");
+            return;
+        }
+        let mut be = CpuBackend::new(2).unwrap();
+        let (a, b) = (be.upload_weight(&embed).unwrap(), be.upload_weight(&head).unwrap());
+        let stored = |id: WeightId| match &be.weights[id.0 as usize] {
+            CpuWeight::Stored(t) => (t.name.clone(), t.bytes().as_ptr(), t.bytes() == &bytes[..]),
+            CpuWeight::Packed { .. } => panic!("a stored upload was packed"),
+        };
+        let ((na, pa, ea), (nb, pb, eb)) = (stored(a), stored(b));
+        assert!(ea && eb, "a copy differs from the file");
+        assert_eq!((na.as_str(), nb.as_str()), ("embed", "lm_head"));
+        assert_eq!(pa, pb, "the second upload made a second copy");
+        assert_ne!(pa, storage.bytes().as_ptr(), "the weights were not copied out of the file map");
     }
 }
