@@ -9,7 +9,8 @@
 //! - bf16:   BF16 weights under fast precision, rows against pair panels, m = 1..512, and
 //!   TinyLlama's other projection shapes at m = 512 (only when named; `COLD_GEMM=1` cycles
 //!   the weights at every m)
-//! - gemv:   m=1, GB/s of weight bytes per type and shape (weights cycled through > 256 MiB)
+//! - gemv:   m=1, GB/s of weight bytes per type and shape (weights cycled through > 256 MiB;
+//!   `SHAPES=q8_0:4864x896,...` measures those shapes instead)
 //! - batch:  m=16 (batched decode), GB/s and GFLOP/s
 //! - gemm:   m=512, GFLOP/s
 //! - small:  m = 1..12, one thread (only when named)
@@ -375,6 +376,22 @@ fn prec_name(p: Precision) -> &'static str {
     }
 }
 
+/// `SHAPES=q8_0:4864x896,q4_0:5632x2048` (type:rows x cols) in place of a bench's own list.
+fn shapes_or(default: &[(DType, usize, usize)]) -> Vec<(DType, usize, usize)> {
+    let Ok(list) = std::env::var("SHAPES") else { return default.to_vec() };
+    fn bad<T>(s: &str) -> T {
+        panic!("SHAPES entry {s:?} is not TYPE:ROWSxCOLS (e.g. q8_0:4864x896)")
+    }
+    list.split(',')
+        .map(|s| {
+            let (t, dims) = s.split_once(':').unwrap_or_else(|| bad(s));
+            let (n, k) = dims.split_once('x').unwrap_or_else(|| bad(s));
+            let dt = DType::parse(t).unwrap_or_else(|| bad(s));
+            (dt, n.parse().unwrap_or_else(|_| bad(s)), k.parse().unwrap_or_else(|_| bad(s)))
+        })
+        .collect()
+}
+
 fn gemv(threads: usize, prec: Precision) {
     let p = pool(threads);
     let shapes: [(DType, usize, usize); 15] = [
@@ -394,7 +411,7 @@ fn gemv(threads: usize, prec: Precision) {
         (DType::Q4K, 5632, 2048),
         (DType::Q6K, 2048, 5632),
     ];
-    for (dt, n, k) in shapes {
+    for (dt, n, k) in shapes_or(&shapes) {
         let bytes = dt.bytes_for(k).unwrap() * n;
         let copies = if std::env::var_os("HOT").is_some() { 1 } else { (cold_bytes() / bytes).max(2) };
         let packed = prec == Precision::Fast && packed_wanted(dt);
