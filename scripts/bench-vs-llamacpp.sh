@@ -29,6 +29,7 @@
 #   --quick                    a smoke run: the `small` shape as Q8_0 and BF16 plus the demo
 #                              model if cached, pp64/tg16, concurrency 1,4, one alternation
 #   --out FILE                 also write the report to FILE
+#   --raw DIR                  keep every run's raw output (JSON, logs) in DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -37,7 +38,7 @@ note() { echo "bench-vs-llamacpp: $*" >&2; }
 
 LLAMA_BENCH="${LLAMA_BENCH:-}"
 LLAMA_BATCHED_BENCH="${LLAMA_BATCHED_BENCH:-}"
-TBOOST="" PRECISION=fast THREADS=2 RUNS=3 IDLE=90 WAIT=120 QUICK=0 CONC=1 OUT=""
+TBOOST="" PRECISION=fast THREADS=2 RUNS=3 IDLE=90 WAIT=120 QUICK=0 CONC=1 OUT="" KEEP=""
 CACHE="${TBOOST_BENCH_CACHE:-$HOME/.cache/tboost/bench}"
 MODELS=()
 while [ $# -gt 0 ]; do
@@ -54,6 +55,7 @@ while [ $# -gt 0 ]; do
     --no-concurrency) CONC=0; shift ;;
     --quick) QUICK=1; shift ;;
     --out) OUT="$2"; shift 2 ;;
+    --raw) KEEP="$2"; shift 2 ;;
     -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option $1 (see --help)" ;;
     *) MODELS+=("$1"); shift ;;
@@ -108,8 +110,12 @@ if [ ${#MODELS[@]} -eq 0 ]; then
 fi
 for m in "${MODELS[@]}"; do [ -f "$m" ] || die "model file $m does not exist"; done
 
-RAW="$(mktemp -d)"
-trap 'rm -rf "$RAW"' EXIT
+if [ -n "$KEEP" ]; then
+  mkdir -p "$KEEP"; RAW="$(cd "$KEEP" && pwd)"
+else
+  RAW="$(mktemp -d)"
+  trap 'rm -rf "$RAW"' EXIT
+fi
 
 # CPU idle percentage over one second, from /proc/stat.
 cpu_idle() {
@@ -168,6 +174,11 @@ run_tboost() { # model run-index
 run_llama() {
   local m="$1" r="$2"
   wait_idle "llama-bench $(basename "$m") #$r"
+  # The same streaming-read probe tboost bench takes beside its decode, taken just before
+  # llama-bench: this VM's bandwidth moves from minute to minute (23-56 GB/s), so each
+  # engine's decode is also set against the bandwidth of its own moment.
+  "$TBOOST" bench --synthetic small --dtype q8_0 --prefill 1 --decode 1 --repeat 1 --threads "$THREADS" --json \
+    > "$RAW/lbw.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "tboost bench (bandwidth probe) failed"
   steal_begin
   "$LLAMA_BENCH" -m "$m" -t "$THREADS" -p "$PP" -n "$TG" -r 1 -o json \
     > "$RAW/lb.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "llama-bench failed on $m (see $RAW/stderr.log)"
@@ -245,6 +256,7 @@ print(f"tboost vs llama.cpp, {datetime.date.today().isoformat()}, {cpu}, {thread
 print()
 print(f"| model | tboost pp{pp} | llama.cpp pp{pp} | pp ratio | tboost pp spread | llama.cpp pp spread | tboost tg{tg} | llama.cpp tg{tg} | tg ratio | tg roof | tboost / roof | llama.cpp / roof | 1.3× llama.cpp / roof |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
+per_run = []
 for m in models:
     b = os.path.basename(m)
     tp, td, lp, ld, roof = [], [], [], [], []
@@ -262,6 +274,18 @@ for m in models:
     spread = (max(tp) - min(tp)) / a if a else float('nan')
     lspread = (max(lp) - min(lp)) / c if c == c and c else float('nan')
     print(f"| {b} | {a:.1f} | {c:.1f} | {r(a, c)} | {spread:.0%} | {lspread:.0%} | {e:.2f} | {f:.2f} | {r(e, f)} | {med(roof):.1f} | {e / med(roof):.0%} | {f / med(roof):.0%} | {1.3 * f / med(roof):.0%} |")
+    per_run.append((b, td, ld, roof, [json.load(open(f"{raw}/lbw.{b}.{i}.json"))['memory_bandwidth_bytes_per_s'] / j['weight_bytes'] for i in range(1, runs + 1)]))
+print()
+print("Decode at each run's own bandwidth: the same probe taken just before every llama-bench run, "
+      "so each engine's tg is set against the read bandwidth of its own minute. Per alternation, "
+      "tokens/s (share of that run's roof):")
+print()
+print("| model | tboost tg per run | llama.cpp tg per run | tg ratio at equal bandwidth (median) |")
+print("|---|---|---|---|")
+for b, td, ld, roof, lroof in per_run:
+    norm = [(t / rt) / (l / rl) for t, rt, l, rl in zip(td, roof, ld, lroof) if l == l and l]
+    fmt = lambda v, rf: ", ".join(f"{x:.1f} ({x / y:.0%})" for x, y in zip(v, rf))
+    print(f"| {b} | {fmt(td, roof)} | {fmt(ld, lroof)} | {med(norm):.2f}× |")
 if conc == '1':
     b = os.path.basename(models[0])
     print()
