@@ -56,7 +56,7 @@ while [ $# -gt 0 ]; do
     --quick) QUICK=1; shift ;;
     --out) OUT="$2"; shift 2 ;;
     --raw) KEEP="$2"; shift 2 ;;
-    -h|--help) sed -n '2,30p' "$0" | sed 's/^# \{0,1\}//'; exit 0 ;;
+    -h|--help) sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'; exit 0 ;;
     -*) die "unknown option $1 (see --help)" ;;
     *) MODELS+=("$1"); shift ;;
   esac
@@ -259,13 +259,15 @@ print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 per_run = []
 for m in models:
     b = os.path.basename(m)
-    tp, td, lp, ld, roof = [], [], [], [], []
+    tp, td, lp, ld, roof, lroof = [], [], [], [], [], []
     for i in range(1, runs + 1):
         tp.append(json.load(open(f"{raw}/tbp.{b}.{i}.json"))['prefill_tokens_per_s'])
         j = json.load(open(f"{raw}/tb.{b}.{i}.json"))
         td.append(j['decode_tokens_per_s'])
         # The decode roof: measured read bandwidth / the weight bytes each token streams.
         roof.append(j['memory_bandwidth_bytes_per_s'] / j['weight_bytes'])
+        # The same probe taken just before this alternation's llama-bench run.
+        lroof.append(json.load(open(f"{raw}/lbw.{b}.{i}.json"))['memory_bandwidth_bytes_per_s'] / j['weight_bytes'])
         p, g = llama_rows(f"{raw}/lb.{b}.{i}.json")
         lp.append(p); ld.append(g)
     a, c, e, f = med(tp), med(lp), med(td), med(ld)
@@ -274,7 +276,7 @@ for m in models:
     spread = (max(tp) - min(tp)) / a if a else float('nan')
     lspread = (max(lp) - min(lp)) / c if c == c and c else float('nan')
     print(f"| {b} | {a:.1f} | {c:.1f} | {r(a, c)} | {spread:.0%} | {lspread:.0%} | {e:.2f} | {f:.2f} | {r(e, f)} | {med(roof):.1f} | {e / med(roof):.0%} | {f / med(roof):.0%} | {1.3 * f / med(roof):.0%} |")
-    per_run.append((b, td, ld, roof, [json.load(open(f"{raw}/lbw.{b}.{i}.json"))['memory_bandwidth_bytes_per_s'] / j['weight_bytes'] for i in range(1, runs + 1)]))
+    per_run.append((b, td, ld, roof, lroof))
 print()
 print("Decode at each run's own bandwidth: the same probe taken just before every llama-bench run, "
       "so each engine's tg is set against the read bandwidth of its own minute. Per alternation, "
