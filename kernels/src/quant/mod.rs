@@ -557,6 +557,7 @@ unsafe fn dots_packed(level: FastLevel, w: &WeightMat<'_>, t: &Task, act: &fast:
                 m: t.i1 - t.i0,
                 dst,
                 ld,
+                prefetch: isa::weight_prefetch(),
             };
             packed_x86::dots(fast_x86::Level { avx512: level.isa == Isa::Avx512, vnni: level.vnni }, w.dtype, &job)
         }
