@@ -123,7 +123,6 @@ fn synth_command_writes_a_loadable_file() {
 /// same as with buffers grown by the step itself.
 #[test]
 fn a_reserved_step_allocates_nothing_and_computes_the_same() {
-    use tboost::backend::Backend;
     let model = synthetic::build("small", DType::Q8_0, 7).unwrap();
     let tokens: Vec<u32> = (0..40).map(|i| 3 + (i * 97) % 4000).collect();
     let run = |reserve: bool| {

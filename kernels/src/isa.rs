@@ -6,7 +6,7 @@
 //! Extensions beyond a level (queried one by one, e.g. `avx512bf16`) are on only when the
 //! CPU has them, the active level is the one they extend, and they are not named in
 //! `TBOOST_ISA_DISABLE` (comma-separated extension names: `avx512bf16`, `amx`, `vnni`), so
-//! `TBOOST_ISA=avx2` turns them off too.
+//! `TBOOST_ISA=avx2` turns them off too. `amx` names both AMX kernels (bf16 and int8).
 //!
 //! VNNI (`vpdpbusd`: u8 × s8 dot products of 4 into i32, used by the `Fast` quantized
 //! kernels) is a separate flag on top of the level, not a level of [`Isa`]: AVX512-VNNI (with
@@ -109,29 +109,50 @@ pub fn avx512bf16() -> bool {
 /// AVX512_BF16, and the OS lets this process use them (on Linux the first call asks for
 /// the tile-data permission with `arch_prctl(ARCH_REQ_XCOMP_PERM)`; a refusal means no).
 pub fn amx_bf16_detected() -> bool {
-    static OK: OnceLock<bool> = OnceLock::new();
-    *OK.get_or_init(|| {
-        #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
-        {
-            if !avx512bf16_detected() {
-                return false;
-            }
-            // cpuid leaf 7 exists on every CPU with AVX-512 (checked first).
-            let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
-            if edx & (1 << 24) == 0 || edx & (1 << 22) == 0 {
-                return false; // no AMX-TILE or no AMX-BF16
-            }
+    avx512bf16_detected() && amx_tiles(22)
+}
+
+/// This CPU has AMX-INT8 tiles (`tdpbssd`) on top of the AVX-512 level with AVX512-VNNI,
+/// and the OS lets this process use them (as [`amx_bf16_detected`]).
+pub fn amx_int8_detected() -> bool {
+    vnni_detected(Isa::Avx512) && amx_tiles(25)
+}
+
+/// AMX-TILE and the AMX feature at cpuid leaf 7 EDX bit `bit` are present, and the tile
+/// data permission was granted (asked once per process).
+fn amx_tiles(bit: u32) -> bool {
+    #[cfg(all(target_arch = "x86_64", target_os = "linux"))]
+    {
+        if detected() != Isa::Avx512 {
+            return false;
+        }
+        // cpuid leaf 7 exists on every CPU with AVX-512 (checked first).
+        let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+        if edx & (1 << 24) == 0 || edx & (1 << bit) == 0 {
+            return false;
+        }
+        static PERMITTED: OnceLock<bool> = OnceLock::new();
+        *PERMITTED.get_or_init(|| {
             const ARCH_REQ_XCOMP_PERM: libc::c_long = 0x1023;
             const XFEATURE_XTILEDATA: libc::c_long = 18;
             // SAFETY: a plain syscall with integer arguments; it changes only whether this
             // process may use the AMX register state.
             unsafe { libc::syscall(libc::SYS_arch_prctl, ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA) == 0 }
-        }
-        #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
-        {
-            false
-        }
-    })
+        })
+    }
+    #[cfg(not(all(target_arch = "x86_64", target_os = "linux")))]
+    {
+        let _ = bit;
+        false
+    }
+}
+
+/// Kernels may use AMX-INT8: detected and permitted, the active level is AVX-512 with VNNI
+/// (so `TBOOST_ISA` caps and a disabled `vnni` turn it off too), and `TBOOST_ISA_DISABLE`
+/// does not name `amx`.
+pub fn amx_int8() -> bool {
+    static ON: OnceLock<bool> = OnceLock::new();
+    *ON.get_or_init(|| active() == Isa::Avx512 && vnni_active() && !disabled_by_env("amx") && amx_int8_detected())
 }
 
 /// Kernels may use AMX-BF16: detected and permitted, AVX512_BF16 available to kernels (so
@@ -161,8 +182,8 @@ pub fn weight_prefetch() -> bool {
 pub fn intel() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        // SAFETY: cpuid leaf 0 exists on every x86_64 CPU.
-        let r = unsafe { std::arch::x86_64::__cpuid(0) };
+        // cpuid leaf 0 exists on every x86_64 CPU.
+        let r = std::arch::x86_64::__cpuid(0);
         let mut v = [0u8; 12];
         v[..4].copy_from_slice(&r.ebx.to_le_bytes());
         v[4..8].copy_from_slice(&r.edx.to_le_bytes());

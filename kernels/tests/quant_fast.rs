@@ -19,7 +19,7 @@ use rand::{Rng, SeedableRng};
 use tboost_kernels::isa::{self, Isa};
 use tboost_kernels::matmul::{self, MatSeg};
 use tboost_kernels::quant::{
-    dequantize_row, fast_reference, matmul_quant_prec_with, matmul_swiglu_quant_prec_with, packed, Precision,
+    dequantize_row, fast_reference, matmul_quant_prec_with, matmul_swiglu_quant_prec_with, packed, IntDot, Precision,
 };
 use tboost_kernels::{DType, WeightMat, WeightVec};
 
@@ -28,19 +28,31 @@ use quant_util::*;
 
 const U: f64 = 1.0 / (1u64 << 24) as f64;
 
-/// Every (level, VNNI) this CPU can run.
-fn levels() -> Vec<(Isa, bool)> {
-    [(Isa::Scalar, false), (Isa::Avx2, false), (Isa::Avx2, true), (Isa::Avx512, false), (Isa::Avx512, true)]
-        .into_iter()
-        .filter(|&(i, v)| i <= isa::detected() && (!v || isa::vnni_detected(i)))
-        .collect()
+/// Every (level, integer units) this CPU can run: VNNI and AMX-INT8 (packed panels, many
+/// rows) forced off in turn.
+fn levels() -> Vec<(Isa, IntDot)> {
+    let (plain, vnni, amx) =
+        (IntDot { vnni: false, amx: false }, IntDot { vnni: true, amx: false }, IntDot { vnni: true, amx: true });
+    [
+        (Isa::Scalar, plain),
+        (Isa::Avx2, plain),
+        (Isa::Avx2, vnni),
+        (Isa::Avx512, plain),
+        (Isa::Avx512, vnni),
+        (Isa::Avx512, amx),
+    ]
+    .into_iter()
+    .filter(|&(i, d)| {
+        i <= isa::detected() && (!d.vnni || isa::vnni_detected(i)) && (!d.amx || isa::amx_int8_detected())
+    })
+    .collect()
 }
 
-fn name((i, v): (Isa, bool)) -> String {
-    format!("{}{}", i.name(), if v { "+vnni" } else { "" })
+fn name((i, d): (Isa, IntDot)) -> String {
+    format!("{}+{}", i.name(), d.name())
 }
 
-fn fast(level: (Isa, bool), x: &[f32], m: usize, w: WeightMat<'_>, bias: Option<WeightVec<'_>>) -> Vec<f32> {
+fn fast(level: (Isa, IntDot), x: &[f32], m: usize, w: WeightMat<'_>, bias: Option<WeightVec<'_>>) -> Vec<f32> {
     let mut out = vec![f32::NAN; m * w.rows];
     matmul_quant_prec_with(level.0, level.1, Precision::Fast, x, m, &mut [MatSeg { w, bias, out: &mut out }]);
     out
@@ -90,7 +102,7 @@ fn every_level_matches_both_references_and_the_scalar_bits() {
                 let x = random_x(m, k, &mut rng);
                 let bias: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
                 let r = refs(&w, Some(&bias), &x, m);
-                let scalar = fast((Isa::Scalar, false), &x, m, w, Some(WeightVec::from_f32(&bias)));
+                let scalar = fast((Isa::Scalar, false.into()), &x, m, w, Some(WeightVec::from_f32(&bias)));
                 for level in levels() {
                     let what = format!("{dt} {} m={m} n={n} k={k}", name(level));
                     let got = fast(level, &x, m, w, Some(WeightVec::from_f32(&bias)));
@@ -126,7 +138,7 @@ fn special_activations_and_extreme_scales() {
         let wb = random_weights(dt, n, k, &mut rng);
         let w = WeightMat::new(dt, n, k, &wb).unwrap();
         let r = refs(&w, None, &x, m);
-        let scalar = fast((Isa::Scalar, false), &x, m, w, None);
+        let scalar = fast((Isa::Scalar, false.into()), &x, m, w, None);
         for level in levels() {
             let what = format!("{dt} {} special rows", name(level));
             let got = fast(level, &x, m, w, None);
@@ -168,7 +180,7 @@ fn batch_invariance_across_batches_threads_and_levels() {
         let wb = random_weights(dt, n, k, &mut rng);
         let w = WeightMat::new(dt, n, k, &wb).unwrap();
         let x = random_x(m, k, &mut rng);
-        let full = in_pool(1, || fast((Isa::Scalar, false), &x, m, w, None));
+        let full = in_pool(1, || fast((Isa::Scalar, false.into()), &x, m, w, None));
         for level in levels() {
             for threads in [1, 2, 3] {
                 let what = format!("{dt} {} threads={threads}", name(level));
@@ -265,7 +277,7 @@ fn matmul_prec_routes_by_precision_and_dtype() {
     assert_bits_eq(&ed, &md, "Exact dense = matmul");
     let (fq, fd) = run(Some(Precision::Fast));
     assert_bits_eq(&fd, &md, "Fast leaves dense weights exact");
-    assert_bits_eq(&fq, &fast((isa::active(), isa::vnni_active()), &x, m, q, None), "Fast quantized");
+    assert_bits_eq(&fq, &fast((isa::active(), IntDot::active()), &x, m, q, None), "Fast quantized");
     assert!(fq.iter().zip(&mq).any(|(a, b)| a != b), "Fast must actually quantize the activations");
     let (mut g1, mut g2) = (vec![0f32; m * 6], vec![0f32; m * 6]);
     matmul::matmul_swiglu_prec(Precision::Exact, &x, m, q, q, &mut g1);
@@ -278,7 +290,7 @@ fn matmul_prec_routes_by_precision_and_dtype() {
 #[test]
 fn measured_error_is_within_the_bound() {
     let mut rng = StdRng::seed_from_u64(18);
-    let level = (isa::active(), isa::vnni_active());
+    let level = (isa::active(), IntDot::active());
     for dt in QUANT {
         let (n, k, m) = (64, 2048, 4);
         // Ordinary weights (no extreme scales): rows of random blocks rescaled to 0.02.
@@ -351,9 +363,9 @@ fn packed_panels_give_the_row_layouts_bits_on_every_level_batch_and_split() {
             let pb = pack(&w);
             let wp = WeightMat::packed(dt, n, k, &pb).unwrap();
             let bias: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-            for m in [1, 2, 3, 4, 5, 9, 17] {
+            for m in [1, 2, 3, 4, 5, 9, 17, 33, 50] {
                 let x = random_x(m, k, &mut rng);
-                let want = fast((Isa::Scalar, false), &x, m, w, Some(WeightVec::from_f32(&bias)));
+                let want = fast((Isa::Scalar, false.into()), &x, m, w, Some(WeightVec::from_f32(&bias)));
                 for level in levels() {
                     for threads in [1, 2, 3] {
                         let what = format!("{dt} packed {} n={n} k={k} m={m} threads={threads}", name(level));
@@ -367,7 +379,7 @@ fn packed_panels_give_the_row_layouts_bits_on_every_level_batch_and_split() {
             let u = WeightMat::new(dt, n, k, &ub).unwrap();
             let upb = pack(&u);
             let up = WeightMat::packed(dt, n, k, &upb).unwrap();
-            for m in [1, 6] {
+            for m in [1, 6, 40] {
                 let x = random_x(m, k, &mut rng);
                 for level in levels() {
                     let (mut a, mut b) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);

@@ -128,7 +128,7 @@ fn quantized_matmul_and_swiglu_give_the_default_bits_under_every_tiling() {
                 for prec in [Precision::Exact, Precision::Fast] {
                     let what = format!("{dt} {} {prec:?} m={m}", isa.name());
                     let run = |x: &[f32], m, s: &mut [MatSeg<'_, '_>], t: &MatMulTiling| {
-                        quant::matmul_quant_prec_with_tiled(isa, true, prec, x, m, s, t)
+                        quant::matmul_quant_prec_with_tiled(isa, quant::IntDot::active(), prec, x, m, s, t)
                     };
                     let def = MatMulTiling::default();
                     let want = in_pool(1, || two_segs(&x, m, [g, u], &bias, |x, m, s| run(x, m, s, &def)));
@@ -143,7 +143,17 @@ fn quantized_matmul_and_swiglu_give_the_default_bits_under_every_tiling() {
                             assert_bits_eq(&got, &want, &what);
                             let mut sw = vec![f32::NAN; m * n];
                             in_pool(threads, || {
-                                quant::matmul_swiglu_quant_prec_with_tiled(isa, true, prec, &x, m, g, u, &mut sw, &t)
+                                quant::matmul_swiglu_quant_prec_with_tiled(
+                                    isa,
+                                    quant::IntDot::active(),
+                                    prec,
+                                    &x,
+                                    m,
+                                    g,
+                                    u,
+                                    &mut sw,
+                                    &t,
+                                )
                             });
                             assert_bits_eq(&sw, &want_sw, &format!("swiglu {what}"));
                         }
@@ -251,7 +261,7 @@ fn packed_panels_give_the_default_bits_under_every_tiling() {
                 let run = |ws: [WeightMat<'_>; 2], t: &MatMulTiling| {
                     two_segs(&x, m, ws, &bias, |x, m, s| {
                         if dt.is_quantized() {
-                            quant::matmul_quant_prec_with_tiled(isa, true, prec, x, m, s, t)
+                            quant::matmul_quant_prec_with_tiled(isa, quant::IntDot::active(), prec, x, m, s, t)
                         } else {
                             matmul::matmul_with_tiled(isa, t, x, m, s)
                         }

@@ -633,7 +633,15 @@ pub fn matmul_prec_tiled(
     let (mut bf, mut d): (Vec<MatSeg<'_, '_>>, Vec<MatSeg<'_, '_>>) =
         rest.into_iter().partition(|s| fast && fast_bf16_applies(s.w.dtype));
     if !q.is_empty() {
-        crate::quant::matmul_quant_prec_with_tiled(isa::active(), isa::vnni_active(), prec, x, m, &mut q, tiling);
+        crate::quant::matmul_quant_prec_with_tiled(
+            isa::active(),
+            crate::quant::IntDot::active(),
+            prec,
+            x,
+            m,
+            &mut q,
+            tiling,
+        );
     }
     if !bf.is_empty() {
         matmul_fast(x, m, &mut bf)
@@ -675,8 +683,8 @@ pub fn matmul_swiglu_prec_tiled(
     let isa = isa::active();
     match prec {
         _ if gate.dtype.is_quantized() => {
-            let vnni = isa::vnni_active();
-            crate::quant::matmul_swiglu_quant_prec_with_tiled(isa, vnni, prec, x, m, gate, up, out, tiling)
+            let dot = crate::quant::IntDot::active();
+            crate::quant::matmul_swiglu_quant_prec_with_tiled(isa, dot, prec, x, m, gate, up, out, tiling)
         }
         tboost_ops::Precision::Fast if fast_bf16_applies(gate.dtype) && up.dtype == gate.dtype => {
             matmul_swiglu_fast(x, m, gate, up, out)

@@ -162,20 +162,32 @@ pub(crate) struct QAct {
     pub m: usize,
     pub ng: usize,
     pub ngp: usize,
-    /// `[m][ngp * 32]` quantized values.
+    /// `[m + PAD_ROWS][ngp * 32]` quantized values (the arrays below have the padding rows
+    /// too, all zero).
     pub xq: Vec<i8>,
-    /// `[m][ngp]` `X_g`, `Y_g` and `S_g`.
+    /// `[m + PAD_ROWS][ngp]` `X_g`, `Y_g` and `S_g`.
     pub xs: Vec<f32>,
     pub ys: Vec<f32>,
     pub s: Vec<i32>,
-    /// `[m][2 * ngp]` half sums.
+    /// `[m + PAD_ROWS][2 * ngp]` half sums.
     pub h: Vec<i16>,
-    /// Chain-major copies (only when `chain` was asked for): `[m][ng * 32]` values (XOR 0x80,
-    /// i.e. `q + 128` as u8, when `biased`), `[m][ng]` `X_g` and `Y_g`.
+    /// What `fill` was asked for: the chain-major copies below, biased or not.
+    pub chain: Option<bool>,
+    /// Chain-major copies (only when `chain` was asked for): `[m + PAD_ROWS][ng * 32]`
+    /// values (XOR 0x80, i.e. `q + 128` as u8, when `biased`), `[m + PAD_ROWS][ng]` `X_g` and
+    /// `Y_g`.
     pub cq: Vec<u8>,
     pub cxs: Vec<f32>,
     pub cys: Vec<f32>,
+    /// `cxs` and `cys` again, per block of 16 rows with the rows side by side:
+    /// `[(m + PAD_ROWS) / 16][ng][16]` (what an AMX tile's float steps read).
+    pub txs: Vec<f32>,
+    pub tys: Vec<f32>,
 }
+
+/// Zero rows after the last activation row of a [`QAct`] (one AMX tile's rows less one,
+/// rounded up): a tile of 16 rows starting at any row stays inside the arrays.
+pub(crate) const PAD_ROWS: usize = 16;
 
 /// Position of group `g` of `ng` in chain-major order.
 #[inline]
@@ -197,6 +209,8 @@ struct ActPtrs {
     cq: *mut u8,
     cxs: *mut f32,
     cys: *mut f32,
+    txs: *mut f32,
+    tys: *mut f32,
 }
 // SAFETY: only used to write disjoint rows while the QAct is mutably borrowed.
 unsafe impl Send for ActPtrs {}
@@ -224,16 +238,21 @@ impl QAct {
         let ng = k / GROUP;
         let ngp = ng.next_multiple_of(CHAINS);
         (self.k, self.m, self.ng, self.ngp) = (k, m, ng, ngp);
-        // Padding must be zero: clear and resize (no reallocation once grown).
-        reset(&mut self.xq, m * ngp * GROUP);
-        reset(&mut self.xs, m * ngp);
-        reset(&mut self.ys, m * ngp);
-        reset(&mut self.s, m * ngp);
-        reset(&mut self.h, m * 2 * ngp);
+        // Padding must be zero: clear and resize (no reallocation once grown). `PAD_ROWS`
+        // zero rows follow the last, so a 16-row AMX tile may start at any row.
+        let rows = m + PAD_ROWS;
+        reset(&mut self.xq, rows * ngp * GROUP);
+        reset(&mut self.xs, rows * ngp);
+        reset(&mut self.ys, rows * ngp);
+        reset(&mut self.s, rows * ngp);
+        reset(&mut self.h, rows * 2 * ngp);
+        self.chain = chain;
         if chain.is_some() {
-            reset(&mut self.cq, m * ng * GROUP);
-            reset(&mut self.cxs, m * ng);
-            reset(&mut self.cys, m * ng);
+            reset(&mut self.cq, rows * ng * GROUP);
+            reset(&mut self.cxs, rows * ng);
+            reset(&mut self.cys, rows * ng);
+            reset(&mut self.txs, rows.next_multiple_of(16) * ng);
+            reset(&mut self.tys, rows.next_multiple_of(16) * ng);
         }
         let p = ActPtrs {
             xq: self.xq.as_mut_ptr(),
@@ -244,6 +263,8 @@ impl QAct {
             cq: self.cq.as_mut_ptr(),
             cxs: self.cxs.as_mut_ptr(),
             cys: self.cys.as_mut_ptr(),
+            txs: self.txs.as_mut_ptr(),
+            tys: self.tys.as_mut_ptr(),
         };
         let row = |i: usize| {
             // SAFETY: row i of every array is in bounds (sized above) and written by this
@@ -287,9 +308,13 @@ unsafe fn quantize_row(
         *p.h.add(2 * r) = h0 as i16;
         *p.h.add(2 * r + 1) = h1 as i16;
         if let Some(biased) = chain {
-            let pos = i * ng + chain_pos(g, ng);
+            let cp = chain_pos(g, ng);
+            let pos = i * ng + cp;
             *p.cxs.add(pos) = xg;
             *p.cys.add(pos) = xg * s as f32;
+            let tpos = (i / 16 * ng + cp) * 16 + i % 16;
+            *p.txs.add(tpos) = xg;
+            *p.tys.add(tpos) = xg * s as f32;
             let dst = p.cq.add(pos * GROUP);
             for e in 0..GROUP {
                 let v = *q.add(g * GROUP + e) as u8;

@@ -100,7 +100,7 @@ pub(super) trait IV: Copy {
 }
 
 #[derive(Clone, Copy)]
-pub(super) struct ZI(__m512i);
+pub(super) struct ZI(pub(super) __m512i);
 
 impl IV for ZI {
     type F = Z;

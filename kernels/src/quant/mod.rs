@@ -33,6 +33,8 @@ mod fast;
 mod fast_x86;
 pub mod packed;
 #[cfg(target_arch = "x86_64")]
+mod packed_amx;
+#[cfg(target_arch = "x86_64")]
 mod packed_x86;
 mod reference;
 #[cfg(test)]
@@ -47,6 +49,38 @@ use crate::isa::{self, Isa};
 use crate::matmul::{check_tiling, MatMulCase, MatMulTiling, MatSeg};
 use crate::{Layout, WeightMat, WeightVec};
 use tboost_ops::Unsupported;
+
+/// The integer dot-product units a `Fast` call may use, each also capped at what this CPU
+/// (and OS) offers: VNNI (`vpdpbusd`) and, for packed panels with many activation rows,
+/// AMX-INT8 tiles (which need VNNI at the AVX-512 level). A `bool` converts to "VNNI or
+/// not, no AMX". Every choice computes the same bits.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub struct IntDot {
+    pub vnni: bool,
+    pub amx: bool,
+}
+
+impl IntDot {
+    /// What the kernels use by default here (`isa::vnni_active`, `isa::amx_int8`).
+    pub fn active() -> IntDot {
+        IntDot { vnni: isa::vnni_active(), amx: isa::amx_int8() }
+    }
+
+    pub fn name(self) -> &'static str {
+        match (self.vnni, self.amx) {
+            (true, true) => "vnni+amx",
+            (true, false) => "vnni",
+            (false, true) => "amx",
+            (false, false) => "plain",
+        }
+    }
+}
+
+impl From<bool> for IntDot {
+    fn from(vnni: bool) -> IntDot {
+        IntDot { vnni, amx: false }
+    }
+}
 
 /// Whether `matmul_quant` has a kernel for this weight matrix.
 pub fn supports(case: &MatMulCase) -> Result<(), Unsupported> {
@@ -103,13 +137,20 @@ fn matmul_quant_with_tiled(isa: Isa, tiling: &MatMulTiling, x: &[f32], m: usize,
 /// [`matmul_quant`] with the given precision: `Exact` is [`matmul_quant`] itself, `Fast`
 /// quantizes the activations to 8 bits (see the module doc).
 pub fn matmul_quant_prec(prec: Precision, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
-    matmul_quant_prec_with(isa::active(), isa::vnni_active(), prec, x, m, segs)
+    matmul_quant_prec_with(isa::active(), IntDot::active(), prec, x, m, segs)
 }
 
-/// [`matmul_quant_prec`] on at most `isa`, with VNNI only if `vnni` (both capped at what this
-/// CPU has): tests select every kernel level this way.
-pub fn matmul_quant_prec_with(isa: Isa, vnni: bool, prec: Precision, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
-    matmul_quant_prec_with_tiled(isa, vnni, prec, x, m, segs, &MatMulTiling::default())
+/// [`matmul_quant_prec`] on at most `isa`, with the integer units `dot` allows (all capped at
+/// what this CPU has): tests select every kernel level this way.
+pub fn matmul_quant_prec_with(
+    isa: Isa,
+    dot: impl Into<IntDot>,
+    prec: Precision,
+    x: &[f32],
+    m: usize,
+    segs: &mut [MatSeg<'_, '_>],
+) {
+    matmul_quant_prec_with_tiled(isa, dot, prec, x, m, segs, &MatMulTiling::default())
 }
 
 /// [`matmul_quant_prec_with`] with its work split by `tiling` (same bits as the default split).
@@ -118,7 +159,7 @@ pub fn matmul_quant_prec_with(isa: Isa, vnni: bool, prec: Precision, x: &[f32], 
 /// As `matmul_quant`, and on a tiling value outside its range.
 pub fn matmul_quant_prec_with_tiled(
     isa: Isa,
-    vnni: bool,
+    dot: impl Into<IntDot>,
     prec: Precision,
     x: &[f32],
     m: usize,
@@ -130,7 +171,7 @@ pub fn matmul_quant_prec_with_tiled(
     }
     check_tiling("matmul_quant", tiling);
     let Some(k) = check_segs("matmul_quant", x, m, segs) else { return };
-    let level = FastLevel::new(isa, vnni);
+    let level = FastLevel::new(isa, dot.into());
     let mats: Vec<(WeightMat<'_>, Option<WeightVec<'_>>, OutPtr)> =
         segs.iter_mut().map(|s| (s.w, s.bias, OutPtr(s.out.as_mut_ptr()))).collect();
     let ws: Vec<WeightMat<'_>> = mats.iter().map(|m| m.0).collect();
@@ -212,14 +253,14 @@ pub fn matmul_swiglu_quant_prec(
     up: WeightMat<'_>,
     out: &mut [f32],
 ) {
-    matmul_swiglu_quant_prec_with(isa::active(), isa::vnni_active(), prec, x, m, gate, up, out)
+    matmul_swiglu_quant_prec_with(isa::active(), IntDot::active(), prec, x, m, gate, up, out)
 }
 
-/// [`matmul_swiglu_quant_prec`] on at most `isa`, with VNNI only if `vnni`.
+/// [`matmul_swiglu_quant_prec`] on at most `isa`, with the integer units `dot` allows.
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_swiglu_quant_prec_with(
     isa: Isa,
-    vnni: bool,
+    dot: impl Into<IntDot>,
     prec: Precision,
     x: &[f32],
     m: usize,
@@ -227,7 +268,7 @@ pub fn matmul_swiglu_quant_prec_with(
     up: WeightMat<'_>,
     out: &mut [f32],
 ) {
-    matmul_swiglu_quant_prec_with_tiled(isa, vnni, prec, x, m, gate, up, out, &MatMulTiling::default())
+    matmul_swiglu_quant_prec_with_tiled(isa, dot, prec, x, m, gate, up, out, &MatMulTiling::default())
 }
 
 /// [`matmul_swiglu_quant_prec_with`] with its work split by `tiling` (same bits as the default
@@ -238,7 +279,7 @@ pub fn matmul_swiglu_quant_prec_with(
 #[allow(clippy::too_many_arguments)]
 pub fn matmul_swiglu_quant_prec_with_tiled(
     isa: Isa,
-    vnni: bool,
+    dot: impl Into<IntDot>,
     prec: Precision,
     x: &[f32],
     m: usize,
@@ -287,7 +328,7 @@ pub fn matmul_swiglu_quant_prec_with_tiled(
         // SAFETY (both closures): the scratch holds the task's [mi, nj] rectangle.
         run_tasks(&tasks, |t| fused(t, &|w, dst| unsafe { dots(isa, w, t, x, k, dst, t.j1 - t.j0) }));
     } else {
-        let level = FastLevel::new(isa, vnni);
+        let level = FastLevel::new(isa, dot.into());
         let tasks = plan(&[gate], m, level.tile_min_rows(), true, tiling);
         fast::with_act(|act| {
             act.fill(x, m, k, level.chain_layout(&[gate], &tasks), level.quantizer());
@@ -465,18 +506,22 @@ const FAST_TILE_MIN_ROWS: usize = 6;
 /// it with a few dozen rows, so a task takes (nearly) all of them.
 const FAST_TASK_M: usize = 1024;
 
-/// The kernels a Fast call runs on: scalar, or one of the four x86 instantiations.
+/// The kernels a Fast call runs on: scalar, one of the four x86 instantiations, and AMX for
+/// packed panels with many rows.
 #[derive(Clone, Copy, Debug)]
 struct FastLevel {
     isa: Isa,
     vnni: bool,
+    amx: bool,
 }
 
 impl FastLevel {
-    /// At most `isa` and `vnni`, capped at what this CPU has.
-    fn new(isa: Isa, vnni: bool) -> FastLevel {
+    /// At most `isa` and `dot`, capped at what this CPU has.
+    fn new(isa: Isa, dot: IntDot) -> FastLevel {
         let isa = isa.min(isa::detected());
-        FastLevel { isa, vnni: vnni && isa::vnni_detected(isa) }
+        let vnni = dot.vnni && isa::vnni_detected(isa);
+        let amx = dot.amx && vnni && isa == Isa::Avx512 && isa::amx_int8_detected();
+        FastLevel { isa, vnni, amx }
     }
 
     /// Activation rows from which Fast tasks are tiled (packed GEMM).
@@ -487,11 +532,19 @@ impl FastLevel {
         }
     }
 
-    /// Whether the activations need the chain-major copy (tiled tasks over row-major
-    /// weights), and biased.
+    /// Whether the activations need the chain-major copy, and biased: tiled tasks over
+    /// row-major weights read it (biased with VNNI), and so do AMX tasks over packed panels
+    /// (unbiased; in a call that has both, the packed tasks take the VNNI walk instead).
     fn chain_layout(self, ws: &[WeightMat<'_>], tasks: &[Task]) -> Option<bool> {
-        let tiled = tasks.iter().any(|t| t.i1 - t.i0 >= self.tile_min_rows() && ws[t.mat].layout == Layout::Rows);
-        tiled.then_some(self.vnni)
+        let rows = tasks.iter().any(|t| t.i1 - t.i0 >= self.tile_min_rows() && ws[t.mat].layout == Layout::Rows);
+        if rows {
+            return Some(self.vnni);
+        }
+        #[cfg(target_arch = "x86_64")]
+        if self.amx && tasks.iter().any(|t| t.i1 - t.i0 >= packed_amx::MIN_ROWS && ws[t.mat].layout == Layout::Panels) {
+            return Some(false);
+        }
+        None
     }
 
     fn quantizer(self) -> fast::GroupQuantizer {
@@ -559,6 +612,11 @@ unsafe fn dots_packed(level: FastLevel, w: &WeightMat<'_>, t: &Task, act: &fast:
                 ld,
                 prefetch: isa::weight_prefetch(),
             };
+            if level.amx && job.m >= packed_amx::MIN_ROWS && act.chain == Some(false) && t.i0.is_multiple_of(16) {
+                // SAFETY: `level.amx` was checked against the CPU and OS (`FastLevel::new`);
+                // `act` comes from `QAct::fill`, with the unbiased chain-major copy.
+                return packed_amx::dots(w.dtype, &job);
+            }
             packed_x86::dots(fast_x86::Level { avx512: level.isa == Isa::Avx512, vnni: level.vnni }, w.dtype, &job)
         }
         _ => packed::dots_scalar(w, (t.j0, t.j1), act, (t.i0, t.i1), dst, ld),

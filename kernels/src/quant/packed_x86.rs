@@ -135,7 +135,7 @@ const SB: usize = 32;
 
 /// One activation row of a [`QAct`] (natural layout).
 #[derive(Clone, Copy)]
-struct Row {
+pub(super) struct Row {
     xq: *const u8,
     xs: *const f32,
     ys: *const f32,
@@ -144,7 +144,7 @@ struct Row {
 }
 
 impl Row {
-    fn of(a: &QAct, i: usize) -> Row {
+    pub(super) fn of(a: &QAct, i: usize) -> Row {
         let g = i * a.ngp;
         // SAFETY: row i exists (i < a.m), so these offsets stay inside the arrays.
         unsafe {
@@ -166,18 +166,18 @@ unsafe fn splat_i32<I: IV>(v: i32) -> I {
 }
 
 /// A group's scales for the float step (lanes = panel rows).
-struct GroupScales<I: IV> {
+pub(super) struct GroupScales<I: IV> {
     /// `A`.
-    a: I::F,
+    pub a: I::F,
     /// `-M` (`Scales::K4`).
-    neg_m: I::F,
+    pub neg_m: I::F,
     /// The half scales (`Scales::K6`).
-    sc: [I; 2],
+    pub sc: [I; 2],
 }
 
 /// The scales of group `g` of a panel whose scales start at `s`.
 #[inline(always)]
-unsafe fn group_scales<I: IV, F: PF>(s: *const u8, g: usize) -> GroupScales<I> {
+pub(super) unsafe fn group_scales<I: IV, F: PF>(s: *const u8, g: usize) -> GroupScales<I> {
     use super::packed::{K4, K6, SUPER};
     let block = if F::SCALES == Scales::K4 { K4::BYTES } else { K6::BYTES };
     let (sbk, j) = (s.add(g / SUPER * block), g % SUPER);
@@ -251,7 +251,7 @@ unsafe fn group_dot<I: IV, F: PF, const VNNI: bool>(w: &[I; 8], sc: &GroupScales
 /// The float step of group `g` for row `x`: `acc` after `fma(D, A X, acc)` (and, with mins,
 /// `fma(-M, Y, .)`).
 #[inline(always)]
-unsafe fn float_step<I: IV, F: PF>(acc: I::F, d: I, sc: &GroupScales<I>, x: Row, g: usize) -> I::F {
+pub(super) unsafe fn float_step<I: IV, F: PF>(acc: I::F, d: I, sc: &GroupScales<I>, x: Row, g: usize) -> I::F {
     let s = I::F::mul(sc.a, I::F::splat(*x.xs.add(g)));
     let v = I::F::fma(d.cvt(), s, acc);
     if F::SCALES == Scales::K4 {
@@ -263,7 +263,7 @@ unsafe fn float_step<I: IV, F: PF>(acc: I::F, d: I, sc: &GroupScales<I>, x: Row,
 
 /// The canonical tree over the 16 chain accumulators (`reference::hsum16`, per lane).
 #[inline(always)]
-unsafe fn tree<V: V16>(acc: &[V; CHAINS]) -> V {
+pub(super) unsafe fn tree<V: V16>(acc: &[V; CHAINS]) -> V {
     let mut s8 = [V::zero(); 8];
     for l in 0..8 {
         s8[l] = V::add(acc[l], acc[l + 8]);
@@ -322,7 +322,7 @@ unsafe fn prefetch_ahead<F: PF>(q: *const u8, s: *const u8, g: usize) {
         o += 64;
     }
     // Scales take `SB` (32-40) bytes a group on average: one line every other group.
-    if g % 2 == 0 {
+    if g.is_multiple_of(2) {
         let sb = if F::SCALES == Scales::D { SB } else { 40 };
         _mm_prefetch::<_MM_HINT_T1>(s.wrapping_add((g + PREFETCH_BYTES / F::QB) * sb) as *const i8);
     }
@@ -407,7 +407,7 @@ pub(super) struct PJob<'a> {
 
 /// Stores lanes `0..rows` of `v` at `dst`.
 #[inline(always)]
-unsafe fn put<V: V16>(v: V, dst: *mut f32, rows: usize) {
+pub(super) unsafe fn put<V: V16>(v: V, dst: *mut f32, rows: usize) {
     if rows == PANEL {
         v.store(dst);
     } else {

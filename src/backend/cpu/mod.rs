@@ -317,6 +317,24 @@ fn precision_for(case: &tboost_ops::MatMulCase) -> Result<(), Unsupported> {
     }
 }
 
+/// The instruction-set extensions the kernels use here, as `+name` each (the plan's device
+/// line: which integer and bf16 units a fast matmul runs on).
+fn extensions() -> String {
+    let mut s = String::new();
+    for (on, name) in [
+        (isa::vnni_active(), "vnni"),
+        (isa::amx_int8(), "amx-int8"),
+        (isa::avx512bf16(), "avx512bf16"),
+        (isa::amx_bf16(), "amx-bf16"),
+    ] {
+        if on {
+            s.push('+');
+            s.push_str(name);
+        }
+    }
+    s
+}
+
 impl Backend for CpuBackend {
     fn name(&self) -> &'static str {
         "cpu"
@@ -325,7 +343,13 @@ impl Backend for CpuBackend {
     fn device(&self) -> DeviceInfo {
         DeviceInfo {
             backend: "cpu".into(),
-            device: format!("cpu {} x{} threads", isa::active().name(), self.threads),
+            device: format!(
+                "cpu {}{} x{} threads{}",
+                isa::active().name(),
+                extensions(),
+                self.threads,
+                if isa::weight_prefetch() { ", weight prefetch" } else { "" }
+            ),
             runtime_version: None,
         }
     }
