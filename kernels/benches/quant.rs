@@ -561,7 +561,8 @@ fn bf16_fast(threads: usize) {
 /// Batched decode: m = 16 activation rows, weights cycled as in `gemv`.
 fn batch(threads: usize, prec: Precision) {
     let p = pool(threads);
-    let m = 16;
+    // `BATCH_M=N` measures another batch (e.g. where AMX starts to pay).
+    let m = std::env::var("BATCH_M").ok().and_then(|v| v.parse().ok()).unwrap_or(16);
     for (dt, n, k) in
         [(DType::Q5_0, 4864, 896), (DType::Q4K, 896, 4864), (DType::Q4_0, 5632, 2048), (DType::Q8_0, 5632, 2048)]
     {

@@ -363,7 +363,7 @@ fn packed_panels_give_the_row_layouts_bits_on_every_level_batch_and_split() {
             let pb = pack(&w);
             let wp = WeightMat::packed(dt, n, k, &pb).unwrap();
             let bias: Vec<f32> = (0..n).map(|_| rng.random_range(-2.0f32..2.0)).collect();
-            for m in [1, 2, 3, 4, 5, 9, 17, 33, 50] {
+            for m in [1, 2, 3, 4, 5, 9, 13, 16, 17, 33, 50] {
                 let x = random_x(m, k, &mut rng);
                 let want = fast((Isa::Scalar, false.into()), &x, m, w, Some(WeightVec::from_f32(&bias)));
                 for level in levels() {

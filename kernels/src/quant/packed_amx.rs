@@ -11,11 +11,14 @@
 //! it, 16 outputs per vector: `fma(f32(D_g), fl(A_g X_g), acc[g mod 16])`. Q6_K's two
 //! half scales need the two 16-value halves apart: two products of half the depth.
 //!
-//! Loop nest of one job: panels in blocks whose unpacked bytes stay in L2; for each block
-//! and 16-row tile of activations (from L3, once per block), each panel of the block chain
-//! by chain (the 16 accumulators of one chain in registers), groups of the chain in
-//! increasing `g`, two groups' tile products issued before their float steps so the tile
-//! unit runs beside the vector one.
+//! Two loop nests:
+//! - more than 16 rows (prefill): panels in blocks whose unpacked bytes (chain-major) stay in
+//!   L2; for each block and 16-row tile of activations (the chain-major copy, from L3 once
+//!   per block), each panel of the block chain by chain (the 16 accumulators of one chain in
+//!   registers), the float steps of a group `LAG` groups behind its tile product so they
+//!   never wait for its store;
+//! - one tile of rows (batched decode): groups in natural order, each unpacked `LEAD` groups
+//!   ahead of its product as the panel streams in once, the rows' chains in memory.
 //!
 //! Tile registers: C in tmm0 / tmm1, activations in tmm2 / tmm3, weights in tmm4 / tmm5
 //! (one set per group of a pair; Q6_K: one set per half).
@@ -26,7 +29,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-use super::fast::{CHAINS, GROUP};
+use super::fast::{chain_pos, CHAINS, GROUP};
 use super::fast_x86::{IV, ZI};
 use super::packed::PANEL;
 use super::packed_x86::{group_scales, put, tree, PJob, Scales, PF};
@@ -34,11 +37,11 @@ use super::packed_x86::{P4K, P4_0, P5K, P5_0, P6K, P8_0};
 use super::x86::{V16, Z};
 use crate::DType;
 
-/// Activation rows from which the packed Fast path uses AMX (below, the VNNI walk). At 16
-/// rows (a 16-request decode step) AMX measured slower than VNNI (kernel bench `batch`, two
-/// threads, Q4_0 5632 x 2048: 840 against 771 us; demo model, 16 requests: 221-225 against
-/// 254-258 tokens/s): one tile of rows does not repay unpacking the panel first.
-pub(super) const MIN_ROWS: usize = 32;
+/// Activation rows from which the packed Fast path uses AMX (below, the VNNI walk): a tile
+/// product costs the same for 1 or 16 rows. Kernel bench `batch` (`BATCH_M=`), two threads,
+/// Q4_0 5632 x 2048, VNNI against AMX: 8 rows 530 / 594 us, 12 rows 688 / 620, 16 rows 830
+/// / 658.
+pub(super) const MIN_ROWS: usize = 12;
 
 /// Bytes of unpacked panel groups a block keeps in L2 (half of a 2 MiB L2; the activation
 /// tile, 16 rows of `k` bytes, and the outputs need far less).
@@ -121,6 +124,17 @@ unsafe fn store(r: usize, p: *mut Line) {
         asm!("tilestored [{p} + {s} * 1], tmm0", p = in(reg) p, s = in(reg) 64usize, options(nostack));
     } else {
         asm!("tilestored [{p} + {s} * 1], tmm1", p = in(reg) p, s = in(reg) 64usize, options(nostack));
+    }
+}
+
+/// Unpacks group `g` of the panel whose quants are at `q` into 8 lines of signed weights at
+/// `dst` (line `t`: quad `t`, the 16 rows × 4 values).
+#[inline(always)]
+unsafe fn unpack_group<F: PF>(q: *const u8, g: usize, dst: *mut Line) {
+    let b = _mm512_set1_epi8(bias::<F>() as u8 as i8);
+    let w = F::quads::<ZI, true>(q.add(g * F::QB));
+    for l in 0..8 {
+        _mm512_store_si512(dst.add(l) as *mut _, _mm512_sub_epi8(w[l].0, b));
     }
 }
 
@@ -252,6 +266,74 @@ unsafe fn tile<F: PF>(
     }
 }
 
+/// Groups ahead of the product that the one-tile walk unpacks (its vector stores must reach
+/// L1 before a tile load reads them: stores do not forward to tile loads), and the B slots.
+const LEAD: usize = 6;
+const BSLOTS: usize = 8;
+
+/// One tile of activation rows (at most 16: a batched decode step) against one packed panel
+/// (quants at `q`, scales at `s`), groups in natural order: each group is unpacked just
+/// ahead of its tile product, so the panel streams from memory once, beside the products
+/// (unpacking a whole panel first left the walk waiting on memory), prefetched ahead like
+/// the one-row walk. The 16 chains of each row wait in `chains` between their groups. `xq`
+/// is the natural-order activation tile (row stride `sa`); `xs`, `ys` the tile's `X`, `Y`
+/// in `QAct::txs`'s chain-major order. `cbuf`: `RING` C buffers of 32 lines, then `BSLOTS` B
+/// slots of 8.
+#[inline(always)]
+#[allow(clippy::too_many_arguments)]
+unsafe fn one_tile<F: PF>(
+    q: *const u8,
+    s: *const u8,
+    ng: usize,
+    xq: *const u8,
+    sa: usize,
+    (xs, ys): (*const f32, *const f32),
+    cbuf: *mut Line,
+    chains: &mut [[Z; CHAINS]; 16],
+) {
+    *chains = [[Z::zero(); CHAINS]; 16];
+    let buf = |t: usize| cbuf.add(32 * (t % RING));
+    let slot = |t: usize| cbuf.add(32 * RING + 8 * (t % BSLOTS));
+    for t in 0..LEAD.min(ng) {
+        unpack_group::<F>(q, t, slot(t));
+    }
+    for t in 0..ng + LAG {
+        if t < ng {
+            let u = t + LEAD;
+            if u < ng {
+                let ahead = q.wrapping_add(u * F::QB + 3072);
+                for l in 0..F::QB.div_ceil(64) {
+                    _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
+                }
+                unpack_group::<F>(q, u, slot(u));
+            }
+            let (a, b, c) = (xq.add(t * GROUP), slot(t) as *const u8, buf(t));
+            if F::SCALES == Scales::K6 {
+                product(0, a, sa, b);
+                product(1, a.add(16), sa, b.add(256));
+                store(0, c);
+                store(1, c.add(16));
+            } else {
+                product(t % 2, a, sa, b);
+                store(t % 2, c);
+            }
+        }
+        if t >= LAG {
+            let g = t - LAG;
+            let (ch, pos) = (g % CHAINS, chain_pos(g, ng));
+            let mut acc = [Z::zero(); 16];
+            for i in 0..16 {
+                acc[i] = chains[i][ch];
+            }
+            let c = buf(g);
+            steps::<F>(&mut acc, c, c.add(16), s, g, xs.add(16 * pos), ys.add(16 * pos));
+            for i in 0..16 {
+                chains[i][ch] = acc[i];
+            }
+        }
+    }
+}
+
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c")]
 unsafe fn run<F: PF>(job: &PJob<'_>) {
     let act = job.act;
@@ -261,6 +343,28 @@ unsafe fn run<F: PF>(job: &PJob<'_>) {
     }
     let cfg = config(if F::SCALES == Scales::K6 { 16 } else { 32 });
     asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
+    if job.m <= 16 {
+        let mut scratch = SCRATCH.with(Cell::take);
+        if scratch.len() < 32 * RING + 8 * BSLOTS {
+            scratch.resize(32 * RING + 8 * BSLOTS, Line([0; 64]));
+        }
+        let sa = act.ngp * GROUP;
+        let xq = act.xq.as_ptr().add(job.i0 * sa) as *const u8;
+        let x = (act.txs.as_ptr().add(job.i0 * ng), act.tys.as_ptr().add(job.i0 * ng));
+        let mut chains = [[Z::zero(); CHAINS]; 16];
+        for p in 0..np {
+            let (qo, so) = job.geo.offsets(job.p0 + p);
+            one_tile::<F>(job.w.add(qo), job.w.add(so), ng, xq, sa, x, scratch.as_mut_ptr(), &mut chains);
+            let (j0, rows) = (p * PANEL, (job.n - p * PANEL).min(PANEL));
+            for i in 0..job.m {
+                put(tree(&chains[i]), job.dst.add(i * job.ld + j0), rows);
+            }
+        }
+        asm!("tilerelease", options(nostack, nomem));
+        SCRATCH.with(|c| c.set(scratch));
+        return;
+    }
+
     let per_block = (BLOCK_BYTES / (ng * GB)).clamp(1, np);
     let mut scratch = SCRATCH.with(Cell::take);
     let lines = per_block * ng * 8 + 32 * RING;
