@@ -11,7 +11,7 @@
 //!   the weights at every m)
 //! - gemv:   m=1, GB/s of weight bytes per type and shape (weights cycled through > 256 MiB;
 //!   `SHAPES=q8_0:4864x896,...` measures those shapes instead)
-//! - batch:  m=16 (batched decode), GB/s and GFLOP/s
+//! - batch:  m=16 (batched decode; `BATCH_M=N` for another m), GB/s and GFLOP/s
 //! - gemm:   m=512, GFLOP/s
 //! - small:  m = 1..12, one thread (only when named)
 //! - decode: the m=1 matmuls of one Qwen2.5-0.5B Q4_K_M token (24 layers + output head)
