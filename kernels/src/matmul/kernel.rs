@@ -119,16 +119,18 @@ unsafe fn tile<V: Lanes, W: WKind, const MR: usize, const NR: usize>(
     let full = k / 16 * 16;
     let mut c = 0;
     while c < full {
-        let mut xv = [V::zero(); MR];
-        for (i, v) in xv.iter_mut().enumerate() {
-            *v = V::load_f32(x.add(i * k + c));
-        }
-        for j in 0..NR {
+        // Weights first, each x row beside its NR FMAs: MR·NR + NR + 1 live vectors (see
+        // `blocked::tile_acc`: all x rows first made LLVM spill accumulators).
+        let mut wv = [V::zero(); NR];
+        for (j, v) in wv.iter_mut().enumerate() {
             let wp = ws[j].add(c * W::BYTES);
             V::prefetch(wp.wrapping_add(PF));
-            let wv = W::load::<V>(wp);
-            for i in 0..MR {
-                acc[i][j] = V::fma(xv[i], wv, acc[i][j]);
+            *v = W::load::<V>(wp);
+        }
+        for i in 0..MR {
+            let xv = V::load_f32(x.add(i * k + c));
+            for j in 0..NR {
+                acc[i][j] = V::fma(xv, wv[j], acc[i][j]);
             }
         }
         c += 16;
