@@ -504,6 +504,9 @@ fn dense(threads: usize) {
 /// Compare GFLOP/s with `peak`'s bf16 pair dot line.
 fn bf16_fast(threads: usize) {
     use tboost_kernels::matmul;
+    if matmul::FastBf16::best() == matmul::FastBf16::Amx {
+        return amx_fast(threads);
+    }
     if !matmul::packed_bf16::applies() {
         println!("bf16     (no avx512bf16 kernel here)");
         return;
@@ -550,6 +553,51 @@ fn bf16_fast(threads: usize) {
             println!(
                 "bf16     threads={threads} fast {} m={m:>3} n={n} k={k}: {:9.1} us  {:5.1} GB/s  {:6.1} GFLOP/s",
                 if packed { "pairs" } else { "rows " },
+                secs * 1e6,
+                bytes as f64 / secs / 1e9,
+                2.0 * (m * n * k) as f64 / secs / 1e9
+            );
+        }
+    }
+}
+
+/// BF16 (and, split, F16) weights in rows under the AMX-BF16 kernel: decode, a batch and
+/// prefill, weights cycled as in `gemv` for the small batches.
+fn amx_fast(threads: usize) {
+    use tboost_kernels::isa;
+    use tboost_kernels::matmul::{self, FastBf16};
+    let p = pool(threads);
+    for (dt, kernel) in [(DType::BF16, FastBf16::Amx), (DType::F16, FastBf16::AmxSplitF16)] {
+        for (m, n, k) in [1, 16, 512].map(|m| (m, 5632, 2048)) {
+            let bytes = n * k * 2;
+            let copies = if m > 16 { 1 } else { (cold_bytes() / bytes).max(2) };
+            let ws: Vec<Huge> = (0..copies)
+                .map(|c| {
+                    let mut r = Lcg(c as u64 + 5);
+                    let w: Vec<u8> = (0..n * k)
+                        .flat_map(|_| {
+                            let v = (r.next() % 2001) as f32 / 1000.0 - 1.0;
+                            match dt {
+                                DType::BF16 => half::bf16::from_f32(v).to_le_bytes(),
+                                _ => f16::from_f32(v).to_le_bytes(),
+                            }
+                        })
+                        .collect();
+                    Huge::new(&w)
+                })
+                .collect();
+            let xs = x(m, k);
+            let mut out = vec![0f32; m * n];
+            let mut c = 0;
+            let secs = time(&p, Duration::from_millis(1500), || {
+                let w = WeightMat::new(dt, n, k, &ws[c % copies]).unwrap();
+                c += 1;
+                matmul::matmul_fast_with(isa::active(), kernel, &xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
+            });
+            println!(
+                "amx      threads={threads} {:>5} {:20} m={m:>3} n={n} k={k}: {:9.1} us  {:5.1} GB/s  {:6.1} GFLOP/s",
+                dt.to_string(),
+                kernel.name(),
                 secs * 1e6,
                 bytes as f64 / secs / 1e9,
                 2.0 * (m * n * k) as f64 / secs / 1e9

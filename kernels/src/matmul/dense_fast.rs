@@ -47,9 +47,12 @@ pub enum FastBf16 {
     /// product per 32 values of `k` in increasing order, accumulated in the hardware's order.
     Amx,
     /// `Amx`, and F16 weights too: each split exactly into bf16 `hi + lo` (an f16 has 11
-    /// significant bits), two tile products per k tile. Prefill-heavy use only: measured
-    /// 1.7x the exact prefill but 3.6x slower decode (the split costs more than the weight
-    /// stream at m = 1), so `best()` never picks it.
+    /// significant bits), two tile products per k tile. Prefill-heavy use only, so `best()`
+    /// never picks it: kernel bench (`quant -- bf16 fast threads=2`, 5632 x 2048, Xeon VM)
+    /// m = 512 860-900 GFLOP/s against the exact GEMM's 236, but m = 1 17-19 GB/s against
+    /// the exact GEMV's 31 (the split, not the tile products, bounds it: about 8 GB/s per
+    /// core with the products left out, for reasons not found; 50 GB/s without the split).
+    /// Decode would be 1.6-1.8x slower, and a weight's kernel cannot depend on `m`.
     AmxSplitF16,
 }
 
@@ -656,6 +659,10 @@ mod amx {
         items
     }
 
+    /// k tiles per chunk of a split F16 row group when one x block runs (decode): 8 KiB of
+    /// hi and lo parts, two chunks in L1 from the split to the tile loads.
+    const SPLIT_CHUNK: usize = 2;
+
     /// The tile configuration: palette 1, tmm0..7 all 16 rows of 64 bytes.
     #[repr(C, align(64))]
     struct Config([u8; 64]);
@@ -719,36 +726,58 @@ mod amx {
         }
     }
 
-    /// Splits `valid` F16 rows at `src` (stride `rb`, `k` values) into bf16 parts `hi` and
-    /// `lo` with `hi + lo` equal to each weight exactly (`hi` rounded to nearest even, `lo`
-    /// the exact remainder), as rows of `kp` values, zero past `k` and for rows `valid..16`.
+    /// Splits k tiles `t0..t1` of `valid` F16 rows at `src` (row stride `rb`, `k` values)
+    /// into bf16 parts with `hi + lo` equal to each weight exactly: `hi` is the weight as f32
+    /// with the low 16 bits cleared (its top 8 significant bits), `lo` the remainder (at
+    /// most 3 significant bits of an f16's 11, so exact in bf16). Row `r`'s 32 values of tile
+    /// `t` go to `hi + r * stride + 64 * (t - t0)` (and `lo`), as A tile rows; zero past `k`
+    /// and in rows `valid..16`. Truncation, not rounding, for `hi`: two vector ops fewer per
+    /// 16 values, and the split is exact either way.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")]
-    unsafe fn f16_to_hilo(src: *const u8, rb: usize, valid: usize, k: usize, kp: usize, hi: *mut u16, lo: *mut u16) {
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn split_f16(
+        src: *const u8,
+        rb: usize,
+        valid: usize,
+        k: usize,
+        (t0, t1): (usize, usize),
+        stride: usize,
+        hi: *mut u8,
+        lo: *mut u8,
+    ) {
         use std::arch::x86_64::*;
+        let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
         for r in 0..16 {
-            let (h, l) = (hi.add(r * kp), lo.add(r * kp));
-            let mut c = 0;
-            if r < valid {
-                let s = src.add(r * rb) as *const u16;
-                while c + 16 <= k {
-                    let f = _mm512_cvtph_ps(_mm256_loadu_si256(s.add(c) as *const __m256i));
-                    let hb: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(f));
-                    let hf = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(_mm512_cvtepu16_epi32(hb)));
-                    let lb: __m256i = std::mem::transmute(_mm512_cvtneps_pbh(_mm512_sub_ps(f, hf)));
-                    _mm256_storeu_si256(h.add(c) as *mut __m256i, hb);
-                    _mm256_storeu_si256(l.add(c) as *mut __m256i, lb);
-                    c += 16;
+            for t in t0..t1 {
+                let o = r * stride + 64 * (t - t0);
+                let (h, l) = (hi.add(o) as *mut __m512i, lo.add(o) as *mut __m512i);
+                if r >= valid {
+                    _mm512_storeu_si512(h, _mm512_setzero_si512());
+                    _mm512_storeu_si512(l, _mm512_setzero_si512());
+                    continue;
                 }
-                while c < k {
-                    let f = half::f16::from_bits(s.add(c).read_unaligned().to_le()).to_f32();
-                    let hb = super::super::reference::bf16_round(f);
-                    *h.add(c) = hb;
-                    *l.add(c) = super::super::reference::bf16_round(f - f32::from_bits((hb as u32) << 16));
-                    c += 1;
-                }
+                let c = 32 * t;
+                let s = src.add(r * rb + 2 * c);
+                let (a, b) = if c + 32 <= k {
+                    (_mm256_loadu_si256(s as *const __m256i), _mm256_loadu_si256(s.add(32) as *const __m256i))
+                } else {
+                    // The last, partial tile: masked loads (no read past `k`), zeros after.
+                    let rem = k - c;
+                    let m0 = if rem >= 16 { 0xFFFF } else { (1u32 << rem) as u16 - 1 };
+                    let m1 = if rem > 16 { ((1u32 << (rem - 16)) - 1) as u16 } else { 0 };
+                    (
+                        _mm256_maskz_loadu_epi16(m0, s as *const i16),
+                        _mm256_maskz_loadu_epi16(m1, s.add(32) as *const i16),
+                    )
+                };
+                let (f0, f1) = (_mm512_cvtph_ps(a), _mm512_cvtph_ps(b));
+                let h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(f0), top));
+                let h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(f1), top));
+                let (l0, l1) = (_mm512_sub_ps(f0, h0), _mm512_sub_ps(f1, h1));
+                // Values 0..16 from the second operand, 16..32 from the first.
+                _mm512_storeu_si512(h, std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(h1, h0)));
+                _mm512_storeu_si512(l, std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(l1, l0)));
             }
-            std::ptr::write_bytes(h.add(c), 0, kp - c);
-            std::ptr::write_bytes(l.add(c), 0, kp - c);
         }
     }
 
@@ -782,11 +811,14 @@ mod amx {
         // laid out as one [16][32 kt] block) and of the last partial k tile; 8 C tiles.
         let mut pad = PAD.with(Cell::take);
         let per = kt + 1;
-        if pad.len() < 4 * per + 8 {
-            pad.resize(4 * per + 8, ZERO);
+        if pad.len() < 4 * per + 8 + 4 * SPLIT_CHUNK {
+            pad.resize(4 * per + 8 + 4 * SPLIT_CHUNK, ZERO);
         }
         let pad_ptr = pad.as_mut_ptr();
         let cbuf = pad_ptr.add(4 * per);
+        // F16 with one x block: two buffers, each the hi and lo parts of SPLIT_CHUNK k tiles.
+        let chunk = cbuf.add(8);
+        let chunked = f16 && i1 - i0 <= 16;
         // One x block (decode): one A tile per step, so the weights stream as 16 rows at a
         // time (fewer concurrent row streams for the prefetchers). The blocking changes no
         // result: every C element is the same sequence of tile products over k.
@@ -799,10 +831,13 @@ mod amx {
             let mut src = [[(std::ptr::null::<u8>(), 0usize); 2]; 2];
             for g in 0..groups {
                 if f16 {
-                    let valid = 16.min(n - jt);
-                    let (hi, lo) = (pad_ptr.add(g * 2 * per) as *mut u16, pad_ptr.add((g * 2 + 1) * per) as *mut u16);
-                    f16_to_hilo(mats[g].add(jt * rb), rb, valid, k, 32 * kt, hi, lo);
-                    src[g] = [(hi as *const u8, 64 * kt), (lo as *const u8, 64 * kt)];
+                    // Several x blocks share one split of the group's rows, made here; one
+                    // x block (decode) splits them chunk by chunk in the k loop instead.
+                    if !chunked {
+                        let (hi, lo) = (pad_ptr.add(g * 2 * per) as *mut u8, pad_ptr.add((g * 2 + 1) * per) as *mut u8);
+                        split_f16(mats[g].add(jt * rb), rb, 16.min(n - jt), k, (0, kt), 64 * kt, hi, lo);
+                        src[g] = [(hi as *const u8, 64 * kt), (lo as *const u8, 64 * kt)];
+                    }
                     continue;
                 }
                 for (t, s) in src[g].iter_mut().enumerate().take(na) {
@@ -845,7 +880,41 @@ mod amx {
                             zero(cs(ta, tb));
                         }
                     }
-                    for t in 0..kt {
+                    if f16 && chunked {
+                        // Chunks of SPLIT_CHUNK k tiles, split one chunk ahead of their tile
+                        // products into two alternating L1 buffers (stores do not forward to
+                        // tile loads). Measured (`quant -- bf16 fast threads=2`, m = 1, F16
+                        // 5632 x 2048): chunks of 2 tiles 17-19 GB/s, 4: 16-19, 8: 15, 16: 14;
+                        // software prefetch 4-48 tiles ahead, T0 or T1: no gain or slower.
+                        let (base, valid) = (mats[g].add(jt * rb), 16.min(n - jt));
+                        let sc = SPLIT_CHUNK;
+                        let nchunks = kt.div_ceil(sc);
+                        let buf = |c: usize| chunk.add((c % 2) * 2 * sc) as *mut u8;
+                        let split = |c: usize| {
+                            let (t0, t1) = (c * sc, ((c + 1) * sc).min(kt));
+                            let b = buf(c);
+                            split_f16(base, rb, valid, k, (t0, t1), 64 * sc, b, b.add(1024 * sc));
+                        };
+                        if nchunks > 0 {
+                            split(0);
+                        }
+                        for c in 0..nchunks {
+                            if c + 1 < nchunks {
+                                split(c + 1);
+                            }
+                            let (b, t0) = (buf(c), c * sc);
+                            for t in t0..((c + 1) * sc).min(kt) {
+                                load(4, b.add(64 * (t - t0)), 64 * sc);
+                                load(5, b.add(1024 * sc + 64 * (t - t0)), 64 * sc);
+                                load(6, xp.tile(b0, t), 64);
+                                dot(0);
+                                dot_lo(0);
+                            }
+                        }
+                    }
+                    // (Done above when chunked.)
+                    let whole = if f16 && chunked { 0 } else { kt };
+                    for t in 0..whole {
                         if f16 {
                             let ([(hi, stride), (lo, _)], b) = (src[g], 64 * t);
                             load(4, hi.add(b), stride);
