@@ -127,10 +127,10 @@ unsafe fn tile<V: Lanes, W: WKind, const MR: usize, const NR: usize>(
             V::prefetch(wp.wrapping_add(PF));
             *v = W::load::<V>(wp);
         }
-        for i in 0..MR {
+        for (i, row) in acc.iter_mut().enumerate() {
             let xv = V::load_f32(x.add(i * k + c));
-            for j in 0..NR {
-                acc[i][j] = V::fma(xv, wv[j], acc[i][j]);
+            for (a, w) in row.iter_mut().zip(&wv) {
+                *a = V::fma(xv, *w, *a);
             }
         }
         c += 16;
