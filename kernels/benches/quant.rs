@@ -437,6 +437,21 @@ fn gemv(threads: usize, prec: Precision) {
 /// Dense f32 / f16 / bf16 weights (exact precision) at m = 1, 16 and 512, in the row layout
 /// and in 16-row panels (`matmul::packed`, as the CPU backend uploads them), weights cycled
 /// through more than the caches for m < 512. `ROWS=1` measures the row layout only.
+/// `len` dense weights (F32, F16 or BF16) uniform in [-1, 1], from the generator seeded `seed`.
+fn dense_weights(dt: DType, len: usize, seed: u64) -> Vec<u8> {
+    let mut r = Lcg(seed);
+    (0..len)
+        .flat_map(|_| {
+            let v = (r.next() % 2001) as f32 / 1000.0 - 1.0;
+            match dt {
+                DType::F32 => v.to_le_bytes().to_vec(),
+                DType::BF16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
+                _ => f16::from_f32(v).to_le_bytes().to_vec(),
+            }
+        })
+        .collect()
+}
+
 fn dense(threads: usize) {
     use tboost_kernels::matmul;
     let p = pool(threads);
@@ -452,17 +467,7 @@ fn dense(threads: usize) {
                     if m == 512 || std::env::var_os("HOT").is_some() { 1 } else { (cold_bytes() / bytes).max(2) };
                 let ws: Vec<Huge> = (0..copies)
                     .map(|c| {
-                        let mut r = Lcg(c as u64 + 5);
-                        let w: Vec<u8> = (0..n * k)
-                            .flat_map(|_| {
-                                let v = (r.next() % 2001) as f32 / 1000.0 - 1.0;
-                                match dt {
-                                    DType::F32 => v.to_le_bytes().to_vec(),
-                                    DType::BF16 => half::bf16::from_f32(v).to_le_bytes().to_vec(),
-                                    _ => f16::from_f32(v).to_le_bytes().to_vec(),
-                                }
-                            })
-                            .collect();
+                        let w = dense_weights(dt, n * k, c as u64 + 5);
                         if packed {
                             let mut pk = vec![0u8; matmul::packed::packed_bytes(dt, n, k)];
                             matmul::packed::pack(dt, n, k, &w, &mut pk);
@@ -524,10 +529,7 @@ fn bf16_fast(threads: usize) {
                 if m > 16 && std::env::var_os("COLD_GEMM").is_none() { 1 } else { (cold_bytes() / bytes).max(2) };
             let ws: Vec<Huge> = (0..copies)
                 .map(|c| {
-                    let mut r = Lcg(c as u64 + 5);
-                    let w: Vec<u8> = (0..n * k)
-                        .flat_map(|_| half::bf16::from_f32((r.next() % 2001) as f32 / 1000.0 - 1.0).to_le_bytes())
-                        .collect();
+                    let w = dense_weights(DType::BF16, n * k, c as u64 + 5);
                     if packed {
                         let mut pk = vec![0u8; matmul::packed_bf16::packed_bytes(n, k)];
                         matmul::packed_bf16::pack(n, k, &w, &mut pk);
@@ -572,19 +574,7 @@ fn amx_fast(threads: usize) {
             let bytes = n * k * 2;
             let copies = if m > 16 { 1 } else { (cold_bytes() / bytes).max(2) };
             let ws: Vec<Huge> = (0..copies)
-                .map(|c| {
-                    let mut r = Lcg(c as u64 + 5);
-                    let w: Vec<u8> = (0..n * k)
-                        .flat_map(|_| {
-                            let v = (r.next() % 2001) as f32 / 1000.0 - 1.0;
-                            match dt {
-                                DType::BF16 => half::bf16::from_f32(v).to_le_bytes(),
-                                _ => f16::from_f32(v).to_le_bytes(),
-                            }
-                        })
-                        .collect();
-                    Huge::new(&w)
-                })
+                .map(|c| Huge::new(&dense_weights(dt, n * k, c as u64 + 5)))
                 .collect();
             let xs = x(m, k);
             let mut out = vec![0f32; m * n];

@@ -50,7 +50,7 @@ pub enum FastBf16 {
     /// significant bits), two tile products per k tile. Prefill-heavy use only, so `best()`
     /// never picks it: kernel bench (`quant -- bf16 fast threads=2`, 5632 x 2048, Xeon VM)
     /// m = 512 860-900 GFLOP/s against the exact GEMM's 236, but m = 1 17-19 GB/s against
-    /// the exact GEMV's 31 (the split, not the tile products, bounds it: about 8 GB/s per
+    /// the exact GEMV's 31 (the split, not the tile products, bounds it: 7.5-10 GB/s per
     /// core with the products left out, for reasons not found; 50 GB/s without the split).
     /// Decode would be 1.6-1.8x slower, and a weight's kernel cannot depend on `m`.
     AmxSplitF16,

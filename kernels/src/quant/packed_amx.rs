@@ -32,7 +32,7 @@ use std::cell::Cell;
 use super::fast::{chain_pos, CHAINS, GROUP};
 use super::fast_x86::{IV, ZI};
 use super::packed::PANEL;
-use super::packed_x86::{group_scales, put, tree, PJob, Scales, PF};
+use super::packed_x86::{group_scales, put, tree, PJob, Scales, PF, PREFETCH_BYTES};
 use super::packed_x86::{P4K, P4_0, P5K, P5_0, P6K, P8_0};
 use super::x86::{V16, Z};
 use crate::DType;
@@ -124,6 +124,22 @@ unsafe fn store(r: usize, p: *mut Line) {
         asm!("tilestored [{p} + {s} * 1], tmm0", p = in(reg) p, s = in(reg) 64usize, options(nostack));
     } else {
         asm!("tilestored [{p} + {s} * 1], tmm1", p = in(reg) p, s = in(reg) 64usize, options(nostack));
+    }
+}
+
+/// Group `t`'s tile product (activations at `a`, row stride `sa`; unpacked weights at `b`)
+/// stored as C tiles at `c`: K6 groups in two halves of 16 values (4 tile rows each), the
+/// others in alternating register sets, so a product need not wait for the last store.
+#[inline(always)]
+unsafe fn product_store<F: PF>(t: usize, a: *const u8, sa: usize, b: *const u8, c: *mut Line) {
+    if F::SCALES == Scales::K6 {
+        product(0, a, sa, b);
+        product(1, a.add(16), sa, b.add(256));
+        store(0, c);
+        store(1, c.add(16));
+    } else {
+        product(t % 2, a, sa, b);
+        store(t % 2, c);
     }
 }
 
@@ -239,17 +255,7 @@ unsafe fn tile<F: PF>(
     for t in 0..ng + LAG {
         if t < ng {
             let (a, b, c) = (xq.add(t * GROUP), w.add(8 * t) as *const u8, buf(t));
-            if F::SCALES == Scales::K6 {
-                // The two halves of the group: 16 values, 4 tile rows each.
-                product(0, a, sa, b);
-                product(1, a.add(16), sa, b.add(256));
-                store(0, c);
-                store(1, c.add(16));
-            } else {
-                // Alternate register sets, so a product need not wait for the last store.
-                product(t % 2, a, sa, b);
-                store(t % 2, c);
-            }
+            product_store::<F>(t, a, sa, b, c);
         }
         if t >= LAG {
             let u = t - LAG;
@@ -301,22 +307,18 @@ unsafe fn one_tile<F: PF>(
         if t < ng {
             let u = t + LEAD;
             if u < ng {
-                let ahead = q.wrapping_add(u * F::QB + 3072);
+                // Into L1, quants only: the decode walk's `prefetch_ahead` (into L2, with the
+                // scales) lost all of three alternations here (`BATCH_M=16 quant -- batch
+                // fast threads=2`: Q4_0 5632x2048 592-618 against 599-635 us, Q4_K 896x4864
+                // 280-287 against 288-297).
+                let ahead = q.wrapping_add(u * F::QB + PREFETCH_BYTES);
                 for l in 0..F::QB.div_ceil(64) {
                     _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64 * l) as *const i8);
                 }
                 unpack_group::<F>(q, u, slot(u));
             }
             let (a, b, c) = (xq.add(t * GROUP), slot(t) as *const u8, buf(t));
-            if F::SCALES == Scales::K6 {
-                product(0, a, sa, b);
-                product(1, a.add(16), sa, b.add(256));
-                store(0, c);
-                store(1, c.add(16));
-            } else {
-                product(t % 2, a, sa, b);
-                store(t % 2, c);
-            }
+            product_store::<F>(t, a, sa, b, c);
         }
         if t >= LAG {
             let g = t - LAG;

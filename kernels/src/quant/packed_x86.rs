@@ -307,7 +307,7 @@ unsafe fn group_step<I: IV, F: PF, const VNNI: bool, const PREFETCH: bool>(
 /// `PJob::prefetch` asks for it). Kernel bench on the Xeon (AMX) VM, two threads, Q4_0 n =
 /// 5632 k = 2048: none 23 GB/s, 1 KiB 26, 2 KiB 28, 3 KiB 30, 4 KiB 29, 6 KiB 29.5, 8 KiB 29
 /// (into L1 instead: 2 KiB 28, 4 KiB 25); the streaming-read roof there is 32-33.
-const PREFETCH_BYTES: usize = 3 << 10;
+pub(super) const PREFETCH_BYTES: usize = 3 << 10;
 
 /// Prefetches, into L2, the quants `PREFETCH_BYTES` ahead of group `g` (a panel's quants
 /// run on into the next panel's, which the walk reads next) and the scales as far ahead in
