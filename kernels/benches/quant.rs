@@ -573,9 +573,7 @@ fn amx_fast(threads: usize) {
         for (m, n, k) in [1, 16, 512].map(|m| (m, 5632, 2048)) {
             let bytes = n * k * 2;
             let copies = if m > 16 { 1 } else { (cold_bytes() / bytes).max(2) };
-            let ws: Vec<Huge> = (0..copies)
-                .map(|c| Huge::new(&dense_weights(dt, n * k, c as u64 + 5)))
-                .collect();
+            let ws: Vec<Huge> = (0..copies).map(|c| Huge::new(&dense_weights(dt, n * k, c as u64 + 5))).collect();
             let xs = x(m, k);
             let mut out = vec![0f32; m * n];
             let mut c = 0;
