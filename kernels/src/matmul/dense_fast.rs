@@ -49,10 +49,12 @@ pub enum FastBf16 {
     /// `Amx`, and F16 weights too: each split exactly into bf16 `hi + lo` (an f16 has 11
     /// significant bits), two tile products per k tile. Prefill-heavy use only, so `best()`
     /// never picks it: kernel bench (`quant -- bf16 fast threads=2`, 5632 x 2048, Xeon VM)
-    /// m = 512 860-900 GFLOP/s against the exact GEMM's 236, but m = 1 17-19 GB/s against
-    /// the exact GEMV's 31 (the split, not the tile products, bounds it: 7.5-10 GB/s per
-    /// core with the products left out, for reasons not found; 50 GB/s without the split).
-    /// Decode would be 1.6-1.8x slower, and a weight's kernel cannot depend on `m`.
+    /// m = 512 860-900 GFLOP/s against the exact GEMM's 236, but m = 1 22-23 GB/s against
+    /// the exact GEMV's 31 (the split, not the tile products, bounds it: about 10 GB/s per
+    /// core with the products left out, against 25 GB/s per core for the same split on
+    /// L1-resident rows and 15 for the exact GEMV's stream; an integer split (8 ops per 32
+    /// values, not 12) and software prefetch 4-32 tiles ahead gained nothing or lost).
+    /// Decode would be 1.3-1.4x slower, and a weight's kernel cannot depend on `m`.
     AmxSplitF16,
 }
 
@@ -746,8 +748,10 @@ mod amx {
     ) {
         use std::arch::x86_64::*;
         let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
-        for r in 0..16 {
-            for t in t0..t1 {
+        // Tile by tile, its 16 rows in turn (row by row, each row's tiles in turn, measured
+        // 20.3 against 22.8 GB/s at m = 1 in `quant -- bf16 fast threads=2`).
+        for t in t0..t1 {
+            for r in 0..16 {
                 let o = r * stride + 64 * (t - t0);
                 let (h, l) = (hi.add(o) as *mut __m512i, lo.add(o) as *mut __m512i);
                 if r >= valid {
@@ -882,8 +886,9 @@ mod amx {
                         // Chunks of SPLIT_CHUNK k tiles, split one chunk ahead of their tile
                         // products into two alternating L1 buffers (stores do not forward to
                         // tile loads). Measured (`quant -- bf16 fast threads=2`, m = 1, F16
-                        // 5632 x 2048): chunks of 2 tiles 17-19 GB/s, 4: 16-19, 8: 15, 16: 14;
-                        // software prefetch 4-48 tiles ahead, T0 or T1: no gain or slower.
+                        // 5632 x 2048), splitting row by row: chunks of 2 tiles 17-19 GB/s, 4:
+                        // 16-19, 8: 15, 16: 14; tile by tile (now): 2 tiles 22-23, 4: 23, 8:
+                        // 21; software prefetch 4-48 tiles ahead, T0 or T1: no gain or slower.
                         let (base, valid) = (mats[g].add(jt * rb), 16.min(n - jt));
                         let sc = SPLIT_CHUNK;
                         let nchunks = kt.div_ceil(sc);
