@@ -230,8 +230,9 @@ pub fn standard_attention(q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], p:
     standard::run(q, pool, seqs, p, out);
 }
 
-/// Upper bound of the scratch bytes `flash_attention` allocates for a call, whatever the
-/// sequence lengths (depends on tile sizes, head_dim, heads and thread count only).
+/// Upper bound of the scratch bytes `flash_attention` holds for a call, whatever the
+/// sequence lengths (depends on tile sizes, head_dim, heads and thread count only): one
+/// buffer per pool thread, allocated by its first call of this size and kept for later ones.
 pub fn flash_scratch_bytes(p: &AttnParams, threads: usize) -> usize {
     flash::scratch_floats(p) * 4 * threads.max(1)
 }
