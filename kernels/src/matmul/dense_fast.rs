@@ -227,6 +227,7 @@ fn run_kernel<C: AmxCols>(
                 // SAFETY: shapes were checked by the caller, items cover disjoint outputs in
                 // whole 16-row blocks of x, AMX-BF16 is there (checked).
                 execute(&items, |it| unsafe { amx::run(&xp, k, it, &cols[it.seg], f16) });
+                xp.release();
             }
         }
         _ => {
@@ -600,23 +601,29 @@ mod amx {
         }
     }
 
-    /// Rounds x (`[m, k]`) to bf16 and lays it out as B tiles.
+    /// Rounds x (`[m, k]`) to bf16 and lays it out as B tiles. The tiles (and each block's
+    /// rounded rows) live in per-thread buffers kept between calls (`PackedX::release` puts
+    /// them back), so a decode step allocates none.
     pub(super) fn pack_x(x: &[f32], m: usize, k: usize) -> PackedX {
         let kt = k.div_ceil(32);
         let kp = kt * 32;
         let blocks = m.div_ceil(16);
-        let mut tiles = vec![ZERO; blocks * kt];
+        let mut tiles = X_TILES.with(Cell::take);
+        tiles.clear();
+        tiles.resize(blocks * kt, ZERO);
         if kt > 0 {
             tiles.par_chunks_mut(kt).enumerate().for_each(|(b, tl)| {
-                let mut rows = vec![0u16; 16 * kp];
+                let mut rows = X_ROWS.with(Cell::take);
+                rows.resize(16 * kp, 0);
                 for i in 0..16.min(m - 16 * b) {
                     // SAFETY: row 16b + i < m of x (`[m, k]`), `rows` holds kp values per row;
                     // the caller checked AVX512_BF16 (AMX implies it).
                     unsafe { round(x.as_ptr().add((16 * b + i) * k), k, kp, rows.as_mut_ptr().add(i * kp)) };
                 }
+                // Rows past `m` stay zero: their tile bytes are never written below.
                 for (t, tile) in tl.iter_mut().enumerate() {
                     for kk in 0..16 {
-                        for i in 0..16 {
+                        for i in 0..16.min(m - 16 * b) {
                             let c = 32 * t + 2 * kk;
                             let (lo, hi) = (rows[i * kp + c], rows[i * kp + c + 1]);
                             let o = kk * 64 + 4 * i;
@@ -625,9 +632,23 @@ mod amx {
                         }
                     }
                 }
+                X_ROWS.with(|c| c.set(rows));
             });
         }
         PackedX { tiles, kt }
+    }
+
+    impl PackedX {
+        /// Returns the tiles' buffer to this thread for its next `pack_x`.
+        pub(super) fn release(self) {
+            X_TILES.with(|c| c.set(self.tiles));
+        }
+    }
+
+    thread_local! {
+        /// `pack_x`'s tiles (on the calling thread) and rounded rows (on each pool thread).
+        static X_TILES: Cell<Vec<Tile>> = const { Cell::new(Vec::new()) };
+        static X_ROWS: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")]
