@@ -77,7 +77,7 @@ fn row_fn<const FUSED: bool>(isa: Isa) -> RowFn {
 pub fn rmsnorm_with(isa: Isa, x: &[f32], w: WeightVec<'_>, eps: f32, out: &mut [f32]) {
     let dim = check("rmsnorm", x.len(), &[("out", out.len())], &w);
     let f = row_fn::<false>(isa);
-    let wf = w.to_f32();
+    let wf = w.as_f32();
     let min_rows = (PAR_MIN_VALUES / dim).max(1);
     x.par_chunks(dim).zip(out.par_chunks_mut(dim)).with_min_len(min_rows).for_each(|(xr, or)| {
         // SAFETY: ISA checked; rows of `dim` values; not fused, so `xr` is only read.
@@ -88,7 +88,7 @@ pub fn rmsnorm_with(isa: Isa, x: &[f32], w: WeightVec<'_>, eps: f32, out: &mut [
 pub fn add_rmsnorm_with(isa: Isa, residual: &mut [f32], x: &[f32], w: WeightVec<'_>, eps: f32, out: &mut [f32]) {
     let dim = check("add_rmsnorm", residual.len(), &[("x", x.len()), ("out", out.len())], &w);
     let f = row_fn::<true>(isa);
-    let wf = w.to_f32();
+    let wf = w.as_f32();
     let min_rows = (PAR_MIN_VALUES / dim).max(1);
     residual.par_chunks_mut(dim).zip(x.par_chunks(dim)).zip(out.par_chunks_mut(dim)).with_min_len(min_rows).for_each(
         |((rr, xr), or)| {

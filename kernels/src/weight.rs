@@ -151,4 +151,23 @@ impl<'a> WeightVec<'a> {
     pub fn to_f32(&self) -> Vec<f32> {
         (0..self.len).map(|i| self.get(i)).collect()
     }
+
+    /// The vector as f32: borrowed when it is stored as aligned f32 (norm gains on the CPU
+    /// backend, so a norm call allocates nothing), else converted (`to_f32`).
+    pub fn as_f32(&self) -> std::borrow::Cow<'a, [f32]> {
+        // The fields are public: check the length here rather than trust `new` did.
+        let whole = self.len.checked_mul(4) == Some(self.data.len());
+        if self.dtype == DType::F32
+            && whole
+            && (self.data.as_ptr() as usize).is_multiple_of(std::mem::align_of::<f32>())
+        {
+            // SAFETY: `data` is exactly `len` f32 (4 bytes each), checked just above, and
+            // aligned; every bit pattern is an f32 (little-endian targets, as `get` reads).
+            #[cfg(target_endian = "little")]
+            return std::borrow::Cow::Borrowed(unsafe {
+                std::slice::from_raw_parts(self.data.as_ptr() as *const f32, self.len)
+            });
+        }
+        std::borrow::Cow::Owned(self.to_f32())
+    }
 }
