@@ -24,6 +24,13 @@ pub mod membw;
 pub mod moe;
 pub mod norm;
 mod par;
+
+/// A short list kept on the stack (a call's segments, their row counts and dtypes): the
+/// steady decode step allocates none for them.
+pub type Few<T> = smallvec::SmallVec<[T; 4]>;
+
+/// A call's work items (a few per pool thread), kept on the stack up to 32.
+pub(crate) type Items<T> = smallvec::SmallVec<[T; 32]>;
 pub mod quant;
 pub mod rope;
 pub mod weight;

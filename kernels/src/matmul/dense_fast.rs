@@ -131,7 +131,7 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
     }
     if segs.iter().any(|s| s.w.layout == crate::Layout::PairPanels) {
         assert_eq!(kernel, FastBf16::Dot, "matmul_fast: bf16 pair panels are for the avx512bf16 kernel");
-        let (mut p, mut r): (Vec<MatSeg<'_, '_>>, Vec<MatSeg<'_, '_>>) = segs
+        let (mut p, mut r): (crate::Few<MatSeg<'_, '_>>, crate::Few<MatSeg<'_, '_>>) = segs
             .iter_mut()
             .map(|s| MatSeg { w: s.w, bias: s.bias, out: &mut *s.out })
             .partition(|s| s.w.layout == crate::Layout::PairPanels);
@@ -154,7 +154,7 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
     let Some(first) = segs.first() else { return };
     let k = first.w.cols;
     for (s, seg) in segs.iter().enumerate() {
-        check_weight(&seg.w, &format!("matmul_fast: segment {s}"));
+        check_weight(&seg.w, format_args!("matmul_fast: segment {s}"));
         assert_eq!(seg.w.cols, k, "matmul_fast: segment {s} has {} columns but segment 0 has {k}", seg.w.cols);
         assert_eq!(
             Some(seg.out.len()),
@@ -175,7 +175,7 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
         }
     }
     assert_eq!(Some(x.len()), m.checked_mul(k), "matmul_fast: x has {} values, expected [m={m}, k={k}]", x.len());
-    let (mut fast, mut exact): (Vec<MatSeg<'_, '_>>, Vec<MatSeg<'_, '_>>) = segs
+    let (mut fast, mut exact): (crate::Few<MatSeg<'_, '_>>, crate::Few<MatSeg<'_, '_>>) = segs
         .iter_mut()
         .map(|s| MatSeg { w: s.w, bias: s.bias, out: &mut *s.out })
         .partition(|s| kernel.applies(s.w.dtype));
@@ -191,7 +191,7 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
             continue;
         }
         let rows: Vec<usize> = group.iter().map(|s| s.w.rows).collect();
-        let cols: Vec<PlainCols<'_>> = group
+        let cols: crate::Few<PlainCols<'_>> = group
             .into_iter()
             .map(|s| PlainCols {
                 w: s.w.data.as_ptr(),
@@ -278,8 +278,8 @@ pub fn matmul_swiglu_fast_with(
         return super::matmul_swiglu_with(isa, x, m, gate, up, out);
     }
     kernel.check();
-    check_weight(&gate, "matmul_swiglu_fast: gate");
-    check_weight(&up, "matmul_swiglu_fast: up");
+    check_weight(&gate, format_args!("matmul_swiglu_fast: gate"));
+    check_weight(&up, format_args!("matmul_swiglu_fast: up"));
     assert!(
         gate.rows == up.rows && gate.cols == up.cols,
         "matmul_swiglu_fast: gate is {}x{} but up is {}x{}",
@@ -657,7 +657,7 @@ mod amx {
     }
 
     /// Work items: columns in multiples of 32 (two A tiles), x rows in whole 16-row blocks.
-    pub(super) fn plan(rows: &[usize], m: usize, k: usize) -> Vec<Item> {
+    pub(super) fn plan(rows: &[usize], m: usize, k: usize) -> crate::Items<Item> {
         let total: usize = rows.iter().sum();
         let threads = rayon::current_num_threads().max(1);
         let work = m.saturating_mul(k.max(1)).saturating_mul(total);
@@ -670,7 +670,7 @@ mod amx {
         } else {
             m.div_ceil(16) * 16
         };
-        let mut items = Vec::new();
+        let mut items = crate::Items::new();
         for (seg, &n) in rows.iter().enumerate() {
             for j0 in (0..n).step_by(chunk) {
                 for i0 in (0..m).step_by(m_step.max(16)) {

@@ -91,7 +91,7 @@ pub fn matmul(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
         crate::quant::matmul_quant(x, m, segs)
     } else {
         // A merged projection mixing dense and quantized matrices: two calls, one per kind.
-        let (mut q, mut d): (Vec<MatSeg<'_, '_>>, Vec<MatSeg<'_, '_>>) = segs
+        let (mut q, mut d): (crate::Few<MatSeg<'_, '_>>, crate::Few<MatSeg<'_, '_>>) = segs
             .iter_mut()
             .map(|s| MatSeg { w: s.w, bias: s.bias, out: &mut *s.out })
             .partition(|s| s.w.dtype.is_quantized());
@@ -119,7 +119,7 @@ pub fn matmul_with_tiled(isa: Isa, tiling: &MatMulTiling, x: &[f32], m: usize, s
     let k = first.w.cols;
     for (s, seg) in segs.iter().enumerate() {
         let w = &seg.w;
-        check_weight(w, &format!("matmul: segment {s}"));
+        check_weight(w, format_args!("matmul: segment {s}"));
         assert_eq!(w.cols, k, "matmul: segment {s} has {} columns but segment 0 has {k}", w.cols);
         assert_eq!(
             Some(seg.out.len()),
@@ -146,7 +146,7 @@ pub fn matmul_with_tiled(isa: Isa, tiling: &MatMulTiling, x: &[f32], m: usize, s
     }
     if segs.iter().any(|s| s.w.layout == Layout::Panels) {
         // Packed segments take the panel kernels, the others the row kernels.
-        let (mut p, mut r): (Vec<MatSeg<'_, '_>>, Vec<MatSeg<'_, '_>>) = segs
+        let (mut p, mut r): (crate::Few<MatSeg<'_, '_>>, crate::Few<MatSeg<'_, '_>>) = segs
             .iter_mut()
             .map(|s| MatSeg { w: s.w, bias: s.bias, out: &mut *s.out })
             .partition(|s| s.w.layout == Layout::Panels);
@@ -156,8 +156,8 @@ pub fn matmul_with_tiled(isa: Isa, tiling: &MatMulTiling, x: &[f32], m: usize, s
         }
         return;
     }
-    let rows: Vec<usize> = segs.iter().map(|s| s.w.rows).collect();
-    let cols: Vec<PlainCols<'_>> = segs
+    let rows: crate::Few<usize> = segs.iter().map(|s| s.w.rows).collect();
+    let cols: crate::Few<PlainCols<'_>> = segs
         .iter_mut()
         .map(|s| PlainCols {
             w: s.w.data.as_ptr(),
@@ -167,7 +167,7 @@ pub fn matmul_with_tiled(isa: Isa, tiling: &MatMulTiling, x: &[f32], m: usize, s
             out: s.out.as_mut_ptr(),
         })
         .collect();
-    let dtypes: Vec<DType> = segs.iter().map(|s| s.w.dtype).collect();
+    let dtypes: crate::Few<DType> = segs.iter().map(|s| s.w.dtype).collect();
     let items = plan_items_tiled(&rows, m, k, isa, tiling);
     // SAFETY: shapes were checked above; items cover disjoint output columns/rows.
     execute(&items, |it| unsafe { dispatch(isa, dtypes[it.seg], x.as_ptr(), k, it, &cols[it.seg]) });
@@ -208,8 +208,8 @@ pub fn matmul_swiglu_with_tiled(
 ) {
     check_isa(isa);
     check_tiling("matmul_swiglu", tiling);
-    check_weight(&gate, "matmul_swiglu: gate");
-    check_weight(&up, "matmul_swiglu: up");
+    check_weight(&gate, format_args!("matmul_swiglu: gate"));
+    check_weight(&up, format_args!("matmul_swiglu: up"));
     assert!(
         gate.dtype == up.dtype && gate.rows == up.rows && gate.cols == up.cols,
         "matmul_swiglu: gate is {}x{} {} but up is {}x{} {}",
@@ -279,7 +279,8 @@ fn check_isa(isa: Isa) {
 
 /// A supported dtype and exactly `rows * cols` elements of data (or the packed size):
 /// `WeightMat`'s fields are public, and the kernels read rows through raw pointers.
-fn check_weight(w: &WeightMat<'_>, what: &str) {
+/// `what` names the weight in a panic (`format_args!`: no string is built unless one fires).
+fn check_weight(w: &WeightMat<'_>, what: std::fmt::Arguments<'_>) {
     if let Err(e) = supports(&MatMulCase::f32(w.dtype, w.rows, w.cols)) {
         panic!("{what}: {e}");
     }
@@ -310,7 +311,13 @@ const DECODE_TASK_BYTES: usize = 512 << 10;
 /// `panel_rows`, a multiple of 16, and `act_rows` where the tiling sets them). Above 16 rows
 /// a task takes at least `min_panels` panels (unless the tiling sets `panel_rows`): the
 /// width of the kernel's register tile, which a narrower task would leave part idle.
-fn packed_tasks(rows: &[usize], m: usize, k: usize, tiling: &MatMulTiling, min_panels: usize) -> Vec<PackedTask> {
+fn packed_tasks(
+    rows: &[usize],
+    m: usize,
+    k: usize,
+    tiling: &MatMulTiling,
+    min_panels: usize,
+) -> crate::Items<PackedTask> {
     let panels: Vec<usize> = rows.iter().map(|r| r.div_ceil(packed::PANEL)).collect();
     let total: usize = panels.iter().sum();
     let threads = rayon::current_num_threads().max(1);
@@ -340,7 +347,7 @@ fn packed_tasks(rows: &[usize], m: usize, k: usize, tiling: &MatMulTiling, min_p
         None if n_tasks < target && m > 8 => m.div_ceil(target.div_ceil(n_tasks.max(1))).next_multiple_of(8),
         None => m,
     };
-    let mut tasks = Vec::new();
+    let mut tasks = crate::Items::new();
     for (seg, &np) in panels.iter().enumerate() {
         for p0 in (0..np).step_by(chunk) {
             for i0 in (0..m).step_by(m_step.max(1)) {
@@ -382,7 +389,7 @@ fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
         }
     }
     assert_eq!(Some(x.len()), m.checked_mul(k), "matmul_fast: x has {} values, expected [m={m}, k={k}]", x.len());
-    let rows: Vec<usize> = segs.iter().map(|s| s.w.rows).collect();
+    let rows: crate::Few<usize> = segs.iter().map(|s| s.w.rows).collect();
     let sinks: Vec<SendSink<'_>> = segs
         .iter_mut()
         .map(|s| SendSink(packed::Sink::Plain { out: s.out.as_mut_ptr(), ld: s.w.rows, bias: s.bias }))
@@ -451,7 +458,7 @@ fn swiglu_pair_panels(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_
 /// The packed segments of a checked `matmul_with_tiled` call.
 fn run_packed(isa: Isa, tiling: &MatMulTiling, x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
     let k = segs.first().map_or(0, |s| s.w.cols);
-    let rows: Vec<usize> = segs.iter().map(|s| s.w.rows).collect();
+    let rows: crate::Few<usize> = segs.iter().map(|s| s.w.rows).collect();
     let sinks: Vec<SendSink<'_>> = segs
         .iter_mut()
         .map(|s| SendSink(packed::Sink::Plain { out: s.out.as_mut_ptr(), ld: s.w.rows, bias: s.bias }))
@@ -493,13 +500,13 @@ const MIN_ITEM_WORK: usize = 1 << 18;
 /// about 4 per thread (for balance), columns in multiples of 8 (whole wide tiles), and also
 /// rows of `m` (in whole tiles) when the columns alone give too few items. Only the
 /// partition depends on the pool; no result does.
-fn plan_items(rows: &[usize], m: usize, k: usize, isa: Isa) -> Vec<Item> {
+fn plan_items(rows: &[usize], m: usize, k: usize, isa: Isa) -> crate::Items<Item> {
     plan_items_tiled(rows, m, k, isa, &MatMulTiling::default())
 }
 
 /// [`plan_items`] with `tiling`'s choices where it sets them: `tasks_per_thread` items per
 /// thread, `panel_rows` columns and `act_rows` rows per item.
-fn plan_items_tiled(rows: &[usize], m: usize, k: usize, isa: Isa, tiling: &MatMulTiling) -> Vec<Item> {
+fn plan_items_tiled(rows: &[usize], m: usize, k: usize, isa: Isa, tiling: &MatMulTiling) -> crate::Items<Item> {
     let total: usize = rows.iter().sum();
     let threads = rayon::current_num_threads().max(1);
     let work = m.saturating_mul(k.max(1)).saturating_mul(total);
@@ -516,7 +523,7 @@ fn plan_items_tiled(rows: &[usize], m: usize, k: usize, isa: Isa, tiling: &MatMu
         }
         None => m.max(1),
     };
-    let mut items = Vec::new();
+    let mut items = crate::Items::new();
     for (seg, &n) in rows.iter().enumerate() {
         for j0 in (0..n).step_by(chunk) {
             for i0 in (0..m).step_by(m_step) {
@@ -624,13 +631,13 @@ pub fn matmul_prec_tiled(
     m: usize,
     segs: &mut [MatSeg<'_, '_>],
 ) {
-    let (mut q, rest): (Vec<MatSeg<'_, '_>>, Vec<MatSeg<'_, '_>>) = segs
+    let (mut q, rest): (crate::Few<MatSeg<'_, '_>>, crate::Few<MatSeg<'_, '_>>) = segs
         .iter_mut()
         .map(|s| MatSeg { w: s.w, bias: s.bias, out: &mut *s.out })
         .partition(|s| s.w.dtype.is_quantized());
     // Dense weights no bf16 kernel takes run the exact kernels, which take the tiling.
     let fast = prec == tboost_ops::Precision::Fast;
-    let (mut bf, mut d): (Vec<MatSeg<'_, '_>>, Vec<MatSeg<'_, '_>>) =
+    let (mut bf, mut d): (crate::Few<MatSeg<'_, '_>>, crate::Few<MatSeg<'_, '_>>) =
         rest.into_iter().partition(|s| fast && fast_bf16_applies(s.w.dtype));
     if !q.is_empty() {
         crate::quant::matmul_quant_prec_with_tiled(

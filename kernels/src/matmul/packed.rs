@@ -357,7 +357,7 @@ pub(super) unsafe fn task(
 }
 
 /// Checks a packed dense matrix's size (its fields are public).
-pub(super) fn check(w: &WeightMat<'_>, what: &str) {
+pub(super) fn check(w: &WeightMat<'_>, what: std::fmt::Arguments<'_>) {
     assert!(packable(w.dtype), "{what}: {} has no dense packed layout", w.dtype);
     assert_eq!(
         w.data.len(),

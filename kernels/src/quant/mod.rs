@@ -118,9 +118,9 @@ fn matmul_quant_with_tiled(isa: Isa, tiling: &MatMulTiling, x: &[f32], m: usize,
     let Some(k) = check_segs("matmul_quant", x, m, segs) else { return };
     assert!(segs.iter().all(|s| s.w.layout == Layout::Rows), "matmul_quant: packed weights need Precision::Fast");
     let isa = isa.min(isa::detected());
-    let mats: Vec<(WeightMat<'_>, Option<WeightVec<'_>>, OutPtr)> =
+    let mats: crate::Few<(WeightMat<'_>, Option<WeightVec<'_>>, OutPtr)> =
         segs.iter_mut().map(|s| (s.w, s.bias, OutPtr(s.out.as_mut_ptr()))).collect();
-    let ws: Vec<WeightMat<'_>> = mats.iter().map(|m| m.0).collect();
+    let ws: crate::Few<WeightMat<'_>> = mats.iter().map(|m| m.0).collect();
     let tasks = plan(&ws, m, tile_min_rows(isa), false, tiling);
     run_tasks(&tasks, |t| {
         let (w, bias, out) = &mats[t.mat];
@@ -172,9 +172,9 @@ pub fn matmul_quant_prec_with_tiled(
     check_tiling("matmul_quant", tiling);
     let Some(k) = check_segs("matmul_quant", x, m, segs) else { return };
     let level = FastLevel::new(isa, dot.into());
-    let mats: Vec<(WeightMat<'_>, Option<WeightVec<'_>>, OutPtr)> =
+    let mats: crate::Few<(WeightMat<'_>, Option<WeightVec<'_>>, OutPtr)> =
         segs.iter_mut().map(|s| (s.w, s.bias, OutPtr(s.out.as_mut_ptr()))).collect();
-    let ws: Vec<WeightMat<'_>> = mats.iter().map(|m| m.0).collect();
+    let ws: crate::Few<WeightMat<'_>> = mats.iter().map(|m| m.0).collect();
     let tasks = plan(&ws, m, level.tile_min_rows(), true, tiling);
     fast::with_act(|act| {
         act.fill(x, m, k, level.chain_layout(&ws, &tasks), level.quantizer());
@@ -196,7 +196,7 @@ fn check_segs(op: &str, x: &[f32], m: usize, segs: &[MatSeg<'_, '_>]) -> Option<
     let k = first.w.cols;
     assert_eq!(x.len(), m * k, "{op}: x has {} values, expected [m={m}, k={k}]", x.len());
     for (s, seg) in segs.iter().enumerate() {
-        check_weight(op, &format!("segment {s}"), &seg.w, k);
+        check_weight(op, format_args!("segment {s}"), &seg.w, k);
         let n = seg.w.rows;
         assert_eq!(
             seg.out.len(),
@@ -298,8 +298,8 @@ pub fn matmul_swiglu_quant_prec_with_tiled(
         up.cols,
         up.dtype
     );
-    check_weight("matmul_swiglu_quant", "gate", &gate, k);
-    check_weight("matmul_swiglu_quant", "up", &up, k);
+    check_weight("matmul_swiglu_quant", format_args!("gate"), &gate, k);
+    check_weight("matmul_swiglu_quant", format_args!("up"), &up, k);
     assert_eq!(x.len(), m * k, "matmul_swiglu_quant: x has {} values, expected [m={m}, k={k}]", x.len());
     assert_eq!(out.len(), m * n, "matmul_swiglu_quant: out has {} values, expected [m={m}, n={n}]", out.len());
     let out = OutPtr(out.as_mut_ptr());
@@ -355,7 +355,8 @@ fn with_scratch<T>(len: usize, f: impl FnOnce(&mut [f32]) -> T) -> T {
     })
 }
 
-fn check_weight(op: &str, what: &str, w: &WeightMat<'_>, k: usize) {
+/// `what` names the weight in a panic (`format_args!`: no string is built unless one fires).
+fn check_weight(op: &str, what: std::fmt::Arguments<'_>, w: &WeightMat<'_>, k: usize) {
     let case = MatMulCase::f32(w.dtype, w.rows, w.cols);
     if let Err(e) = supports(&case) {
         panic!("{op}: {what}: {e}");
@@ -421,8 +422,8 @@ fn tile_min_rows(isa: Isa) -> usize {
 /// activation rows on, tasks are tiled. `tiling` overrides the panel (weight rows per task),
 /// the activation rows per task, the tasks per thread and the least decode task bytes where
 /// it sets them. The split never changes a result, only who computes it.
-fn plan(ws: &[WeightMat<'_>], m: usize, tile_min: usize, fast: bool, tiling: &MatMulTiling) -> Vec<Task> {
-    let mut tasks = Vec::new();
+fn plan(ws: &[WeightMat<'_>], m: usize, tile_min: usize, fast: bool, tiling: &MatMulTiling) -> crate::Items<Task> {
+    let mut tasks = crate::Items::new();
     if m == 0 {
         return tasks;
     }

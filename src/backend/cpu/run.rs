@@ -87,7 +87,7 @@ impl CpuBackend {
             Op::MatMul { x, m, segs, precision, tiling } => {
                 tiling.check().map_err(|u| CpuBackend::err(format!("matmul: tiling: {u}")))?;
                 let xs = vs.f32(x)?;
-                let mut ms = Vec::with_capacity(segs.len());
+                let mut ms = tboost_kernels::Few::with_capacity(segs.len());
                 let mut cols = None;
                 for s in segs.iter() {
                     let w = self.weight(s.w)?.matmul();
