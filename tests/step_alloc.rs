@@ -1,4 +1,5 @@
-//! The steady decode step allocates no large buffers: after a warm-up, a step of 16
+//! The steady decode step allocates no large buffers: after a warm-up (every pool thread has
+//! run every op), a step of 16
 //! sequences makes no heap allocation of 16 KiB or more (kernel scratch is kept per thread,
 //! activations are reserved at load) and few small ones (a call's segments and work items
 //! live on the stack). Own test binary: the counting allocator sees every allocation.
@@ -76,8 +77,10 @@ fn steady_decode_steps_make_no_large_allocations() {
             let prompt: Vec<u32> = (0..20).map(|i| 3 + (i * 7 + s * 13) % 500).collect();
             e.enqueue(Request { ignore_eos: true, ..Request::new(prompt, 200) }).unwrap();
         }
-        // Prefill, then decode until every thread has run each kernel once.
-        for _ in 0..5 {
+        // Prefill, then decode until every pool thread has run each op at least once: the
+        // step's ops run on whichever worker takes the step, and per-thread buffers (the
+        // quantized activations, kernel scratch) grow on a thread's first call of a size.
+        for _ in 0..40 {
             e.step().unwrap();
         }
         let steps = 20;

@@ -601,55 +601,52 @@ mod amx {
         }
     }
 
-    /// Rounds x (`[m, k]`) to bf16 and lays it out as B tiles. The tiles (and each block's
-    /// rounded rows) live in per-thread buffers kept between calls (`PackedX::release` puts
-    /// them back), so a decode step allocates none.
+    /// Rounds x (`[m, k]`) to bf16 and lays it out as B tiles, in a buffer taken from a
+    /// process-wide slot (`PackedX::release` returns it), so a steady decode step allocates
+    /// none whichever pool thread runs the call.
     pub(super) fn pack_x(x: &[f32], m: usize, k: usize) -> PackedX {
         let kt = k.div_ceil(32);
-        let kp = kt * 32;
         let blocks = m.div_ceil(16);
-        let mut tiles = X_TILES.with(Cell::take);
+        let mut tiles = std::mem::take(&mut *X_TILES.lock().unwrap_or_else(|e| e.into_inner()));
         tiles.clear();
         tiles.resize(blocks * kt, ZERO);
         if kt > 0 {
             tiles.par_chunks_mut(kt).enumerate().for_each(|(b, tl)| {
-                let mut rows = X_ROWS.with(Cell::take);
-                rows.resize(16 * kp, 0);
+                // Rows past `m` stay zero.
                 for i in 0..16.min(m - 16 * b) {
-                    // SAFETY: row 16b + i < m of x (`[m, k]`), `rows` holds kp values per row;
-                    // the caller checked AVX512_BF16 (AMX implies it).
-                    unsafe { round(x.as_ptr().add((16 * b + i) * k), k, kp, rows.as_mut_ptr().add(i * kp)) };
-                }
-                // Rows past `m` stay zero: their tile bytes are never written below.
-                for (t, tile) in tl.iter_mut().enumerate() {
-                    for kk in 0..16 {
-                        for i in 0..16.min(m - 16 * b) {
-                            let c = 32 * t + 2 * kk;
-                            let (lo, hi) = (rows[i * kp + c], rows[i * kp + c + 1]);
+                    let row = x.as_ptr().wrapping_add((16 * b + i) * k);
+                    for (t, tile) in tl.iter_mut().enumerate() {
+                        let mut v = [0u16; 32];
+                        // SAFETY: values 32t..min(32t + 32, k) of row 16b + i < m of x
+                        // (`[m, k]`), the rest zero; the caller checked AVX512_BF16 (AMX
+                        // implies it).
+                        unsafe { round(row.add(32 * t), k - 32 * t, 32, v.as_mut_ptr()) };
+                        for kk in 0..16 {
                             let o = kk * 64 + 4 * i;
-                            tile.0[o..o + 2].copy_from_slice(&lo.to_le_bytes());
-                            tile.0[o + 2..o + 4].copy_from_slice(&hi.to_le_bytes());
+                            tile.0[o..o + 2].copy_from_slice(&v[2 * kk].to_le_bytes());
+                            tile.0[o + 2..o + 4].copy_from_slice(&v[2 * kk + 1].to_le_bytes());
                         }
                     }
                 }
-                X_ROWS.with(|c| c.set(rows));
             });
         }
         PackedX { tiles, kt }
     }
 
     impl PackedX {
-        /// Returns the tiles' buffer to this thread for its next `pack_x`.
+        /// Returns the tiles' buffer for the next `pack_x`: the slot keeps the larger of it
+        /// and what another call in flight may have put back meanwhile.
         pub(super) fn release(self) {
-            X_TILES.with(|c| c.set(self.tiles));
+            let mut slot = X_TILES.lock().unwrap_or_else(|e| e.into_inner());
+            if self.tiles.capacity() > slot.capacity() {
+                *slot = self.tiles;
+            }
         }
     }
 
-    thread_local! {
-        /// `pack_x`'s tiles (on the calling thread) and rounded rows (on each pool thread).
-        static X_TILES: Cell<Vec<Tile>> = const { Cell::new(Vec::new()) };
-        static X_ROWS: Cell<Vec<u16>> = const { Cell::new(Vec::new()) };
-    }
+    /// `pack_x`'s buffer between calls (a call in flight while another holds it makes its
+    /// own: MoE experts running at once).
+    static X_TILES: std::sync::Mutex<Vec<Tile>> = std::sync::Mutex::new(Vec::new());
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")]
     unsafe fn round(src: *const f32, n: usize, padded: usize, dst: *mut u16) {

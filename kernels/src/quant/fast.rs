@@ -39,8 +39,6 @@
 //! most `(n + 5)·2^-24` times the sum of the magnitudes of its terms, `n` being the terms per
 //! chain. [`super::fast_reference`] evaluates both bounds for a test.
 
-use std::cell::RefCell;
-
 use rayon::prelude::*;
 
 use super::reference;
@@ -324,18 +322,23 @@ unsafe fn quantize_row(
     }
 }
 
-thread_local! {
-    /// The calling thread's activation buffer, grown to the largest call and then reused.
-    static ACT: RefCell<QAct> = RefCell::new(QAct::default());
-}
+/// Activation buffers between calls, grown to the largest call and then reused: one per
+/// call in flight at once (one, unless a rayon worker runs another matmul while it waits
+/// inside one). Process-wide rather than per thread, because a step's ops run on whichever
+/// pool worker takes the step: a per-thread buffer grew again on each thread's first call
+/// of a size, long after warm-up.
+static ACTS: std::sync::Mutex<Vec<QAct>> = std::sync::Mutex::new(Vec::new());
 
-/// Runs `f` with this thread's reusable [`QAct`] (a fresh one if it is already in use, e.g.
-/// when a rayon worker runs a nested matmul while it waits).
+/// Runs `f` with a reusable [`QAct`]: the largest free one (a new one if none is free).
 pub(crate) fn with_act<T>(f: impl FnOnce(&mut QAct) -> T) -> T {
-    ACT.with(|cell| match cell.try_borrow_mut() {
-        Ok(mut a) => f(&mut a),
-        Err(_) => f(&mut QAct::default()),
-    })
+    let mut a = {
+        let mut free = ACTS.lock().unwrap_or_else(|e| e.into_inner());
+        let largest = (0..free.len()).max_by_key(|&i| free[i].xq.capacity());
+        largest.map(|i| free.swap_remove(i)).unwrap_or_default()
+    };
+    let out = f(&mut a);
+    ACTS.lock().unwrap_or_else(|e| e.into_inner()).push(a);
+    out
 }
 
 /// Scalar Fast kernel: weight rows `j0..j1` (of `w`, row stride `row_bytes`) against
