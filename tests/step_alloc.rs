@@ -51,7 +51,7 @@ static ALLOC: Counting = Counting;
 /// Largest single allocation a steady step may make (the flash-attention scratch, once
 /// allocated per rayon split, was 66 KiB on this model).
 const LARGE: usize = 16 << 10;
-/// Allocations per step of 16 sequences on the small model: 19-45 today (the scheduler's
+/// Allocations per step of 16 sequences on the small model: 17-30 today (the scheduler's
 /// and runner's per-step lists; was 379 before kernel scratch and dispatch lists were kept);
 /// this catches a per-op, per-row or per-head allocation.
 const MAX_PER_STEP: usize = 100;

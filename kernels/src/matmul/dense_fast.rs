@@ -190,7 +190,7 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
         if group.is_empty() {
             continue;
         }
-        let rows: Vec<usize> = group.iter().map(|s| s.w.rows).collect();
+        let rows: crate::Few<usize> = group.iter().map(|s| s.w.rows).collect();
         let cols: crate::Few<PlainCols<'_>> = group
             .into_iter()
             .map(|s| PlainCols {

@@ -9,28 +9,20 @@ use crate::backend::op::{KvLayer, View};
 use crate::backend::BufId;
 use crate::Result;
 
-/// A claimed byte range: buffer, start, end, written.
-type Span = (BufId, usize, usize, bool);
-
-/// Spans kept inline: an op has a handful of views (at most 9 today), and one is resolved
-/// per op of every step, so the common case allocates nothing.
-const INLINE_SPANS: usize = 16;
-
 pub(super) struct Views<'b> {
     be: &'b CpuBackend,
-    inline: [Span; INLINE_SPANS],
-    n: usize,
-    /// Spans past `INLINE_SPANS` (empty, so unallocated, for every op today).
-    more: Vec<Span>,
+    /// Claimed byte ranges (buffer, start, end, written), on the stack up to 16: an op has a
+    /// handful of views, and one `Views` is made per op of every step.
+    spans: smallvec::SmallVec<[(BufId, usize, usize, bool); 16]>,
 }
 
 impl<'b> Views<'b> {
     pub fn new(be: &'b CpuBackend) -> Self {
-        Views { be, inline: [(BufId(0), 0, 0, false); INLINE_SPANS], n: 0, more: Vec::new() }
+        Views { be, spans: smallvec::SmallVec::new() }
     }
 
     fn claim(&mut self, buf: BufId, start_byte: usize, end_byte: usize, write: bool) -> Result<()> {
-        for &(b, s, e, w) in self.inline[..self.n].iter().chain(&self.more) {
+        for &(b, s, e, w) in &self.spans {
             if b == buf && start_byte < e && s < end_byte && (write || w) {
                 return Err(CpuBackend::err(format!(
                     "op views overlap in buffer {} (a bug in the graph builder)",
@@ -38,13 +30,7 @@ impl<'b> Views<'b> {
                 )));
             }
         }
-        let span = (buf, start_byte, end_byte, write);
-        if self.n < INLINE_SPANS {
-            self.inline[self.n] = span;
-            self.n += 1;
-        } else {
-            self.more.push(span);
-        }
+        self.spans.push((buf, start_byte, end_byte, write));
         Ok(())
     }
 
