@@ -126,8 +126,12 @@ fn amx_tiles(bit: u32) -> bool {
         if detected() != Isa::Avx512 {
             return false;
         }
-        // cpuid leaf 7 exists on every CPU with AVX-512 (checked first).
-        let edx = std::arch::x86_64::__cpuid_count(7, 0).edx;
+        // Read once: kernels ask per call, and under a hypervisor every `cpuid` traps to
+        // the host (a decode token's 89 matmuls spent 2% of their time in this one
+        // instruction on the KVM Xeon). Leaf 7 exists on every CPU with AVX-512 (checked
+        // first).
+        static EDX: OnceLock<u32> = OnceLock::new();
+        let edx = *EDX.get_or_init(|| std::arch::x86_64::__cpuid_count(7, 0).edx);
         if edx & (1 << 24) == 0 || edx & (1 << bit) == 0 {
             return false;
         }
@@ -182,8 +186,10 @@ pub fn weight_prefetch() -> bool {
 pub fn intel() -> bool {
     #[cfg(target_arch = "x86_64")]
     {
-        // cpuid leaf 0 exists on every x86_64 CPU.
-        let r = std::arch::x86_64::__cpuid(0);
+        // Read once (a `cpuid` traps to the host under a hypervisor); leaf 0 exists on
+        // every x86_64 CPU.
+        static R: OnceLock<std::arch::x86_64::CpuidResult> = OnceLock::new();
+        let r = *R.get_or_init(|| std::arch::x86_64::__cpuid(0));
         let mut v = [0u8; 12];
         v[..4].copy_from_slice(&r.ebx.to_le_bytes());
         v[4..8].copy_from_slice(&r.edx.to_le_bytes());

@@ -29,8 +29,8 @@ mod par;
 /// steady decode step allocates none for them.
 pub type Few<T> = smallvec::SmallVec<[T; 4]>;
 
-/// A call's work items (a few per pool thread), kept on the stack up to 32.
-pub(crate) type Items<T> = smallvec::SmallVec<[T; 32]>;
+/// A call's work items (4 per pool thread, 16 in decode), kept on the stack up to 64.
+pub(crate) type Items<T> = smallvec::SmallVec<[T; 64]>;
 pub mod quant;
 pub mod rope;
 pub mod weight;

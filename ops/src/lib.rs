@@ -23,5 +23,5 @@ pub use dtype::DType;
 pub use rope::{Llama3Scaling, RopeParams, RopeStyle};
 pub use tiling::{
     check_matmul_tiling, check_moe_tiling, default_only, MatMulTiling, MoeTiling, Tiling, Tunable,
-    DEFAULT_DECODE_TASK_MIN_BYTES, DEFAULT_TASKS_PER_THREAD,
+    DEFAULT_DECODE_TASKS_PER_THREAD, DEFAULT_DECODE_TASK_MIN_BYTES, DEFAULT_TASKS_PER_THREAD,
 };

@@ -322,7 +322,7 @@ fn packed_tasks(
     let total: usize = panels.iter().sum();
     let threads = rayon::current_num_threads().max(1);
     let work = m.saturating_mul(k.max(1)).saturating_mul(total * packed::PANEL);
-    let per_thread = tiling.tasks_per_thread.unwrap_or(tboost_ops::DEFAULT_TASKS_PER_THREAD).max(1);
+    let per_thread = tiling.tasks_per_thread_for(m <= 16);
     let target = if threads == 1 { 1 } else { (threads * per_thread).min((work / MIN_ITEM_WORK).max(1)) };
     let chunk = tiling
         .panel_rows
@@ -510,7 +510,7 @@ fn plan_items_tiled(rows: &[usize], m: usize, k: usize, isa: Isa, tiling: &MatMu
     let total: usize = rows.iter().sum();
     let threads = rayon::current_num_threads().max(1);
     let work = m.saturating_mul(k.max(1)).saturating_mul(total);
-    let per_thread = tiling.tasks_per_thread.unwrap_or(tboost_ops::DEFAULT_TASKS_PER_THREAD).max(1);
+    let per_thread = tiling.tasks_per_thread_for(m < tile_rows(isa));
     let target = if threads == 1 { 1 } else { (threads * per_thread).min((work / MIN_ITEM_WORK).max(1)) };
     let chunk = tiling.panel_rows.unwrap_or_else(|| total.div_ceil(target).div_ceil(8).max(1) * 8).max(1);
     let n_items: usize = rows.iter().map(|r| r.div_ceil(chunk)).sum();

@@ -438,7 +438,7 @@ fn plan(ws: &[WeightMat<'_>], m: usize, tile_min: usize, fast: bool, tiling: &Ma
     };
     if m < tile_min {
         let total: usize = ws.iter().map(|w| w.data.len()).sum();
-        let per_thread = tiling.tasks_per_thread.unwrap_or(tboost_ops::DEFAULT_TASKS_PER_THREAD).max(1);
+        let per_thread = tiling.tasks_per_thread_for(true);
         let target = if threads > 1 { total / (threads * per_thread) } else { total };
         let min_bytes = tiling.decode_task_min_bytes.unwrap_or(TASK_MIN_BYTES);
         let task_bytes = target.clamp(min_bytes, TASK_MAX_BYTES.max(min_bytes));

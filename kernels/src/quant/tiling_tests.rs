@@ -34,13 +34,15 @@ fn every_tunable_moves_the_quantized_split() {
         assert_eq!(shape(&plan(&[w], m, 6, true, &MatMulTiling::default()), n, m), (3, 48, 97));
         assert_eq!(shape(&plan(&[w], m, 6, true, &t(None, Some(20), None, None)), n, m), (3 * 5, 48, 20));
 
-        // Decode (m = 1): 54,400 weight bytes over 2 threads x 4 tasks, at least 32 KiB a task:
-        // 60 rows (of 544 bytes) a task, so 2 tasks.
+        // Decode (m = 1): 54,400 weight bytes over 2 threads x 16 tasks, at least 32 KiB a
+        // task: 60 rows (of 544 bytes) a task, so 2 tasks.
         let m = 1;
         let run = |tiling: MatMulTiling| shape(&plan(&[w], m, 5, false, &tiling), n, m);
         assert_eq!(run(MatMulTiling::default()), (2, 60, 1));
-        // A smaller least size lets the 4 tasks per thread show: 6,800 bytes, 12 rows a task.
-        assert_eq!(run(t(None, None, None, Some(4096))), (9, 12, 1));
+        // A smaller least size lets the tasks per thread show: 16 (the decode default) give
+        // 1,700 bytes, below the least 4,096 (8 rows a task); 4 give 6,800 bytes, 12 rows.
+        assert_eq!(run(t(None, None, None, Some(4096))), (13, 8, 1));
+        assert_eq!(run(t(None, None, Some(4), Some(4096))), (9, 12, 1));
         // One task per thread: 27,200 bytes, 52 rows (a multiple of 4).
         assert_eq!(run(t(None, None, Some(1), Some(4096))), (2, 52, 1));
         // 64 tasks per thread fall to the least size: 4,096 bytes, 8 rows.
