@@ -236,21 +236,24 @@ impl QAct {
         let ng = k / GROUP;
         let ngp = ng.next_multiple_of(CHAINS);
         (self.k, self.m, self.ng, self.ngp) = (k, m, ng, ngp);
-        // Padding must be zero: clear and resize (no reallocation once grown). `PAD_ROWS`
-        // zero rows follow the last, so a 16-row AMX tile may start at any row.
+        // Sized without clearing (no reallocation once grown): rows `0..m` are written whole
+        // by `quantize_row`, padding groups included, so only the `PAD_ROWS` zero rows that
+        // follow (a 16-row AMX tile may start at any row) are cleared here. Clearing every
+        // array first was a serial memset of about 9 MB per prefill call at k = 5632 (m = 512).
         let rows = m + PAD_ROWS;
-        reset(&mut self.xq, rows * ngp * GROUP);
-        reset(&mut self.xs, rows * ngp);
-        reset(&mut self.ys, rows * ngp);
-        reset(&mut self.s, rows * ngp);
-        reset(&mut self.h, rows * 2 * ngp);
+        zero_from(&mut self.xq, m * ngp * GROUP, rows * ngp * GROUP);
+        zero_from(&mut self.xs, m * ngp, rows * ngp);
+        zero_from(&mut self.ys, m * ngp, rows * ngp);
+        zero_from(&mut self.s, m * ngp, rows * ngp);
+        zero_from(&mut self.h, m * 2 * ngp, rows * 2 * ngp);
         self.chain = chain;
         if chain.is_some() {
-            reset(&mut self.cq, rows * ng * GROUP);
-            reset(&mut self.cxs, rows * ng);
-            reset(&mut self.cys, rows * ng);
-            reset(&mut self.txs, rows.next_multiple_of(16) * ng);
-            reset(&mut self.tys, rows.next_multiple_of(16) * ng);
+            zero_from(&mut self.cq, m * ng * GROUP, rows * ng * GROUP);
+            zero_from(&mut self.cxs, m * ng, rows * ng);
+            zero_from(&mut self.cys, m * ng, rows * ng);
+            // Rows side by side per block of 16: clear from the block that holds row `m`.
+            zero_from(&mut self.txs, m / 16 * 16 * ng, rows.next_multiple_of(16) * ng);
+            zero_from(&mut self.tys, m / 16 * 16 * ng, rows.next_multiple_of(16) * ng);
         }
         let p = ActPtrs {
             xq: self.xq.as_mut_ptr(),
@@ -277,9 +280,10 @@ impl QAct {
     }
 }
 
-/// `n` zeros in `v`, keeping its allocation.
-fn reset<T: Copy + Default>(v: &mut Vec<T>, n: usize) {
-    v.clear();
+/// `v` resized to `n` (keeping its allocation) with `v[from..n]` zero; `v[..from]` keeps
+/// whatever it held, for the caller to overwrite.
+fn zero_from<T: Copy + Default>(v: &mut Vec<T>, from: usize, n: usize) {
+    v.truncate(from.min(n));
     v.resize(n, T::default());
 }
 
@@ -320,6 +324,13 @@ unsafe fn quantize_row(
             }
         }
     }
+    // The padding groups `ng..ngp`, which the direct kernels read as whole chunks.
+    let (r, pad) = (i * ngp + ng, ngp - ng);
+    std::ptr::write_bytes(q.add(ng * GROUP), 0, pad * GROUP);
+    std::ptr::write_bytes(p.xs.add(r), 0, pad);
+    std::ptr::write_bytes(p.ys.add(r), 0, pad);
+    std::ptr::write_bytes(p.s.add(r), 0, pad);
+    std::ptr::write_bytes(p.h.add(2 * r), 0, 2 * pad);
 }
 
 /// Activation buffers between calls, grown to the largest call and then reused: one per
@@ -388,4 +399,51 @@ pub(crate) fn dot_groups(groups: &[Group], mins: bool, act: &QAct, i: usize) -> 
         }
     }
     reference::hsum16(&acc)
+}
+
+#[cfg(test)]
+mod reuse_tests {
+    use super::*;
+
+    /// Every array of `a`, for comparing two fills.
+    fn arrays(a: &QAct) -> (Vec<i8>, Vec<u32>, Vec<u32>, Vec<i32>, Vec<i16>, Vec<u8>, [Vec<u32>; 4]) {
+        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
+        (
+            a.xq.clone(),
+            bits(&a.xs),
+            bits(&a.ys),
+            a.s.clone(),
+            a.h.clone(),
+            a.cq.clone(),
+            [bits(&a.cxs), bits(&a.cys), bits(&a.txs), bits(&a.tys)],
+        )
+    }
+
+    /// `fill` clears only the padding rows and writes every other value, so a buffer reused
+    /// after a larger call (its padding groups and rows full of that call's values) must
+    /// hold exactly what a fresh one does: the padding zero.
+    #[test]
+    fn reused_buffers_equal_fresh_ones() {
+        let x = |m: usize, k: usize, seed: u32| -> Vec<f32> {
+            (0..m * k)
+                .map(|i| ((i as u32).wrapping_mul(2_654_435_761).wrapping_add(seed) % 2001) as f32 / 500.0 - 2.0)
+                .collect()
+        };
+        // (m, k) of the large call, then of the small one: fewer rows, fewer groups (a
+        // padding group where the large call had values), a row count not a multiple of 16.
+        for chain in [None, Some(false), Some(true)] {
+            for (big, small) in [((40, 1024), (5, 96)), ((33, 512), (17, 512)), ((64, 2048), (1, 32))] {
+                let mut reused = QAct::default();
+                reused.fill(&x(big.0, big.1, 7), big.0, big.1, chain, quantize_group_scalar);
+                let xs = x(small.0, small.1, 3);
+                reused.fill(&xs, small.0, small.1, chain, quantize_group_scalar);
+                let mut fresh = QAct::default();
+                fresh.fill(&xs, small.0, small.1, chain, quantize_group_scalar);
+                assert!(arrays(&reused) == arrays(&fresh), "chain {chain:?}: {big:?} then {small:?}");
+                // The last row's padding groups and the padding rows.
+                let last = (small.0 - 1) * fresh.ngp * GROUP;
+                assert!(fresh.xq[last + fresh.ng * GROUP..].iter().all(|&v| v == 0));
+            }
+        }
+    }
 }
