@@ -405,18 +405,21 @@ pub(crate) fn dot_groups(groups: &[Group], mins: bool, act: &QAct, i: usize) -> 
 mod reuse_tests {
     use super::*;
 
-    /// Every array of `a`, for comparing two fills.
-    fn arrays(a: &QAct) -> (Vec<i8>, Vec<u32>, Vec<u32>, Vec<i32>, Vec<i16>, Vec<u8>, [Vec<u32>; 4]) {
-        let bits = |v: &[f32]| v.iter().map(|x| x.to_bits()).collect::<Vec<u32>>();
-        (
-            a.xq.clone(),
-            bits(&a.xs),
-            bits(&a.ys),
-            a.s.clone(),
-            a.h.clone(),
-            a.cq.clone(),
-            [bits(&a.cxs), bits(&a.cys), bits(&a.txs), bits(&a.tys)],
-        )
+    /// Every array of `a` (floats as their bits), for comparing two fills.
+    fn arrays(a: &QAct) -> Vec<Vec<i64>> {
+        let f = |v: &[f32]| v.iter().map(|x| x.to_bits() as i64).collect();
+        vec![
+            a.xq.iter().map(|&v| v as i64).collect(),
+            f(&a.xs),
+            f(&a.ys),
+            a.s.iter().map(|&v| v as i64).collect(),
+            a.h.iter().map(|&v| v as i64).collect(),
+            a.cq.iter().map(|&v| v as i64).collect(),
+            f(&a.cxs),
+            f(&a.cys),
+            f(&a.txs),
+            f(&a.tys),
+        ]
     }
 
     /// `fill` clears only the padding rows and writes every other value, so a buffer reused
