@@ -300,6 +300,11 @@ unsafe fn quantize_row(
     quant: GroupQuantizer,
 ) {
     let q = p.xq.add(i * ngp * GROUP);
+    // `chain_pos(g, ng) = first[g % CHAINS] + g / CHAINS`, its sum formed once per row.
+    let mut first = [0usize; CHAINS];
+    for c in 1..CHAINS {
+        first[c] = first[c - 1] + (ng + CHAINS - c) / CHAINS;
+    }
     for g in 0..ng {
         let (xg, [h0, h1]) = quant(x.as_ptr().add(g * GROUP), q.add(g * GROUP));
         let s = h0 + h1;
@@ -310,17 +315,19 @@ unsafe fn quantize_row(
         *p.h.add(2 * r) = h0 as i16;
         *p.h.add(2 * r + 1) = h1 as i16;
         if let Some(biased) = chain {
-            let cp = chain_pos(g, ng);
+            let cp = first[g % CHAINS] + g / CHAINS;
+            debug_assert_eq!(cp, chain_pos(g, ng));
             let pos = i * ng + cp;
             *p.cxs.add(pos) = xg;
             *p.cys.add(pos) = xg * s as f32;
             let tpos = (i / 16 * ng + cp) * 16 + i % 16;
             *p.txs.add(tpos) = xg;
             *p.tys.add(tpos) = xg * s as f32;
-            let dst = p.cq.add(pos * GROUP);
-            for e in 0..GROUP {
-                let v = *q.add(g * GROUP + e) as u8;
-                *dst.add(e) = if biased { v ^ 0x80 } else { v };
+            // Four 8-byte words (the bias flips each byte's top bit).
+            let (src, dst) = (q.add(g * GROUP) as *const u64, p.cq.add(pos * GROUP) as *mut u64);
+            let flip = if biased { 0x8080_8080_8080_8080u64 } else { 0 };
+            for w in 0..GROUP / 8 {
+                dst.add(w).write_unaligned(src.add(w).read_unaligned() ^ flip);
             }
         }
     }
