@@ -190,7 +190,9 @@ unsafe fn process_item<S: Simd, const T: usize>(
                 1 => group::<S, T, 1>(&item, &tile, qi, acc, m, l),
                 2 => group::<S, T, 2>(&item, &tile, qi, acc, m, l),
                 3 => group::<S, T, 3>(&item, &tile, qi, acc, m, l),
-                _ => group::<S, T, 4>(&item, &tile, qi, acc, m, l),
+                4 => group::<S, T, 4>(&item, &tile, qi, acc, m, l),
+                5 => group::<S, T, 5>(&item, &tile, qi, acc, m, l),
+                _ => group::<S, T, 6>(&item, &tile, qi, acc, m, l),
             }
             qi += nb;
         }
