@@ -187,13 +187,25 @@ pub(crate) struct QAct {
 /// rounded up): a tile of 16 rows starting at any row stays inside the arrays.
 pub(crate) const PAD_ROWS: usize = 16;
 
-/// Position of group `g` of `ng` in chain-major order.
-#[inline]
-pub(crate) fn chain_pos(g: usize, ng: usize) -> usize {
-    let c = g % CHAINS;
-    // Chains before c hold ceil((ng - c') / 16) groups each.
-    let before: usize = (0..c).map(|cc| (ng + CHAINS - 1 - cc) / CHAINS).sum();
-    before + g / CHAINS
+/// Positions in chain-major order of a row's `ng` groups: chain `c` starts where the
+/// chains before it end, each holding `ceil((ng - c') / 16)` groups.
+#[derive(Clone, Copy)]
+pub(crate) struct ChainStarts([usize; CHAINS]);
+
+impl ChainStarts {
+    pub(crate) fn new(ng: usize) -> ChainStarts {
+        let mut first = [0usize; CHAINS];
+        for c in 1..CHAINS {
+            first[c] = first[c - 1] + (ng + CHAINS - c) / CHAINS;
+        }
+        ChainStarts(first)
+    }
+
+    /// Position of group `g`.
+    #[inline]
+    pub(crate) fn pos(&self, g: usize) -> usize {
+        self.0[g % CHAINS] + g / CHAINS
+    }
 }
 
 /// Raw row pointers into a [`QAct`], shared by the threads that fill disjoint rows.
@@ -300,11 +312,7 @@ unsafe fn quantize_row(
     quant: GroupQuantizer,
 ) {
     let q = p.xq.add(i * ngp * GROUP);
-    // `chain_pos(g, ng) = first[g % CHAINS] + g / CHAINS`, its sum formed once per row.
-    let mut first = [0usize; CHAINS];
-    for c in 1..CHAINS {
-        first[c] = first[c - 1] + (ng + CHAINS - c) / CHAINS;
-    }
+    let starts = ChainStarts::new(ng);
     for g in 0..ng {
         let (xg, [h0, h1]) = quant(x.as_ptr().add(g * GROUP), q.add(g * GROUP));
         let s = h0 + h1;
@@ -315,8 +323,7 @@ unsafe fn quantize_row(
         *p.h.add(2 * r) = h0 as i16;
         *p.h.add(2 * r + 1) = h1 as i16;
         if let Some(biased) = chain {
-            let cp = first[g % CHAINS] + g / CHAINS;
-            debug_assert_eq!(cp, chain_pos(g, ng));
+            let cp = starts.pos(g);
             let pos = i * ng + cp;
             *p.cxs.add(pos) = xg;
             *p.cys.add(pos) = xg * s as f32;
@@ -409,7 +416,7 @@ pub(crate) fn dot_groups(groups: &[Group], mins: bool, act: &QAct, i: usize) -> 
 }
 
 #[cfg(test)]
-mod reuse_tests {
+mod tests {
     use super::*;
 
     /// Every array of `a` (floats as their bits), for comparing two fills.
@@ -450,10 +457,19 @@ mod reuse_tests {
                 let mut fresh = QAct::default();
                 fresh.fill(&xs, small.0, small.1, chain, quantize_group_scalar);
                 assert!(arrays(&reused) == arrays(&fresh), "chain {chain:?}: {big:?} then {small:?}");
-                // The last row's padding groups and the padding rows.
-                let last = (small.0 - 1) * fresh.ngp * GROUP;
-                assert!(fresh.xq[last + fresh.ng * GROUP..].iter().all(|&v| v == 0));
             }
+        }
+    }
+
+    /// Chain-major order: all groups of chain 0 in increasing `g`, then chain 1, ...: the
+    /// positions, visited in that order, are 0, 1, 2, ...
+    #[test]
+    fn chain_positions_are_chain_major() {
+        for ng in [1, 5, 15, 16, 17, 31, 64, 65, 176] {
+            let starts = ChainStarts::new(ng);
+            let order: Vec<usize> = (0..CHAINS).flat_map(|c| (c..ng).step_by(CHAINS)).collect();
+            let pos: Vec<usize> = order.iter().map(|&g| starts.pos(g)).collect();
+            assert_eq!(pos, (0..ng).collect::<Vec<_>>(), "ng {ng}");
         }
     }
 }

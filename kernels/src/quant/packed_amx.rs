@@ -29,7 +29,7 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-use super::fast::{chain_pos, CHAINS, GROUP};
+use super::fast::{ChainStarts, CHAINS, GROUP};
 use super::fast_x86::{IV, ZI};
 use super::packed::PANEL;
 use super::packed_x86::{group_scales, put, tree, PJob, Scales, PF, PREFETCH_BYTES};
@@ -298,6 +298,7 @@ unsafe fn one_tile<F: PF>(
     chains: &mut [[Z; CHAINS]; 16],
 ) {
     *chains = [[Z::zero(); CHAINS]; 16];
+    let starts = ChainStarts::new(ng);
     let buf = |t: usize| cbuf.add(32 * (t % RING));
     let slot = |t: usize| cbuf.add(32 * RING + 8 * (t % BSLOTS));
     for t in 0..LEAD.min(ng) {
@@ -322,7 +323,7 @@ unsafe fn one_tile<F: PF>(
         }
         if t >= LAG {
             let g = t - LAG;
-            let (ch, pos) = (g % CHAINS, chain_pos(g, ng));
+            let (ch, pos) = (g % CHAINS, starts.pos(g));
             let mut acc = [Z::zero(); 16];
             for i in 0..16 {
                 acc[i] = chains[i][ch];
