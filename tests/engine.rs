@@ -5,6 +5,7 @@ mod common;
 
 use common::*;
 use tboost::engine::{Engine, EngineConfig, KvSize};
+use tboost::plan::PrecisionPolicy;
 use tboost::sample::{FinishReason, SamplingParams};
 use tboost::sched::Request;
 use tboost::Error;
@@ -48,8 +49,9 @@ fn prompts(lens: &[usize], vocab: usize, salt: u64) -> Vec<Vec<u32>> {
 
 const LENS: [usize; 16] = [1, 300, 17, 64, 5, 129, 250, 33, 2, 16, 95, 200, 48, 7, 160, 281];
 
-fn batch_invariance(path: &std::path::Path, vocab: usize) {
+fn batch_invariance(path: &std::path::Path, vocab: usize, precision: PrecisionPolicy) {
     let reqs: Vec<Request> = prompts(&LENS, vocab, 11).into_iter().map(|p| greedy(p, 12)).collect();
+    let cfg = |blocks, max_batched| EngineConfig { precision, ..cfg(blocks, max_batched) };
     let alone: Vec<Vec<u32>> =
         reqs.iter().map(|r| run_all(&engine(path, cfg(64, 512)), std::slice::from_ref(r)).remove(0)).collect();
     // Together, with a small token budget so prompts are prefilled in chunks next to decodes.
@@ -63,14 +65,22 @@ fn batch_invariance(path: &std::path::Path, vocab: usize) {
 fn batch_invariance_golden_models() {
     for case in CASES {
         let vocab = golden(case)["params"]["vocab_size"].as_u64().unwrap() as usize;
-        batch_invariance(&golden_dir(case), vocab);
+        batch_invariance(&golden_dir(case), vocab, PrecisionPolicy::Auto);
     }
 }
 
 #[test]
 fn batch_invariance_gguf_models() {
-    batch_invariance(&model_file("llama-2-tiny-random.gguf"), 32000);
-    batch_invariance(&model_file("stories260K-placeholder-vocab.gguf"), 512);
+    batch_invariance(&model_file("llama-2-tiny-random.gguf"), 32000, PrecisionPolicy::Auto);
+    batch_invariance(&model_file("stories260K-placeholder-vocab.gguf"), 512, PrecisionPolicy::Auto);
+}
+
+/// F16 weights at `fast` (on AMX-BF16 CPUs, `matmul::packed_f16`): decode steps run the
+/// vector replay of the tile products, prefill chunks the tiles themselves, and a request's
+/// ids must not depend on which ran them.
+#[test]
+fn batch_invariance_f16_at_fast_precision() {
+    batch_invariance(&model_file("llama-2-tiny-random.gguf"), 32000, PrecisionPolicy::Fast);
 }
 
 #[test]

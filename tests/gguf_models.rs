@@ -21,6 +21,36 @@ fn llama2_tiny_random_f16_matches_llama_cpp() {
     assert_eq!(greedy("llama-2-tiny-random.gguf", &[1, 9038, 2501, 263, 931], 32), want);
 }
 
+/// At `precision: fast` the f16 weights take the AMX split kernel where the CPU has
+/// AMX-BF16 (`matmul::packed_f16`; exact kernels elsewhere): the greedy ids stay llama.cpp's,
+/// and the logits stay within 1e-3 of the exact path's (the split keeps 16 bits of each
+/// activation), yet differ from them where the kernel runs.
+#[test]
+fn llama2_tiny_random_f16_at_fast_precision_matches_llama_cpp() {
+    use tboost::plan::{PlanOptions, PrecisionPolicy};
+    let path = model_file("llama-2-tiny-random.gguf");
+    let prompt = [1, 9038, 2501, 263, 931];
+    let fast = PlanOptions { precision: PrecisionPolicy::Fast, ..Default::default() };
+    let mut r = runner_with(&path, &fast, 2, 64);
+    let mut s = Session::new(&mut r, prompt.len() + 32).unwrap();
+    let ids = s.greedy(&prompt, 32).unwrap();
+    assert_eq!(ids, greedy("llama-2-tiny-random.gguf", &prompt, 32), "fast greedy ids differ from exact's");
+    let logits = |o: &PlanOptions| {
+        let mut r = runner_with(&path, o, 2, 64);
+        let mut s = Session::new(&mut r, prompt.len()).unwrap();
+        s.feed(&prompt, true).unwrap()
+    };
+    let (e, f) = (logits(&PlanOptions::default()), logits(&fast));
+    let d = e.iter().zip(&f).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
+    eprintln!("llama-2-tiny-random f16: fast vs exact max |diff| {d:.3e}");
+    assert!(d <= 1e-3, "fast moved the logits by {d}");
+    if tboost_kernels::matmul::packed_f16::applies() {
+        assert!(d > 0.0, "fast must run the f16 split kernel here");
+    } else {
+        assert_eq!(d, 0.0, "without AMX-BF16, fast f16 is exact");
+    }
+}
+
 #[test]
 fn stories260k_f32_matches_llama_cpp() {
     let want = [

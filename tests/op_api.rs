@@ -772,7 +772,8 @@ fn run_matmul(
 /// The work-split tunables through the operator API. Out of range: an error at creation naming
 /// the op, the parameter and the accepted range (each tunable of matmul, matmul_swiglu and
 /// moe_grouped). In range, on the CPU: the default's bits for every weight type tried, both
-/// precisions, decode and prefill rows — except where the bf16 kernels of fast precision run,
+/// precisions, decode and prefill rows — except where the bf16 kernels of fast precision run
+/// (bf16 weights; f16 ones where AMX-BF16 splits them),
 /// which `supports` refuses with its reason (they keep their own split). On a backend whose
 /// kernels tile themselves (Ascend on the simulator), `supports` refuses with the reason and
 /// `execute` is `Unsupported`.
@@ -861,10 +862,12 @@ fn tiling_tunables_are_range_checked_and_change_no_bit() {
                                 assert!(same, "{case}: other bits than the default tiling");
                             }
                             Err(why) => {
-                                // Only the bf16 kernels of fast precision keep their own split.
-                                assert!(dtype == DType::BF16 && precision == Precision::Fast, "{case}: refused: {why}");
-                                let need = "the default (unset) for bf16 weights at fast precision: the";
-                                assert!(why.to_string().contains(need), "{case}: {why}");
+                                // Only the bf16 kernels of fast precision (on bf16 weights, and
+                                // on f16 ones with AMX-BF16) keep their own split.
+                                let bf16_kernel = dtype == DType::BF16 || dtype == DType::F16;
+                                assert!(bf16_kernel && precision == Precision::Fast, "{case}: refused: {why}");
+                                let need = format!("the default (unset) for {dtype} weights at fast precision: the");
+                                assert!(why.to_string().contains(&need), "{case}: {why}");
                                 bf16_refusals += 1;
                             }
                         }

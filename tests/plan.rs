@@ -374,7 +374,8 @@ fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
     use tboost_ops::DType;
     let tokens: Vec<u32> = (0..20).map(|i| 3 + (i * 97) % 1000).collect();
     // Block types pack for fast, f16 and bf16 for exact, bf16 also for fast's bf16 dot
-    // products where the CPU has them (otherwise those stay as stored: nothing to compare).
+    // products and f16 for fast's AMX split kernel where the CPU has them (otherwise those
+    // stay as stored: nothing to compare).
     let cases = [
         (DType::Q4_0, PrecisionPolicy::Auto),
         (DType::Q5_0, PrecisionPolicy::Auto),
@@ -384,6 +385,7 @@ fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
         (DType::F16, PrecisionPolicy::Auto),
         (DType::BF16, PrecisionPolicy::Auto),
         (DType::BF16, PrecisionPolicy::Fast),
+        (DType::F16, PrecisionPolicy::Fast),
     ];
     for (dtype, precision) in cases {
         // "small"'s ffn (1408) is no whole number of 256-value k-quant blocks; tiny-moe's
@@ -415,6 +417,7 @@ fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
         // AVX-512, `matmul::packed::pays`); fast bf16 only where its dot-product kernel runs.
         let expect_packed = match (dtype, precision) {
             (DType::BF16, PrecisionPolicy::Fast) => tboost_kernels::matmul::packed_bf16::applies(),
+            (DType::F16, PrecisionPolicy::Fast) => tboost_kernels::matmul::packed_f16::applies(),
             _ if dtype.is_float() => tboost_kernels::matmul::packed::pays(dtype),
             _ => true,
         };
@@ -434,6 +437,20 @@ fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
             eprintln!("{what}: pair panels against rows: max |diff| {diff}, logit scale {scale}");
             assert!(diff > 0.0, "{what}: the two orders gave the same bits (is the pair kernel running?)");
             assert!(diff <= 2f32.powi(-7) * scale, "{what}: pair panels moved the logits by {diff} (scale {scale})");
+            continue;
+        }
+        if (dtype, precision) == (DType::F16, PrecisionPolicy::Fast) {
+            // F16 in rows has no fast kernel (exact kernels); in pair panels the split
+            // kernel keeps 16 bits of each activation (`matmul::packed_f16`): close to
+            // exact, not the same bits.
+            let scale = rows.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let diff = max_abs_diff(&packed, &rows);
+            eprintln!("{what}: split pair panels against exact rows: max |diff| {diff}, logit scale {scale}");
+            assert!(diff > 0.0, "{what}: the split kernel gave exact's bits (is it running?)");
+            assert!(
+                diff <= 2f32.powi(-12) * scale,
+                "{what}: the split kernel moved the logits by {diff} (scale {scale})"
+            );
             continue;
         }
         assert!(

@@ -569,23 +569,44 @@ fn amx_fast(threads: usize) {
     use tboost_kernels::isa;
     use tboost_kernels::matmul::{self, FastBf16};
     let p = pool(threads);
-    for (dt, kernel) in [(DType::BF16, FastBf16::Amx), (DType::F16, FastBf16::AmxSplitF16)] {
-        for (m, n, k) in [1, 16, 512].map(|m| (m, 5632, 2048)) {
+    // F16 in rows (the opt-in split kernel) and in pair panels (`packed_f16`, the default).
+    for (dt, kernel, pairs) in [
+        (DType::BF16, FastBf16::Amx, false),
+        (DType::F16, FastBf16::AmxSplitF16, false),
+        (DType::F16, FastBf16::Amx, true),
+    ] {
+        for (m, n, k) in [1, 2, 4, 16, 512].map(|m| (m, 5632, 2048)) {
             let bytes = n * k * 2;
             let copies = if m > 16 { 1 } else { (cold_bytes() / bytes).max(2) };
-            let ws: Vec<Huge> = (0..copies).map(|c| Huge::new(&dense_weights(dt, n * k, c as u64 + 5))).collect();
+            let ws: Vec<Huge> = (0..copies)
+                .map(|c| {
+                    let rows = dense_weights(dt, n * k, c as u64 + 5);
+                    if pairs {
+                        let mut p = vec![0u8; matmul::packed_f16::packed_bytes(n, k)];
+                        matmul::packed_f16::pack(n, k, &rows, &mut p);
+                        Huge::new(&p)
+                    } else {
+                        Huge::new(&rows)
+                    }
+                })
+                .collect();
             let xs = x(m, k);
             let mut out = vec![0f32; m * n];
             let mut c = 0;
             let secs = time(&p, Duration::from_millis(1500), || {
-                let w = WeightMat::new(dt, n, k, &ws[c % copies]).unwrap();
+                let d = &ws[c % copies];
+                let w = if pairs {
+                    WeightMat::f16_pair_panels(n, k, d).unwrap()
+                } else {
+                    WeightMat::new(dt, n, k, d).unwrap()
+                };
                 c += 1;
                 matmul::matmul_fast_with(isa::active(), kernel, &xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
             });
             println!(
                 "amx      threads={threads} {:>5} {:20} m={m:>3} n={n} k={k}: {:9.1} us  {:5.1} GB/s  {:6.1} GFLOP/s",
                 dt.to_string(),
-                kernel.name(),
+                if pairs { "f16 pair panels" } else { kernel.name() },
                 secs * 1e6,
                 bytes as f64 / secs / 1e9,
                 2.0 * (m * n * k) as f64 / secs / 1e9

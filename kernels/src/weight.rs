@@ -25,7 +25,8 @@ pub enum Layout {
     /// (`crate::matmul::packed`).
     Panels,
     /// BF16 weights, 16 rows interleaved per pair of values, for `Fast`'s `vdpbf16ps` kernel
-    /// (`crate::matmul::packed_bf16`).
+    /// (`crate::matmul::packed_bf16`); F16 weights the same way for `Fast`'s AMX split
+    /// kernel (`crate::matmul::packed_f16`).
     PairPanels,
 }
 
@@ -74,6 +75,16 @@ impl<'a> WeightMat<'a> {
             return Err(format!("bf16 pair panels of {rows}x{cols} need {need} bytes, got {}", data.len()));
         }
         Ok(WeightMat { dtype: DType::BF16, rows, cols, data, layout: Layout::PairPanels })
+    }
+
+    /// Views `data`, the output of `matmul::packed_f16::pack` for a `[rows, cols]` F16
+    /// matrix.
+    pub fn f16_pair_panels(rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, String> {
+        let need = crate::matmul::packed_f16::packed_bytes(rows, cols);
+        if data.len() != need {
+            return Err(format!("f16 pair panels of {rows}x{cols} need {need} bytes, got {}", data.len()));
+        }
+        Ok(WeightMat { dtype: DType::F16, rows, cols, data, layout: Layout::PairPanels })
     }
 
     /// Bytes of one row (for packed panels: the same count, `panel bytes / 16`).

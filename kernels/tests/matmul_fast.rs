@@ -342,7 +342,9 @@ fn the_bf16_kernel_is_on_only_with_the_extension() {
     assert_eq!(best == FastBf16::Amx, isa::amx_bf16());
     assert_eq!(best == FastBf16::Off, !isa::avx512bf16());
     assert_eq!(matmul::fast_bf16_applies(DType::BF16), best != FastBf16::Off);
-    assert!(!matmul::fast_bf16_applies(DType::F16), "best() never takes F16 (slower decode)");
+    // F16 at fast: the pair-panel split kernel, wherever AMX-BF16 runs (rows stay exact).
+    assert_eq!(matmul::fast_bf16_applies(DType::F16), best == FastBf16::Amx);
+    assert_eq!(matmul::packed_f16::applies(), best == FastBf16::Amx);
     assert!(FastBf16::AmxSplitF16.applies(DType::F16) && !FastBf16::Amx.applies(DType::F16));
     assert!(!matmul::fast_bf16_applies(DType::F32));
 }

@@ -100,9 +100,11 @@ impl FastBf16 {
 }
 
 /// True when `matmul_fast` computes `dtype` weights with a bf16 kernel here (rather than
-/// falling back to the exact kernels): `FastBf16::best().applies(dtype)`.
+/// falling back to the exact kernels): `FastBf16::best().applies(dtype)`, and F16 where the
+/// engine packs it into pair panels for the AMX split kernel (`packed_f16::applies`; F16
+/// left in rows still runs the exact kernels).
 pub fn fast_bf16_applies(dtype: DType) -> bool {
-    FastBf16::best().applies(dtype)
+    FastBf16::best().applies(dtype) || (dtype == DType::F16 && super::packed_f16::applies())
 }
 
 /// `seg.out = x · seg.wᵀ + seg.bias` with `Precision::Fast` numerics (module docs) for the
@@ -130,12 +132,12 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
         );
     }
     if segs.iter().any(|s| s.w.layout == crate::Layout::PairPanels) {
-        assert_eq!(kernel, FastBf16::Dot, "matmul_fast: bf16 pair panels are for the avx512bf16 kernel");
+        let f16 = pair_panels_f16(kernel, segs.iter().map(|s| &s.w), "matmul_fast");
         let (mut p, mut r): (crate::Few<MatSeg<'_, '_>>, crate::Few<MatSeg<'_, '_>>) = segs
             .iter_mut()
             .map(|s| MatSeg { w: s.w, bias: s.bias, out: &mut *s.out })
             .partition(|s| s.w.layout == crate::Layout::PairPanels);
-        super::run_pair_panels(x, m, &mut p);
+        super::run_pair_panels(x, m, &mut p, f16 && kernel == FastBf16::Amx);
         if !r.is_empty() {
             matmul_fast_with(isa, kernel, x, m, &mut r);
         }
@@ -205,6 +207,22 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
     }
 }
 
+/// Whether the pair panels among `ws` hold F16 (`packed_f16`: any kernel; `Amx` runs its
+/// tiles, the others its vector path) rather than BF16 (`packed_bf16`: the `Dot` kernel).
+///
+/// # Panics
+/// On BF16 pair panels with another kernel, and on F16 ones where AVX512_BF16 is missing.
+fn pair_panels_f16<'w>(kernel: FastBf16, ws: impl Iterator<Item = &'w WeightMat<'w>>, what: &str) -> bool {
+    let f16 = ws.filter(|w| w.layout == crate::Layout::PairPanels).any(|w| w.dtype == DType::F16);
+    if f16 {
+        assert!(isa::avx512bf16_detected(), "{what}: f16 pair panels need AVX512_BF16");
+        kernel.check();
+    } else {
+        assert_eq!(kernel, FastBf16::Dot, "{what}: bf16 pair panels are for the avx512bf16 kernel");
+    }
+    f16
+}
+
 /// Plans (as `plan_k` multiply-adds per output) and runs the items of one call with
 /// `kernel` on BF16 weights, or F16 ones (`f16`) — `kernel.applies` it (the caller checked).
 #[allow(clippy::too_many_arguments)]
@@ -271,8 +289,8 @@ pub fn matmul_swiglu_fast_with(
         gate.dtype
     );
     if gate.layout == crate::Layout::PairPanels || up.layout == crate::Layout::PairPanels {
-        assert_eq!(kernel, FastBf16::Dot, "matmul_swiglu_fast: bf16 pair panels are for the avx512bf16 kernel");
-        return super::swiglu_pair_panels(x, m, gate, up, out);
+        let f16 = pair_panels_f16(kernel, [&gate, &up].into_iter(), "matmul_swiglu_fast");
+        return super::swiglu_pair_panels(x, m, gate, up, out, f16 && kernel == FastBf16::Amx);
     }
     if !kernel.applies(gate.dtype) || up.dtype != gate.dtype {
         return super::matmul_swiglu_with(isa, x, m, gate, up, out);

@@ -39,6 +39,7 @@ mod dense_fast;
 mod kernel;
 pub mod packed;
 pub mod packed_bf16;
+pub mod packed_f16;
 pub mod reference;
 mod simd;
 #[cfg(test)]
@@ -286,7 +287,7 @@ fn check_weight(w: &WeightMat<'_>, what: std::fmt::Arguments<'_>) {
     }
     match w.layout {
         Layout::Panels => return packed::check(w, what),
-        Layout::PairPanels => panic!("{what}: bf16 pair panels run the fast bf16 kernel (Precision::Fast) only"),
+        Layout::PairPanels => panic!("{what}: pair panels run the fast kernels (Precision::Fast) only"),
         Layout::Rows => {}
     }
     let need = w.dtype.bytes_for(w.cols).and_then(|rb| rb.checked_mul(w.rows));
@@ -375,13 +376,19 @@ impl<'a> SendSink<'a> {
     }
 }
 
-/// Segments in bf16 pair panels (`matmul_fast`'s caller checked the kernel): shapes checked
-/// here, tasks split as packed panels' (default tiling: the bf16 kernels keep their split).
-fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
+/// Segments in pair panels (`matmul_fast`'s caller checked the kernel): BF16 ones
+/// (`packed_bf16`) or F16 ones (`packed_f16`, on its AMX path when `amx`); shapes checked
+/// here, tasks split as packed panels' (default tiling: these kernels keep their split).
+fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>], amx: bool) {
     let Some(first) = segs.first() else { return };
-    let k = first.w.cols;
+    let (k, f16) = (first.w.cols, first.w.dtype == DType::F16);
     for (s, seg) in segs.iter().enumerate() {
-        packed_bf16::check(&seg.w, &format!("matmul_fast: segment {s}"));
+        let what = format!("matmul_fast: segment {s}");
+        if f16 {
+            packed_f16::check(&seg.w, &what);
+        } else {
+            packed_bf16::check(&seg.w, &what);
+        }
         assert_eq!(seg.w.cols, k, "matmul_fast: segment {s} has {} columns but segment 0 has {k}", seg.w.cols);
         assert_eq!(Some(seg.out.len()), m.checked_mul(seg.w.rows), "matmul_fast: segment {s} output size");
         if let Some(b) = &seg.bias {
@@ -396,6 +403,17 @@ fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
         .collect();
     let ws: Vec<(usize, usize)> = segs.iter().map(|s| (s.w.data.as_ptr() as usize, s.w.rows)).collect();
     let tasks = packed_tasks(&rows, m, k, &MatMulTiling::default(), packed_bf16::GEMM_PANELS);
+    if f16 {
+        // SAFETY: the caller checked AVX512_BF16 (and AMX for `amx`).
+        let sx = unsafe { packed_f16::split_x(x, m, k, amx && m >= packed_f16::AMX_MIN_ROWS) };
+        execute_tasks(&tasks, |t| {
+            let (w, n) = ws[t.seg];
+            // SAFETY: shapes checked above; tasks cover disjoint outputs; `sx` splits this x;
+            // the caller checked the CPU.
+            unsafe { packed_f16::task(w as *const u8, (n, k), (t.p0, t.p1), &sx, (t.i0, t.i1), sinks[t.seg].get()) }
+        });
+        return;
+    }
     // SAFETY: the caller checked that the avx512bf16 kernel runs here.
     let pre = unsafe { round_x_once(&tasks, x, m, k) };
     execute_tasks(&tasks, |t| {
@@ -429,10 +447,17 @@ unsafe fn round_x_once(tasks: &[PackedTask], x: &[f32], m: usize, k: usize) -> O
     }
 }
 
-/// Fused SwiGLU over bf16 pair panels (`matmul_swiglu_fast`'s caller checked the kernel).
-fn swiglu_pair_panels(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_>, out: &mut [f32]) {
-    packed_bf16::check(&gate, "matmul_swiglu_fast: gate");
-    packed_bf16::check(&up, "matmul_swiglu_fast: up");
+/// Fused SwiGLU over pair panels (`matmul_swiglu_fast`'s caller checked the kernel), BF16
+/// or F16 (on its AMX path when `amx`) as `run_pair_panels`.
+fn swiglu_pair_panels(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_>, out: &mut [f32], amx: bool) {
+    let f16 = gate.dtype == DType::F16;
+    if f16 {
+        packed_f16::check(&gate, "matmul_swiglu_fast: gate");
+        packed_f16::check(&up, "matmul_swiglu_fast: up");
+    } else {
+        packed_bf16::check(&gate, "matmul_swiglu_fast: gate");
+        packed_bf16::check(&up, "matmul_swiglu_fast: up");
+    }
     let (n, k) = (gate.rows, gate.cols);
     assert!(up.rows == n && up.cols == k, "matmul_swiglu_fast: gate is {n}x{k} but up is {}x{}", up.rows, up.cols);
     assert_eq!(
@@ -447,6 +472,15 @@ fn swiglu_pair_panels(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_
     }
     let sink = SendSink(packed::Sink::Swiglu { out: out.as_mut_ptr(), ld: n, up: up.data.as_ptr() });
     let tasks = packed_tasks(&[n], m, 2 * k, &MatMulTiling::default(), packed_bf16::GEMM_PANELS / 2);
+    if f16 {
+        // SAFETY: as in `run_pair_panels`.
+        let sx = unsafe { packed_f16::split_x(x, m, k, amx && m >= packed_f16::AMX_MIN_ROWS) };
+        // SAFETY: as in `run_pair_panels`.
+        execute_tasks(&tasks, |t| unsafe {
+            packed_f16::task(gate.data.as_ptr(), (n, k), (t.p0, t.p1), &sx, (t.i0, t.i1), sink.get())
+        });
+        return;
+    }
     // SAFETY: as in `run_pair_panels`.
     let pre = unsafe { round_x_once(&tasks, x, m, k) };
     // SAFETY: as in `run_pair_panels`.

@@ -1,7 +1,7 @@
 //! Weight tensors as the CPU kernels see them, and weight conversion for backends that lack
 //! a weight type (the plan's "convert at upload").
 
-use tboost_kernels::matmul::{packed as dense_packed, packed_bf16};
+use tboost_kernels::matmul::{packed as dense_packed, packed_bf16, packed_f16};
 use tboost_kernels::quant::{dequantize_row, packed};
 use tboost_kernels::{convert, Layout, WeightMat, WeightVec};
 use tboost_ops::{DType, Precision};
@@ -59,12 +59,13 @@ impl CpuWeight {
 /// The layout [`pack`] gives `dtype` matmul weights run at `precision`, if any: GGUF block
 /// types for the `Fast` integer kernels (1.5-2x the GEMV of the GGUF layout, which must
 /// reduce every group across lanes), bf16 for `Fast`'s `vdpbf16ps` kernel where it runs, f16
-/// and bf16 for the `Exact` kernels (1.3-1.7x the GEMV of the row layout); see
-/// `tboost_kernels::quant::packed`, `matmul::packed` and `matmul::packed_bf16`.
+/// for `Fast`'s AMX split kernel where AMX-BF16 runs, f16 and bf16 for the `Exact` kernels (1.3-1.7x the GEMV of the row layout); see
+/// `tboost_kernels::quant::packed`, `matmul::packed`, `matmul::packed_bf16` and `matmul::packed_f16`.
 fn layout_for(dtype: DType, precision: Precision) -> Option<Layout> {
     match precision {
         Precision::Fast if packed::packable(dtype) => Some(Layout::Panels),
         Precision::Fast if dtype == DType::BF16 && packed_bf16::applies() => Some(Layout::PairPanels),
+        Precision::Fast if dtype == DType::F16 && packed_f16::applies() => Some(Layout::PairPanels),
         Precision::Exact if dense_packed::pays(dtype) => Some(Layout::Panels),
         _ => None,
     }
@@ -78,6 +79,7 @@ pub(super) fn packable(dtype: DType, precision: Precision) -> bool {
 /// Bytes of a packed `[rows, cols]` matrix.
 fn packed_len(dtype: DType, layout: Layout, rows: usize, cols: usize) -> usize {
     match layout {
+        Layout::PairPanels if dtype == DType::F16 => packed_f16::packed_bytes(rows, cols),
         Layout::PairPanels => packed_bf16::packed_bytes(rows, cols),
         _ if dtype.is_quantized() => packed::packed_bytes(dtype, rows, cols),
         _ => dense_packed::packed_bytes(dtype, rows, cols),
@@ -104,6 +106,7 @@ pub(super) fn pack(
         .alloc(n)
         .map_err(|e| CpuBackend::err(format!("tensor `{}`: no memory for its {n} repacked bytes: {e}", t.name)))?;
     pool.install(|| match layout {
+        Layout::PairPanels if t.dtype == DType::F16 => packed_f16::pack(rows, cols, t.bytes(), &mut bytes[..n]),
         Layout::PairPanels => packed_bf16::pack(rows, cols, t.bytes(), &mut bytes[..n]),
         _ if block => packed::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n]),
         _ => dense_packed::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n]),
