@@ -563,18 +563,15 @@ fn bf16_fast(threads: usize) {
     }
 }
 
-/// BF16 (and, split, F16) weights in rows under the AMX-BF16 kernel: decode, a batch and
-/// prefill, weights cycled as in `gemv` for the small batches.
+/// BF16 weights in rows and F16 ones in pair panels under the AMX-BF16 kernels: decode,
+/// small batches and prefill, weights cycled as in `gemv` for the small batches.
 fn amx_fast(threads: usize) {
     use tboost_kernels::isa;
     use tboost_kernels::matmul::{self, FastBf16};
     let p = pool(threads);
-    // F16 in rows (the opt-in split kernel) and in pair panels (`packed_f16`, the default).
-    for (dt, kernel, pairs) in [
-        (DType::BF16, FastBf16::Amx, false),
-        (DType::F16, FastBf16::AmxSplitF16, false),
-        (DType::F16, FastBf16::Amx, true),
-    ] {
+    // BF16 in rows, F16 in pair panels (`packed_f16`: the AMX split kernel, and the vector
+    // replay of its tile products below `AMX_MIN_ROWS` rows).
+    for (dt, kernel, pairs) in [(DType::BF16, FastBf16::Amx, false), (DType::F16, FastBf16::Amx, true)] {
         for (m, n, k) in [1, 2, 4, 16, 512].map(|m| (m, 5632, 2048)) {
             let bytes = n * k * 2;
             let copies = if m > 16 { 1 } else { (cold_bytes() / bytes).max(2) };

@@ -30,7 +30,6 @@ fn kernels() -> Vec<FastBf16> {
     }
     if isa::amx_bf16_detected() {
         v.push(FastBf16::Amx);
-        v.push(FastBf16::AmxSplitF16);
     } else {
         eprintln!("note: no AMX-BF16 here (CPU or OS); the AMX kernel is not tested");
     }
@@ -64,7 +63,8 @@ fn half_bytes(dtype: DType, vals: &[f32]) -> Vec<u8> {
     }
 }
 
-/// (kernel, dtype) pairs where the kernel computes the dtype (BF16; F16 on AMX).
+/// (kernel, dtype) pairs where the kernel computes the dtype in rows (BF16; F16 runs fast
+/// only in pair panels, `tests/matmul_f16_pairs.rs`).
 fn cases() -> Vec<(FastBf16, DType)> {
     let mut v = Vec::new();
     for kn in kernels() {
@@ -345,7 +345,7 @@ fn the_bf16_kernel_is_on_only_with_the_extension() {
     // F16 at fast: the pair-panel split kernel, wherever AMX-BF16 runs (rows stay exact).
     assert_eq!(matmul::fast_bf16_applies(DType::F16), best == FastBf16::Amx);
     assert_eq!(matmul::packed_f16::applies(), best == FastBf16::Amx);
-    assert!(FastBf16::AmxSplitF16.applies(DType::F16) && !FastBf16::Amx.applies(DType::F16));
+    assert!(!FastBf16::Amx.applies(DType::F16) && !FastBf16::Dot.applies(DType::F16), "f16 in rows stays exact");
     assert!(!matmul::fast_bf16_applies(DType::F32));
 }
 

@@ -1,9 +1,8 @@
 //! `Precision::Fast` for dense weights: BF16 weights meet activations rounded to bf16, as
 //! llama.cpp computes them, in AMX-BF16 tiles (`FastBf16::Amx`, where the CPU and OS allow)
-//! or AVX512_BF16 dot products (`FastBf16::Dot`). `FastBf16::AmxSplitF16` also takes F16
-//! weights, each split exactly into two bf16 parts (opt-in: it slows decode). F32 and F16
-//! weights otherwise, and BF16 on a CPU without these extensions (or with them switched
-//! off, see `isa`), run the exact kernels.
+//! or AVX512_BF16 dot products (`FastBf16::Dot`). F16 weights at `Fast` run in pair panels
+//! (`packed_f16`, where AMX-BF16 runs). F32 weights, F16 ones in rows, and BF16 on a CPU
+//! without these extensions (or with them switched off, see `isa`), run the exact kernels.
 //!
 //! Measured on the 2-core Xeon (Sapphire-Rapids class) this was written on: `vdpbf16ps`
 //! issues at half the rate of f32 FMAs there (114 vs 215 GFLOP/s per core), so `Dot` only
@@ -46,16 +45,6 @@ pub enum FastBf16 {
     /// AMX-BF16 tiles (`tdpbf16ps`): x rows as B tiles, 16 weight rows as A tiles, one tile
     /// product per 32 values of `k` in increasing order, accumulated in the hardware's order.
     Amx,
-    /// `Amx`, and F16 weights too: each split exactly into bf16 `hi + lo` (an f16 has 11
-    /// significant bits), two tile products per k tile. Prefill-heavy use only, so `best()`
-    /// never picks it: kernel bench (`quant -- bf16 fast threads=2`, 5632 x 2048, Xeon VM)
-    /// m = 512 860-900 GFLOP/s against the exact GEMM's 236, but m = 1 22-23 GB/s against
-    /// the exact GEMV's 31 (the split, not the tile products, bounds it: about 10 GB/s per
-    /// core with the products left out, against 25 GB/s per core for the same split on
-    /// L1-resident rows and 15 for the exact GEMV's stream; an integer split (8 ops per 32
-    /// values, not 12) and software prefetch 4-32 tiles ahead gained nothing or lost).
-    /// Decode would be 1.3-1.4x slower, and a weight's kernel cannot depend on `m`.
-    AmxSplitF16,
 }
 
 impl FastBf16 {
@@ -75,25 +64,20 @@ impl FastBf16 {
             FastBf16::Off => "exact",
             FastBf16::Dot => "avx512bf16",
             FastBf16::Amx => "amx-bf16",
-            FastBf16::AmxSplitF16 => "amx-bf16+f16-split",
         }
     }
 
-    /// Whether this kernel computes `dtype` weights (else they run the exact kernels): BF16
-    /// with every kernel but `Off`; F16 with `AmxSplitF16`.
+    /// Whether this kernel computes `dtype` weights in rows (else they run the exact
+    /// kernels): BF16 with every kernel but `Off`. (F16 runs fast only in pair panels.)
     pub fn applies(self, dtype: DType) -> bool {
-        match dtype {
-            DType::BF16 => self != FastBf16::Off,
-            DType::F16 => self == FastBf16::AmxSplitF16,
-            _ => false,
-        }
+        dtype == DType::BF16 && self != FastBf16::Off
     }
 
     fn check(self) {
         let ok = match self {
             FastBf16::Off => true,
             FastBf16::Dot => isa::avx512bf16_detected(),
-            FastBf16::Amx | FastBf16::AmxSplitF16 => isa::amx_bf16_detected(),
+            FastBf16::Amx => isa::amx_bf16_detected(),
         };
         assert!(ok, "matmul_fast: the {} kernel needs an extension this CPU (or OS) does not offer", self.name());
     }
@@ -187,24 +171,18 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
     if m == 0 {
         return;
     }
-    for f16 in [false, true] {
-        let group: Vec<&mut MatSeg<'_, '_>> = fast.iter_mut().filter(|s| (s.w.dtype == DType::F16) == f16).collect();
-        if group.is_empty() {
-            continue;
-        }
-        let rows: crate::Few<usize> = group.iter().map(|s| s.w.rows).collect();
-        let cols: crate::Few<PlainCols<'_>> = group
-            .into_iter()
-            .map(|s| PlainCols {
-                w: s.w.data.as_ptr(),
-                row_bytes: s.w.row_bytes(),
-                n: s.w.rows,
-                bias: s.bias,
-                out: s.out.as_mut_ptr(),
-            })
-            .collect();
-        run_kernel(kernel, f16, x, m, k, k, &rows, &cols);
-    }
+    let rows: crate::Few<usize> = fast.iter().map(|s| s.w.rows).collect();
+    let cols: crate::Few<PlainCols<'_>> = fast
+        .iter_mut()
+        .map(|s| PlainCols {
+            w: s.w.data.as_ptr(),
+            row_bytes: s.w.row_bytes(),
+            n: s.w.rows,
+            bias: s.bias,
+            out: s.out.as_mut_ptr(),
+        })
+        .collect();
+    run_kernel(kernel, x, m, k, k, &rows, &cols);
 }
 
 /// Whether the pair panels among `ws` hold F16 (`packed_f16`: any kernel; `Amx` runs its
@@ -224,32 +202,21 @@ fn pair_panels_f16<'w>(kernel: FastBf16, ws: impl Iterator<Item = &'w WeightMat<
 }
 
 /// Plans (as `plan_k` multiply-adds per output) and runs the items of one call with
-/// `kernel` on BF16 weights, or F16 ones (`f16`) — `kernel.applies` it (the caller checked).
-#[allow(clippy::too_many_arguments)]
-fn run_kernel<C: AmxCols>(
-    kernel: FastBf16,
-    f16: bool,
-    x: &[f32],
-    m: usize,
-    k: usize,
-    plan_k: usize,
-    rows: &[usize],
-    cols: &[C],
-) {
+/// `kernel` on BF16 weights in rows (the caller checked that it applies).
+fn run_kernel<C: AmxCols>(kernel: FastBf16, x: &[f32], m: usize, k: usize, plan_k: usize, rows: &[usize], cols: &[C]) {
     match kernel {
-        FastBf16::Amx | FastBf16::AmxSplitF16 => {
+        FastBf16::Amx => {
             #[cfg(target_arch = "x86_64")]
             {
                 let xp = amx::pack_x(x, m, k);
                 let items = amx::plan(rows, m, plan_k);
                 // SAFETY: shapes were checked by the caller, items cover disjoint outputs in
                 // whole 16-row blocks of x, AMX-BF16 is there (checked).
-                execute(&items, |it| unsafe { amx::run(&xp, k, it, &cols[it.seg], f16) });
+                execute(&items, |it| unsafe { amx::run(&xp, k, it, &cols[it.seg]) });
                 xp.release();
             }
         }
         _ => {
-            debug_assert!(!f16, "only the AMX kernel takes f16 weights");
             let items = plan_items(rows, m, plan_k, Isa::Avx512);
             // SAFETY: shapes were checked by the caller, items cover disjoint outputs,
             // AVX512_BF16 is there (checked).
@@ -330,7 +297,7 @@ pub fn matmul_swiglu_fast_with(
         out: out.as_mut_ptr(),
     };
     // Two weight rows per output column: plan with the work of 2n rows, split on n.
-    run_kernel(kernel, gate.dtype == DType::F16, x, m, k, 2 * k, &[n], std::slice::from_ref(&cols));
+    run_kernel(kernel, x, m, k, 2 * k, &[n], std::slice::from_ref(&cols));
 }
 
 /// Runs one item of BF16 weights with the bf16 dot-product kernel.
@@ -696,10 +663,6 @@ mod amx {
         items
     }
 
-    /// k tiles per chunk of a split F16 row group when one x block runs (decode): 8 KiB of
-    /// hi and lo parts, two chunks in L1 from the split to the tile loads.
-    const SPLIT_CHUNK: usize = 2;
-
     /// The tile configuration: palette 1, tmm0..7 all 16 rows of 64 bytes.
     #[repr(C, align(64))]
     struct Config([u8; 64]);
@@ -754,72 +717,6 @@ mod amx {
         }
     }
 
-    /// `C[c] += tmm5 · B` for c = 0 (B in tmm6) and 1 (tmm7): the lo parts of F16 weights.
-    #[inline(always)]
-    unsafe fn dot_lo(c: usize) {
-        match c {
-            0 => asm!("tdpbf16ps tmm0, tmm5, tmm6", options(nostack, nomem)),
-            _ => asm!("tdpbf16ps tmm1, tmm5, tmm7", options(nostack, nomem)),
-        }
-    }
-
-    /// Splits k tiles `t0..t1` of `valid` F16 rows at `src` (row stride `rb`, `k` values)
-    /// into bf16 parts with `hi + lo` equal to each weight exactly: `hi` is the weight as f32
-    /// with the low 16 bits cleared (its top 8 significant bits), `lo` the remainder (at
-    /// most 3 significant bits of an f16's 11, so exact in bf16). Row `r`'s 32 values of tile
-    /// `t` go to `hi + r * stride + 64 * (t - t0)` (and `lo`), as A tile rows; zero past `k`
-    /// and in rows `valid..16`. Truncation, not rounding, for `hi`: two vector ops fewer per
-    /// 16 values, and the split is exact either way.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma,f16c")]
-    #[allow(clippy::too_many_arguments)]
-    unsafe fn split_f16(
-        src: *const u8,
-        rb: usize,
-        valid: usize,
-        k: usize,
-        (t0, t1): (usize, usize),
-        stride: usize,
-        hi: *mut u8,
-        lo: *mut u8,
-    ) {
-        use std::arch::x86_64::*;
-        let top = _mm512_set1_epi32(0xFFFF_0000u32 as i32);
-        // Tile by tile, its 16 rows in turn (row by row, each row's tiles in turn, measured
-        // 20.3 against 22.8 GB/s at m = 1 in `quant -- bf16 fast threads=2`).
-        for t in t0..t1 {
-            for r in 0..16 {
-                let o = r * stride + 64 * (t - t0);
-                let (h, l) = (hi.add(o) as *mut __m512i, lo.add(o) as *mut __m512i);
-                if r >= valid {
-                    _mm512_storeu_si512(h, _mm512_setzero_si512());
-                    _mm512_storeu_si512(l, _mm512_setzero_si512());
-                    continue;
-                }
-                let c = 32 * t;
-                let s = src.add(r * rb + 2 * c);
-                let (a, b) = if c + 32 <= k {
-                    (_mm256_loadu_si256(s as *const __m256i), _mm256_loadu_si256(s.add(32) as *const __m256i))
-                } else {
-                    // The last, partial tile: masked loads (no read past `k`), zeros after.
-                    let rem = k - c;
-                    let m0 = if rem >= 16 { 0xFFFF } else { (1u32 << rem) as u16 - 1 };
-                    let m1 = if rem > 16 { ((1u32 << (rem - 16)) - 1) as u16 } else { 0 };
-                    (
-                        _mm256_maskz_loadu_epi16(m0, s as *const i16),
-                        _mm256_maskz_loadu_epi16(m1, s.add(32) as *const i16),
-                    )
-                };
-                let (f0, f1) = (_mm512_cvtph_ps(a), _mm512_cvtph_ps(b));
-                let h0 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(f0), top));
-                let h1 = _mm512_castsi512_ps(_mm512_and_si512(_mm512_castps_si512(f1), top));
-                let (l0, l1) = (_mm512_sub_ps(f0, h0), _mm512_sub_ps(f1, h1));
-                // Values 0..16 from the second operand, 16..32 from the first.
-                _mm512_storeu_si512(h, std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(h1, h0)));
-                _mm512_storeu_si512(l, std::mem::transmute::<__m512bh, __m512i>(_mm512_cvtne2ps_pbh(l1, l0)));
-            }
-        }
-    }
-
     /// Stores C register `c` as 16 rows of 16 f32 at `p` (64-byte rows).
     #[inline(always)]
     unsafe fn store(c: usize, p: *mut u8) {
@@ -838,7 +735,7 @@ mod amx {
     /// `cols` describes valid BF16 weights (`n` rows of `row_bytes` bytes, `k` values each)
     /// and an output covering the item; `xp` is `pack_x` of the call's x; the CPU has
     /// AMX-BF16 and this process the permission (`isa::amx_bf16_detected`).
-    pub(super) unsafe fn run<C: AmxCols>(xp: &PackedX, k: usize, it: &Item, cols: &C, f16: bool) {
+    pub(super) unsafe fn run<C: AmxCols>(xp: &PackedX, k: usize, it: &Item, cols: &C) {
         let (i0, i1, j0, j1) = (it.i0, it.i1, it.j0, it.j1);
         debug_assert!(i0 % 16 == 0);
         let cfg = config();
@@ -850,35 +747,21 @@ mod amx {
         // laid out as one [16][32 kt] block) and of the last partial k tile; 8 C tiles.
         let mut pad = PAD.with(Cell::take);
         let per = kt + 1;
-        if pad.len() < 4 * per + 8 + 4 * SPLIT_CHUNK {
-            pad.resize(4 * per + 8 + 4 * SPLIT_CHUNK, ZERO);
+        if pad.len() < 4 * per + 8 {
+            pad.resize(4 * per + 8, ZERO);
         }
         let pad_ptr = pad.as_mut_ptr();
         let cbuf = pad_ptr.add(4 * per);
-        // F16 with one x block: two buffers, each the hi and lo parts of SPLIT_CHUNK k tiles.
-        let chunk = cbuf.add(8);
-        let chunked = f16 && i1 - i0 <= 16;
         // One x block (decode): one A tile per step, so the weights stream as 16 rows at a
         // time (fewer concurrent row streams for the prefetchers). The blocking changes no
         // result: every C element is the same sequence of tile products over k.
-        // F16 weights: one row group at a time, its hi and lo parts in tmm4 and tmm5.
-        let (jstep, two_a) = if i1 - i0 > 16 && !f16 { (32, true) } else { (16, false) };
+        let (jstep, two_a) = if i1 - i0 > 16 { (32, true) } else { (16, false) };
         let mut jt = j0;
         while jt < j1 {
             let na = if two_a && jt + 16 < j1 { 2 } else { 1 };
             // A sources: (pointer to k tile 0, row stride) per (group, tile).
             let mut src = [[(std::ptr::null::<u8>(), 0usize); 2]; 2];
             for g in 0..groups {
-                if f16 {
-                    // Several x blocks share one split of the group's rows, made here; one
-                    // x block (decode) splits them chunk by chunk in the k loop instead.
-                    if !chunked {
-                        let (hi, lo) = (pad_ptr.add(g * 2 * per) as *mut u8, pad_ptr.add((g * 2 + 1) * per) as *mut u8);
-                        split_f16(mats[g].add(jt * rb), rb, 16.min(n - jt), k, (0, kt), 64 * kt, hi, lo);
-                        src[g] = [(hi as *const u8, 64 * kt), (lo as *const u8, 64 * kt)];
-                    }
-                    continue;
-                }
                 for (t, s) in src[g].iter_mut().enumerate().take(na) {
                     let j = jt + 16 * t;
                     let valid = 16.min(n - j);
@@ -918,55 +801,7 @@ mod amx {
                             zero(cs(ta, tb));
                         }
                     }
-                    if f16 && chunked {
-                        // Chunks of SPLIT_CHUNK k tiles, split one chunk ahead of their tile
-                        // products into two alternating L1 buffers (stores do not forward to
-                        // tile loads). Measured (`quant -- bf16 fast threads=2`, m = 1, F16
-                        // 5632 x 2048), splitting row by row: chunks of 2 tiles 17-19 GB/s, 4:
-                        // 16-19, 8: 15, 16: 14; tile by tile (now): 2 tiles 22-23, 4: 23, 8:
-                        // 21; software prefetch 4-48 tiles ahead, T0 or T1: no gain or slower.
-                        let (base, valid) = (mats[g].add(jt * rb), 16.min(n - jt));
-                        let sc = SPLIT_CHUNK;
-                        let nchunks = kt.div_ceil(sc);
-                        let buf = |c: usize| chunk.add((c % 2) * 2 * sc) as *mut u8;
-                        let split = |c: usize| {
-                            let (t0, t1) = (c * sc, ((c + 1) * sc).min(kt));
-                            let b = buf(c);
-                            split_f16(base, rb, valid, k, (t0, t1), 64 * sc, b, b.add(1024 * sc));
-                        };
-                        if nchunks > 0 {
-                            split(0);
-                        }
-                        for c in 0..nchunks {
-                            if c + 1 < nchunks {
-                                split(c + 1);
-                            }
-                            let (b, t0) = (buf(c), c * sc);
-                            for t in t0..((c + 1) * sc).min(kt) {
-                                load(4, b.add(64 * (t - t0)), 64 * sc);
-                                load(5, b.add(1024 * sc + 64 * (t - t0)), 64 * sc);
-                                load(6, xp.tile(b0, t), 64);
-                                dot(0);
-                                dot_lo(0);
-                            }
-                        }
-                    }
-                    // (Done above when chunked.)
-                    let whole = if f16 && chunked { 0 } else { kt };
-                    for t in 0..whole {
-                        if f16 {
-                            let ([(hi, stride), (lo, _)], b) = (src[g], 64 * t);
-                            load(4, hi.add(b), stride);
-                            load(5, lo.add(b), stride);
-                            for tb in 0..nb {
-                                load(6 + tb, xp.tile(b0 + tb, t), 64);
-                            }
-                            for tb in 0..nb {
-                                dot(tb);
-                                dot_lo(tb);
-                            }
-                            continue;
-                        }
+                    for t in 0..kt {
                         for (ta, &(p, stride)) in src[g].iter().enumerate().take(na) {
                             if t < kfull {
                                 // No software prefetch: the hardware's alone streamed the
