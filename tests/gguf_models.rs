@@ -12,13 +12,16 @@ fn greedy(file: &str, prompt: &[u32], n: usize) -> Vec<u32> {
     s.greedy(prompt, n).unwrap()
 }
 
+/// llama.cpp's 32 greedy ids for `llama-2-tiny-random.gguf` after [`LLAMA2_TINY_PROMPT`].
+const LLAMA2_TINY_IDS: [u32; 32] = [
+    17196, 5211, 21440, 25431, 7455, 3285, 29710, 4660, 29509, 31364, 19741, 8021, 29710, 4660, 29509, 31364, 28253,
+    12321, 12681, 14340, 1189, 30070, 29182, 9645, 20945, 16138, 2451, 19209, 19982, 8317, 15492, 19741,
+];
+const LLAMA2_TINY_PROMPT: [u32; 5] = [1, 9038, 2501, 263, 931];
+
 #[test]
 fn llama2_tiny_random_f16_matches_llama_cpp() {
-    let want = [
-        17196, 5211, 21440, 25431, 7455, 3285, 29710, 4660, 29509, 31364, 19741, 8021, 29710, 4660, 29509, 31364,
-        28253, 12321, 12681, 14340, 1189, 30070, 29182, 9645, 20945, 16138, 2451, 19209, 19982, 8317, 15492, 19741,
-    ];
-    assert_eq!(greedy("llama-2-tiny-random.gguf", &[1, 9038, 2501, 263, 931], 32), want);
+    assert_eq!(greedy("llama-2-tiny-random.gguf", &LLAMA2_TINY_PROMPT, 32), LLAMA2_TINY_IDS);
 }
 
 /// At `precision: fast` the f16 weights take the AMX split kernel where the CPU has
@@ -29,12 +32,12 @@ fn llama2_tiny_random_f16_matches_llama_cpp() {
 fn llama2_tiny_random_f16_at_fast_precision_matches_llama_cpp() {
     use tboost::plan::{PlanOptions, PrecisionPolicy};
     let path = model_file("llama-2-tiny-random.gguf");
-    let prompt = [1, 9038, 2501, 263, 931];
+    let prompt = LLAMA2_TINY_PROMPT;
     let fast = PlanOptions { precision: PrecisionPolicy::Fast, ..Default::default() };
     let mut r = runner_with(&path, &fast, 2, 64);
     let mut s = Session::new(&mut r, prompt.len() + 32).unwrap();
     let ids = s.greedy(&prompt, 32).unwrap();
-    assert_eq!(ids, greedy("llama-2-tiny-random.gguf", &prompt, 32), "fast greedy ids differ from exact's");
+    assert_eq!(ids, LLAMA2_TINY_IDS, "fast greedy ids differ from llama.cpp's");
     let logits = |o: &PlanOptions| {
         let mut r = runner_with(&path, o, 2, 64);
         let mut s = Session::new(&mut r, prompt.len()).unwrap();

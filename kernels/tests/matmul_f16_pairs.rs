@@ -4,32 +4,14 @@
 //! row's result does not depend on the batch: decode runs the vector path, prefill the
 //! tiles), the fused SwiGLU, flushed denormals, and the error against the f64 reference.
 
+mod matmul_util;
+
+use matmul_util::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tboost_kernels::isa::{self, Isa};
 use tboost_kernels::matmul::{self, packed_f16, reference, FastBf16, MatSeg};
 use tboost_kernels::{DType, WeightMat, WeightVec};
-
-fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
-}
-
-/// `vals` as F16 bytes at an odd address (offset 1), so unaligned loads are exercised.
-fn f16_bytes(vals: &[f32]) -> Vec<u8> {
-    let mut b = vec![0u8];
-    for &v in vals {
-        b.extend_from_slice(&half::f16::from_f32(v).to_le_bytes());
-    }
-    b
-}
-
-fn bits_eq(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-}
-
-fn pool(threads: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap()
-}
 
 /// The kernels whose F16 pair-panel path runs here: `Amx` (the tiles from
 /// `AMX_MIN_ROWS` rows) and `Dot` (the vector path for every m). Fails loudly where this
@@ -57,7 +39,7 @@ struct Packed {
 
 impl Packed {
     fn new(vals: &[f32], n: usize, k: usize) -> Packed {
-        let rows = f16_bytes(vals);
+        let rows = half_bytes(DType::F16, vals);
         let mut panels = vec![0u8; packed_f16::packed_bytes(n, k)];
         packed_f16::pack(n, k, &rows[1..], &mut panels);
         Packed { rows, panels, n, k }

@@ -3,8 +3,11 @@
 //! invariance, the fused SwiGLU, and the fallbacks (other dtypes, the kernel switched off,
 //! lower ISA levels) being exactly the exact kernels.
 
+mod matmul_util;
+
+use matmul_util::*;
 use rand::rngs::StdRng;
-use rand::{Rng, SeedableRng};
+use rand::SeedableRng;
 use tboost_kernels::isa::{self, Isa};
 use tboost_kernels::matmul::{self, reference, FastBf16, MatSeg};
 use tboost_kernels::{DType, WeightMat, WeightVec};
@@ -34,33 +37,6 @@ fn kernels() -> Vec<FastBf16> {
         eprintln!("note: no AMX-BF16 here (CPU or OS); the AMX kernel is not tested");
     }
     v
-}
-
-fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
-    (0..n).map(|_| rng.random_range(-scale..scale)).collect()
-}
-
-/// BF16 bytes at an odd address (offset 1), so unaligned loads are exercised.
-fn bf16_bytes(vals: &[f32]) -> Vec<u8> {
-    let mut b = vec![0u8];
-    for &v in vals {
-        b.extend_from_slice(&half::bf16::from_f32(v).to_le_bytes());
-    }
-    b
-}
-
-/// `vals` stored as `dtype` (BF16 or F16) at an odd address (offset 1).
-fn half_bytes(dtype: DType, vals: &[f32]) -> Vec<u8> {
-    match dtype {
-        DType::BF16 => bf16_bytes(vals),
-        _ => {
-            let mut b = vec![0u8];
-            for &v in vals {
-                b.extend_from_slice(&half::f16::from_f32(v).to_le_bytes());
-            }
-            b
-        }
-    }
 }
 
 /// (kernel, dtype) pairs where the kernel computes the dtype in rows (BF16; F16 runs fast
@@ -106,14 +82,6 @@ fn check_bf16_bound(what: &str, got: &[f32], x: &[f32], m: usize, w: &WeightMat<
             assert!((g - r).abs() <= tol, "{what}: y[{i},{j}] = {g}, f64 {r}, |err| {} > tol {tol}", (g - r).abs());
         }
     }
-}
-
-fn bits_eq(a: &[f32], b: &[f32]) -> bool {
-    a.len() == b.len() && a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits())
-}
-
-fn pool(threads: usize) -> rayon::ThreadPool {
-    rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap()
 }
 
 /// Around every tile and block boundary: k below, at and across multiples of 32 (the

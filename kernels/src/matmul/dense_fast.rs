@@ -172,16 +172,7 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
         return;
     }
     let rows: crate::Few<usize> = fast.iter().map(|s| s.w.rows).collect();
-    let cols: crate::Few<PlainCols<'_>> = fast
-        .iter_mut()
-        .map(|s| PlainCols {
-            w: s.w.data.as_ptr(),
-            row_bytes: s.w.row_bytes(),
-            n: s.w.rows,
-            bias: s.bias,
-            out: s.out.as_mut_ptr(),
-        })
-        .collect();
+    let cols: crate::Few<PlainCols<'_>> = fast.iter_mut().map(PlainCols::of).collect();
     run_kernel(kernel, x, m, k, k, &rows, &cols);
 }
 
@@ -561,6 +552,7 @@ mod amx {
     //! same sequence of tile products over `k` whatever `m`, the split or the threads.
     //! Register blocking: 2 A tiles × 2 B tiles into 4 C tiles (tmm0-3), operands in tmm4-7.
 
+    use super::super::amx_tiles::{configure, load, release, store, zero};
     use super::{AmxCols, Item};
     use rayon::prelude::*;
     use std::arch::asm;
@@ -663,47 +655,9 @@ mod amx {
         items
     }
 
-    /// The tile configuration: palette 1, tmm0..7 all 16 rows of 64 bytes.
-    #[repr(C, align(64))]
-    struct Config([u8; 64]);
-
-    fn config() -> Config {
-        let mut c = [0u8; 64];
-        c[0] = 1;
-        for t in 0..8 {
-            c[16 + 2 * t] = 64;
-            c[48 + t] = 16;
-        }
-        Config(c)
-    }
-
     thread_local! {
         /// Zero-padded copies of partial tiles (rows past `n`, values past `k`), reused.
         static PAD: Cell<Vec<Tile>> = const { Cell::new(Vec::new()) };
-    }
-
-    // One instruction per function: tile registers are named in the instruction, so each
-    // (register, operand) combination is spelled out. The tile state lives across these
-    // asm blocks; the compiler never uses tile registers itself.
-    #[inline(always)]
-    unsafe fn zero(c: usize) {
-        match c {
-            0 => asm!("tilezero tmm0", options(nostack, nomem)),
-            1 => asm!("tilezero tmm1", options(nostack, nomem)),
-            2 => asm!("tilezero tmm2", options(nostack, nomem)),
-            _ => asm!("tilezero tmm3", options(nostack, nomem)),
-        }
-    }
-
-    /// Loads operand register `r` (4, 5: A; 6, 7: B) from 16 rows at `p` with `stride`.
-    #[inline(always)]
-    unsafe fn load(r: usize, p: *const u8, stride: usize) {
-        match r {
-            4 => asm!("tileloadd tmm4, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride, options(nostack, readonly)),
-            5 => asm!("tileloadd tmm5, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride, options(nostack, readonly)),
-            6 => asm!("tileloadd tmm6, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride, options(nostack, readonly)),
-            _ => asm!("tileloadd tmm7, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride, options(nostack, readonly)),
-        }
     }
 
     /// `C[c] += A · B` for the fixed pairs (c, A, B): 0 = (4, 6), 1 = (4, 7), 2 = (5, 6), 3 = (5, 7).
@@ -717,18 +671,6 @@ mod amx {
         }
     }
 
-    /// Stores C register `c` as 16 rows of 16 f32 at `p` (64-byte rows).
-    #[inline(always)]
-    unsafe fn store(c: usize, p: *mut u8) {
-        let s = 64usize;
-        match c {
-            0 => asm!("tilestored [{p} + {s} * 1], tmm0", p = in(reg) p, s = in(reg) s, options(nostack)),
-            1 => asm!("tilestored [{p} + {s} * 1], tmm1", p = in(reg) p, s = in(reg) s, options(nostack)),
-            2 => asm!("tilestored [{p} + {s} * 1], tmm2", p = in(reg) p, s = in(reg) s, options(nostack)),
-            _ => asm!("tilestored [{p} + {s} * 1], tmm3", p = in(reg) p, s = in(reg) s, options(nostack)),
-        }
-    }
-
     /// Computes output rows `i0..i1` (`i0` a multiple of 16), columns `j0..j1` of `cols`.
     ///
     /// # Safety
@@ -738,8 +680,7 @@ mod amx {
     pub(super) unsafe fn run<C: AmxCols>(xp: &PackedX, k: usize, it: &Item, cols: &C) {
         let (i0, i1, j0, j1) = (it.i0, it.i1, it.j0, it.j1);
         debug_assert!(i0 % 16 == 0);
-        let cfg = config();
-        asm!("ldtilecfg [{}]", in(reg) cfg.0.as_ptr(), options(nostack, readonly));
+        configure();
         let (rb, n, kt, kfull) = (cols.row_bytes(), cols.n(), xp.kt, k / 32);
         let groups = C::ROWS_PER_COL;
         let mats = cols.matrices();
@@ -859,7 +800,7 @@ mod amx {
             }
             jt += jstep;
         }
-        asm!("tilerelease", options(nostack, nomem));
+        release();
         PAD.with(|s| s.set(pad));
     }
 }

@@ -30,6 +30,19 @@ pub(super) struct PlainCols<'a> {
     pub out: *mut f32,
 }
 
+impl<'a> PlainCols<'a> {
+    /// The columns of one segment: its weight rows, bias and output.
+    pub(super) fn of(seg: &mut super::MatSeg<'a, '_>) -> PlainCols<'a> {
+        PlainCols {
+            w: seg.w.data.as_ptr(),
+            row_bytes: seg.w.row_bytes(),
+            n: seg.w.rows,
+            bias: seg.bias,
+            out: seg.out.as_mut_ptr(),
+        }
+    }
+}
+
 // SAFETY: the pointers are read-only weights and disjoint output columns per work item.
 unsafe impl Sync for PlainCols<'_> {}
 unsafe impl Send for PlainCols<'_> {}

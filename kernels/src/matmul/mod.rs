@@ -34,6 +34,8 @@
 //! rows per item, items per thread); by the contract above no tiling changes a bit of the
 //! result, only who computes what.
 
+#[cfg(target_arch = "x86_64")]
+mod amx_tiles;
 mod blocked;
 mod dense_fast;
 mod kernel;
@@ -158,16 +160,7 @@ pub fn matmul_with_tiled(isa: Isa, tiling: &MatMulTiling, x: &[f32], m: usize, s
         return;
     }
     let rows: crate::Few<usize> = segs.iter().map(|s| s.w.rows).collect();
-    let cols: crate::Few<PlainCols<'_>> = segs
-        .iter_mut()
-        .map(|s| PlainCols {
-            w: s.w.data.as_ptr(),
-            row_bytes: s.w.row_bytes(),
-            n: s.w.rows,
-            bias: s.bias,
-            out: s.out.as_mut_ptr(),
-        })
-        .collect();
+    let cols: crate::Few<PlainCols<'_>> = segs.iter_mut().map(PlainCols::of).collect();
     let dtypes: crate::Few<DType> = segs.iter().map(|s| s.w.dtype).collect();
     let items = plan_items_tiled(&rows, m, k, isa, tiling);
     // SAFETY: shapes were checked above; items cover disjoint output columns/rows.
