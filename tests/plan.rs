@@ -374,8 +374,8 @@ fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
     use tboost_ops::DType;
     let tokens: Vec<u32> = (0..20).map(|i| 3 + (i * 97) % 1000).collect();
     // Block types pack for fast, f16 and bf16 for exact, bf16 also for fast's bf16 dot
-    // products and f16 for fast's AMX split kernel where the CPU has them (otherwise those
-    // stay as stored: nothing to compare).
+    // products or AMX tiles and f16 for fast's AMX split kernel where the CPU has them
+    // (otherwise those stay as stored: nothing to compare).
     let cases = [
         (DType::Q4_0, PrecisionPolicy::Auto),
         (DType::Q5_0, PrecisionPolicy::Auto),
@@ -414,9 +414,11 @@ fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
         let what = format!("{dtype} {precision:?}");
         assert!(rm.iter().all(|&m| m == WeightMode::Native), "{what}: pack_weights disabled: {rm:?}");
         // Block types always pack; f16 and bf16 (exact) only where dense panels pay (from
-        // AVX-512, `matmul::packed::pays`); fast bf16 only where its dot-product kernel runs.
+        // AVX-512, `matmul::packed::pays`); fast bf16 only where its dot-product or AMX
+        // kernel runs.
+        let amx_tiles = tboost_kernels::matmul::packed_f16::applies();
         let expect_packed = match (dtype, precision) {
-            (DType::BF16, PrecisionPolicy::Fast) => tboost_kernels::matmul::packed_bf16::applies(),
+            (DType::BF16, PrecisionPolicy::Fast) => tboost_kernels::matmul::packed_bf16::applies() || amx_tiles,
             (DType::F16, PrecisionPolicy::Fast) => tboost_kernels::matmul::packed_f16::applies(),
             _ if dtype.is_float() => tboost_kernels::matmul::packed::pays(dtype),
             _ => true,
@@ -428,7 +430,9 @@ fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
         }
         assert!(pm.iter().all(|&m| m == WeightMode::Packed), "{what}: every matmul slot packed: {pm:?}");
         assert!(text.contains("repacked into cpu's panel layout at upload"), "{what}: the plan says so:\n{text}");
-        if (dtype, precision) == (DType::BF16, PrecisionPolicy::Fast) {
+        // With AMX, bf16 panels take the row kernel's tile products (`matmul::packed_f16`):
+        // the same bits, checked below.
+        if (dtype, precision) == (DType::BF16, PrecisionPolicy::Fast) && !amx_tiles {
             // The pair panels add each output in one chain, the row layout in 16 chains and a
             // tree (`matmul::packed_bf16`): both within the bf16 bound of the exact sums, not
             // the same bits. Logits of this model are O(1); one bf16 ulp of them is 2^-8.

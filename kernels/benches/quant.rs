@@ -563,15 +563,17 @@ fn bf16_fast(threads: usize) {
     }
 }
 
-/// BF16 weights in rows and F16 ones in pair panels under the AMX-BF16 kernels: decode,
-/// small batches and prefill, weights cycled as in `gemv` for the small batches.
+/// BF16 weights in rows and BF16 and F16 ones in pair panels under the AMX-BF16 kernels:
+/// decode, small batches and prefill, weights cycled as in `gemv` for the small batches.
 fn amx_fast(threads: usize) {
     use tboost_kernels::isa;
     use tboost_kernels::matmul::{self, FastBf16};
     let p = pool(threads);
-    // BF16 in rows, F16 in pair panels (`packed_f16`: the AMX split kernel, and the vector
-    // replay of its tile products below `AMX_MIN_ROWS` rows).
-    for (dt, kernel, pairs) in [(DType::BF16, FastBf16::Amx, false), (DType::F16, FastBf16::Amx, true)] {
+    // BF16 in rows (the row AMX kernel) and in pair panels, F16 in pair panels (both on
+    // `packed_f16`: tiles, and the vector replay of their products below `AMX_MIN_ROWS` rows).
+    for (dt, kernel, pairs) in
+        [(DType::BF16, FastBf16::Amx, false), (DType::BF16, FastBf16::Amx, true), (DType::F16, FastBf16::Amx, true)]
+    {
         for (m, n, k) in [1, 2, 4, 16, 512].map(|m| (m, 5632, 2048)) {
             let bytes = n * k * 2;
             let copies = if m > 16 { 1 } else { (cold_bytes() / bytes).max(2) };
@@ -592,8 +594,10 @@ fn amx_fast(threads: usize) {
             let mut c = 0;
             let secs = time(&p, Duration::from_millis(1500), || {
                 let d = &ws[c % copies];
-                let w = if pairs {
+                let w = if pairs && dt == DType::F16 {
                     WeightMat::f16_pair_panels(n, k, d).unwrap()
+                } else if pairs {
+                    WeightMat::pair_panels(n, k, d).unwrap()
                 } else {
                     WeightMat::new(dt, n, k, d).unwrap()
                 };
@@ -603,7 +607,7 @@ fn amx_fast(threads: usize) {
             println!(
                 "amx      threads={threads} {:>5} {:20} m={m:>3} n={n} k={k}: {:9.1} us  {:5.1} GB/s  {:6.1} GFLOP/s",
                 dt.to_string(),
-                if pairs { "f16 pair panels" } else { kernel.name() },
+                if pairs { "pair panels" } else { "rows" },
                 secs * 1e6,
                 bytes as f64 / secs / 1e9,
                 2.0 * (m * n * k) as f64 / secs / 1e9

@@ -86,7 +86,7 @@ impl FastBf16 {
 /// True when `matmul_fast` computes `dtype` weights with a bf16 kernel here (rather than
 /// falling back to the exact kernels): `FastBf16::best().applies(dtype)`, and F16 where the
 /// engine packs it into pair panels for the AMX split kernel (`packed_f16::applies`; F16
-/// left in rows still runs the exact kernels).
+/// left in rows still runs the exact kernels). BF16 pair panels run where BF16 rows do.
 pub fn fast_bf16_applies(dtype: DType) -> bool {
     FastBf16::best().applies(dtype) || (dtype == DType::F16 && super::packed_f16::applies())
 }
@@ -116,12 +116,22 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
         );
     }
     if segs.iter().any(|s| s.w.layout == crate::Layout::PairPanels) {
-        let f16 = pair_panels_f16(kernel, segs.iter().map(|s| &s.w), "matmul_fast");
         let (mut p, mut r): (crate::Few<MatSeg<'_, '_>>, crate::Few<MatSeg<'_, '_>>) = segs
             .iter_mut()
             .map(|s| MatSeg { w: s.w, bias: s.bias, out: &mut *s.out })
             .partition(|s| s.w.layout == crate::Layout::PairPanels);
-        super::run_pair_panels(x, m, &mut p, f16 && kernel == FastBf16::Amx);
+        // One call per dtype: the kernels split x for one.
+        for dtype in [DType::F16, DType::BF16] {
+            let (mut d, rest): (crate::Few<MatSeg<'_, '_>>, crate::Few<MatSeg<'_, '_>>) =
+                p.into_iter().partition(|s| s.w.dtype == dtype);
+            p = rest;
+            if !d.is_empty() {
+                super::run_pair_panels(x, m, &mut d, pair_path(kernel, dtype, "matmul_fast"));
+            }
+        }
+        if let Some(s) = p.first() {
+            panic!("matmul_fast: pair panels hold f16 or bf16, not {}", s.w.dtype);
+        }
         if !r.is_empty() {
             matmul_fast_with(isa, kernel, x, m, &mut r);
         }
@@ -176,20 +186,22 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
     run_kernel(kernel, x, m, k, k, &rows, &cols);
 }
 
-/// Whether the pair panels among `ws` hold F16 (`packed_f16`: any kernel; `Amx` runs its
-/// tiles, the others its vector path) rather than BF16 (`packed_bf16`: the `Dot` kernel).
+/// How pair panels of `dtype` run with `kernel`: F16 on `packed_f16` with any kernel (`Amx`
+/// runs its tiles, the others its vector path); BF16 on `packed_f16` with `Amx` (the row
+/// kernel's products, in tiles from two rows), on `packed_bf16` with `Dot`.
 ///
 /// # Panics
-/// On BF16 pair panels with another kernel, and on F16 ones where AVX512_BF16 is missing.
-fn pair_panels_f16<'w>(kernel: FastBf16, ws: impl Iterator<Item = &'w WeightMat<'w>>, what: &str) -> bool {
-    let f16 = ws.filter(|w| w.layout == crate::Layout::PairPanels).any(|w| w.dtype == DType::F16);
-    if f16 {
-        assert!(isa::avx512bf16_detected(), "{what}: f16 pair panels need AVX512_BF16");
-        kernel.check();
-    } else {
-        assert_eq!(kernel, FastBf16::Dot, "{what}: bf16 pair panels are for the avx512bf16 kernel");
+/// On BF16 pair panels with `Off`, and where AVX512_BF16 (or the kernel's extension) is
+/// missing.
+fn pair_path(kernel: FastBf16, dtype: DType, what: &str) -> super::PairPath {
+    assert!(isa::avx512bf16_detected(), "{what}: {dtype} pair panels need AVX512_BF16");
+    kernel.check();
+    match (dtype, kernel) {
+        (DType::F16, _) => super::PairPath::Tiles { amx: kernel == FastBf16::Amx },
+        (_, FastBf16::Amx) => super::PairPath::Tiles { amx: true },
+        (_, FastBf16::Dot) => super::PairPath::Dot,
+        _ => panic!("{what}: {dtype} pair panels run with the avx512bf16 or amx-bf16 kernel, not {}", kernel.name()),
     }
-    f16
 }
 
 /// Plans (as `plan_k` multiply-adds per output) and runs the items of one call with
@@ -247,8 +259,8 @@ pub fn matmul_swiglu_fast_with(
         gate.dtype
     );
     if gate.layout == crate::Layout::PairPanels || up.layout == crate::Layout::PairPanels {
-        let f16 = pair_panels_f16(kernel, [&gate, &up].into_iter(), "matmul_swiglu_fast");
-        return super::swiglu_pair_panels(x, m, gate, up, out, f16 && kernel == FastBf16::Amx);
+        let path = pair_path(kernel, gate.dtype, "matmul_swiglu_fast");
+        return super::swiglu_pair_panels(x, m, gate, up, out, path);
     }
     if !kernel.applies(gate.dtype) || up.dtype != gate.dtype {
         return super::matmul_swiglu_with(isa, x, m, gate, up, out);

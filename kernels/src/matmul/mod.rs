@@ -369,15 +369,27 @@ impl<'a> SendSink<'a> {
     }
 }
 
-/// Segments in pair panels (`matmul_fast`'s caller checked the kernel): BF16 ones
-/// (`packed_bf16`) or F16 ones (`packed_f16`, on its AMX path when `amx`); shapes checked
-/// here, tasks split as packed panels' (default tiling: these kernels keep their split).
-fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>], amx: bool) {
+/// How pair panels run (`dense_fast::pair_path` picks it from the kernel and dtype).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+enum PairPath {
+    /// `packed_bf16`'s `vdpbf16ps` chains (BF16 with the `Dot` kernel).
+    Dot,
+    /// `packed_f16`'s tile arithmetic (F16; BF16 with the `Amx` kernel), on its AMX tiles
+    /// from `AMX_MIN_ROWS` rows when `amx`, else always on its vector path.
+    Tiles { amx: bool },
+}
+
+/// Segments in pair panels of one dtype (`matmul_fast`'s caller checked the kernel), run on
+/// `path`; shapes checked here, tasks split as packed panels' (default tiling: these
+/// kernels keep their split).
+fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>], path: PairPath) {
     let Some(first) = segs.first() else { return };
-    let (k, f16) = (first.w.cols, first.w.dtype == DType::F16);
+    let (k, dtype) = (first.w.cols, first.w.dtype);
+    let tiles = path != PairPath::Dot;
     for (s, seg) in segs.iter().enumerate() {
         let what = format!("matmul_fast: segment {s}");
-        if f16 {
+        assert_eq!(seg.w.dtype, dtype, "{what}: one call's pair panels share a dtype");
+        if tiles {
             packed_f16::check(&seg.w, &what);
         } else {
             packed_bf16::check(&seg.w, &what);
@@ -396,9 +408,9 @@ fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>], amx: bool) 
         .collect();
     let ws: Vec<(usize, usize)> = segs.iter().map(|s| (s.w.data.as_ptr() as usize, s.w.rows)).collect();
     let tasks = packed_tasks(&rows, m, k, &MatMulTiling::default(), packed_bf16::GEMM_PANELS);
-    if f16 {
+    if let PairPath::Tiles { amx } = path {
         // SAFETY: the caller checked AVX512_BF16 (and AMX for `amx`).
-        let sx = unsafe { packed_f16::split_x(x, m, k, amx && m >= packed_f16::AMX_MIN_ROWS) };
+        let sx = unsafe { packed_f16::split_x(x, m, k, amx && m >= packed_f16::AMX_MIN_ROWS, dtype) };
         execute_tasks(&tasks, |t| {
             let (w, n) = ws[t.seg];
             // SAFETY: shapes checked above; tasks cover disjoint outputs; `sx` splits this x;
@@ -440,11 +452,11 @@ unsafe fn round_x_once(tasks: &[PackedTask], x: &[f32], m: usize, k: usize) -> O
     }
 }
 
-/// Fused SwiGLU over pair panels (`matmul_swiglu_fast`'s caller checked the kernel), BF16
-/// or F16 (on its AMX path when `amx`) as `run_pair_panels`.
-fn swiglu_pair_panels(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_>, out: &mut [f32], amx: bool) {
-    let f16 = gate.dtype == DType::F16;
-    if f16 {
+/// Fused SwiGLU over pair panels (`matmul_swiglu_fast`'s caller checked the kernel), on
+/// `path` as `run_pair_panels`.
+fn swiglu_pair_panels(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_>, out: &mut [f32], path: PairPath) {
+    assert_eq!(gate.dtype, up.dtype, "matmul_swiglu_fast: gate is {} but up is {}", gate.dtype, up.dtype);
+    if path != PairPath::Dot {
         packed_f16::check(&gate, "matmul_swiglu_fast: gate");
         packed_f16::check(&up, "matmul_swiglu_fast: up");
     } else {
@@ -465,9 +477,9 @@ fn swiglu_pair_panels(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_
     }
     let sink = SendSink(packed::Sink::Swiglu { out: out.as_mut_ptr(), ld: n, up: up.data.as_ptr() });
     let tasks = packed_tasks(&[n], m, 2 * k, &MatMulTiling::default(), packed_bf16::GEMM_PANELS / 2);
-    if f16 {
+    if let PairPath::Tiles { amx } = path {
         // SAFETY: as in `run_pair_panels`.
-        let sx = unsafe { packed_f16::split_x(x, m, k, amx && m >= packed_f16::AMX_MIN_ROWS) };
+        let sx = unsafe { packed_f16::split_x(x, m, k, amx && m >= packed_f16::AMX_MIN_ROWS, gate.dtype) };
         // SAFETY: as in `run_pair_panels`.
         execute_tasks(&tasks, |t| unsafe {
             packed_f16::task(gate.data.as_ptr(), (n, k), (t.p0, t.p1), &sx, (t.i0, t.i1), sink.get())

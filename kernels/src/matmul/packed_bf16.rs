@@ -1,6 +1,8 @@
 //! BF16 weights for `Precision::Fast`'s `vdpbf16ps` kernel (`FastBf16::Dot`), repacked into
 //! 16-row panels of value pairs: the decode GEMV is one sequential stream, one `vdpbf16ps`
-//! per 64 bytes of weights, with the 16 output rows in lanes.
+//! per 64 bytes of weights, with the 16 output rows in lanes. Where AMX-BF16 runs
+//! (`FastBf16::Amx`), BF16 and F16 weights take the same layout for `packed_f16`'s tile
+//! arithmetic instead (a block of a panel is a B tile as stored).
 //!
 //! ## Layout
 //! Panel `p` holds rows `16p..16p + 16` (zero rows pad the last), `k` rounded up to a

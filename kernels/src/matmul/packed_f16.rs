@@ -1,10 +1,16 @@
-//! F16 weights under `Precision::Fast` on CPUs with AMX-BF16: `packed_bf16`'s pair panels
-//! holding f16 values, each weight and each activation split exactly into two bf16 parts,
-//! three bf16 tile products per 32 values of `k`. Prefill runs them on the AMX tiles; decode
-//! (fewer than [`AMX_MIN_ROWS`] rows) replays the same arithmetic with vector FMAs, bit for
-//! bit, so a row's result does not depend on which path ran it (batch invariance).
+//! F16 and BF16 weights under `Precision::Fast` on CPUs with AMX-BF16, in `packed_bf16`'s
+//! pair panels. F16: each weight and each activation split exactly into two bf16 parts,
+//! three bf16 tile products per 32 values of `k`. BF16: the activations rounded to bf16, one
+//! tile product per 32 values (the products the row layout's AMX kernel, `dense_fast::amx`,
+//! takes, so the same bits). Prefill runs them on the AMX tiles; decode (fewer than
+//! [`AMX_MIN_ROWS`] rows) replays the same arithmetic with vector FMAs, bit for bit, so a
+//! row's result does not depend on which path ran it (batch invariance).
 //!
-//! ## Numerics
+//! Why BF16 moved here from the row layout: decode there loads 16 weight rows per tile,
+//! 16 streams 4 KiB apart, and read 85% of the bandwidth roof in the model; here a panel is
+//! one sequential stream, two at a time, prefetched, as F16's decode (102%).
+//!
+//! ## Numerics (F16; BF16 is the first product alone, `P(xh, w)`)
 //! - `w = wh + wl` exactly: `wh` is the weight as f32 with its low 16 bits cleared (its top
 //!   8 significant bits), `wl` the rest (at most 3 of an f16's 11 bits, exact in bf16).
 //! - `x ≈ xh + xl`: `xh = bf16(x)`, `xl = bf16(x - xh)` (round to nearest even, denormal
@@ -18,7 +24,7 @@
 //!   A throwaway program matched this model against `tdpbf16ps` on 512,000 of 512,000 random
 //!   outputs, in each of two exponent ranges (the three other orders it tried differed on
 //!   15,000-306,000); the tests here check
-//!   the AMX path against the vector path and both against `reference::matmul_fast_f16_pairs`.
+//!   the AMX path against the vector path and both against `reference::matmul_fast_pair_tiles`.
 //! - `C` starts at zero; the bias is added after the last block. The dropped `wl·xl` is at
 //!   most `2^-16 |w·x|`, so the error stays near the f32 path's: ≲ 2^-15 Σ|x·w|.
 //!
@@ -30,7 +36,11 @@
 //!   loads and 3 tile products.
 //! - Vector (fewer rows): one pass over a panel per row; per pair, 64 bytes of f16 widened,
 //!   split, and six FMA chains (three products, rows 0-7 and 8-15), even and odd values in
-//!   neighbouring lanes; `MXCSR.FTZ/DAZ` set around the sums as the tiles flush.
+//!   neighbouring lanes; `MXCSR.FTZ/DAZ` set around the sums as the tiles flush. BF16: two
+//!   chains per pair line (the even and the odd values of the 16 rows, widened by a shift
+//!   and a mask).
+//! - BF16 on AMX needs no split: a block of a panel (16 pairs of 64 bytes) is a B tile as
+//!   stored, loaded straight from the panel.
 
 #![allow(clippy::needless_range_loop)] // lane, row and stream indices address several arrays
 
@@ -58,16 +68,16 @@ pub fn pack(rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) {
     super::packed_bf16::pack(rows, cols, src, dst)
 }
 
-/// Whether F16 weights run this kernel at `Fast` here: the CPU and OS allow AMX-BF16 and it
-/// is not switched off (`isa`).
+/// Whether F16 and BF16 weights run this kernel at `Fast` here: the CPU and OS allow
+/// AMX-BF16 and it is not switched off (`isa`).
 pub fn applies() -> bool {
     super::FastBf16::best() == super::FastBf16::Amx
 }
 
-/// Checks an F16 pair-panel matrix's size (its fields are public).
+/// Checks an F16 or BF16 pair-panel matrix's size (its fields are public).
 pub(super) fn check(w: &crate::WeightMat<'_>, what: &str) {
-    assert_eq!(w.dtype, DType::F16, "{what}: f16 pair panels hold f16, not {}", w.dtype);
-    assert_eq!(w.data.len(), packed_bytes(w.rows, w.cols), "{what}: {}x{} f16 pair panels size", w.rows, w.cols);
+    assert!(matches!(w.dtype, DType::F16 | DType::BF16), "{what}: pair panels hold f16 or bf16, not {}", w.dtype);
+    assert_eq!(w.data.len(), packed_bytes(w.rows, w.cols), "{what}: {}x{} pair panels size", w.rows, w.cols);
 }
 
 /// 64 bytes, 64-byte aligned.
@@ -84,9 +94,9 @@ std::thread_local! {
     static SPLIT: std::cell::Cell<Vec<Line>> = const { std::cell::Cell::new(Vec::new()) };
 }
 
-/// A call's activations split into `xh + xl` once for all its tasks: for the AMX path as
-/// bf16 rows (`m + 16` rows, the last 16 zero, so a tile of 16 rows never reads past), for
-/// the vector path as f32 rows.
+/// A call's activations split into `xh + xl` (F16 weights) or rounded to `xh` alone (BF16)
+/// once for all its tasks: for the AMX path as bf16 rows (`m + 16` rows, the last 16 zero,
+/// so a tile of 16 rows never reads past), for the vector path as f32 rows.
 pub(super) struct SplitX {
     lines: Vec<Line>,
     /// Rows of each part.
@@ -94,6 +104,8 @@ pub(super) struct SplitX {
     /// Values per row (`k` padded, plus [`SKEW`] for bf16 rows).
     stride: usize,
     amx: bool,
+    /// 2 (`xh`, `xl`: F16 weights) or 1 (`xh`: BF16).
+    parts: usize,
 }
 
 impl Drop for SplitX {
@@ -118,24 +130,25 @@ impl SplitX {
     }
 }
 
-/// `x` (`[m, k]`) split for a call that runs on AMX (`amx`) or the vector path; rows in
-/// parallel on the current pool when there are many.
+/// `x` (`[m, k]`) split for weights of `dtype` (F16 or BF16) for a call that runs on AMX
+/// (`amx`) or the vector path; rows in parallel on the current pool when there are many.
 ///
 /// # Safety
 /// The CPU has AVX512_BF16 ([`applies`] holds).
-pub(super) unsafe fn split_x(x: &[f32], m: usize, k: usize, amx: bool) -> SplitX {
+pub(super) unsafe fn split_x(x: &[f32], m: usize, k: usize, amx: bool, dtype: DType) -> SplitX {
     assert!(x.len() >= m * k, "split_x: {} values for {m}x{k}", x.len());
     let kp = padded(k);
     let (rows, stride, elem) = if amx { (m + 16, kp + SKEW, 2) } else { (m, kp, 4) };
+    let parts = if dtype == DType::F16 { 2 } else { 1 };
     let mut lines = SPLIT.with(std::cell::Cell::take);
     // Every row is written whole below but the 16 padding rows: only those are cleared.
-    lines.resize((2 * rows * stride * elem).div_ceil(64).max(1), Line([0; 64]));
-    let sx = SplitX { lines, rows, stride, amx };
+    lines.resize((parts * rows * stride * elem).div_ceil(64).max(1), Line([0; 64]));
+    let sx = SplitX { lines, rows, stride, amx, parts };
     #[cfg(target_arch = "x86_64")]
     {
         let base = sx.lines.as_ptr() as usize;
         if amx {
-            for part in 0..2 {
+            for part in 0..parts {
                 std::ptr::write_bytes(sx.row(part, m) as *mut u8, 0, 16 * stride * 2);
             }
         }
@@ -146,7 +159,10 @@ pub(super) unsafe fn split_x(x: &[f32], m: usize, k: usize, amx: bool) -> SplitX
                 // SAFETY: row r < m of x; its two destination rows lie in `lines` (sized for
                 // 2 x rows x stride values) and no other part writes them; AVX512_BF16 is
                 // there (the caller's contract).
-                unsafe { x86::split_row((xp as *const f32).add(r * k), k, kp, at(0), at(1), amx) }
+                unsafe {
+                    let lo = if parts == 2 { at(1) } else { std::ptr::null_mut() };
+                    x86::split_row((xp as *const f32).add(r * k), k, kp, at(0), lo, amx)
+                }
             }
         };
         if m * k >= 1 << 16 {
@@ -159,12 +175,11 @@ pub(super) unsafe fn split_x(x: &[f32], m: usize, k: usize, amx: bool) -> SplitX
     sx
 }
 
-/// Runs one task: panels `p0..p1` of the F16 pair-panel matrix at `w` (`n` rows, `k`
-/// columns) against activation rows `i0..i1` of the call's split x, on the path `sx` was
-/// split for.
+/// Runs one task: panels `p0..p1` of the pair-panel matrix at `w` (`n` rows, `k` columns)
+/// against activation rows `i0..i1` of the call's split x, on the path `sx` was split for.
 ///
 /// # Safety
-/// `w` is a packed `[n, k]` F16 matrix, `sx` is [`split_x`] of the call's x (rows `ir`
+/// `w` is a packed `[n, k]` matrix of the dtype `sx` was split for, `sx` is [`split_x`] of the call's x (rows `ir`
 /// inside it), the sink covers the task's outputs, [`applies`] holds and, for the AMX path,
 /// this process has the AMX permission (`isa::amx_bf16_detected`).
 pub(super) unsafe fn task(
@@ -194,7 +209,7 @@ mod x86 {
     use std::cell::Cell;
 
     /// Splits `k` values at `x` into hi and lo parts (zeros up to `kp`): bf16 at `hi`/`lo`
-    /// (`amx`) or the same values as f32.
+    /// (`amx`) or the same values as f32; `lo` null: the hi part alone.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")]
     pub(super) unsafe fn split_row(x: *const f32, k: usize, kp: usize, hi: *mut u8, lo: *mut u8, amx: bool) {
         let mut c = 0;
@@ -209,10 +224,14 @@ mod x86 {
             let l = _mm512_cvtneps_pbh(_mm512_sub_ps(v, hf));
             if amx {
                 _mm256_storeu_si256(hi.add(2 * c) as *mut __m256i, std::mem::transmute::<__m256bh, __m256i>(h));
-                _mm256_storeu_si256(lo.add(2 * c) as *mut __m256i, std::mem::transmute::<__m256bh, __m256i>(l));
+                if !lo.is_null() {
+                    _mm256_storeu_si256(lo.add(2 * c) as *mut __m256i, std::mem::transmute::<__m256bh, __m256i>(l));
+                }
             } else {
                 _mm512_storeu_ps(hi.add(4 * c) as *mut f32, hf);
-                _mm512_storeu_ps(lo.add(4 * c) as *mut f32, widen(l));
+                if !lo.is_null() {
+                    _mm512_storeu_ps(lo.add(4 * c) as *mut f32, widen(l));
+                }
             }
             c += 16;
         }
@@ -320,6 +339,53 @@ mod x86 {
         asm!("ldmxcsr [{}]", in(reg) &saved as *const u32, options(nostack));
     }
 
+    /// [`panel_sums`] for BF16 panels and one row of `xh` (f32 at `xh`): one product per
+    /// block, so per pair line two chains, the even values of the 16 rows (`w << 16`) and the
+    /// odd ones (`w & 0xffff0000`), rows in lanes; per block `C + (e + o)`.
+    #[inline(never)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
+    unsafe fn panel_sums_bf16<const NS: usize>(wp: [*const u8; NS], kt: usize, xh: *const f32, out: [*mut f32; NS]) {
+        let mut saved = 0u32;
+        asm!("stmxcsr [{}]", in(reg) &mut saved as *mut u32, options(nostack));
+        let flush = saved | (1 << 15) | (1 << 6);
+        asm!("ldmxcsr [{}]", in(reg) &flush as *const u32, options(nostack));
+        let odd = _mm512_set1_epi32(0xffff_0000u32 as i32);
+        let mut c = [_mm512_setzero_ps(); NS];
+        for t in 0..kt {
+            let mut e = [_mm512_setzero_ps(); NS];
+            let mut o = [_mm512_setzero_ps(); NS];
+            for q in 16 * t..16 * t + 16 {
+                let xe = _mm512_set1_ps(*xh.add(2 * q));
+                let xo = _mm512_set1_ps(*xh.add(2 * q + 1));
+                for s in 0..NS {
+                    _mm_prefetch::<_MM_HINT_T0>(wp[s].wrapping_add(64 * q + PF) as *const i8);
+                    let v = _mm512_loadu_si512(wp[s].add(64 * q) as *const __m512i);
+                    let we = _mm512_castsi512_ps(_mm512_slli_epi32::<16>(v));
+                    let wo = _mm512_castsi512_ps(_mm512_and_si512(v, odd));
+                    e[s] = _mm512_fmadd_ps(we, xe, e[s]);
+                    o[s] = _mm512_fmadd_ps(wo, xo, o[s]);
+                }
+            }
+            for s in 0..NS {
+                c[s] = _mm512_add_ps(c[s], _mm512_add_ps(e[s], o[s]));
+            }
+        }
+        for s in 0..NS {
+            _mm512_storeu_ps(out[s], c[s]);
+        }
+        asm!("ldmxcsr [{}]", in(reg) &saved as *const u32, options(nostack));
+    }
+
+    /// The sums of `NS` panel streams with row `i` of `sx`, F16 or BF16 as `sx` was split.
+    #[inline(always)]
+    unsafe fn row_sums<const NS: usize>(wp: [*const u8; NS], kt: usize, sx: &SplitX, i: usize, out: [*mut f32; NS]) {
+        if sx.parts == 2 {
+            panel_sums::<NS>(wp, kt, sx.row(0, i) as *const f32, sx.row(1, i) as *const f32, out)
+        } else {
+            panel_sums_bf16::<NS>(wp, kt, sx.row(0, i) as *const f32, out)
+        }
+    }
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")]
     pub(super) unsafe fn vector_task(
         w: *const u8,
@@ -340,11 +406,10 @@ mod x86 {
             // Two streams: this panel's gate and up, else this panel and the next.
             let two = up.is_some() || p + 1 < p1;
             for i in i0..i1 {
-                let (xh, xl) = (sx.row(0, i) as *const f32, sx.row(1, i) as *const f32);
                 match up {
-                    Some(u) => panel_sums::<2>([w.add(p * pb), u.add(p * pb)], kt, xh, xl, out),
-                    None if two => panel_sums::<2>([w.add(p * pb), w.add((p + 1) * pb)], kt, xh, xl, out),
-                    None => panel_sums::<1>([w.add(p * pb)], kt, xh, xl, [out[0]]),
+                    Some(u) => row_sums::<2>([w.add(p * pb), u.add(p * pb)], kt, sx, i, out),
+                    None if two => row_sums::<2>([w.add(p * pb), w.add((p + 1) * pb)], kt, sx, i, out),
+                    None => row_sums::<1>([w.add(p * pb)], kt, sx, i, [out[0]]),
                 }
                 let panels = if two && up.is_none() { 2 } else { 1 };
                 for d in 0..panels {
@@ -399,6 +464,17 @@ mod x86 {
         }
     }
 
+    /// The one product of a BF16 block into C tile `c`: `xh·w`.
+    #[inline(always)]
+    unsafe fn product(c: usize) {
+        match c {
+            0 => asm!("tdpbf16ps tmm0, tmm4, tmm6", options(nostack, nomem)),
+            1 => asm!("tdpbf16ps tmm1, tmm4, tmm6", options(nostack, nomem)),
+            2 => asm!("tdpbf16ps tmm2, tmm4, tmm6", options(nostack, nomem)),
+            _ => asm!("tdpbf16ps tmm3, tmm4, tmm6", options(nostack, nomem)),
+        }
+    }
+
     /// One panel stream (`kt` blocks at `wp`) split into B tiles: per block a 1 KiB hi tile
     /// then a 1 KiB lo tile at `dst`, row `q` holding pair `q`'s 16 bf16 pairs.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c")]
@@ -437,39 +513,57 @@ mod x86 {
         }
         let up = sink.up();
         let per_panel = if up.is_some() { 2 } else { 1 };
-        let streams_fit = (SCRATCH_BYTES / (kt * 2048)).clamp(per_panel, 4);
+        // F16 splits its panels into an L2 scratch; BF16 loads its B tiles from the panels,
+        // which stay in L2 across the x tiles (4 streams at k = 5632: 704 KiB).
+        let f16 = sx.parts == 2;
+        let streams_fit = if f16 { (SCRATCH_BYTES / (kt * 2048)).clamp(per_panel, 4) } else { 4 };
         let group = streams_fit / per_panel;
         let mut scratch = SCRATCH.with(Cell::take);
-        let need = (group * per_panel * kt * 2048 + 2 * 1024) / 64;
+        let need = (if f16 { group * per_panel * kt * 2048 } else { 0 } + 2 * 1024) / 64;
         if scratch.len() < need {
             scratch.resize(need, Line([0; 64]));
         }
         let split = scratch.as_mut_ptr() as *mut u8;
-        let cbuf = split.add(group * per_panel * kt * 2048);
+        let cbuf = split.add(need * 64 - 2 * 1024);
         configure();
         let xstride = sx.stride * 2;
         let mut pa = p0;
         while pa < p1 {
             let pe = (pa + group).min(p1);
             let ns = (pe - pa) * per_panel;
-            for s in 0..ns {
-                let (p, m) = (pa + s / per_panel, if s % per_panel == 0 { w } else { up.unwrap_or(w) });
-                split_panel(m.add(p * pb), kt, split.add(s * kt * 2048));
+            let stream = |s: usize| {
+                (if s.is_multiple_of(per_panel) { w } else { up.unwrap_or(w) }).add((pa + s / per_panel) * pb)
+            };
+            if f16 {
+                for s in 0..ns {
+                    split_panel(stream(s), kt, split.add(s * kt * 2048));
+                }
             }
             let mut i = i0;
             while i < i1 {
                 for c in 0..ns {
                     zero(c);
                 }
-                let (xh, xl) = (sx.row(0, i), sx.row(1, i));
-                for t in 0..kt {
-                    load(4, xh.add(64 * t), xstride);
-                    load(5, xl.add(64 * t), xstride);
-                    for c in 0..ns {
-                        let b = split.add((c * kt + t) * 2048);
-                        load(6, b, 64);
-                        load(7, b.add(1024), 64);
-                        products(c);
+                let xh = sx.row(0, i);
+                if f16 {
+                    let xl = sx.row(1, i);
+                    for t in 0..kt {
+                        load(4, xh.add(64 * t), xstride);
+                        load(5, xl.add(64 * t), xstride);
+                        for c in 0..ns {
+                            let b = split.add((c * kt + t) * 2048);
+                            load(6, b, 64);
+                            load(7, b.add(1024), 64);
+                            products(c);
+                        }
+                    }
+                } else {
+                    for t in 0..kt {
+                        load(4, xh.add(64 * t), xstride);
+                        for c in 0..ns {
+                            load(6, stream(c).add(1024 * t), 64);
+                            product(c);
+                        }
                     }
                 }
                 let rows = (i1 - i).min(16);

@@ -143,18 +143,20 @@ pub fn matmul_fast_bf16_pairs(x: &[f32], m: usize, w: &WeightMat<'_>, bias: Opti
     })
 }
 
-/// A scalar emulation of `matmul_fast` for F16 weights in pair panels
-/// (`matmul::packed_f16`), bit for bit: weights and activations split into bf16 hi and lo
-/// parts, per 32-value block three `tdpbf16ps` products (`xh·wh`, `xh·wl`, `xl·wh`), each
-/// an even and an odd chain of FMAs from zero, then `C + (e + o)`, with denormal results
-/// flushed; then the bias; `[m, w.rows]`. `w` is the row-major F16 matrix that was packed.
+/// A scalar emulation of `matmul_fast` for F16 or BF16 weights in pair panels on the tile
+/// arithmetic (`matmul::packed_f16`), bit for bit. F16: weights and activations split into
+/// bf16 hi and lo parts, per 32-value block three `tdpbf16ps` products (`xh·wh`, `xh·wl`,
+/// `xl·wh`); BF16: the one product `xh·w`. Each product is an even and an odd chain of FMAs
+/// from zero, then `C + (e + o)`, with denormal inputs read as zero and denormal results
+/// flushed; then the bias; `[m, w.rows]`. `w` is the row-major matrix that was packed.
 ///
 /// # Panics
-/// When `w` is not F16 or `x` is not `[m, w.cols]`.
-pub fn matmul_fast_f16_pairs(x: &[f32], m: usize, w: &WeightMat<'_>, bias: Option<&WeightVec<'_>>) -> Vec<f32> {
-    assert_eq!(w.dtype, DType::F16, "reference matmul_fast_f16_pairs: weights are {}", w.dtype);
+/// When `w` is neither F16 nor BF16 or `x` is not `[m, w.cols]`.
+pub fn matmul_fast_pair_tiles(x: &[f32], m: usize, w: &WeightMat<'_>, bias: Option<&WeightVec<'_>>) -> Vec<f32> {
+    let f16 = w.dtype == DType::F16;
+    assert!(f16 || w.dtype == DType::BF16, "reference matmul_fast_pair_tiles: weights are {}", w.dtype);
     let (n, k) = (w.rows, w.cols);
-    assert_eq!(x.len(), m * k, "reference matmul_fast_f16_pairs: x is not [m={m}, k={k}]");
+    assert_eq!(x.len(), m * k, "reference matmul_fast_pair_tiles: x is not [m={m}, k={k}]");
     let kp = k.div_ceil(32) * 32;
     // The parts of an f32: its top 8 significant bits, and the rest.
     let hi = |v: f32| f32::from_bits(v.to_bits() & 0xffff_0000);
@@ -165,11 +167,15 @@ pub fn matmul_fast_f16_pairs(x: &[f32], m: usize, w: &WeightMat<'_>, bias: Optio
         let xl: Vec<f32> = (0..kp).map(|c| if c < k { bf16_f32(bf16_round(xr[c] - xh[c])) } else { 0.0 }).collect();
         for j in 0..n {
             let wv: Vec<f32> = (0..kp).map(|c| if c < k { weight_at(w, j, c) } else { 0.0 }).collect();
-            let wh: Vec<f32> = wv.iter().map(|&v| hi(v)).collect();
+            // BF16 weights are bf16 already (`bf16_f32` reads a denormal one as zero).
+            let wh: Vec<f32> =
+                wv.iter().map(|&v| if f16 { hi(v) } else { bf16_f32((v.to_bits() >> 16) as u16) }).collect();
             let wl: Vec<f32> = wv.iter().zip(&wh).map(|(&v, &h)| v - h).collect();
+            let products: &[(&Vec<f32>, &Vec<f32>)] =
+                if f16 { &[(&xh, &wh), (&xh, &wl), (&xl, &wh)] } else { &[(&xh, &wh)] };
             let mut c = 0f32;
             for t in 0..kp / 32 {
-                for (a, b) in [(&xh, &wh), (&xh, &wl), (&xl, &wh)] {
+                for &(a, b) in products {
                     let (mut e, mut o) = (0f32, 0f32);
                     for q in 0..16 {
                         let v = 32 * t + 2 * q;

@@ -64,7 +64,10 @@ impl CpuWeight {
 fn layout_for(dtype: DType, precision: Precision) -> Option<Layout> {
     match precision {
         Precision::Fast if packed::packable(dtype) => Some(Layout::Panels),
-        Precision::Fast if dtype == DType::BF16 && packed_bf16::applies() => Some(Layout::PairPanels),
+        // BF16: the avx512bf16 kernel's panels (`packed_bf16`), or AMX's (`packed_f16`).
+        Precision::Fast if dtype == DType::BF16 && (packed_bf16::applies() || packed_f16::applies()) => {
+            Some(Layout::PairPanels)
+        }
         Precision::Fast if dtype == DType::F16 && packed_f16::applies() => Some(Layout::PairPanels),
         Precision::Exact if dense_packed::pays(dtype) => Some(Layout::Panels),
         _ => None,
