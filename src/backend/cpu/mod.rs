@@ -39,10 +39,13 @@ pub fn measure_bandwidth(threads: usize) -> Result<f64> {
         .num_threads(threads)
         .build()
         .map_err(|e| Error::invalid("threads", e.to_string()))?;
-    // 256 MiB: far beyond any L3, small enough not to dominate peak memory. Huge pages, as
+    // Twice the last-level cache, at least 256 MiB and at most 1 GiB: a read that partly
+    // hits the cache is no memory roof (this Xeon's VM reports 480 MiB of L3; a 256 MiB probe
+    // read 25-37 GB/s there depending on what the cache held, 1 GiB 31-34). Huge pages, as
     // the weights get (`hugepages`): with 4 KiB pages TLB misses cap a read well below the
     // bus, and a roof below what llama.cpp reaches is no roof.
-    let mut buf = crate::model::hugepages::anon(256 << 20, true)
+    let bytes = (2 * last_level_cache_bytes()).clamp(256 << 20, 1 << 30);
+    let mut buf = crate::model::hugepages::anon(bytes, true)
         .map_err(|e| Error::Io { path: "<bandwidth probe>".into(), source: e })?;
     buf.fill(1);
     let mut best = 0.0f64;
@@ -55,6 +58,27 @@ pub fn measure_bandwidth(threads: usize) -> Result<f64> {
     }
     std::hint::black_box(sink);
     Ok(best)
+}
+
+/// The largest data cache of cpu0 (sysfs), 0 where it is not reported.
+fn last_level_cache_bytes() -> usize {
+    let dir = std::path::Path::new("/sys/devices/system/cpu/cpu0/cache");
+    let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
+    entries
+        .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("size")).ok())
+        .filter_map(|s| {
+            let s = s.trim();
+            let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
+            let n: usize = num.parse().ok()?;
+            Some(match unit {
+                "K" => n << 10,
+                "M" => n << 20,
+                "G" => n << 30,
+                _ => n,
+            })
+        })
+        .max()
+        .unwrap_or(0)
 }
 
 /// A zero-filled, 64-byte aligned host allocation.
