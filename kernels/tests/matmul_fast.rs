@@ -40,7 +40,7 @@ fn kernels() -> Vec<FastBf16> {
 }
 
 /// (kernel, dtype) pairs where the kernel computes the dtype in rows (BF16; F16 runs fast
-/// only in pair panels, `tests/matmul_f16_pairs.rs`).
+/// only in pair panels, `tests/matmul_pair_tiles.rs`).
 fn cases() -> Vec<(FastBf16, DType)> {
     let mut v = Vec::new();
     for kn in kernels() {

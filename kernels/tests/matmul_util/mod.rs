@@ -1,4 +1,4 @@
-//! Shared by the dense `Fast` matmul test binaries (`matmul_fast`, `matmul_f16_pairs`):
+//! Shared by the dense `Fast` matmul test binaries (`matmul_fast`, `matmul_pair_tiles`):
 //! random values, half-precision bytes at an odd address, bit-exact comparison, pools.
 #![allow(dead_code)]
 
