@@ -570,11 +570,11 @@ fn amx_fast(threads: usize) {
     use tboost_kernels::matmul::{self, FastBf16};
     let p = pool(threads);
     // BF16 in rows (the row AMX kernel) and in pair panels, F16 in pair panels (both on
-    // `packed_f16`: tiles, and the vector replay of their products below `AMX_MIN_ROWS` rows).
+    // `packed_f16`: tiles, and the vector replay of their products below `amx_min_rows`).
     for (dt, kernel, pairs) in
         [(DType::BF16, FastBf16::Amx, false), (DType::BF16, FastBf16::Amx, true), (DType::F16, FastBf16::Amx, true)]
     {
-        for (m, n, k) in [1, 2, 4, 16, 512].map(|m| (m, 5632, 2048)) {
+        for (m, n, k) in [1, 2, 3, 4, 16, 512].map(|m| (m, 5632, 2048)) {
             let bytes = n * k * 2;
             let copies = if m > 16 { 1 } else { (cold_bytes() / bytes).max(2) };
             let ws: Vec<Huge> = (0..copies)

@@ -15,7 +15,7 @@ use tboost_kernels::matmul::{self, packed_f16, reference, FastBf16, MatSeg};
 use tboost_kernels::{DType, WeightMat, WeightVec};
 
 /// The kernels that run `dtype` pair panels on the tile arithmetic here: for F16 `Amx`
-/// (the tiles from `AMX_MIN_ROWS` rows) and `Dot` (the vector path for every m); for BF16
+/// (the tiles from `amx_min_rows` rows) and `Dot` (the vector path for every m); for BF16
 /// `Amx` (with `Dot`, BF16 panels run `packed_bf16`, tested in `matmul_fast.rs`). Says so
 /// loudly where this CPU cannot run them, naming what is missing.
 fn paths(dtype: DType) -> Vec<FastBf16> {
@@ -87,7 +87,7 @@ fn both_paths_match_the_emulation(dtype: DType) {
         return;
     }
     let mut rng = StdRng::seed_from_u64(1601);
-    let a = packed_f16::AMX_MIN_ROWS;
+    let a = packed_f16::amx_min_rows(dtype);
     // k: whole 32-blocks, partial and odd ones, none (bias alone); n: partial and several
     // panels, more than the four C tiles of a group; m: around the AMX threshold and the
     // 16-row tiles.

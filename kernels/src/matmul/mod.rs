@@ -375,7 +375,7 @@ enum PairPath {
     /// `packed_bf16`'s `vdpbf16ps` chains (BF16 with the `Dot` kernel).
     Dot,
     /// `packed_f16`'s tile arithmetic (F16; BF16 with the `Amx` kernel), on its AMX tiles
-    /// from `AMX_MIN_ROWS` rows when `amx`, else always on its vector path.
+    /// from `amx_min_rows` rows when `amx`, else always on its vector path.
     Tiles { amx: bool },
 }
 
@@ -410,7 +410,7 @@ fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>], path: PairP
     let tasks = packed_tasks(&rows, m, k, &MatMulTiling::default(), packed_bf16::GEMM_PANELS);
     if let PairPath::Tiles { amx } = path {
         // SAFETY: the caller checked AVX512_BF16 (and AMX for `amx`).
-        let sx = unsafe { packed_f16::split_x(x, m, k, amx && m >= packed_f16::AMX_MIN_ROWS, dtype) };
+        let sx = unsafe { packed_f16::split_x(x, m, k, amx && m >= packed_f16::amx_min_rows(dtype), dtype) };
         execute_tasks(&tasks, |t| {
             let (w, n) = ws[t.seg];
             // SAFETY: shapes checked above; tasks cover disjoint outputs; `sx` splits this x;
@@ -479,7 +479,7 @@ fn swiglu_pair_panels(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_
     let tasks = packed_tasks(&[n], m, 2 * k, &MatMulTiling::default(), packed_bf16::GEMM_PANELS / 2);
     if let PairPath::Tiles { amx } = path {
         // SAFETY: as in `run_pair_panels`.
-        let sx = unsafe { packed_f16::split_x(x, m, k, amx && m >= packed_f16::AMX_MIN_ROWS, gate.dtype) };
+        let sx = unsafe { packed_f16::split_x(x, m, k, amx && m >= packed_f16::amx_min_rows(gate.dtype), gate.dtype) };
         // SAFETY: as in `run_pair_panels`.
         execute_tasks(&tasks, |t| unsafe {
             packed_f16::task(gate.data.as_ptr(), (n, k), (t.p0, t.p1), &sx, (t.i0, t.i1), sink.get())

@@ -3,7 +3,7 @@
 //! three bf16 tile products per 32 values of `k`. BF16: the activations rounded to bf16, one
 //! tile product per 32 values (the products the row layout's AMX kernel, `dense_fast::amx`,
 //! takes, so the same bits). Prefill runs them on the AMX tiles; decode (fewer than
-//! [`AMX_MIN_ROWS`] rows) replays the same arithmetic with vector FMAs, bit for bit, so a
+//! [`amx_min_rows`]) replays the same arithmetic with vector FMAs, bit for bit, so a
 //! row's result does not depend on which path ran it (batch invariance).
 //!
 //! Why BF16 moved here from the row layout: decode there loads 16 weight rows per tile,
@@ -29,14 +29,14 @@
 //!   most `2^-16 |w·x|`, so the error stays near the f32 path's: ≲ 2^-15 Σ|x·w|.
 //!
 //! ## Kernels
-//! - AMX (a call of [`AMX_MIN_ROWS`] rows or more): x rows are the A tiles (`xh` and `xl`
+//! - AMX (a call of [`amx_min_rows`] or more): x rows are the A tiles (`xh` and `xl`
 //!   rows as they are, once per call), the weights the B tiles, split from the panels into an
 //!   L2 scratch once per task and group of up to four panel streams; the C tiles stay in
 //!   registers over all of `k`: per block, 2 x tile loads, then per stream 2 weight tile
 //!   loads and 3 tile products.
-//! - Vector (fewer rows): one pass over a panel per row; per pair, 64 bytes of f16 widened,
-//!   split, and six FMA chains (three products, rows 0-7 and 8-15), even and odd values in
-//!   neighbouring lanes; `MXCSR.FTZ/DAZ` set around the sums as the tiles flush. BF16: two
+//! - Vector (fewer rows): one pass over a panel per row, or per 2 rows of F16; per pair,
+//!   64 bytes of f16 widened, split, and six FMA chains per row (three products, rows 0-7 and
+//!   8-15), even and odd values in neighbouring lanes; `MXCSR.FTZ/DAZ` set around the sums as the tiles flush. BF16: two
 //!   chains per pair line (the even and the odd values of the 16 rows, widened by a shift
 //!   and a mask).
 //! - BF16 on AMX needs no split: a block of a panel (16 pairs of 64 bytes) is a B tile as
@@ -50,8 +50,18 @@ use super::packed::{Sink, PANEL};
 use crate::DType;
 
 /// Activation rows of a call from which it runs on the AMX tiles; below, the vector path.
-/// Both give the same bits; this is only the faster one.
-pub const AMX_MIN_ROWS: usize = 2;
+/// Both give the same bits; this is only the faster one. F16: the tiles pay for splitting
+/// the panels once per call, so 2 rows share one vector pass over them instead (kernel
+/// bench `quant -- bf16 fast threads=2`, 5632 x 2048: m = 2 775-816 us against 942-977 on
+/// the tiles; 3 rows in one pass took 938-983, level with the tiles); BF16 loads its tiles
+/// as stored (m = 2 532-664 us, m = 1 527-595).
+pub fn amx_min_rows(dtype: DType) -> usize {
+    if dtype == DType::F16 {
+        3
+    } else {
+        2
+    }
+}
 
 /// `k` rounded up to whole 32-value blocks.
 fn padded(k: usize) -> usize {
@@ -339,6 +349,74 @@ mod x86 {
         asm!("ldmxcsr [{}]", in(reg) &saved as *const u32, options(nostack));
     }
 
+    /// [`panel_sums`] for `R` rows of split x against one F16 panel stream (`kt` blocks at
+    /// `wp`): each pair line is widened and split once for all the rows. Row `r`'s 16 sums go
+    /// to `out[r]`; the arithmetic per row is [`panel_sums`]'s.
+    #[inline(never)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")]
+    unsafe fn panel_sums_rows<const R: usize>(
+        wp: *const u8,
+        kt: usize,
+        xh: [*const f32; R],
+        xl: [*const f32; R],
+        out: [*mut f32; R],
+    ) {
+        let mut saved = 0u32;
+        asm!("stmxcsr [{}]", in(reg) &mut saved as *mut u32, options(nostack));
+        let flush = saved | (1 << 15) | (1 << 6);
+        asm!("ldmxcsr [{}]", in(reg) &flush as *const u32, options(nostack));
+        let mut c = [[_mm512_setzero_ps(); 2]; R];
+        for t in 0..kt {
+            let mut z = [[_mm512_setzero_ps(); 6]; R];
+            for q in 16 * t..16 * t + 16 {
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(64 * q + PF) as *const i8);
+                let (wa, wb) = widen_line(wp.add(64 * q));
+                let (ha, hb) = (hi_part(wa), hi_part(wb));
+                let (la, lb) = (_mm512_sub_ps(wa, ha), _mm512_sub_ps(wb, hb));
+                for r in 0..R {
+                    let xhv = _mm512_castpd_ps(_mm512_set1_pd((xh[r].add(2 * q) as *const f64).read_unaligned()));
+                    let xlv = _mm512_castpd_ps(_mm512_set1_pd((xl[r].add(2 * q) as *const f64).read_unaligned()));
+                    let z = &mut z[r];
+                    z[0] = _mm512_fmadd_ps(ha, xhv, z[0]);
+                    z[1] = _mm512_fmadd_ps(la, xhv, z[1]);
+                    z[2] = _mm512_fmadd_ps(ha, xlv, z[2]);
+                    z[3] = _mm512_fmadd_ps(hb, xhv, z[3]);
+                    z[4] = _mm512_fmadd_ps(lb, xhv, z[4]);
+                    z[5] = _mm512_fmadd_ps(hb, xlv, z[5]);
+                }
+            }
+            for r in 0..R {
+                for p in 0..3 {
+                    c[r][0] = _mm512_add_ps(c[r][0], pair_sum(z[r][p]));
+                    c[r][1] = _mm512_add_ps(c[r][1], pair_sum(z[r][p + 3]));
+                }
+            }
+        }
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        for r in 0..R {
+            _mm512_storeu_ps(out[r], _mm512_permutex2var_ps(c[r][0], even, c[r][1]));
+        }
+        asm!("ldmxcsr [{}]", in(reg) &saved as *const u32, options(nostack));
+    }
+
+    /// [`panel_sums_rows`] for rows `i..i + R` of `sx` (F16) against each of the streams in
+    /// `wp` (1 or 2), sums at `out[stream][row]`.
+    #[inline(always)]
+    unsafe fn rows_sums<const R: usize>(
+        wp: &[*const u8],
+        kt: usize,
+        sx: &SplitX,
+        i: usize,
+        out: &mut [[[f32; PANEL]; 2]; 2],
+    ) {
+        let xh: [*const f32; R] = std::array::from_fn(|r| sx.row(0, i + r) as *const f32);
+        let xl: [*const f32; R] = std::array::from_fn(|r| sx.row(1, i + r) as *const f32);
+        for (s, &w) in wp.iter().enumerate() {
+            let o: [*mut f32; R] = std::array::from_fn(|r| out[s][r].as_mut_ptr());
+            panel_sums_rows::<R>(w, kt, xh, xl, o);
+        }
+    }
+
     /// [`panel_sums`] for BF16 panels and one row of `xh` (f32 at `xh`): one product per
     /// block, so per pair line two chains, the even values of the 16 rows (`w << 16`) and the
     /// odd ones (`w & 0xffff0000`), rows in lanes; per block `C + (e + o)`.
@@ -398,6 +476,29 @@ mod x86 {
         let kp = padded(k);
         let (kt, pb) = (kp / 32, PANEL * kp * 2);
         let up = sink.up();
+        if sx.parts == 2 && i1 - i0 > 1 {
+            // Several F16 rows: one pass over each panel stream per 2 rows (sharing the
+            // widening and split of each pair line; 3 rows measured no faster than the tiles).
+            let mut sums = [[[0f32; PANEL]; 2]; 2];
+            for p in p0..p1 {
+                let wp = [w.add(p * pb), up.unwrap_or(w).add(p * pb)];
+                let wp = if up.is_some() { &wp[..] } else { &wp[..1] };
+                let mut i = i0;
+                while i < i1 {
+                    let r = (i1 - i).min(2);
+                    if r == 2 {
+                        rows_sums::<2>(wp, kt, sx, i, &mut sums)
+                    } else {
+                        rows_sums::<1>(wp, kt, sx, i, &mut sums)
+                    }
+                    for d in 0..r {
+                        put_row(sums[0][d].as_ptr(), up.map(|_| sums[1][d].as_ptr()), sink, (i + d, p * PANEL), n);
+                    }
+                    i += r;
+                }
+            }
+            return;
+        }
         let mut sums = [[0f32; PANEL]; 2];
         let [s0, s1] = &mut sums;
         let out = [s0.as_mut_ptr(), s1.as_mut_ptr()];
