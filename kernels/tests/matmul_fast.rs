@@ -53,19 +53,6 @@ fn cases() -> Vec<(FastBf16, DType)> {
     v
 }
 
-fn run_fast(
-    isa: Isa,
-    kernel: FastBf16,
-    x: &[f32],
-    m: usize,
-    w: WeightMat<'_>,
-    bias: Option<WeightVec<'_>>,
-) -> Vec<f32> {
-    let mut out = vec![f32::NAN; m * w.rows];
-    matmul::matmul_fast_with(isa, kernel, x, m, &mut [MatSeg { w, bias, out: &mut out }]);
-    out
-}
-
 /// `got` within the bf16-activation bound of the f64 reference: each activation carries a
 /// relative rounding error of at most 2^-8 (8 significant bits); the f32 accumulation (in whatever order the
 /// kernel uses) adds at most the exact kernels' bound, taken here for a sequential chain.

@@ -11,7 +11,7 @@ use matmul_util::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
 use tboost_kernels::isa::{self, Isa};
-use tboost_kernels::matmul::{self, packed_f16, reference, FastBf16, MatSeg};
+use tboost_kernels::matmul::{self, packed_f16, reference, FastBf16};
 use tboost_kernels::{DType, WeightMat, WeightVec};
 
 /// The kernels that run `dtype` pair panels on the tile arithmetic here: for F16 `Amx`
@@ -68,10 +68,7 @@ fn run(
     w: WeightMat<'_>,
     bias: Option<WeightVec<'_>>,
 ) -> Vec<f32> {
-    let mut out = vec![f32::NAN; m * w.rows];
-    pool(threads)
-        .install(|| matmul::matmul_fast_with(Isa::Avx512, kernel, x, m, &mut [MatSeg { w, bias, out: &mut out }]));
-    out
+    pool(threads).install(|| run_fast(Isa::Avx512, kernel, x, m, w, bias))
 }
 
 #[test]

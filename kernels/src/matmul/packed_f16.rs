@@ -293,114 +293,93 @@ mod x86 {
         _mm512_add_ps(z, _mm512_permute_ps::<0b10_11_00_01>(z))
     }
 
-    /// The 16 sums of each of `NS` panel streams (`kt` blocks at `wp[s]`) with one row of
-    /// split x (f32 hi and lo at `xh`, `xl`), stored at `out[s]`, under `MXCSR.FTZ/DAZ` as
-    /// the tiles compute them. Not inlined, and the sums go to memory before the control word
-    /// is restored, so no float operation of it runs outside the flushing mode. Two streams
-    /// at once (a gate and its up panel, or two panels) share the x loads and keep two
-    /// weight streams in flight: tinyllama-1.1b F16 decode 11.35 / 11.39 -> 13.51 / 13.13
-    /// tokens/s against one stream (exact kernels in the same runs: 12.4 / 12.5).
-    #[inline(never)]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")]
-    unsafe fn panel_sums<const NS: usize>(
-        wp: [*const u8; NS],
-        kt: usize,
-        xh: *const f32,
-        xl: *const f32,
-        out: [*mut f32; NS],
-    ) {
+    /// Values `2q` and `2q + 1` at `v` in every pair of lanes.
+    #[inline(always)]
+    unsafe fn pair_bcast(v: *const f32, q: usize) -> __m512 {
+        _mm512_castpd_ps(_mm512_set1_pd((v.add(2 * q) as *const f64).read_unaligned()))
+    }
+
+    /// Sets `MXCSR.FTZ/DAZ` (the tiles flush denormals) and returns the control word to
+    /// restore. The callers are not inlined, and their sums reach memory before they restore
+    /// it, so no float operation of theirs runs outside the flushing mode.
+    #[inline(always)]
+    unsafe fn flush_denormals() -> u32 {
         let mut saved = 0u32;
         asm!("stmxcsr [{}]", in(reg) &mut saved as *mut u32, options(nostack));
         let flush = saved | (1 << 15) | (1 << 6);
         asm!("ldmxcsr [{}]", in(reg) &flush as *const u32, options(nostack));
-        let mut c = [[_mm512_setzero_ps(); 2]; NS];
+        saved
+    }
+
+    #[inline(always)]
+    unsafe fn restore_mxcsr(saved: u32) {
+        asm!("ldmxcsr [{}]", in(reg) &saved as *const u32, options(nostack));
+    }
+
+    /// The 16 sums of each of `NS` F16 panel streams (`kt` blocks at `wp[s]`) with each of
+    /// `R` rows of split x (f32 hi and lo at `xh[r]`, `xl[r]`), stored at `out[s][r]`, under
+    /// `MXCSR.FTZ/DAZ` as the tiles compute them; each pair line is widened and split once
+    /// for all the rows. Two streams at once (a gate and its up panel, or two panels) keep
+    /// two weight streams in flight: tinyllama-1.1b F16 decode 11.35 / 11.39 -> 13.51 / 13.13
+    /// tokens/s against one stream (exact kernels in the same runs: 12.4 / 12.5). Callers
+    /// take 2 streams of 1 row or 1 stream of 2 rows (12 chains either way).
+    #[inline(never)]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")]
+    unsafe fn panel_sums<const NS: usize, const R: usize>(
+        wp: [*const u8; NS],
+        kt: usize,
+        (xh, xl): ([*const f32; R], [*const f32; R]),
+        out: [[*mut f32; R]; NS],
+    ) {
+        let saved = flush_denormals();
+        let mut c = [[[_mm512_setzero_ps(); 2]; R]; NS];
         for t in 0..kt {
-            // Per stream, chains of the three products (hi·hi, lo·hi, hi·lo) for rows 0-7
-            // (0..3) and 8-15 (3..6).
-            let mut z = [[_mm512_setzero_ps(); 6]; NS];
+            // Per stream and row, chains of the three products (hi·hi, lo·hi, hi·lo) for
+            // rows 0-7 (0..3) and 8-15 (3..6).
+            let mut z = [[[_mm512_setzero_ps(); 6]; R]; NS];
             for q in 16 * t..16 * t + 16 {
-                let xhv = _mm512_castpd_ps(_mm512_set1_pd((xh.add(2 * q) as *const f64).read_unaligned()));
-                let xlv = _mm512_castpd_ps(_mm512_set1_pd((xl.add(2 * q) as *const f64).read_unaligned()));
+                // No closures here: they would not inherit this function's target features.
+                let (mut xhv, mut xlv) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
+                for r in 0..R {
+                    xhv[r] = pair_bcast(xh[r], q);
+                    xlv[r] = pair_bcast(xl[r], q);
+                }
                 for s in 0..NS {
                     _mm_prefetch::<_MM_HINT_T0>(wp[s].wrapping_add(64 * q + PF) as *const i8);
                     let (wa, wb) = widen_line(wp[s].add(64 * q));
                     let (ha, hb) = (hi_part(wa), hi_part(wb));
                     let (la, lb) = (_mm512_sub_ps(wa, ha), _mm512_sub_ps(wb, hb));
-                    let z = &mut z[s];
-                    z[0] = _mm512_fmadd_ps(ha, xhv, z[0]);
-                    z[1] = _mm512_fmadd_ps(la, xhv, z[1]);
-                    z[2] = _mm512_fmadd_ps(ha, xlv, z[2]);
-                    z[3] = _mm512_fmadd_ps(hb, xhv, z[3]);
-                    z[4] = _mm512_fmadd_ps(lb, xhv, z[4]);
-                    z[5] = _mm512_fmadd_ps(hb, xlv, z[5]);
+                    for r in 0..R {
+                        let (xhv, xlv, z) = (xhv[r], xlv[r], &mut z[s][r]);
+                        z[0] = _mm512_fmadd_ps(ha, xhv, z[0]);
+                        z[1] = _mm512_fmadd_ps(la, xhv, z[1]);
+                        z[2] = _mm512_fmadd_ps(ha, xlv, z[2]);
+                        z[3] = _mm512_fmadd_ps(hb, xhv, z[3]);
+                        z[4] = _mm512_fmadd_ps(lb, xhv, z[4]);
+                        z[5] = _mm512_fmadd_ps(hb, xlv, z[5]);
+                    }
                 }
             }
             for s in 0..NS {
-                for p in 0..3 {
-                    c[s][0] = _mm512_add_ps(c[s][0], pair_sum(z[s][p]));
-                    c[s][1] = _mm512_add_ps(c[s][1], pair_sum(z[s][p + 3]));
+                for r in 0..R {
+                    for p in 0..3 {
+                        c[s][r][0] = _mm512_add_ps(c[s][r][0], pair_sum(z[s][r][p]));
+                        c[s][r][1] = _mm512_add_ps(c[s][r][1], pair_sum(z[s][r][p + 3]));
+                    }
                 }
             }
         }
         let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
         for s in 0..NS {
-            _mm512_storeu_ps(out[s], _mm512_permutex2var_ps(c[s][0], even, c[s][1]));
-        }
-        asm!("ldmxcsr [{}]", in(reg) &saved as *const u32, options(nostack));
-    }
-
-    /// [`panel_sums`] for `R` rows of split x against one F16 panel stream (`kt` blocks at
-    /// `wp`): each pair line is widened and split once for all the rows. Row `r`'s 16 sums go
-    /// to `out[r]`; the arithmetic per row is [`panel_sums`]'s.
-    #[inline(never)]
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")]
-    unsafe fn panel_sums_rows<const R: usize>(
-        wp: *const u8,
-        kt: usize,
-        xh: [*const f32; R],
-        xl: [*const f32; R],
-        out: [*mut f32; R],
-    ) {
-        let mut saved = 0u32;
-        asm!("stmxcsr [{}]", in(reg) &mut saved as *mut u32, options(nostack));
-        let flush = saved | (1 << 15) | (1 << 6);
-        asm!("ldmxcsr [{}]", in(reg) &flush as *const u32, options(nostack));
-        let mut c = [[_mm512_setzero_ps(); 2]; R];
-        for t in 0..kt {
-            let mut z = [[_mm512_setzero_ps(); 6]; R];
-            for q in 16 * t..16 * t + 16 {
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(64 * q + PF) as *const i8);
-                let (wa, wb) = widen_line(wp.add(64 * q));
-                let (ha, hb) = (hi_part(wa), hi_part(wb));
-                let (la, lb) = (_mm512_sub_ps(wa, ha), _mm512_sub_ps(wb, hb));
-                for r in 0..R {
-                    let xhv = _mm512_castpd_ps(_mm512_set1_pd((xh[r].add(2 * q) as *const f64).read_unaligned()));
-                    let xlv = _mm512_castpd_ps(_mm512_set1_pd((xl[r].add(2 * q) as *const f64).read_unaligned()));
-                    let z = &mut z[r];
-                    z[0] = _mm512_fmadd_ps(ha, xhv, z[0]);
-                    z[1] = _mm512_fmadd_ps(la, xhv, z[1]);
-                    z[2] = _mm512_fmadd_ps(ha, xlv, z[2]);
-                    z[3] = _mm512_fmadd_ps(hb, xhv, z[3]);
-                    z[4] = _mm512_fmadd_ps(lb, xhv, z[4]);
-                    z[5] = _mm512_fmadd_ps(hb, xlv, z[5]);
-                }
-            }
             for r in 0..R {
-                for p in 0..3 {
-                    c[r][0] = _mm512_add_ps(c[r][0], pair_sum(z[r][p]));
-                    c[r][1] = _mm512_add_ps(c[r][1], pair_sum(z[r][p + 3]));
-                }
+                _mm512_storeu_ps(out[s][r], _mm512_permutex2var_ps(c[s][r][0], even, c[s][r][1]));
             }
         }
-        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        for r in 0..R {
-            _mm512_storeu_ps(out[r], _mm512_permutex2var_ps(c[r][0], even, c[r][1]));
-        }
-        asm!("ldmxcsr [{}]", in(reg) &saved as *const u32, options(nostack));
+        restore_mxcsr(saved);
     }
 
-    /// [`panel_sums_rows`] for rows `i..i + R` of `sx` (F16) against each of the streams in
-    /// `wp` (1 or 2), sums at `out[stream][row]`.
+    /// [`panel_sums`] of rows `i..i + R` of `sx` (F16) against each of the streams in `wp`
+    /// (1 or 2) in turn, sums at `out[stream][row]`.
     #[inline(always)]
     unsafe fn rows_sums<const R: usize>(
         wp: &[*const u8],
@@ -413,7 +392,7 @@ mod x86 {
         let xl: [*const f32; R] = std::array::from_fn(|r| sx.row(1, i + r) as *const f32);
         for (s, &w) in wp.iter().enumerate() {
             let o: [*mut f32; R] = std::array::from_fn(|r| out[s][r].as_mut_ptr());
-            panel_sums_rows::<R>(w, kt, xh, xl, o);
+            panel_sums::<1, R>([w], kt, (xh, xl), [o]);
         }
     }
 
@@ -423,10 +402,7 @@ mod x86 {
     #[inline(never)]
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,fma")]
     unsafe fn panel_sums_bf16<const NS: usize>(wp: [*const u8; NS], kt: usize, xh: *const f32, out: [*mut f32; NS]) {
-        let mut saved = 0u32;
-        asm!("stmxcsr [{}]", in(reg) &mut saved as *mut u32, options(nostack));
-        let flush = saved | (1 << 15) | (1 << 6);
-        asm!("ldmxcsr [{}]", in(reg) &flush as *const u32, options(nostack));
+        let saved = flush_denormals();
         let odd = _mm512_set1_epi32(0xffff_0000u32 as i32);
         let mut c = [_mm512_setzero_ps(); NS];
         for t in 0..kt {
@@ -451,14 +427,15 @@ mod x86 {
         for s in 0..NS {
             _mm512_storeu_ps(out[s], c[s]);
         }
-        asm!("ldmxcsr [{}]", in(reg) &saved as *const u32, options(nostack));
+        restore_mxcsr(saved);
     }
 
     /// The sums of `NS` panel streams with row `i` of `sx`, F16 or BF16 as `sx` was split.
     #[inline(always)]
     unsafe fn row_sums<const NS: usize>(wp: [*const u8; NS], kt: usize, sx: &SplitX, i: usize, out: [*mut f32; NS]) {
         if sx.parts == 2 {
-            panel_sums::<NS>(wp, kt, sx.row(0, i) as *const f32, sx.row(1, i) as *const f32, out)
+            let x = ([sx.row(0, i) as *const f32], [sx.row(1, i) as *const f32]);
+            panel_sums::<NS, 1>(wp, kt, x, out.map(|o| [o]))
         } else {
             panel_sums_bf16::<NS>(wp, kt, sx.row(0, i) as *const f32, out)
         }

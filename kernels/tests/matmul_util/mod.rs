@@ -1,10 +1,28 @@
 //! Shared by the dense `Fast` matmul test binaries (`matmul_fast`, `matmul_pair_tiles`):
-//! random values, half-precision bytes at an odd address, bit-exact comparison, pools.
+//! random values, half-precision bytes at an odd address, bit-exact comparison, pools, one
+//! `matmul_fast_with` call.
 #![allow(dead_code)]
 
 use rand::rngs::StdRng;
 use rand::Rng;
-use tboost_kernels::DType;
+use tboost_kernels::isa::Isa;
+use tboost_kernels::matmul::{self, FastBf16, MatSeg};
+use tboost_kernels::{DType, WeightMat, WeightVec};
+
+/// `x · wᵀ + bias` through `matmul_fast_with` on `isa` with `kernel` (outputs start as NaN,
+/// so an output the kernel skips shows).
+pub fn run_fast(
+    isa: Isa,
+    kernel: FastBf16,
+    x: &[f32],
+    m: usize,
+    w: WeightMat<'_>,
+    bias: Option<WeightVec<'_>>,
+) -> Vec<f32> {
+    let mut out = vec![f32::NAN; m * w.rows];
+    matmul::matmul_fast_with(isa, kernel, x, m, &mut [MatSeg { w, bias, out: &mut out }]);
+    out
+}
 
 pub fn rand_vec(rng: &mut StdRng, n: usize, scale: f32) -> Vec<f32> {
     (0..n).map(|_| rng.random_range(-scale..scale)).collect()
