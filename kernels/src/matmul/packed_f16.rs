@@ -99,10 +99,11 @@ struct Line([u8; 64]);
 /// set, and a tile load reads 16 of them.
 const SKEW: usize = 32;
 
-std::thread_local! {
-    /// The caller's [`SplitX`] buffer, reused across calls (no allocation per step).
-    static SPLIT: std::cell::Cell<Vec<Line>> = const { std::cell::Cell::new(Vec::new()) };
-}
+/// [`SplitX`]'s buffer between calls (no allocation per step). One for the process, not
+/// one per thread: the calling thread can be any pool worker, and a per-thread buffer left
+/// a step on a worker not yet warmed at that size allocating 92 KB (`tests/step_alloc.rs`,
+/// bf16 with 16 sequences). A call in flight while another holds it makes its own.
+static SPLIT: std::sync::Mutex<Vec<Line>> = std::sync::Mutex::new(Vec::new());
 
 /// A call's activations split into `xh + xl` (F16 weights) or rounded to `xh` alone (BF16)
 /// once for all its tasks: for the AMX path as bf16 rows (`m + 16` rows, the last 16 zero,
@@ -119,8 +120,13 @@ pub(super) struct SplitX {
 }
 
 impl Drop for SplitX {
+    /// Returns the buffer; the slot keeps the larger of it and what another call in flight
+    /// may have put back meanwhile.
     fn drop(&mut self) {
-        SPLIT.with(|s| s.set(std::mem::take(&mut self.lines)));
+        let mut slot = SPLIT.lock().unwrap_or_else(|e| e.into_inner());
+        if self.lines.capacity() > slot.capacity() {
+            *slot = std::mem::take(&mut self.lines);
+        }
     }
 }
 
@@ -150,7 +156,7 @@ pub(super) unsafe fn split_x(x: &[f32], m: usize, k: usize, amx: bool, dtype: DT
     let kp = padded(k);
     let (rows, stride, elem) = if amx { (m + 16, kp + SKEW, 2) } else { (m, kp, 4) };
     let parts = if dtype == DType::F16 { 2 } else { 1 };
-    let mut lines = SPLIT.with(std::cell::Cell::take);
+    let mut lines = std::mem::take(&mut *SPLIT.lock().unwrap_or_else(|e| e.into_inner()));
     // Every row is written whole below but the 16 padding rows: only those are cleared.
     lines.resize((parts * rows * stride * elem).div_ceil(64).max(1), Line([0; 64]));
     let sx = SplitX { lines, rows, stride, amx, parts };
