@@ -31,14 +31,16 @@ fn tracked() -> bool {
 
 fn grew(n: usize) {
     if tracked() {
-        let now = CURRENT.fetch_add(n, Ordering::SeqCst) + n;
+        let now = CURRENT.fetch_add(n, Ordering::SeqCst).saturating_add(n);
         PEAK.fetch_max(now, Ordering::SeqCst);
     }
 }
 
 fn shrank(n: usize) {
     if tracked() {
-        CURRENT.fetch_sub(n, Ordering::SeqCst);
+        // A free of memory allocated before tracking began floors at zero rather than
+        // wrapping (which made the next `grew` overflow in debug builds).
+        let _ = CURRENT.fetch_update(Ordering::SeqCst, Ordering::SeqCst, |c| Some(c.saturating_sub(n)));
     }
 }
 
