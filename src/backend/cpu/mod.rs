@@ -66,19 +66,24 @@ fn last_level_cache_bytes() -> usize {
     let Ok(entries) = std::fs::read_dir(dir) else { return 0 };
     entries
         .filter_map(|e| std::fs::read_to_string(e.ok()?.path().join("size")).ok())
-        .filter_map(|s| {
-            let s = s.trim();
-            let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit()).unwrap_or(s.len()));
-            let n: usize = num.parse().ok()?;
-            Some(match unit {
-                "K" => n << 10,
-                "M" => n << 20,
-                "G" => n << 30,
-                _ => n,
-            })
-        })
+        .filter_map(|s| cache_size_bytes(&s))
         .max()
         .unwrap_or(0)
+}
+
+/// A sysfs cache `size` ("48K", "2048K", "491520K", "32M") in bytes; `None` for anything
+/// else, so an unknown format shrinks no probe.
+fn cache_size_bytes(s: &str) -> Option<usize> {
+    let s = s.trim();
+    let (num, unit) = s.split_at(s.find(|c: char| !c.is_ascii_digit())?);
+    let n: usize = num.parse().ok()?;
+    let shift = match unit {
+        "K" => 10,
+        "M" => 20,
+        "G" => 30,
+        _ => return None,
+    };
+    n.checked_mul(1 << shift)
 }
 
 /// A zero-filled, 64-byte aligned host allocation.
@@ -687,6 +692,19 @@ impl Drop for CpuBackend {
 mod tests {
     use super::*;
     use std::io::Write;
+
+    /// The probe's size comes from these strings: a misread L3 would shrink it back into
+    /// the cache (or past 1 GiB, where it is clamped).
+    #[test]
+    fn sysfs_cache_sizes_parse_to_bytes() {
+        assert_eq!(cache_size_bytes("491520K\n"), Some(480 << 20));
+        assert_eq!(cache_size_bytes("48K"), Some(48 << 10));
+        assert_eq!(cache_size_bytes("32M"), Some(32 << 20));
+        assert_eq!(cache_size_bytes("1G"), Some(1 << 30));
+        for bad in ["", "K", "12", "12 KB", "x12K"] {
+            assert_eq!(cache_size_bytes(bad), None, "{bad:?}");
+        }
+    }
 
     /// A file range uploaded twice as stored (a tied embedding table and lm_head) gets one
     /// huge-page copy, not two; each weight keeps its own name.
