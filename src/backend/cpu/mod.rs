@@ -247,23 +247,26 @@ impl CpuBackend {
         let pool = self.pool.clone();
         let mut result = Ok(());
         // Inside `install` this thread is one of the pool's workers, so the kernels' own
-        // parallel loops use the whole pool without a hand-off per op.
+        // parallel loops use the whole pool without a hand-off per op; the other workers poll
+        // for those loops' tasks through the whole queue rather than sleep between ops.
         pool.install(|| {
-            for w in &queue {
-                if self.interrupt.as_ref().is_some_and(|f| f.load(Ordering::Relaxed)) {
-                    result = Err(Error::Interrupted);
-                    break;
+            pool::with_workers_polling(|| {
+                for w in &queue {
+                    if self.interrupt.as_ref().is_some_and(|f| f.load(Ordering::Relaxed)) {
+                        result = Err(Error::Interrupted);
+                        break;
+                    }
+                    let r = match w {
+                        Work::Op(op) => self.timed(op),
+                        Work::Write { dst, at, len } => self.copy_in(*dst, *at, *len),
+                        Work::Read { src, id } => self.copy_out(*src, *id),
+                    };
+                    if let Err(e) = r {
+                        result = Err(e);
+                        break;
+                    }
                 }
-                let r = match w {
-                    Work::Op(op) => self.timed(op),
-                    Work::Write { dst, at, len } => self.copy_in(*dst, *at, *len),
-                    Work::Read { src, id } => self.copy_out(*src, *id),
-                };
-                if let Err(e) = r {
-                    result = Err(e);
-                    break;
-                }
-            }
+            })
         });
         // Give the queue's allocation back for the next step.
         let mut queue = queue;
