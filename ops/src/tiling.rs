@@ -115,7 +115,7 @@ pub trait Tiling: Copy + Default + PartialEq + std::fmt::Debug {
 /// (32 KiB) and at most 1 MiB, over all activation rows. Dense weights aim at
 /// `threads × tasks_per_thread` tasks of at least 2^18 multiply-adds, weight rows in multiples of
 /// 8, activation rows split (in whole register tiles) only when the weight rows alone give too
-/// few tasks. `tasks_per_thread` defaults to 16 for a decode split (fewer activation rows than
+/// few tasks. `tasks_per_thread` defaults to 8 for a decode split (fewer activation rows than
 /// the kernel's register tile; 16 or fewer over dense panels) and to 4 otherwise. The bf16
 /// kernels of fast precision (AMX, AVX512_BF16) keep their own split and take only the
 /// defaults.
@@ -127,7 +127,7 @@ pub struct MatMulTiling {
     /// Activation rows (tokens) per task.
     pub act_rows: Option<usize>,
     /// Tasks per thread the split aims at where it derives the panel (dense weights, and
-    /// block-quantized decode): more balance against more scheduling (default 16 for a
+    /// block-quantized decode): more balance against more scheduling (default 8 for a
     /// decode split, 4 otherwise).
     pub tasks_per_thread: Option<usize>,
     /// Least weight bytes a block-quantized decode task streams (default 32 KiB).
@@ -142,7 +142,11 @@ pub const DEFAULT_TASKS_PER_THREAD: usize = 4;
 /// last task alone while the other waits). Measured on the Xeon VM,
 /// tinyllama-1.1b Q4_0 decode, 2 threads, three alternations: 4 -> 31.8 / 30.3 / 33.4
 /// tokens/s, 8 -> 34.8 / 32.7 / 34.9, 16 -> 34.6 / 34.4 / 34.6, 32 -> 34.2 / 33.2 / 33.6.
-pub const DEFAULT_DECODE_TASKS_PER_THREAD: usize = 16;
+/// Once the idle workers polled through a step instead of sleeping (the second thread then
+/// joins a matmul within 1-4 us, not 20), fewer tasks won (12-06, medians of 5
+/// alternations, 128 tokens): Q4_0 4 -> 49.8, 8 -> 49.9, 16 -> 48.4 tokens/s; Q4_K_M 69.9,
+/// 69.4, 68.6; of 3: Q8_0 8 -> 25.5, 16 -> 24.9; 16 requests 393 against 381.
+pub const DEFAULT_DECODE_TASKS_PER_THREAD: usize = 8;
 /// Least weight bytes of a block-quantized decode task unless set.
 pub const DEFAULT_DECODE_TASK_MIN_BYTES: usize = 32 << 10;
 
@@ -151,7 +155,7 @@ const MATMUL_TUNABLES: [Tunable; 4] = [
     Tunable { name: "act_rows", what: "activation rows (tokens) per task", min: 1, max: 65536, multiple_of: 1 },
     Tunable {
         name: "tasks_per_thread",
-        what: "tasks per thread the split aims at (default 16 in decode, 4 otherwise)",
+        what: "tasks per thread the split aims at (default 8 in decode, 4 otherwise)",
         min: 1,
         max: 64,
         multiple_of: 1,

@@ -50,12 +50,12 @@ fn every_tunable_moves_the_dense_split() {
         // 64 per thread is capped by the least work per item, as the default is.
         assert_eq!(run(t(None, None, Some(64))), (3, 40, 40));
 
-        // Decode (m = 1, below the register tile): 16 items per thread by default, 2 x 16
-        // items of 128 columns out of 4096 (16.8M multiply-adds allow 64); 4 per thread
+        // Decode (m = 1, below the register tile): 8 items per thread by default, 2 x 8
+        // items of 256 columns out of 4096 (16.8M multiply-adds allow 64); 4 per thread
         // when set.
         let (n, k) = (4096, 4096);
         let run = |tiling: MatMulTiling| shape(&plan_items_tiled(&[n], 1, k, Isa::Scalar, &tiling), n, 1);
-        assert_eq!(run(MatMulTiling::default()), (32, 128, 1));
+        assert_eq!(run(MatMulTiling::default()), (16, 256, 1));
         assert_eq!(run(t(None, None, Some(4))), (8, 512, 1));
     });
 }
