@@ -25,6 +25,9 @@
 #                              (default ~/.cache/tboost/bench)
 #   --idle PCT                 CPU idle percentage wanted before each run (default 90)
 #   --wait S                   seconds to wait for it before running anyway, noted (default 120)
+#   --settle S                 seconds of pause before every timed process (default 5): on a VM
+#                              the memory the previous process freed is reported to the host for
+#                              a few seconds after, and a run inside that window is slower
 #   --no-concurrency           skip the concurrent-request rows
 #   --quick                    a smoke run: the `small` shape as Q8_0 and BF16 plus the demo
 #                              model if cached, pp64/tg16, concurrency 1,4, one alternation
@@ -38,7 +41,7 @@ note() { echo "bench-vs-llamacpp: $*" >&2; }
 
 LLAMA_BENCH="${LLAMA_BENCH:-}"
 LLAMA_BATCHED_BENCH="${LLAMA_BATCHED_BENCH:-}"
-TBOOST="" PRECISION=fast THREADS=2 RUNS=3 IDLE=90 WAIT=120 QUICK=0 CONC=1 OUT="" KEEP=""
+TBOOST="" PRECISION=fast THREADS=2 RUNS=3 IDLE=90 WAIT=120 SETTLE=5 QUICK=0 CONC=1 OUT="" KEEP=""
 CACHE="${TBOOST_BENCH_CACHE:-$HOME/.cache/tboost/bench}"
 MODELS=()
 while [ $# -gt 0 ]; do
@@ -52,6 +55,7 @@ while [ $# -gt 0 ]; do
     --cache) CACHE="$2"; shift 2 ;;
     --idle) IDLE="$2"; shift 2 ;;
     --wait) WAIT="$2"; shift 2 ;;
+    --settle) SETTLE="$2"; shift 2 ;;
     --no-concurrency) CONC=0; shift ;;
     --quick) QUICK=1; shift ;;
     --out) OUT="$2"; shift 2 ;;
@@ -147,6 +151,12 @@ wait_idle() {
   done
 }
 
+# A pause before every timed process. The guest reports freed memory to the host (virtio-balloon
+# free page reporting, 2 MiB chunks about every 2 s), and each report slowed a run for a moment:
+# tboost's pp512 on the demo model fell 10-18% in the seconds after its bandwidth probe had
+# freed 960 MiB. Every process here frees its memory on exit, so each run waits the reports out.
+settle() { sleep "$SETTLE"; }
+
 # Share of CPU time the hypervisor took from this VM (/proc/stat "steal") while a command ran:
 # `steal_begin`, the command, then `steal_end WHAT` appends "WHAT steal=PCT" to steal.log. The
 # noisy-neighbour cost that an idle check before the run cannot see.
@@ -163,9 +173,11 @@ run_tboost() { # model run-index
   wait_idle "tboost $(basename "$m") #$r"
   # As llama-bench measures them: pp on its own, and tg from an (almost) empty context rather
   # than after the pp prompt, whose attention would make each step slower.
+  settle
   steal_begin
   "$TBOOST" bench --model "$m" --prefill "$PP" --decode 1 --threads "$THREADS" --repeat 1 --precision "$PRECISION" --json \
     > "$RAW/tbp.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "tboost bench failed on $m (see above)"
+  settle
   "$TBOOST" bench --model "$m" --prefill 1 --decode "$TG" --threads "$THREADS" --repeat 1 --precision "$PRECISION" --json \
     > "$RAW/tb.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "tboost bench failed on $m (see above)"
   steal_end tboost
@@ -179,6 +191,7 @@ run_llama() {
   # engine's decode is also set against the bandwidth of its own moment.
   "$TBOOST" bench --synthetic small --dtype q8_0 --prefill 1 --decode 1 --repeat 1 --threads "$THREADS" --json \
     > "$RAW/lbw.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "tboost bench (bandwidth probe) failed"
+  settle
   steal_begin
   "$LLAMA_BENCH" -m "$m" -t "$THREADS" -p "$PP" -n "$TG" -r 1 -o json \
     > "$RAW/lb.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "llama-bench failed on $m (see $RAW/stderr.log)"
@@ -188,6 +201,7 @@ run_llama() {
 run_tboost_conc() {
   local m="$1" r="$2"
   wait_idle "tboost concurrency $(basename "$m") #$r"
+  settle
   "$TBOOST" bench --model "$m" --prefill "$NPP" --decode "$NTG" --threads "$THREADS" --repeat 1 --precision "$PRECISION" \
     --concurrency "$NPL" --concurrency-prompt "$NPP" --json \
     > "$RAW/tbc.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "tboost bench --concurrency failed on $m"
@@ -196,6 +210,7 @@ run_tboost_conc() {
 run_llama_conc() {
   local m="$1" r="$2"
   wait_idle "llama-batched-bench $(basename "$m") #$r"
+  settle
   "$LLAMA_BATCHED_BENCH" -m "$m" -t "$THREADS" -c 4096 -b 2048 -ub 512 -npp "$NPP" -ntg "$NTG" -npl "$NPL" \
     > "$RAW/lbc.$(basename "$m").$r.txt" 2>> "$RAW/stderr.log" || die "llama-batched-bench failed on $m"
 }
