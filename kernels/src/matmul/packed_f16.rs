@@ -384,21 +384,15 @@ mod x86 {
         restore_mxcsr(saved);
     }
 
-    /// [`panel_sums`] of rows `i..i + R` of `sx` (F16) against each of the streams in `wp`
-    /// (1 or 2) in turn, sums at `out[stream][row]`.
+    /// [`panel_sums`] of rows `i` and `i + 1` of `sx` (F16) against each of the streams in
+    /// `wp` (1 or 2) in turn, sums at `out[stream][row]`.
     #[inline(always)]
-    unsafe fn rows_sums<const R: usize>(
-        wp: &[*const u8],
-        kt: usize,
-        sx: &SplitX,
-        i: usize,
-        out: &mut [[[f32; PANEL]; 2]; 2],
-    ) {
-        let xh: [*const f32; R] = std::array::from_fn(|r| sx.row(0, i + r) as *const f32);
-        let xl: [*const f32; R] = std::array::from_fn(|r| sx.row(1, i + r) as *const f32);
+    unsafe fn row_pair_sums(wp: &[*const u8], kt: usize, sx: &SplitX, i: usize, out: &mut [[[f32; PANEL]; 2]; 2]) {
+        let xh: [*const f32; 2] = std::array::from_fn(|r| sx.row(0, i + r) as *const f32);
+        let xl: [*const f32; 2] = std::array::from_fn(|r| sx.row(1, i + r) as *const f32);
         for (s, &w) in wp.iter().enumerate() {
-            let o: [*mut f32; R] = std::array::from_fn(|r| out[s][r].as_mut_ptr());
-            panel_sums::<1, R>([w], kt, (xh, xl), [o]);
+            let o: [*mut f32; 2] = std::array::from_fn(|r| out[s][r].as_mut_ptr());
+            panel_sums::<1, 2>([w], kt, (xh, xl), [o]);
         }
     }
 
@@ -459,28 +453,22 @@ mod x86 {
         let kp = padded(k);
         let (kt, pb) = (kp / 32, PANEL * kp * 2);
         let up = sink.up();
-        if sx.parts == 2 && i1 - i0 > 1 {
-            // Several F16 rows: one pass over each panel stream per 2 rows (sharing the
-            // widening and split of each pair line; 3 rows measured no faster than the tiles).
+        // F16 rows in pairs: one pass over each panel stream per 2 rows, sharing the widening
+        // and split of each pair line (3 rows measured no faster than the tiles). A row left
+        // over takes the one-row walk below, with its two streams at once.
+        let pairs_end = if sx.parts == 2 { i0 + (i1 - i0) / 2 * 2 } else { i0 };
+        if pairs_end > i0 {
             let mut sums = [[[0f32; PANEL]; 2]; 2];
             for p in p0..p1 {
                 let wp = [w.add(p * pb), up.unwrap_or(w).add(p * pb)];
                 let wp = if up.is_some() { &wp[..] } else { &wp[..1] };
-                let mut i = i0;
-                while i < i1 {
-                    let r = (i1 - i).min(2);
-                    if r == 2 {
-                        rows_sums::<2>(wp, kt, sx, i, &mut sums)
-                    } else {
-                        rows_sums::<1>(wp, kt, sx, i, &mut sums)
-                    }
-                    for d in 0..r {
+                for i in (i0..pairs_end).step_by(2) {
+                    row_pair_sums(wp, kt, sx, i, &mut sums);
+                    for d in 0..2 {
                         put_row(sums[0][d].as_ptr(), up.map(|_| sums[1][d].as_ptr()), sink, (i + d, p * PANEL), n);
                     }
-                    i += r;
                 }
             }
-            return;
         }
         let mut sums = [[0f32; PANEL]; 2];
         let [s0, s1] = &mut sums;
@@ -489,7 +477,7 @@ mod x86 {
         while p < p1 {
             // Two streams: this panel's gate and up, else this panel and the next.
             let two = up.is_some() || p + 1 < p1;
-            for i in i0..i1 {
+            for i in pairs_end..i1 {
                 match up {
                     Some(u) => row_sums::<2>([w.add(p * pb), u.add(p * pb)], kt, sx, i, out),
                     None if two => row_sums::<2>([w.add(p * pb), w.add((p + 1) * pb)], kt, sx, i, out),
