@@ -116,7 +116,10 @@ pub trait Tiling: Copy + Default + PartialEq + std::fmt::Debug {
 /// `threads × tasks_per_thread` tasks of at least 2^18 multiply-adds, weight rows in multiples of
 /// 8, activation rows split (in whole register tiles) only when the weight rows alone give too
 /// few tasks. `tasks_per_thread` defaults to 8 for a decode split (fewer activation rows than
-/// the kernel's register tile; 16 or fewer over dense panels) and to 4 otherwise. The bf16
+/// the kernel's register tile; 16 or fewer over dense panels) and to 4 otherwise. Unless
+/// `tasks_per_thread` or `panel_rows` is set, a decode split's last tasks shrink (down to
+/// `decode_task_min_bytes`, or one 16-row panel of dense weights) so that the threads finish
+/// together; a set value gives even tasks. The bf16
 /// kernels of fast precision (AMX, AVX512_BF16) keep their own split and take only the
 /// defaults.
 #[derive(Clone, Copy, Debug, Default, PartialEq, Eq, Hash, Serialize)]

@@ -243,7 +243,8 @@ pub extern "C" fn tboost_config_free(cfg: *mut tboost_config) -> tboost_status {
 ///   task of the CPU matmul kernels
 /// - `tiling.matmul.act_rows` [1, 65536]: activation rows (tokens) per matmul task
 /// - `tiling.matmul.tasks_per_thread` [1, 64]: matmul tasks per thread the split aims at
-///   (default 8 in decode, 4 otherwise)
+///   (default 8 in decode, 4 otherwise; by default a decode split's last tasks shrink so the
+///   threads finish together, a set value gives even tasks)
 /// - `tiling.matmul.decode_task_min_bytes` [4096, 16777216], a multiple of 1024: least weight
 ///   bytes of a block-quantized decode task (default 32768)
 /// - `tiling.moe.expert_batch_tokens` [1, 65536]: most tokens in one expert batch of the grouped

@@ -110,7 +110,9 @@ pub struct tboost_matmul_tiling {
     pub panel_rows: u32,
     /// Activation rows (tokens) per task: 1..=65536.
     pub act_rows: u32,
-    /// Tasks per thread the split aims at: 1..=64 (default 8 in decode, 4 otherwise).
+    /// Tasks per thread the split aims at: 1..=64 (default 8 in decode, 4 otherwise; by
+    /// default a decode split's last tasks shrink so the threads finish together, a set value
+    /// gives even tasks).
     pub tasks_per_thread: u32,
     /// Least weight bytes of a block-quantized decode task: a multiple of 1024 in
     /// 4096..=16777216 (default 32768).

@@ -304,7 +304,8 @@ const DECODE_TASK_BYTES: usize = 512 << 10;
 /// columns (`tasks_per_thread` per thread, and rows of `m` when panels alone give too few;
 /// `panel_rows`, a multiple of 16, and `act_rows` where the tiling sets them). Above 16 rows
 /// a task takes at least `min_panels` panels (unless the tiling sets `panel_rows`): the
-/// width of the kernel's register tile, which a narrower task would leave part idle.
+/// width of the kernel's register tile, which a narrower task would leave part idle. In
+/// decode the last tasks shrink (see the comment inside) unless the tiling sets the tasks.
 fn packed_tasks(
     rows: &[usize],
     m: usize,
@@ -341,12 +342,21 @@ fn packed_tasks(
         None if n_tasks < target && m > 8 => m.div_ceil(target.div_ceil(n_tasks.max(1))).next_multiple_of(8),
         None => m,
     };
+    // Decode: the last tasks shrink as `quant::guided_task_bytes` says (here in panels, down
+    // to one) so the threads finish together; a set panel or task count keeps even tasks.
+    let guided = m <= 16 && tiling.panel_rows.is_none() && tiling.tasks_per_thread.is_none() && threads > 1;
+    let mut left = total;
     let mut tasks = crate::Items::new();
     for (seg, &np) in panels.iter().enumerate() {
-        for p0 in (0..np).step_by(chunk) {
+        let mut p0 = 0;
+        while p0 < np {
+            let size = if guided { (left / (2 * threads)).clamp(1, chunk) } else { chunk };
+            let p1 = (p0 + size).min(np);
             for i0 in (0..m).step_by(m_step.max(1)) {
-                tasks.push(PackedTask { seg, p0, p1: (p0 + chunk).min(np), i0, i1: (i0 + m_step).min(m) });
+                tasks.push(PackedTask { seg, p0, p1, i0, i1: (i0 + m_step).min(m) });
             }
+            left = left.saturating_sub(p1 - p0);
+            p0 = p1;
         }
     }
     tasks

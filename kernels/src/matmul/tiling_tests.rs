@@ -1,7 +1,7 @@
 //! Each `MatMulTiling` setting really moves the dense split (the bits never move: see
 //! `tests/tiling.rs`): items are counted and measured on the plans themselves.
 
-use super::{plan_items, plan_items_tiled, Isa, Item, MatMulTiling};
+use super::{packed_tasks, plan_items, plan_items_tiled, Isa, Item, MatMulTiling};
 
 pub(crate) fn in_pool<T: Send>(threads: usize, f: impl FnOnce() -> T + Send) -> T {
     rayon::ThreadPoolBuilder::new().num_threads(threads).build().unwrap().install(f)
@@ -58,4 +58,24 @@ fn every_tunable_moves_the_dense_split() {
         assert_eq!(run(MatMulTiling::default()), (16, 256, 1));
         assert_eq!(run(t(None, None, Some(4))), (8, 512, 1));
     });
+}
+
+#[test]
+fn a_dense_decode_splits_last_panels_shrink_unless_the_tasks_are_set() {
+    // F16 [4096, 2048] in 16-row panels of 64 KiB: 256 panels, 2 threads x 8 tasks, at most
+    // 512 KiB (8 panels) a task.
+    let (n, k) = (4096, 2048);
+    let panels = |tiling: MatMulTiling| -> Vec<usize> {
+        let tasks = in_pool(2, || packed_tasks(&[n], 1, k, &tiling, 1));
+        let rects: Vec<_> = tasks.iter().map(|t| (t.i0, t.i1, t.p0, t.p1)).collect();
+        cover(&rects, 256, 1);
+        tasks.iter().map(|t| t.p1 - t.p0).collect()
+    };
+    let guided = panels(MatMulTiling::default());
+    assert!(guided.windows(2).all(|w| w[0] >= w[1]), "tasks grow: {guided:?}");
+    // Full tasks until the last 2 x threads tasks' worth (32 panels), then shrinking to one.
+    assert_eq!(guided.iter().filter(|&&p| p == 8).count(), 29, "{guided:?}");
+    assert_eq!(guided.last(), Some(&1), "{guided:?}");
+    let set = MatMulTiling { tasks_per_thread: Some(8), ..MatMulTiling::default() };
+    assert_eq!(panels(set), vec![8; 32]);
 }

@@ -53,3 +53,38 @@ fn every_tunable_moves_the_quantized_split() {
         assert_eq!(shape(&plan(&[w], 3, 5, false, &t(None, Some(1), None, None)), n, 3), (6, 60, 1));
     });
 }
+
+#[test]
+fn a_decode_splits_last_tasks_shrink_so_the_threads_finish_together() {
+    // Q8_0 [4096, 2048]: rows of 2,176 bytes, 8.9 MB; 2 threads x 8 tasks of 256 rows.
+    let (n, k) = (4096, 2048);
+    let bytes = vec![0u8; n * DType::Q8_0.bytes_for(k).unwrap()];
+    let w = WeightMat::new(DType::Q8_0, n, k, &bytes).unwrap();
+    let rows = |threads: usize, ws: &[WeightMat<'_>], tiling: MatMulTiling| -> Vec<usize> {
+        let tasks = in_pool(threads, || plan(ws, 1, 5, false, &tiling));
+        for (mat, _) in ws.iter().enumerate() {
+            let mine: Vec<Task> = tasks.iter().filter(|t| t.mat == mat).copied().collect();
+            shape(&mine, n, 1);
+        }
+        tasks.iter().map(|t| t.j1 - t.j0).collect()
+    };
+    let guided = rows(2, &[w], MatMulTiling::default());
+    assert!(guided.windows(2).all(|p| p[0] >= p[1]), "tasks grow: {guided:?}");
+    // 256-row tasks until the last 1,024 rows (2 x threads tasks), then a quarter of what is
+    // left, in whole 4-row tiles, down to the least 32 KiB (15 rows, so 16) and the rest.
+    assert_eq!(&guided[..13], &[256; 13]);
+    assert_eq!(guided[13], 192, "{guided:?}");
+    assert!(guided[guided.len() - 2] == 16 && guided[guided.len() - 1] <= 16, "{guided:?}");
+
+    // Over two matrices (a fused q/k/v: twice the bytes, so tasks of 484 rows, about 1 MiB)
+    // only the second's last tasks shrink: the first's are full but for its remainder.
+    let two = rows(2, &[w, w], MatMulTiling::default());
+    assert_eq!(&two[..9], &[484, 484, 484, 484, 484, 484, 484, 484, 4096 - 8 * 484], "{two:?}");
+    assert!(two[9..].windows(2).all(|p| p[0] >= p[1]) && two.last() <= Some(&16), "{two:?}");
+
+    // One thread, or a set task count, gives even tasks.
+    let one = rows(1, &[w], MatMulTiling::default());
+    assert!(one[..one.len() - 1].iter().all(|&r| r == one[0]), "{one:?}");
+    let set = MatMulTiling { tasks_per_thread: Some(8), ..MatMulTiling::default() };
+    assert_eq!(rows(2, &[w], set), vec![256; 16]);
+}
