@@ -29,7 +29,8 @@ mod par;
 /// steady decode step allocates none for them.
 pub type Few<T> = smallvec::SmallVec<[T; 4]>;
 
-/// A call's work items (4 per pool thread, 16 in decode), kept on the stack up to 64.
+/// A call's work items (4 per pool thread, 8 and a shrinking tail in decode), kept on the
+/// stack up to 64.
 pub(crate) type Items<T> = smallvec::SmallVec<[T; 64]>;
 pub mod quant;
 pub mod rope;
