@@ -342,15 +342,15 @@ fn packed_tasks(
         None if n_tasks < target && m > 8 => m.div_ceil(target.div_ceil(n_tasks.max(1))).next_multiple_of(8),
         None => m,
     };
-    // Decode: the last tasks shrink as `quant::guided_task_bytes` says (here in panels, down
-    // to one) so the threads finish together; a set panel or task count keeps even tasks.
+    // Decode: the last tasks shrink (`par::guided_size`, here in panels, down to one) so the
+    // threads finish together; a set panel or task count keeps even tasks.
     let guided = m <= 16 && tiling.panel_rows.is_none() && tiling.tasks_per_thread.is_none() && threads > 1;
     let mut left = total;
     let mut tasks = crate::Items::new();
     for (seg, &np) in panels.iter().enumerate() {
         let mut p0 = 0;
         while p0 < np {
-            let size = if guided { (left / (2 * threads)).clamp(1, chunk) } else { chunk };
+            let size = if guided { crate::par::guided_size(left, threads, chunk, 1) } else { chunk };
             let p1 = (p0 + size).min(np);
             for i0 in (0..m).step_by(m_step.max(1)) {
                 tasks.push(PackedTask { seg, p0, p1, i0, i1: (i0 + m_step).min(m) });

@@ -404,21 +404,6 @@ const TASK_MAX_BYTES: usize = 1 << 20;
 const TILE_TASK_N: usize = 48;
 const TILE_TASK_X_BYTES: usize = 1 << 20;
 
-/// Weight bytes of the next decode task when `left` bytes of the matmul remain: `task_bytes`
-/// until the last `2 × threads` tasks' worth, then `left / (2 × threads)` (a quarter of what
-/// is left, for 2 threads), down to `least`. Tasks are claimed in order, so the last ones
-/// claimed are the smallest and the threads finish within about one small task of each
-/// other. Before, in the model (Q4_0 tinyllama decode, 2 threads, 16.5 even tasks of about
-/// 24 us per matmul), a matmul's wall was 14 us longer than each thread's busy time: at the
-/// end one thread ran a last task while the other waited. Decode, binaries alternated 5
-/// times: Q4_0 50.2 -> 51.3 tokens/s; 3 times: Q8_0 26.0 -> 26.4.
-fn guided_task_bytes(left: usize, threads: usize, task_bytes: usize, least: usize) -> usize {
-    if threads <= 1 {
-        return task_bytes;
-    }
-    (left / (2 * threads)).clamp(least.min(task_bytes), task_bytes)
-}
-
 /// Activation rows per tiled task: a multiple of 12 (whole micro-tiles of 4 or 2 rows).
 fn tile_task_m(k: usize) -> usize {
     (TILE_TASK_X_BYTES / (4 * k.max(1))).clamp(12, 96) / 12 * 12
@@ -475,7 +460,8 @@ fn plan(ws: &[WeightMat<'_>], m: usize, tile_min: usize, fast: bool, tiling: &Ma
             let guided = tiling.tasks_per_thread.is_none();
             let mut j0 = 0;
             while j0 < w.rows {
-                let bytes = if guided { guided_task_bytes(left, threads, task_bytes, min_bytes) } else { task_bytes };
+                let bytes =
+                    if guided { crate::par::guided_size(left, threads, task_bytes, min_bytes) } else { task_bytes };
                 let j1 = (j0 + (bytes / row_bytes).max(1).next_multiple_of(unit)).min(w.rows);
                 span(&mut tasks, mat, j0, j1, mc);
                 left = left.saturating_sub((j1 - j0) * row_bytes);
