@@ -4,7 +4,7 @@
 # thread steps, in a C++ host built with AddressSanitizer and linked with the static
 # library; LeakSanitizer checks for leaks at exit. The program asserts one finish event per
 # request, the header's cancel contract, an empty KV cache at the end and flat RSS, and
-# prints what it counted (tests/soak/soak.cpp).
+# prints what it counted (crates/capi/tests/soak/soak.cpp).
 #
 # Usage: scripts/soak.sh [MODEL] [REQUESTS] [THREADS] [SEED]
 #   MODEL defaults to the golden llama_gqa checkpoint in ../shared (or $TBOOST_SHARED).
@@ -28,7 +28,7 @@ export TBOOST_SHARED=$SHARED
 export PATH="${CARGO_HOME:-${HOME:-$(echo ~)}/.cargo}/bin:$PATH"
 
 echo "soak: building (cargo release library + ASan host) in $BUILD"
-cmake -S "$ROOT/tests/soak" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTBOOST_CARGO_TARGET_DIR="$TARGET_DIR" >/dev/null
+cmake -S "$ROOT/crates/capi/tests/soak" -B "$BUILD" -DCMAKE_BUILD_TYPE=RelWithDebInfo -DTBOOST_CARGO_TARGET_DIR="$TARGET_DIR" >/dev/null
 cmake --build "$BUILD" -j "$(nproc 2>/dev/null || echo 2)"
 symbols=$(nm "$BUILD/tboost_soak")
 [[ "$symbols" == *__asan_init* ]] || { echo "soak: the host is not instrumented with ASan" >&2; exit 1; }

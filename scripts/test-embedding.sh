@@ -63,10 +63,10 @@ mkdir -p "$WORK"
 ok
 
 step "header drift: include/tboost.h is cbindgen's output"
-(cd "$ROOT" && cbindgen --quiet --config cbindgen.toml --crate tboost --output "$SCRATCH/tboost.h")
+(cd "$ROOT" && cbindgen --quiet --config crates/capi/cbindgen.toml --crate tboost-capi --output "$SCRATCH/tboost.h")
 diff -u "$ROOT/include/tboost.h" "$SCRATCH/tboost.h" ||
-  die "include/tboost.h differs from what cbindgen $CBINDGEN_VERSION generates from src/ffi/: regenerate it with
-  cbindgen --config cbindgen.toml --crate tboost --output include/tboost.h   (and commit it)"
+  die "include/tboost.h differs from what cbindgen $CBINDGEN_VERSION generates from crates/capi: regenerate it with
+  cbindgen --config crates/capi/cbindgen.toml --crate tboost-capi --output include/tboost.h   (and commit it)"
 ok
 
 step "header compiles as C99 and C++17 with -Wall -Wextra -Werror -pedantic"
@@ -79,7 +79,7 @@ ok
 step "release library; its native-static-libs equal cmake/tboostNativeLibs.cmake"
 # The same cargo invocation as CMakeLists.txt's tboost_cargo target (so neither rebuilds the
 # other's output); cargo replays rustc's note on a no-op build.
-(cd "$ROOT" && cargo rustc --release --lib -- --print native-static-libs) 2>&1 | tee "$SCRATCH/cargo.log" | tail -n 3
+(cd "$ROOT" && cargo rustc --release --lib -p tboost-capi -- --print native-static-libs) 2>&1 | tee "$SCRATCH/cargo.log" | tail -n 3
 rustc_libs=$(sed -n 's/.*note: native-static-libs: //p' "$SCRATCH/cargo.log" | tail -n 1)
 [ -n "$rustc_libs" ] || die "cargo printed no native-static-libs line (see above)"
 listed=$(sed -n 's/^set(TBOOST_NATIVE_STATIC_LIBS \(.*\))$/\1/p' "$ROOT/cmake/tboostNativeLibs.cmake" | sed 's/\([^ ]*\)/-l\1/g')
@@ -207,7 +207,7 @@ step "AddressSanitizer: gtest suite, C consumer and C++ example (leaks, invalid 
 cmake -S "$ROOT" -B "$WORK/build-asan" -DCMAKE_BUILD_TYPE=Debug -DTBOOST_SANITIZE=address \
   -DTBOOST_CARGO_TARGET_DIR="$TARGET_DIR" -DTBOOST_SHARED="$SHARED" >/dev/null || die "ASan configure failed"
 cmake --build "$WORK/build-asan" -j "$JOBS" >/dev/null || die "the ASan build failed"
-symbols=$(nm "$WORK/build-asan/tests/cpp/tboost_gtest")
+symbols=$(nm "$WORK/build-asan/crates/capi/tests/cpp/tboost_gtest")
 [[ "$symbols" == *__asan_init* ]] || die "the ASan build is not instrumented"
 (cd "$WORK/build-asan" && ASAN_OPTIONS=detect_leaks=1:halt_on_error=1 ctest --output-on-failure -j "$JOBS") ||
   die "ctest under AddressSanitizer failed (report above)"

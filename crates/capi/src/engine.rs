@@ -1,0 +1,602 @@
+//! `tboost_engine`: the Rust `Engine` plus the event queue any thread can read or wait on,
+//! and a poison flag. The engine's own core lock is the one-stepper rule (a second stepper
+//! gets `TBOOST_ERR_BUSY`).
+
+use std::collections::{HashMap, HashSet, VecDeque};
+use std::os::raw::c_char;
+use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
+use std::sync::{Arc, Condvar, Mutex, MutexGuard};
+use std::time::{Duration, Instant};
+
+use super::config::settings_of;
+use super::handle::Registry;
+use super::log_bridge::ensure_logger;
+use super::model::MODELS;
+use super::status::{guard, tboost_status, CallCtx, Failure, FfiResult, Status};
+use super::types::*;
+use super::util::*;
+use ::tboost_engine::engine::{Engine, Event};
+use ::tboost_engine::sample::{FinishReason, SamplingParams};
+use ::tboost_engine::sched::{Request, RequestId};
+use ::tboost_engine::Error;
+
+/// Events produced by steps and not yet read, in production order.
+#[derive(Default)]
+struct Queue {
+    events: VecDeque<tboost_event>,
+    /// Tokens delivered so far per unfinished request (for `tboost_event.index`).
+    produced: HashMap<RequestId, u32>,
+    /// Requests whose finish event was queued (the newest `ENDED_KEPT`), so that `wait`
+    /// on one whose events were all read returns at once instead of at its timeout.
+    ended: HashSet<RequestId>,
+    ended_order: VecDeque<RequestId>,
+}
+
+/// How many ended requests `wait` remembers; older ones are unknown to the engine too
+/// (its finished-request records are bounded the same way by default).
+const ENDED_KEPT: usize = 65536;
+
+impl Queue {
+    fn count(&self, id: RequestId) -> usize {
+        if id == TBOOST_ANY_REQUEST {
+            self.events.len()
+        } else {
+            self.events.iter().filter(|e| e.request_id == id).count()
+        }
+    }
+}
+
+pub(crate) struct EngineInner {
+    engine: Engine,
+    queue: Mutex<Queue>,
+    ready: Condvar,
+    /// Set by a panic in any call on this engine; every later call but free fails.
+    poisoned: AtomicBool,
+    /// Set by `tboost_engine_free`, so that threads blocked in `wait` return.
+    closed: AtomicBool,
+    steps: AtomicU64,
+    debug_panic_at_step: u64,
+    debug_step_delay: Duration,
+    plan_json: String,
+}
+
+impl EngineInner {
+    fn queue(&self) -> MutexGuard<'_, Queue> {
+        // Queue operations cannot panic halfway; a poisoned lock still holds a valid queue.
+        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+    }
+
+    pub(crate) fn poison(&self) {
+        self.poisoned.store(true, Ordering::SeqCst);
+        let _q = self.queue();
+        self.ready.notify_all();
+    }
+
+    fn push(&self, events: Vec<Event>) -> usize {
+        let n = events.len();
+        if n == 0 {
+            return 0;
+        }
+        let mut q = self.queue();
+        for e in events {
+            let count = q.produced.entry(e.id).or_insert(0);
+            let index = *count;
+            if e.token.is_some() {
+                *count += 1;
+            }
+            if e.finish.is_some() {
+                q.produced.remove(&e.id);
+                q.ended.insert(e.id);
+                q.ended_order.push_back(e.id);
+                while q.ended_order.len() > ENDED_KEPT {
+                    if let Some(old) = q.ended_order.pop_front() {
+                        q.ended.remove(&old);
+                    }
+                }
+            }
+            let failed = e.finish == Some(FinishReason::Error);
+            q.events.push_back(tboost_event {
+                struct_size: std::mem::size_of::<tboost_event>() as u32,
+                // Token ids are below the vocabulary size, far below i32::MAX.
+                token: e.token.map_or(-1, |t| t as i32),
+                request_id: e.id,
+                user_tag: e.tag,
+                logprob: e.logprob.unwrap_or(f32::NAN),
+                index,
+                finish: tboost_finish_reason::from_engine(e.finish),
+                error: if failed { Status::TBOOST_ERR_REQUEST_FAILED } else { Status::TBOOST_OK },
+            });
+        }
+        self.ready.notify_all();
+        n
+    }
+}
+
+pub(crate) static ENGINES: Registry<EngineInner> = Registry::new("engine");
+
+/// Looks up a live, unpoisoned engine and records it so that a panic poisons it.
+fn engine_of(ctx: &mut CallCtx, e: *const tboost_engine) -> FfiResult<Arc<EngineInner>> {
+    let inner = ENGINES.get(e, "engine")?;
+    if inner.poisoned.load(Ordering::SeqCst) {
+        return Err(Error::Poisoned.into());
+    }
+    ctx.engine = Some(inner.clone());
+    Ok(inner)
+}
+
+/// Creates an engine for `model` with the options in `cfg` (may be NULL: defaults): plans
+/// the model, starts the compute threads and allocates the KV cache. The engine keeps what
+/// it needs of the model. Returns `TBOOST_ERR_INVALID_ARGUMENT` naming the option at fault
+/// (e.g. max_batched_tokens below max_seqs, a KV cache too small for one block). Free it
+/// with `tboost_engine_free`. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_engine_new(
+    model: *const tboost_model,
+    cfg: *const tboost_config,
+    out: *mut *mut tboost_engine,
+) -> tboost_status {
+    guard("tboost_engine_new", |_| {
+        require(out, "out")?;
+        let m = MODELS.get(model, "model")?;
+        let s = settings_of(cfg)?;
+        ensure_logger();
+        let engine = Engine::new(s.engine.clone())?;
+        engine.load_model(&m.model)?;
+        let plan_json = engine.plan()?.to_json().to_string();
+        let inner = EngineInner {
+            engine,
+            queue: Mutex::new(Queue::default()),
+            ready: Condvar::new(),
+            poisoned: AtomicBool::new(false),
+            closed: AtomicBool::new(false),
+            steps: AtomicU64::new(0),
+            debug_panic_at_step: s.debug_panic_at_step,
+            debug_step_delay: Duration::from_millis(s.debug_step_delay_ms),
+            plan_json,
+        };
+        let h = ENGINES.insert(Arc::new(inner));
+        // SAFETY: `out` is non-null and valid per the contract.
+        unsafe { write_out(out, h) };
+        Ok(())
+    })
+}
+
+/// Frees an engine: every request in flight is dropped with its KV blocks, unread events
+/// are discarded, and threads blocked in `tboost_engine_wait` on it return
+/// `TBOOST_ERR_INVALID_HANDLE`. A poisoned engine can (and should) be freed. NULL is a
+/// no-op; a freed or unknown handle is `TBOOST_ERR_INVALID_HANDLE`. No other call on this
+/// engine may start after it.
+#[no_mangle]
+pub extern "C" fn tboost_engine_free(engine: *mut tboost_engine) -> tboost_status {
+    guard("tboost_engine_free", |_| {
+        if engine.is_null() {
+            return Ok(());
+        }
+        let inner = ENGINES.remove(engine, "engine")?;
+        inner.closed.store(true, Ordering::SeqCst);
+        // A step running on another thread stops at its next op; the engine goes when it
+        // returns (it holds the last reference).
+        inner.engine.interrupt();
+        let _q = inner.queue();
+        inner.ready.notify_all();
+        Ok(())
+    })
+}
+
+/// Fills `params` with the defaults (greedy, 16 tokens, no penalties, no logprobs, priority
+/// 0, tag 0) and sets `struct_size`. NULL is ignored.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_sampling_params_init(params: *mut tboost_sampling_params) {
+    super::status::guard_value((), || {
+        // SAFETY: NULL or valid for writes per the contract.
+        unsafe { write_out(params, tboost_sampling_params::default()) }
+    })
+}
+
+fn sampling(p: &tboost_sampling_params) -> FfiResult<SamplingParams> {
+    let top_k = usize::try_from(p.top_k)
+        .map_err(|_| Failure::invalid(format!("`top_k` = {} must be >= 0 (0 = off)", p.top_k)))?;
+    let logprobs = match p.logprobs {
+        -1 => None,
+        n if n >= 0 => Some(n as usize),
+        n => return Err(Failure::invalid(format!("`logprobs` = {n} must be -1 (off) or >= 0"))),
+    };
+    Ok(SamplingParams {
+        temperature: p.temperature,
+        top_k,
+        top_p: p.top_p,
+        min_p: p.min_p,
+        repetition_penalty: p.repetition_penalty,
+        presence_penalty: p.presence_penalty,
+        frequency_penalty: p.frequency_penalty,
+        seed: p.seed,
+        logprobs,
+    })
+}
+
+/// Queues a request; `*id_out` receives its id. Everything is copied before the call
+/// returns, so the caller may free its arrays at once.
+///
+/// - `prompt`, `n_prompt`: token ids, each in [0, vocab_size); at least one.
+/// - `params`: NULL for the defaults, else initialised with `tboost_sampling_params_init`.
+/// - Stop sequences: `n_stop` sequences whose lengths are `stop_lens[0..n_stop]` (each at
+///   least 1), their tokens concatenated in `stop_tokens`. Both may be NULL when `n_stop` is
+///   0. A request stops once its output ends with one of them (kept in the output).
+///
+/// Returns `TBOOST_ERR_INVALID_ARGUMENT` naming the bad value (token out of range, empty
+/// stop sequence, sampling value out of range), `TBOOST_ERR_KV_CAPACITY` when prompt +
+/// max_tokens can never fit the KV cache, `TBOOST_ERR_QUEUE_FULL` at `queue_limit`.
+/// Thread-safe; may be called while another thread steps.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_engine_enqueue(
+    engine: *mut tboost_engine,
+    prompt: *const i32,
+    n_prompt: usize,
+    params: *const tboost_sampling_params,
+    stop_tokens: *const i32,
+    stop_lens: *const usize,
+    n_stop: usize,
+    id_out: *mut tboost_request_id,
+) -> tboost_status {
+    guard("tboost_engine_enqueue", |ctx| {
+        let inner = engine_of(ctx, engine)?;
+        require(id_out, "id_out")?;
+        // SAFETY (all reads below): arrays of the given lengths per the contract.
+        let prompt = token_ids(unsafe { read_slice(prompt, n_prompt, "prompt") }?, "prompt")?;
+        let p = if params.is_null() {
+            tboost_sampling_params::default()
+        } else {
+            unsafe { read_sized(params, tboost_sampling_params::default(), SAMPLING_PARAMS_V1, "params") }?
+        };
+        let lens = unsafe { read_slice(stop_lens, n_stop, "stop_lens") }?;
+        let total = lens
+            .iter()
+            .try_fold(0usize, |a, &l| a.checked_add(l))
+            .ok_or_else(|| Failure::invalid("`stop_lens` add up to more than memory can hold"))?;
+        let flat = token_ids(unsafe { read_slice(stop_tokens, total, "stop_tokens") }?, "stop_tokens")?;
+        let mut stop_sequences = Vec::with_capacity(lens.len());
+        let mut at = 0;
+        for (i, &l) in lens.iter().enumerate() {
+            if l == 0 {
+                return Err(Failure::invalid(format!("`stop_lens[{i}]` is 0: a stop sequence must not be empty")));
+            }
+            stop_sequences.push(flat[at..at + l].to_vec());
+            at += l;
+        }
+        let req = Request {
+            prompt,
+            sampling: sampling(&p)?,
+            max_tokens: p.max_tokens as usize,
+            eos_ids: None,
+            ignore_eos: p.ignore_eos != 0,
+            stop_sequences,
+            priority: p.priority,
+            tag: p.user_tag,
+        };
+        let id = inner.engine.enqueue(req)?;
+        // SAFETY: checked non-null above.
+        unsafe { write_out(id_out, id) };
+        Ok(())
+    })
+}
+
+/// Cancels a request. `TBOOST_OK` means its events end with a `TBOOST_FINISH_CANCELLED`
+/// event, from the next step (also when the step running at that moment would have
+/// finished it: its last token then comes with the cancelled finish); its KV blocks are
+/// freed by that step. Idempotent: cancelling a request that is already cancelled (or whose
+/// cancel is pending) returns `TBOOST_OK`. An unknown id, or a request that already
+/// finished otherwise, is `TBOOST_ERR_NOT_FOUND` (not fatal: it may have finished just
+/// before). Thread-safe.
+#[no_mangle]
+pub extern "C" fn tboost_engine_cancel(engine: *mut tboost_engine, id: tboost_request_id) -> tboost_status {
+    guard("tboost_engine_cancel", |ctx| {
+        let inner = engine_of(ctx, engine)?;
+        Ok(inner.engine.cancel(id)?)
+    })
+}
+
+/// Runs one continuous-batching iteration: admits waiting requests, runs one batch of
+/// prefill chunks and decodes, samples, and appends the resulting events to the engine's
+/// queue (read them with `tboost_engine_read`). `*n_events_out` (may be NULL) receives how
+/// many events this step appended. With nothing to do it returns at once with 0.
+///
+/// One thread at a time: a call while another thread is inside step returns
+/// `TBOOST_ERR_BUSY`. A failure of the batch is reported per request (events with
+/// `TBOOST_FINISH_ERROR`), not as the step's status.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_engine_step(engine: *mut tboost_engine, n_events_out: *mut usize) -> tboost_status {
+    guard("tboost_engine_step", |ctx| {
+        let inner = engine_of(ctx, engine)?;
+        // The testing knobs run inside the stepping guard (a concurrent step is BUSY).
+        let out = inner.engine.step_with(|| {
+            let n = inner.steps.fetch_add(1, Ordering::SeqCst) + 1;
+            if n == inner.debug_panic_at_step {
+                panic!("debug_panic_at_step: step {n} panics on purpose");
+            }
+            if !inner.debug_step_delay.is_zero() {
+                std::thread::sleep(inner.debug_step_delay);
+            }
+        })?;
+        let n = inner.push(out.events);
+        // SAFETY: NULL or valid per the contract.
+        unsafe { write_out(n_events_out, n) };
+        Ok(())
+    })
+}
+
+/// `*out` = true while any request is waiting, running or has a cancellation to report,
+/// i.e. while `tboost_engine_step` has work. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_engine_has_work(engine: *const tboost_engine, out: *mut bool) -> tboost_status {
+    guard("tboost_engine_has_work", |ctx| {
+        let inner = engine_of(ctx, engine)?;
+        require(out, "out")?;
+        let v = inner.engine.has_work()?;
+        // SAFETY: checked non-null above.
+        unsafe { write_out(out, v) };
+        Ok(())
+    })
+}
+
+/// Moves up to `cap` events into `events` — those of request `id`, or of every request
+/// for `TBOOST_ANY_REQUEST` — oldest first; `*n_out` receives how many were written. Each
+/// event is read once; events stay queued until read (or the engine is freed). `event_size` is sizeof(tboost_event) from the caller's header (the
+/// array stride; the library fills at most that much of each). With `cap` 0, nothing is
+/// removed and `*n_out` is the number of events ready (`events` may then be NULL).
+///
+/// Returns `TBOOST_ERR_NOT_FOUND` for an id the engine never issued. Thread-safe: many
+/// threads may read (e.g. one per request) while another steps.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_engine_read(
+    engine: *mut tboost_engine,
+    id: tboost_request_id,
+    events: *mut tboost_event,
+    event_size: usize,
+    cap: usize,
+    n_out: *mut usize,
+) -> tboost_status {
+    guard("tboost_engine_read", |ctx| {
+        let inner = engine_of(ctx, engine)?;
+        require(n_out, "n_out")?;
+        check_size(event_size, EVENT_V1, "event_size")?;
+        if cap > 0 {
+            require(events, "events")?;
+            if cap.checked_mul(event_size).is_none_or(|b| b > isize::MAX as usize) {
+                return Err(Failure::invalid(format!("`cap` {cap} x `event_size` {event_size} overflows")));
+            }
+        }
+        let mut q = inner.queue();
+        if id != TBOOST_ANY_REQUEST && q.count(id) == 0 {
+            // Only now ask the engine, whose records of old finished requests are bounded.
+            inner.engine.output(id)?;
+        }
+        if cap == 0 {
+            // SAFETY: checked non-null above.
+            unsafe { write_out(n_out, q.count(id)) };
+            return Ok(());
+        }
+        let mut taken = Vec::new();
+        if id == TBOOST_ANY_REQUEST {
+            let n = cap.min(q.events.len());
+            taken.extend(q.events.drain(..n));
+        } else {
+            let mut rest = VecDeque::with_capacity(q.events.len());
+            for e in q.events.drain(..) {
+                if e.request_id == id && taken.len() < cap {
+                    taken.push(e);
+                } else {
+                    rest.push_back(e);
+                }
+            }
+            q.events = rest;
+        }
+        drop(q);
+        for (i, e) in taken.iter().enumerate() {
+            // SAFETY: element i of the caller's array of `cap` elements of `event_size` bytes.
+            unsafe { write_sized(events.cast::<u8>().add(i * event_size), e, event_size) };
+        }
+        // SAFETY: checked non-null above.
+        unsafe { write_out(n_out, taken.len()) };
+        Ok(())
+    })
+}
+
+/// Blocks until at least one event of request `id` (or of any request, for
+/// `TBOOST_ANY_REQUEST`) is ready to read, or `timeout_ms` passes (0 = just check).
+/// `*n_ready_out` (may be NULL) receives the number of events ready; 0 means the timeout
+/// passed. Someone else must be stepping the engine for events to come. Returns
+/// `TBOOST_ERR_NOT_FOUND` at once for an id the engine never issued, or for a request that
+/// has ended and whose events were all read (nothing more will come);
+/// `TBOOST_ERR_INVALID_HANDLE` if the engine is freed meanwhile, `TBOOST_ERR_POISONED` if a
+/// panic poisons it. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_engine_wait(
+    engine: *mut tboost_engine,
+    id: tboost_request_id,
+    timeout_ms: u32,
+    n_ready_out: *mut usize,
+) -> tboost_status {
+    guard("tboost_engine_wait", |ctx| {
+        let inner = engine_of(ctx, engine)?;
+        if id != TBOOST_ANY_REQUEST && inner.queue().count(id) == 0 {
+            inner.engine.output(id)?;
+        }
+        let deadline = Instant::now() + Duration::from_millis(timeout_ms.into());
+        let mut q = inner.queue();
+        if id != TBOOST_ANY_REQUEST && q.count(id) == 0 && q.ended.contains(&id) {
+            return Err(Failure::new(
+                Status::TBOOST_ERR_NOT_FOUND,
+                format!("request {id} has ended and all its events were read: nothing more will come"),
+            ));
+        }
+        let n = loop {
+            if inner.closed.load(Ordering::SeqCst) {
+                return Err(Failure::new(Status::TBOOST_ERR_INVALID_HANDLE, "the engine was freed while waiting"));
+            }
+            if inner.poisoned.load(Ordering::SeqCst) {
+                return Err(Error::Poisoned.into());
+            }
+            let n = q.count(id);
+            let now = Instant::now();
+            if n > 0 || now >= deadline {
+                break n;
+            }
+            q = inner.ready.wait_timeout(q, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
+        };
+        drop(q);
+        // SAFETY: NULL or valid per the contract.
+        unsafe { write_out(n_ready_out, n) };
+        Ok(())
+    })
+}
+
+/// Copies request `id`'s generated tokens so far into `tokens` (`*n_tokens_out` receives
+/// their number; `TBOOST_ERR_BUFFER_TOO_SMALL` and nothing written when `cap` is smaller)
+/// and its finish reason into `*finish_out` (may be NULL; `TBOOST_FINISH_NONE` while it
+/// runs). Records of finished requests are kept for the last 65536 of them. Returns
+/// `TBOOST_ERR_NOT_FOUND` for an unknown id. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_engine_output(
+    engine: *const tboost_engine,
+    id: tboost_request_id,
+    tokens: *mut i32,
+    cap: usize,
+    n_tokens_out: *mut usize,
+    finish_out: *mut tboost_finish_reason,
+) -> tboost_status {
+    guard("tboost_engine_output", |ctx| {
+        let inner = engine_of(ctx, engine)?;
+        require(n_tokens_out, "n_tokens_out")?;
+        let o = inner.engine.output(id)?;
+        // SAFETY: NULL or valid per the contract.
+        unsafe { write_out(finish_out, tboost_finish_reason::from_engine(o.finish)) };
+        let ids: Vec<i32> = o.tokens.iter().map(|&t| t as i32).collect();
+        // SAFETY: `tokens` holds `cap` elements per the contract.
+        unsafe { write_array(&ids, tokens, cap, n_tokens_out, "tokens") }
+    })
+}
+
+/// Writes why request `id` failed (its `TBOOST_FINISH_ERROR` event) into `buf`; "" when it
+/// did not fail. Buffer rules as in `tboost_last_error`. `TBOOST_ERR_NOT_FOUND` for an
+/// unknown id. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_engine_request_error(
+    engine: *const tboost_engine,
+    id: tboost_request_id,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+) -> tboost_status {
+    guard("tboost_engine_request_error", |ctx| {
+        let inner = engine_of(ctx, engine)?;
+        let o = inner.engine.output(id)?;
+        // SAFETY: buffer contract as documented.
+        unsafe { write_str(o.error.as_deref().unwrap_or(""), buf, cap, needed) }
+    })
+}
+
+/// Fills `*out` with the engine's counters as of the last step. Set `out->struct_size` to
+/// sizeof(tboost_stats) first; the library fills at most that many bytes and sets
+/// `struct_size` to the bytes it filled. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_engine_stats(engine: *const tboost_engine, out: *mut tboost_stats) -> tboost_status {
+    guard("tboost_engine_stats", |ctx| {
+        let inner = engine_of(ctx, engine)?;
+        require(out, "out")?;
+        // SAFETY: non-null; the first field is the caller's struct_size.
+        let size = unsafe { out.cast::<u32>().read_unaligned() } as usize;
+        check_size(size, STATS_V1, "out->struct_size")?;
+        let s = inner.engine.stats()?;
+        let v = tboost_stats {
+            struct_size: std::mem::size_of::<tboost_stats>() as u32,
+            block_size: s.block_size as u32,
+            waiting: s.waiting as u64,
+            running: s.running as u64,
+            preempted: s.preempted as u64,
+            preemptions_total: s.preemptions_total,
+            kv_blocks_total: s.kv_blocks_total as u64,
+            kv_blocks_used: s.kv_blocks_used as u64,
+            kv_blocks_cached: s.kv_blocks_cached as u64,
+            prefix_cache_hit_tokens: s.prefix_cache_hit_tokens,
+            prompt_tokens: s.prompt_tokens,
+            generated_tokens: s.generated_tokens,
+            computed_tokens: s.computed_tokens,
+            steps: s.steps,
+            finished: s.finished,
+            cancelled: s.cancelled,
+            events_pending: inner.queue().events.len() as u64,
+            last_step_ms: s.last_step_ms,
+            total_step_ms: s.total_step_ms,
+        };
+        // SAFETY: `size` bytes are writable at `out` per the contract.
+        unsafe { write_sized(out.cast::<u8>(), &v, size) };
+        Ok(())
+    })
+}
+
+/// Writes the engine's operator plan as JSON (backend, architecture, disabled ops, and per
+/// layer each op chosen with its reason and whether it is a fallback). Buffer rules as in
+/// `tboost_last_error`. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_engine_plan_json(
+    engine: *const tboost_engine,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+) -> tboost_status {
+    guard("tboost_engine_plan_json", |ctx| {
+        let inner = engine_of(ctx, engine)?;
+        // SAFETY: buffer contract as documented.
+        unsafe { write_str(&inner.plan_json, buf, cap, needed) }
+    })
+}
+
+/// Text (`text_len` bytes of UTF-8, no NUL needed) to token ids with the model's tokenizer;
+/// `add_special` adds BOS when the model asks for it. `*n_out` receives the number of ids;
+/// `TBOOST_ERR_BUFFER_TOO_SMALL` and nothing written when `cap` is smaller. Returns
+/// `TBOOST_ERR_NO_TOKENIZER` when the model has none (pass token ids to enqueue instead).
+/// Thread-safe (it may wait for a step in progress).
+#[no_mangle]
+pub unsafe extern "C" fn tboost_engine_tokenize(
+    engine: *const tboost_engine,
+    text: *const c_char,
+    text_len: usize,
+    add_special: bool,
+    tokens: *mut i32,
+    cap: usize,
+    n_out: *mut usize,
+) -> tboost_status {
+    guard("tboost_engine_tokenize", |ctx| {
+        let inner = engine_of(ctx, engine)?;
+        require(n_out, "n_out")?;
+        // SAFETY: `text_len` readable bytes per the contract.
+        let bytes = unsafe { read_slice(text.cast::<u8>(), text_len, "text") }?;
+        let text =
+            std::str::from_utf8(bytes).map_err(|e| Failure::invalid(format!("`text` is not valid UTF-8: {e}")))?;
+        let ids: Vec<i32> = inner.engine.tokenize(text, add_special)?.iter().map(|&t| t as i32).collect();
+        // SAFETY: `tokens` holds `cap` elements per the contract.
+        unsafe { write_array(&ids, tokens, cap, n_out, "tokens") }
+    })
+}
+
+/// Token ids to text with the model's tokenizer, written NUL-terminated into `buf` (buffer
+/// rules as in `tboost_last_error`). Returns `TBOOST_ERR_NO_TOKENIZER` when the model has
+/// none, `TBOOST_ERR_INVALID_ARGUMENT` for a negative id. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_engine_detokenize(
+    engine: *const tboost_engine,
+    tokens: *const i32,
+    n_tokens: usize,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+) -> tboost_status {
+    guard("tboost_engine_detokenize", |ctx| {
+        let inner = engine_of(ctx, engine)?;
+        // SAFETY: `n_tokens` readable elements per the contract.
+        let ids = token_ids(unsafe { read_slice(tokens, n_tokens, "tokens") }?, "tokens")?;
+        let text = inner.engine.detokenize(&ids)?;
+        // SAFETY: buffer contract as documented.
+        unsafe { write_str(&text, buf, cap, needed) }
+    })
+}

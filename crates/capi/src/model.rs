@@ -1,0 +1,168 @@
+//! `tboost_model`: a loaded model (config + memory-mapped weights) and its description.
+
+use std::os::raw::{c_char, c_void};
+use std::path::Path;
+use std::sync::Arc;
+
+use serde_json::json;
+
+use super::config::settings_of;
+use super::handle::Registry;
+use super::log_bridge::ensure_logger;
+use super::status::{guard, tboost_status, Failure, FfiResult, Status};
+use super::types::{tboost_config, tboost_model, tboost_progress_fn};
+use super::util::{read_cstr, require, write_out, write_str};
+use ::tboost_engine::backend::cpu::CpuBackend;
+use ::tboost_engine::backend::{self, Backend, BackendSpec};
+use ::tboost_engine::model::{Model, ModelFormat};
+use ::tboost_engine::plan::{self, Plan};
+
+pub(crate) struct ModelInner {
+    pub model: Model,
+    /// `tboost_model_info_json`'s answer, built once at load.
+    pub info: String,
+}
+
+pub(crate) static MODELS: Registry<ModelInner> = Registry::new("model");
+
+fn info_json(m: &Model, plan: &Plan) -> String {
+    let c = &m.config;
+    json!({
+        "path": m.path.display().to_string(),
+        "format": match m.format {
+            ModelFormat::HuggingFace => "huggingface",
+            ModelFormat::Gguf => "gguf",
+            ModelFormat::Synthetic => "synthetic",
+        },
+        "architecture": c.arch.name(),
+        "weights_dtype": m.weights.embed.dtype.to_string(),
+        "vocab_size": c.vocab_size,
+        "context_length": c.max_position_embeddings,
+        "hidden_size": c.hidden_size,
+        "intermediate_size": c.intermediate_size,
+        "num_layers": c.num_layers,
+        "num_heads": c.num_heads,
+        "num_kv_heads": c.num_kv_heads,
+        "head_dim": c.head_dim,
+        "num_experts": c.num_experts,
+        "experts_per_token": c.experts_per_token,
+        "bos_token_id": c.bos_token_id,
+        "eos_token_ids": c.eos_token_ids,
+        "plan": plan.to_json(),
+    })
+    .to_string()
+}
+
+/// Loads a model: a Hugging Face directory (config.json + safetensors), a file inside one,
+/// or a GGUF file. `cfg` (may be NULL) supplies `backend`, `threads`, `kv_dtype`, `precision`,
+/// `block_size` and `disabled_ops` for the operator plan reported by `tboost_model_info_json`.
+///
+/// `progress` (may be NULL) is called on this thread with increasing values ending at 1
+/// while the weights are read in; returning false aborts with `TBOOST_ERR_CANCELLED`.
+///
+/// Returns `TBOOST_ERR_IO` for a missing or unreadable file, `TBOOST_ERR_MODEL_FORMAT` for a
+/// truncated, corrupt or inconsistent one, `TBOOST_ERR_UNSUPPORTED` for an architecture or
+/// dtype this build cannot run; the last error names the file. On success `*out` is a new
+/// handle to free with `tboost_model_free`. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_model_load(
+    path: *const c_char,
+    cfg: *const tboost_config,
+    progress: tboost_progress_fn,
+    user_data: *mut c_void,
+    out: *mut *mut tboost_model,
+) -> tboost_status {
+    guard("tboost_model_load", |_| {
+        require(out, "out")?;
+        // SAFETY: NULL or NUL-terminated per the contract.
+        let path = unsafe { read_cstr(path, "path") }?;
+        let s = settings_of(cfg)?;
+        ensure_logger();
+        let report = |p: f32| -> FfiResult {
+            if let Some(cb) = progress {
+                // SAFETY: the host's callback with the host's user_data.
+                if !unsafe { cb(p, user_data) } {
+                    return Err(Failure::new(
+                        Status::TBOOST_ERR_CANCELLED,
+                        format!("loading {path} was cancelled by the progress callback at {:.0}%", p * 100.0),
+                    ));
+                }
+            }
+            Ok(())
+        };
+        // Errors from the loader name the file; make sure the message always does.
+        let named = |f: Failure| {
+            if f.msg.contains(path) {
+                f
+            } else {
+                Failure::new(f.status, format!("{path}: {}", f.msg))
+            }
+        };
+        report(0.0)?;
+        let model = Model::load(Path::new(path)).map_err(|e| named(e.into()))?;
+        // Reading the weights once is the slow part of a load: report it per 8 MiB, and let
+        // the host stop it.
+        let mut stopped = None;
+        let complete = model.weights.touch(&mut |done, total| {
+            let p = 0.05 + 0.85 * done as f32 / total.max(1) as f32;
+            match report(p) {
+                Ok(()) => true,
+                Err(f) => {
+                    stopped = Some(f);
+                    false
+                }
+            }
+        });
+        if let (false, Some(f)) = (complete, stopped) {
+            return Err(f);
+        }
+        let backend = backend::open(BackendSpec { kind: s.engine.backend, threads: s.engine.threads })?;
+        let opts = s.engine.plan_options(backend.as_ref()).map_err(Failure::from)?;
+        let cpu = if backend.name() == "cpu" { None } else { Some(CpuBackend::new(s.engine.threads)?) };
+        let plan = plan::build(
+            &model.config,
+            &model.weights,
+            backend.as_ref(),
+            cpu.as_ref().map(|c| c as &dyn Backend),
+            &opts,
+        )
+        .map_err(|e| named(e.into()))?;
+        let info = info_json(&model, &plan);
+        report(1.0)?;
+        let h = MODELS.insert(Arc::new(ModelInner { model, info }));
+        // SAFETY: `out` is non-null and valid per the contract.
+        unsafe { write_out(out, h) };
+        Ok(())
+    })
+}
+
+/// Frees a model. Engines made from it keep working. NULL is a no-op; a freed or unknown
+/// handle is `TBOOST_ERR_INVALID_HANDLE`. Must not race with other calls on this handle.
+#[no_mangle]
+pub extern "C" fn tboost_model_free(model: *mut tboost_model) -> tboost_status {
+    guard("tboost_model_free", |_| {
+        if !model.is_null() {
+            MODELS.remove(model, "model")?;
+        }
+        Ok(())
+    })
+}
+
+/// Writes a JSON object describing the model into `buf`: path, format, architecture,
+/// weights_dtype, vocab_size, context_length, hidden_size, intermediate_size, num_layers,
+/// num_heads, num_kv_heads, head_dim, num_experts, experts_per_token, bos_token_id (or
+/// null), eos_token_ids, and plan (per layer, each op chosen and why). Buffer rules as in
+/// `tboost_last_error`. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_model_info_json(
+    model: *const tboost_model,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+) -> tboost_status {
+    guard("tboost_model_info_json", |_| {
+        let m = MODELS.get(model, "model")?;
+        // SAFETY: buffer contract as documented.
+        unsafe { write_str(&m.info, buf, cap, needed) }
+    })
+}

@@ -1,0 +1,238 @@
+//! The `tboost` command-line tool. Its output formats are part of the contract (README).
+
+mod batch;
+mod bench;
+mod bench_op;
+mod run;
+mod synth;
+mod tokenize;
+
+use std::io::Write;
+use std::path::PathBuf;
+
+use clap::{Args, Parser, Subcommand};
+use tboost_engine::backend::{self, Backend, BackendKind, BackendSpec};
+use tboost_engine::engine::{parse_kv_dtype, parse_precision, EngineConfig};
+use tboost_engine::model::Model;
+use tboost_engine::plan::PlanOptions;
+use tboost_engine::runner::ModelRunner;
+use tboost_engine::session::Session;
+use tboost_engine::{Error, Result};
+
+#[derive(Parser)]
+#[command(name = "tboost", version, about = "Embeddable LLM inference engine")]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Show the operator plan: per layer, the chosen ops and why.
+    Plan {
+        #[command(flatten)]
+        m: ModelArgs,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Print logits as JSON `{"logits": [[...]]}` for a token sequence.
+    Logits {
+        #[command(flatten)]
+        m: ModelArgs,
+        /// Comma-separated token ids.
+        #[arg(long, value_delimiter = ',', required = true)]
+        tokens: Vec<u32>,
+        /// One row per position instead of the last position only.
+        #[arg(long)]
+        all_positions: bool,
+    },
+    /// Generate text or tokens (streams text as it is generated).
+    Run(RunArgs),
+    /// Text to token ids with the model's tokenizer.
+    Tokenize(tokenize::TokenizeArgs),
+    /// Run many requests through one engine (continuous batching) and print the results.
+    Batch(batch::BatchArgs),
+    /// Measure prefill and decode speed.
+    Bench(bench::BenchArgs),
+    /// Time one operator on its own (operator API), sweeping one parameter.
+    BenchOp(bench_op::BenchOpArgs),
+    /// Write a synthetic model as a GGUF file (for llama.cpp comparisons).
+    Synth(synth::SynthArgs),
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct ModelArgs {
+    /// Hugging Face directory or .gguf file.
+    #[arg(long)]
+    model: PathBuf,
+    #[command(flatten)]
+    engine: EngineArgs,
+}
+
+#[derive(Args, Clone)]
+pub(crate) struct EngineArgs {
+    /// Where ops run: auto, cpu, ascend or ascend:N (auto: a device when its runtime
+    /// loads, else the CPU; TBOOST_BACKEND sets it when this is auto).
+    #[arg(long, default_value = "auto")]
+    backend: String,
+    /// CPU compute threads (0 = one per core).
+    #[arg(long, default_value_t = 0)]
+    threads: usize,
+    /// Ops or fusions to forbid, comma-separated (also TBOOST_DISABLE): flash_attention,
+    /// paged_decode_attention, standard_attention, moe_grouped, convert_weights, pack_weights,
+    /// fuse_qkv, fuse_gate_up, fuse_add_norm.
+    #[arg(long, default_value = "")]
+    disable: String,
+    /// KV cache element type: auto, f32, f16 or bf16 (auto: the backend's choice).
+    #[arg(long, default_value = "auto")]
+    kv_dtype: String,
+    /// Matmul activation precision: exact (f32 activations), fast (8-bit activations with
+    /// integer dot products where the backend has them) or auto (fast for GGUF
+    /// block-quantized weights, as llama.cpp computes them; exact for float weights).
+    #[arg(long, default_value = "auto")]
+    precision: String,
+    /// FlashAttention's KV tile in the attention slots: 16, 32, 64, 128 or 256 (default 64;
+    /// the engine key `tiling.attention.tile_kv`).
+    #[arg(long)]
+    tile_kv: Option<usize>,
+    /// CPU kernel tiling, comma-separated NAME=VALUE (the engine keys `tiling.NAME`):
+    /// matmul.panel_rows, matmul.act_rows, matmul.tasks_per_thread, matmul.decode_task_min_bytes,
+    /// moe.expert_batch_tokens, moe.parallel_expert_batches (and attention.tile_kv). Unset
+    /// tunables are the op's defaults; none changes a result, only speed.
+    #[arg(long, default_value = "")]
+    tiling: String,
+}
+
+impl EngineArgs {
+    /// The engine settings these flags ask for (other fields at their defaults).
+    pub(crate) fn engine_config(&self) -> Result<EngineConfig> {
+        let mut c = EngineConfig {
+            backend: BackendKind::parse(&self.backend)?,
+            threads: self.threads,
+            kv_dtype: parse_kv_dtype(&self.kv_dtype)?,
+            precision: parse_precision(&self.precision)?,
+            disabled_ops: PlanOptions::parse_disabled(&self.disable)?,
+            attention_tile_kv: self.tile_kv,
+            ..EngineConfig::default()
+        };
+        for item in self.tiling.split(',').map(str::trim).filter(|s| !s.is_empty()) {
+            let bad = || Error::invalid("tiling", format!("`{item}`: NAME=VALUE, e.g. matmul.panel_rows=96"));
+            let (name, value) = item.split_once('=').ok_or_else(bad)?;
+            let value = value.trim().parse::<usize>().map_err(|_| bad())?;
+            c.set_tiling(&format!("tiling.{}", name.trim()), value)?;
+        }
+        Ok(c)
+    }
+
+    /// The backend these flags name.
+    pub(crate) fn open_backend(&self) -> Result<Box<dyn Backend>> {
+        let c = self.engine_config()?;
+        backend::open(BackendSpec { kind: c.backend, threads: c.threads })
+    }
+}
+
+#[derive(Args)]
+struct RunArgs {
+    #[command(flatten)]
+    m: ModelArgs,
+    /// Comma-separated prompt token ids.
+    #[arg(long, value_delimiter = ',', conflicts_with_all = ["prompt", "chat"])]
+    tokens: Option<Vec<u32>>,
+    /// Raw prompt text (BOS added when the model asks for it; special tokens parsed).
+    #[arg(long, conflicts_with = "chat")]
+    prompt: Option<String>,
+    /// A user message, rendered with the model's chat template.
+    #[arg(long)]
+    chat: Option<String>,
+    /// System message for --chat.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// Tokens to generate at most.
+    #[arg(short = 'n', long = "max-tokens", default_value_t = 256)]
+    n: usize,
+    /// Sampling temperature (0 = greedy).
+    #[arg(long, default_value_t = 0.8)]
+    temp: f32,
+    /// Keep the k most likely tokens (0 = off).
+    #[arg(long, default_value_t = 40)]
+    top_k: usize,
+    /// Keep the smallest set of tokens whose probability reaches p (1 = off).
+    #[arg(long, default_value_t = 0.95)]
+    top_p: f32,
+    /// Drop tokens less likely than min_p times the most likely one (0 = off).
+    #[arg(long, default_value_t = 0.05)]
+    min_p: f32,
+    /// Penalize tokens already in the prompt or output (1 = off).
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Random seed (default: from the clock; printed with --json).
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Do not stop at the model's end-of-sequence tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Print one JSON object instead of streaming text.
+    #[arg(long)]
+    json: bool,
+}
+
+fn load(m: &ModelArgs) -> Result<(Model, ModelRunner)> {
+    let c = m.engine.engine_config()?;
+    let backend = m.engine.open_backend()?;
+    let model = Model::load(&m.model)?;
+    let opts = c.plan_options(backend.as_ref())?;
+    let runner = ModelRunner::new(&model, backend, &opts, c.threads)?;
+    Ok((model, runner))
+}
+
+/// Loads a model with a single-sequence KV cache of `capacity` positions.
+fn session_runner(m: &ModelArgs, capacity: usize) -> Result<(Model, ModelRunner)> {
+    let (model, mut runner) = load(m)?;
+    let bs = runner.plan.block_size;
+    runner.alloc_kv(capacity.div_ceil(bs).max(1), bs)?;
+    Ok((model, runner))
+}
+
+fn print_json(v: &serde_json::Value) -> Result<()> {
+    let mut out = std::io::stdout().lock();
+    serde_json::to_writer(&mut out, v).map_err(|e| Error::invalid("stdout", e.to_string()))?;
+    writeln!(out).map_err(|e| Error::io("stdout", e))
+}
+
+fn run(cmd: Cmd) -> Result<()> {
+    match cmd {
+        Cmd::Plan { m, json } => {
+            let (_, runner) = load(&m)?;
+            if json {
+                print_json(&runner.plan.to_json())?;
+            } else {
+                print!("{}", runner.plan.to_text());
+            }
+        }
+        Cmd::Logits { m, tokens, all_positions } => {
+            let (model, mut runner) = session_runner(&m, tokens.len())?;
+            let vocab = model.config.vocab_size;
+            let mut s = Session::new(&mut runner, tokens.len())?;
+            let logits = s.feed(&tokens, all_positions)?;
+            let rows: Vec<&[f32]> = logits.chunks(vocab).collect();
+            print_json(&serde_json::json!({ "logits": rows }))?;
+        }
+        Cmd::Run(a) => run::run(a)?,
+        Cmd::Batch(b) => batch::run(b)?,
+        Cmd::Tokenize(t) => tokenize::run(t)?,
+        Cmd::Bench(b) => bench::run(b)?,
+        Cmd::BenchOp(b) => bench_op::run(b)?,
+        Cmd::Synth(a) => synth::run(a)?,
+    }
+    Ok(())
+}
+
+/// Entry point of the `tboost` binary.
+pub fn main() {
+    env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).format_timestamp(None).init();
+    let cli = Cli::parse();
+    if let Err(e) = run(cli.cmd) {
+        eprintln!("error: {e}");
+        std::process::exit(1);
+    }
+}

@@ -1,0 +1,687 @@
+//! The Ascend backend (`--backend ascend`) on the CANN SIMULATOR (`ascend-sim/`: NOT CANN, not an
+//! NPU; reference math in f64 on host memory behind CANN's sonames and symbols). Nothing here ran on
+//! Ascend hardware; `scripts/ascend-smoke.sh` runs the golden checks on a machine that has one.
+//!
+//! The simulator is found through `TBOOST_ASCEND_SIM` (set by `scripts/test.sh`), else built with
+//! `scripts/build-ascend-sim.sh`. CANN state is per process (one `aclInit`, the simulator's counters
+//! and `TBOOST_SIM_*` settings are read at init), so every test runs in a process of its own: the
+//! `tboost` binary, or this test binary re-run as a child with one test selected.
+//!
+//! Tolerances for f16 activations (unit roundoff u = 2⁻¹¹). Every op rounds its output to f16, so
+//! a logit carries the roundings of its path: per decoder layer about R_l = 12 (norm, q/k/v, RoPE
+//! tables and RoPE, attention, o_proj, residual add, norm, gate/up, SwiGLU, down, residual add),
+//! plus the final norm, the lm_head, the f32 cast and the embedding (4). Each rounding moves a
+//! value by at most u relative, and RMSNorm passes relative errors through unchanged, so the
+//! logits' error is about √R·u·max|logit| when the roundings are independent and at most R·u·max
+//! when they line up. The tests take twice the independent estimate:
+//! `TOL = 2·√(12·layers + 4)·u·max|want|` (llama_gqa: 0.062 for max|want| = 11.9). Greedy ids
+//! follow the golden README's margin rule with τ = 2·TOL (two logits may each move by TOL).
+
+use tboost_testkit::golden as common;
+
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+use common::*;
+use serde_json::Value;
+use tboost_engine::backend::ascend::sys::{Cann, SimStats};
+use tboost_engine::backend::ascend::AscendBackend;
+use tboost_engine::backend::{Backend, BackendKind};
+use tboost_engine::engine::{Engine, EngineConfig, KvSize};
+use tboost_engine::model::Model;
+use tboost_engine::plan::PlanOptions;
+use tboost_engine::runner::ModelRunner;
+use tboost_engine::sample::FinishReason;
+use tboost_engine::sched::Request;
+use tboost_engine::session::{argmax, Session};
+
+/// f16 unit roundoff.
+const U16: f64 = 1.0 / 2048.0;
+
+fn tol(layers: usize, max_want: f32) -> f32 {
+    (2.0 * ((12 * layers + 4) as f64).sqrt() * U16 * max_want as f64) as f32
+}
+
+fn max_abs(v: &[f32]) -> f32 {
+    v.iter().fold(0f32, |a, x| a.max(x.abs()))
+}
+
+fn repo() -> PathBuf {
+    tboost_testkit::golden::repo_root()
+}
+
+/// The simulator directory (ASCEND_HOME_PATH) of `args` of scripts/build-ascend-sim.sh; the default
+/// variant comes from TBOOST_ASCEND_SIM when set.
+fn sim_home(args: &[&str]) -> PathBuf {
+    if args.is_empty() {
+        if let Some(dir) = std::env::var_os("TBOOST_ASCEND_SIM") {
+            let dir = PathBuf::from(dir);
+            assert!(
+                dir.join("lib64/libascendcl.so").is_file(),
+                "TBOOST_ASCEND_SIM={} holds no lib64/libascendcl.so: build the CANN simulator with \
+                 scripts/build-ascend-sim.sh and point TBOOST_ASCEND_SIM at the directory it prints",
+                dir.display()
+            );
+            return dir;
+        }
+    }
+    let out =
+        Command::new("bash").arg(repo().join("scripts/build-ascend-sim.sh")).args(args).output().unwrap_or_else(|e| {
+            panic!("cannot run scripts/build-ascend-sim.sh ({e}): the Ascend tests need the CANN simulator")
+        });
+    assert!(
+        out.status.success(),
+        "scripts/build-ascend-sim.sh failed (it needs gcc); the Ascend tests run on the CANN simulator:\n{}",
+        String::from_utf8_lossy(&out.stderr)
+    );
+    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
+}
+
+const CHILD: &str = "TBOOST_ASCEND_TEST_CHILD";
+
+/// A command with the CANN search path pointing at the simulator only (and no inherited settings).
+fn sim_env(cmd: &mut Command, env: &[(&str, String)]) {
+    for v in ["ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "LD_LIBRARY_PATH", "TBOOST_BACKEND", "TBOOST_DISABLE"] {
+        cmd.env_remove(v);
+    }
+    for (k, _) in std::env::vars() {
+        if k.starts_with("TBOOST_SIM_") || k == "TBOOST_ASCEND_KNOWN_BAD" || k == "TBOOST_PROFILE" {
+            cmd.env_remove(k);
+        }
+    }
+    if !env.iter().any(|(k, _)| *k == "ASCEND_HOME_PATH") {
+        cmd.env("ASCEND_HOME_PATH", sim_home(&[]));
+    }
+    for (k, v) in env {
+        cmd.env(k, v);
+    }
+}
+
+/// Runs `body` in a fresh process of this test binary (the parent checks it ran and passed).
+fn isolated(name: &str, env: &[(&str, String)], body: impl FnOnce()) {
+    if std::env::var_os(CHILD).is_some() {
+        body();
+        return;
+    }
+    let mut cmd = Command::new(std::env::current_exe().expect("test binary"));
+    cmd.args([name, "--exact", "--nocapture", "--test-threads=1"]).env(CHILD, "1");
+    sim_env(&mut cmd, env);
+    let out = cmd.output().expect("spawn the test child");
+    let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success() && so.contains("test result: ok. 1 passed"),
+        "child process for {name} failed ({}):\n--- stdout\n{so}\n--- stderr\n{se}",
+        out.status
+    );
+    eprint!("{se}");
+}
+
+/// `tboost ARGS` on the simulator: (success, stdout, stderr).
+fn tboost(args: &[&str], env: &[(&str, String)]) -> (bool, String, String) {
+    let mut cmd = Command::new(env!("CARGO_BIN_EXE_tboost"));
+    cmd.args(args);
+    sim_env(&mut cmd, env);
+    let out = cmd.output().expect("run tboost");
+    (out.status.success(), String::from_utf8_lossy(&out.stdout).into(), String::from_utf8_lossy(&out.stderr).into())
+}
+
+fn sim_cann() -> Cann {
+    let c = Cann::load().unwrap_or_else(|e| panic!("loading the CANN simulator: {e}"));
+    assert!(c.is_simulator(), "these tests run on the CANN SIMULATOR only");
+    c
+}
+
+fn stats() -> SimStats {
+    sim_cann().sim_stats().expect("the simulator's counters")
+}
+
+fn layers(g: &Value) -> usize {
+    g["params"]["num_hidden_layers"].as_u64().expect("num_hidden_layers") as usize
+}
+
+fn ascend_runner(path: &Path, opts: &PlanOptions, kv_blocks: usize) -> ModelRunner {
+    let model = Model::load(path).unwrap_or_else(|e| panic!("load {}: {e}", path.display()));
+    let be = AscendBackend::open(0).unwrap_or_else(|e| panic!("open the Ascend backend on the simulator: {e}"));
+    let mut r = ModelRunner::new(&model, Box::new(be), opts, 2).unwrap_or_else(|e| panic!("plan: {e}"));
+    r.alloc_kv(kv_blocks, opts.block_size).unwrap();
+    r
+}
+
+fn ascend_opts() -> PlanOptions {
+    PlanOptions { block_size: 128, ..PlanOptions::default() }
+}
+
+fn ascend_engine(path: &Path, blocks: usize, max_batched: usize) -> Engine {
+    let e = Engine::new(EngineConfig {
+        backend: BackendKind::Ascend { device: 0 },
+        threads: 2,
+        kv_size: KvSize::Blocks(blocks),
+        max_batched_tokens: max_batched,
+        max_seqs: 16,
+        ..Default::default()
+    })
+    .unwrap();
+    e.load(path).unwrap_or_else(|err| panic!("{}: {err}", path.display()));
+    e
+}
+
+fn greedy(prompt: Vec<u32>, n: usize) -> Request {
+    Request { ignore_eos: true, ..Request::new(prompt, n) }
+}
+
+fn run_all(e: &Engine, reqs: &[Request]) -> Vec<Vec<u32>> {
+    let ids: Vec<u64> = reqs.iter().map(|r| e.enqueue(r.clone()).unwrap()).collect();
+    e.run_to_completion().unwrap();
+    ids.iter()
+        .map(|&id| {
+            let o = e.output(id).unwrap();
+            assert_eq!(o.finish, Some(FinishReason::Length), "request {id}: {:?}", o.error);
+            o.tokens
+        })
+        .collect()
+}
+
+// ------------------------------------------------------------------------------- golden cases
+
+#[test]
+fn golden_logits_through_tboost_logits_on_the_simulator() {
+    for case in CASES {
+        let g = golden(case);
+        let dir = golden_dir(case);
+        for p in g["prompts"].as_array().unwrap() {
+            let prompt = ids(&p["token_ids"]);
+            let list: Vec<String> = prompt.iter().map(u32::to_string).collect();
+            let (ok, out, err) = tboost(
+                &[
+                    "logits",
+                    "--backend",
+                    "ascend",
+                    "--model",
+                    dir.to_str().unwrap(),
+                    "--tokens",
+                    &list.join(","),
+                    "--all-positions",
+                ],
+                &[],
+            );
+            assert!(ok, "{case}: tboost logits --backend ascend failed:\n{err}");
+            let v: Value = serde_json::from_str(&out).expect("logits JSON");
+            let rows: Vec<Vec<f32>> = v["logits"].as_array().unwrap().iter().map(floats).collect();
+            let want = floats(&p["last_logits"]);
+            let t = tol(layers(&g), max_abs(&want));
+            let d = max_abs_diff(rows.last().unwrap(), &want);
+            eprintln!(
+                "{case}/{} tokens: last_logits max abs diff {d:.2e} (tol {t:.2e}) [ascend, SIMULATOR]",
+                prompt.len()
+            );
+            assert!(d <= t, "{case}: last_logits max abs diff {d} > {t}");
+            if let Some(all) = p.get("all_logits").filter(|v| !v.is_null()) {
+                let want: Vec<f32> = all.as_array().unwrap().iter().flat_map(floats).collect();
+                let got: Vec<f32> = rows.concat();
+                let t = tol(layers(&g), max_abs(&want));
+                let d = max_abs_diff(&got, &want);
+                eprintln!("{case}/{} tokens: all_logits max abs diff {d:.2e} (tol {t:.2e})", prompt.len());
+                assert!(d <= t, "{case}: all_logits max abs diff {d} > {t}");
+            }
+        }
+    }
+}
+
+/// golden.rs's checks through a runner on the Ascend backend: the logits behind every greedy
+/// step (while the continuation equals the reference) and the greedy ids under the margin rule.
+fn check_case_on_ascend(case: &str) {
+    let g = golden(case);
+    let mut r = ascend_runner(&golden_dir(case), &ascend_opts(), 8);
+    let n_layers = layers(&g);
+    for p in g["prompts"].as_array().unwrap() {
+        let prompt = ids(&p["token_ids"]);
+        let mut s = Session::new(&mut r, prompt.len() + 16).unwrap();
+        let mut cur = s.feed(&prompt, false).unwrap();
+        let gr = &p["greedy"];
+        let want = ids(&gr["tokens_f64"]);
+        let steps = gr["steps"].as_array().unwrap();
+        let margins: Vec<f64> = steps.iter().map(|s| s["top2_margin_f64"].as_f64().unwrap()).collect();
+        let second: Vec<u32> = steps.iter().map(|s| ids(&s["top5_ids"])[1]).collect();
+        let mut got = Vec::new();
+        let mut worst = 0f32;
+        let mut tau = 0f64;
+        for (i, st) in steps.iter().enumerate() {
+            let top5 = ids(&st["top5_ids"]);
+            let want5 = floats(&st["top5_logits"]);
+            let t = tol(n_layers, max_abs(&want5));
+            tau = tau.max(2.0 * t as f64);
+            if got == want[..i] {
+                let have: Vec<f32> = top5.iter().map(|&x| cur[x as usize]).collect();
+                let d = max_abs_diff(&have, &want5);
+                worst = worst.max(d);
+                assert!(d <= t, "{case}: step {i} top5 logits max abs diff {d} > {t}");
+            }
+            let next = argmax(&cur);
+            got.push(next);
+            if i + 1 < steps.len() {
+                cur = s.feed(&[next], false).unwrap();
+            }
+        }
+        eprintln!("{case}/{} tokens: greedy step logits max abs diff {worst:.2e} [ascend, SIMULATOR]", prompt.len());
+        check_greedy(&format!("{case} (ascend)"), &got, &want, &margins, &second, tau);
+    }
+}
+
+#[test]
+fn golden_greedy_steps_through_the_runner_on_the_simulator() {
+    isolated("golden_greedy_steps_through_the_runner_on_the_simulator", &[], || {
+        for case in CASES {
+            check_case_on_ascend(case);
+        }
+        assert_eq!(stats().rule_violations, 0, "two-phase / lifetime rule violations");
+    });
+}
+
+#[test]
+fn golden_greedy_through_the_engine_and_batched_on_the_simulator() {
+    isolated("golden_greedy_through_the_engine_and_batched_on_the_simulator", &[], || {
+        for case in CASES {
+            let g = golden(case);
+            let e = ascend_engine(&golden_dir(case), 16, 64);
+            assert_eq!(e.plan().unwrap().device.backend, "ascend");
+            let prompts: Vec<&Value> = g["prompts"].as_array().unwrap().iter().collect();
+            let reqs: Vec<Request> = prompts.iter().map(|p| greedy(ids(&p["token_ids"]), 16)).collect();
+            let together = run_all(&e, &reqs);
+            for (p, got) in prompts.iter().zip(&together) {
+                let gr = &p["greedy"];
+                let steps = gr["steps"].as_array().unwrap();
+                let margins: Vec<f64> = steps.iter().map(|s| s["top2_margin_f64"].as_f64().unwrap()).collect();
+                let second: Vec<u32> = steps.iter().map(|s| ids(&s["top5_ids"])[1]).collect();
+                let want5 = floats(&steps[0]["top5_logits"]);
+                let tau = 2.0 * tol(layers(&g), max_abs(&want5)) as f64;
+                check_greedy(&format!("{case} (engine, ascend)"), got, &ids(&gr["tokens_f64"]), &margins, &second, tau);
+            }
+            // The same requests one at a time on a fresh engine: the same tokens.
+            let alone: Vec<Vec<u32>> = reqs
+                .iter()
+                .map(|r| run_all(&ascend_engine(&golden_dir(case), 16, 64), std::slice::from_ref(r)).remove(0))
+                .collect();
+            assert_eq!(alone, together, "{case}: batched tokens differ from running alone");
+        }
+        assert_eq!(stats().rule_violations, 0);
+    });
+}
+
+#[test]
+fn batch_invariance_with_chunked_prefill_on_the_simulator() {
+    isolated("batch_invariance_with_chunked_prefill_on_the_simulator", &[], || {
+        const LENS: [usize; 8] = [1, 300, 17, 129, 5, 250, 33, 64];
+        for case in ["llama_gqa", "mixtral"] {
+            let vocab = golden(case)["params"]["vocab_size"].as_u64().unwrap() as usize;
+            let reqs: Vec<Request> = LENS
+                .iter()
+                .enumerate()
+                .map(|(i, &n)| {
+                    let p = (0..n).map(|j| 3 + ((i * 7919 + j * 104729 + 11) % (vocab - 3)) as u32).collect();
+                    greedy(p, 8)
+                })
+                .collect();
+            let alone: Vec<Vec<u32>> = reqs
+                .iter()
+                .map(|r| run_all(&ascend_engine(&golden_dir(case), 8, 512), std::slice::from_ref(r)).remove(0))
+                .collect();
+            // A small token budget: prompts are prefilled in chunks next to running decodes.
+            let together = run_all(&ascend_engine(&golden_dir(case), 32, 96), &reqs);
+            for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
+                assert_eq!(a, t, "{case}: request {i} ({} prompt tokens) differs when batched", LENS[i]);
+            }
+        }
+    });
+}
+
+// ------------------------------------------------------------------------------- the plan
+
+fn plan_json(case: &str, extra: &[&str], env: &[(&str, String)]) -> Value {
+    let dir = golden_dir(case);
+    let mut args = vec!["plan", "--json", "--backend", "ascend", "--model", dir.to_str().unwrap()];
+    args.extend_from_slice(extra);
+    let (ok, out, err) = tboost(&args, env);
+    assert!(ok, "tboost plan --backend ascend ({case}) failed:\n{err}");
+    serde_json::from_str(&out).expect("plan JSON")
+}
+
+fn decision<'v>(plan: &'v Value, layer: usize, slot: &str) -> &'v Value {
+    plan["layers"][layer]["decisions"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|d| d["slot"] == slot)
+        .unwrap_or_else(|| panic!("layer {layer} has no {slot} decision"))
+}
+
+/// The first candidate the Ascend backend rejected, as `(param, value)`.
+fn ascend_rejection(d: &Value) -> (String, String) {
+    let t = d["tried"]
+        .as_array()
+        .unwrap()
+        .iter()
+        .find(|t| t["backend"] == "ascend" && t["verdict"] == "rejected")
+        .unwrap_or_else(|| panic!("no ascend rejection in {d}"));
+    (t["why"]["param"].as_str().unwrap().into(), t["why"]["value"].as_str().unwrap().into())
+}
+
+#[test]
+fn the_plan_names_fused_infer_attention_and_every_fallback_with_its_reason() {
+    // llama_gqa: FIA for both phases, on the device; the device facts say simulator and version.
+    let p = plan_json("llama_gqa", &[], &[]);
+    assert_eq!(p["device"]["backend"], "ascend");
+    assert!(p["device"]["device"].as_str().unwrap().contains("Ascend910B2"), "{}", p["device"]);
+    assert!(p["device"]["device"].as_str().unwrap().contains("SIMULATOR"), "{}", p["device"]);
+    assert_eq!(p["device"]["runtime_version"], "CANN 8.1.RC1 (simulated)");
+    assert_eq!(p["act_dtype"], "f16");
+    assert_eq!(p["block_size"], 128);
+    for l in 0..2 {
+        for slot in ["attention_prefill", "attention_decode"] {
+            let d = decision(&p, l, slot);
+            assert_eq!(d["backend"], "ascend", "{d}");
+            assert_eq!(d["placement"], "primary");
+            assert_eq!(d["fallback"], false);
+            assert!(d["kernel"].as_str().unwrap().contains("FusedInferAttentionScore"), "{d}");
+        }
+        assert_eq!(decision(&p, l, "kv_write")["kernel"], "aclnnScatterPaKvCache");
+        assert_eq!(decision(&p, l, "mlp")["choice"], "fused_gate_up_swiglu");
+        // f32 weights converted to f16 at upload (aclnnMm takes one dtype): the preferred op
+        // still runs on the device, so that is no fallback, and the reason says why.
+        for slot in ["qkv", "mlp", "ffn_norm"] {
+            let d = decision(&p, l, slot);
+            assert_eq!(d["weights"]["to"], "f16", "{d}");
+            assert_eq!(d["fallback"], false, "a weight conversion is not a fallback: {d}");
+            assert!(d["reason"].as_str().unwrap().contains("stored weights refused"), "{d}");
+        }
+    }
+    assert_eq!(p["copy_bytes_per_token"], 0, "everything on the device");
+
+    // llama_hd24: head_dim 24 is not 16-aligned: the attention group falls back to the CPU's
+    // standard attention, and the log says so.
+    let (ok, text, log) = tboost(
+        &["plan", "--backend", "ascend", "--model", golden_dir("llama_hd24").to_str().unwrap()],
+        &[("RUST_LOG", "info".into())],
+    );
+    assert!(ok, "{log}");
+    let p = plan_json("llama_hd24", &[], &[]);
+    for l in 0..3 {
+        let d = decision(&p, l, "attention_prefill");
+        assert_eq!((d["backend"].as_str(), d["placement"].as_str()), (Some("cpu"), Some("cpu")), "{d}");
+        assert_eq!(d["choice"], "standard_attention");
+        assert_eq!(d["fallback"], true);
+        assert_eq!(ascend_rejection(d), ("head_dim".into(), "24".into()));
+        assert_eq!(decision(&p, l, "kv_write")["placement"], "cpu", "the group stays together");
+        assert_eq!(decision(&p, l, "qkv")["backend"], "ascend", "the rest stays on the device");
+    }
+    assert!(p["copy_bytes_per_token"].as_u64().unwrap() > 0);
+    for out in [&text, &log] {
+        assert!(out.contains("fallback to standard attention") && out.contains("head_dim=24"), "{out}");
+    }
+    assert!(log.contains("CANN SIMULATOR") && log.contains("Ascend910B2") && log.contains("8.1.RC1"), "{log}");
+
+    // A CANN version in the known-bad table: attention falls back and names the version.
+    let p = plan_json("llama_gqa", &[], &[("TBOOST_SIM_CANN_VERSION", "0.0.RC2".into())]);
+    let d = decision(&p, 0, "attention_prefill");
+    assert_eq!(d["placement"], "cpu");
+    assert_eq!(ascend_rejection(d), ("cann_version".into(), "0.0.RC2".into()));
+    assert!(d["reason"].as_str().unwrap().contains("cann_version=0.0.RC2"), "{d}");
+    // ... and a range given at deployment (TBOOST_ASCEND_KNOWN_BAD) around the default version.
+    let p = plan_json("llama_gqa", &[], &[("TBOOST_ASCEND_KNOWN_BAD", "aclnnRmsNorm@8.1.RC1..8.2.0".into())]);
+    let d = decision(&p, 0, "attn_norm");
+    assert_eq!((d["placement"].as_str(), d["fallback"].as_bool()), (Some("cpu"), Some(true)), "{d}");
+    assert_eq!(ascend_rejection(d), ("cann_version".into(), "8.1.RC1".into()));
+
+    // A SoC without bf16 (and without FIA kernels): f16 activations, attention on the CPU because
+    // of the SoC; bf16 is not offered.
+    let p = plan_json("llama_gqa_bf16", &[], &[("TBOOST_SIM_SOC", "Ascend310P3".into())]);
+    assert!(p["device"]["device"].as_str().unwrap().contains("Ascend310P3"));
+    assert_eq!(p["act_dtype"], "f16");
+    let d = decision(&p, 0, "attention_prefill");
+    assert_eq!(d["placement"], "cpu");
+    assert_eq!(ascend_rejection(d), ("soc".into(), "Ascend310P3".into()));
+    let p = plan_json("llama_gqa_bf16", &["--kv-dtype", "bf16"], &[("TBOOST_SIM_SOC", "Ascend310P3".into())]);
+    let d = decision(&p, 0, "kv_write");
+    assert_eq!(d["placement"], "cpu");
+    assert_eq!(ascend_rejection(d), ("kv_dtype".into(), "bf16".into()));
+
+    // --disable works for the Ascend ops like any other.
+    let p = plan_json("llama_gqa", &["--disable", "flash_attention,fuse_gate_up"], &[]);
+    let d = decision(&p, 0, "attention_prefill");
+    assert!(d["tried"].as_array().unwrap().iter().any(|t| t["verdict"] == "disabled"), "{d}");
+    assert_eq!(d["placement"], "cpu");
+    assert_eq!(decision(&p, 0, "mlp")["choice"], "gate_up_matmuls_then_swiglu");
+    assert_eq!(decision(&p, 0, "mlp")["backend"], "ascend");
+
+    // An op the installation lacks (a simulator variant without aclnnSwiGlu): the MLP slots fall
+    // back to the CPU and say which symbol is missing.
+    let omit = sim_home(&["--omit", "aclnnSwiGlu"]);
+    let p = plan_json("llama_gqa", &[], &[("ASCEND_HOME_PATH", omit.display().to_string())]);
+    let d = decision(&p, 0, "mlp");
+    assert_eq!((d["placement"].as_str(), d["fallback"].as_bool()), (Some("cpu"), Some(true)), "{d}");
+    assert_eq!(ascend_rejection(d), ("symbol".into(), "aclnnSwiGlu".into()));
+    assert_eq!(decision(&p, 0, "qkv")["backend"], "ascend");
+
+    // mixtral: MoE routing and the grouped experts on the device; the per-expert path is not.
+    let p = plan_json("mixtral", &[], &[]);
+    assert_eq!(decision(&p, 0, "moe_routing")["kernel"], "aclnnMm+aclnnMoeGatingTopKSoftmax");
+    let d = decision(&p, 0, "mlp");
+    assert_eq!((d["choice"].as_str(), d["backend"].as_str()), (Some("moe_grouped"), Some("ascend")));
+    assert!(d["kernel"].as_str().unwrap().contains("aclnnGroupedMatmulV4"));
+}
+
+/// The CPU kernels' work-split tunables do not apply to aclnn ops: the plan refuses them on a
+/// slot the device runs, naming the key, the slot and the backend, instead of dropping them.
+#[test]
+fn cpu_tiling_tunables_are_refused_on_ascend_naming_the_key_and_the_slot() {
+    let dir = golden_dir("mixtral");
+    for (tiling, want) in [
+        ("matmul.panel_rows=32", "tiling.matmul.panel_rows=32 is not the default (unset) on ascend, whose kernels choose their own tiling (layer 0: qkv runs fused_qkv_matmul on ascend)"),
+        ("moe.expert_batch_tokens=4", "tiling.moe.expert_batch_tokens=4 is not the default (unset) on ascend, whose kernels choose their own tiling (layer 0: mlp runs moe_grouped on ascend)"),
+    ] {
+        let (ok, _, err) = tboost(&["plan", "--backend", "ascend", "--model", dir.to_str().unwrap(), "--tiling", tiling], &[]);
+        assert!(!ok && err.contains(want), "--tiling {tiling}: {err}");
+    }
+    // The same tunables on the CPU backend are taken and reported.
+    let (ok, out, err) = tboost(
+        &["plan", "--backend", "cpu", "--model", dir.to_str().unwrap(), "--tiling", "matmul.panel_rows=32"],
+        &[],
+    );
+    assert!(ok && out.contains("tiling: matmul.panel_rows=32"), "{out}{err}");
+}
+
+#[test]
+fn backend_ascend_without_cann_fails_clearly_and_auto_never_picks_the_simulator() {
+    let (ok, _, err) = tboost(
+        &["plan", "--backend", "ascend", "--model", golden_dir("llama_gqa").to_str().unwrap()],
+        &[("ASCEND_HOME_PATH", "/nonexistent-cann".into())],
+    );
+    assert!(!ok);
+    assert!(
+        err.contains("CANN runtime not found; searched:") && err.contains("/nonexistent-cann/lib64/libascendcl.so"),
+        "{err}"
+    );
+    let (ok, out, err) = tboost(
+        &["plan", "--json", "--model", golden_dir("llama_gqa").to_str().unwrap()],
+        &[("RUST_LOG", "info".into())],
+    );
+    assert!(ok, "{err}");
+    let p: Value = serde_json::from_str(&out).unwrap();
+    assert_eq!(p["device"]["backend"], "cpu", "auto must not run on the simulator");
+    assert!(err.contains("CANN SIMULATOR") && err.contains("auto never picks"), "{err}");
+}
+
+#[test]
+fn profile_reports_per_op_device_time() {
+    let dir = golden_dir("mixtral");
+    let (ok, _, err) = tboost(
+        &["logits", "--backend", "ascend", "--model", dir.to_str().unwrap(), "--tokens", "5,17,42,99"],
+        &[("TBOOST_PROFILE", "1".into())],
+    );
+    assert!(ok, "{err}");
+    assert!(err.contains("tboost profile (ascend backend") && err.contains("aclrtEventElapsedTime"), "{err}");
+    for op in ["matmul", "flash_attention", "moe_grouped", "moe_route", "rope", "write_kv", "add_rmsnorm"] {
+        assert!(err.lines().any(|l| l.trim_start().starts_with(op) && l.contains("calls")), "no {op} row:\n{err}");
+    }
+}
+
+// ------------------------------------------------------------------------------- faults
+
+#[test]
+fn an_allocation_failure_at_load_is_a_clear_error_and_leaks_nothing() {
+    isolated(
+        "an_allocation_failure_at_load_is_a_clear_error_and_leaks_nothing",
+        // the 20th aclrtMalloc: in the middle of the weight uploads
+        &[("TBOOST_SIM_FAIL_MALLOC_AT", "20".into())],
+        || {
+            let e =
+                Engine::new(EngineConfig { backend: BackendKind::Ascend { device: 0 }, ..Default::default() }).unwrap();
+            let err = e.load(&golden_dir("llama_gqa")).expect_err("the 20th device allocation fails").to_string();
+            eprintln!("load error: {err}");
+            assert!(err.contains("backend ascend") && err.contains("upload_weight"), "{err}");
+            assert!(err.contains("aclrtMalloc") && err.contains("200000") && err.contains("SIMULATOR"), "{err}");
+            drop(e);
+            let s = stats();
+            assert!(s.is_clean(), "outstanding simulator resources after the failed load: {s:?}");
+            assert_eq!(s.rule_violations, 0);
+        },
+    );
+}
+
+#[test]
+fn an_op_failure_fails_its_step_and_the_engine_serves_the_next_requests() {
+    isolated(
+        "an_op_failure_fails_its_step_and_the_engine_serves_the_next_requests",
+        // the 3rd FIA call of the process: layer 0 of the second step
+        &[("TBOOST_SIM_FAIL_OP", "aclnnFusedInferAttentionScoreV4:3:161002".into())],
+        || {
+            let path = golden_dir("llama_gqa");
+            let e = ascend_engine(&path, 16, 64);
+            let a = e.enqueue(greedy(vec![5, 17, 42, 99, 7], 4)).unwrap();
+            e.run_to_completion().unwrap();
+            let oa = e.output(a).unwrap();
+            assert_eq!(oa.finish, Some(FinishReason::Error), "{oa:?}");
+            let msg = oa.error.unwrap();
+            eprintln!("failed request: {msg}");
+            assert!(
+                msg.contains("flash_attention") || msg.contains("paged_decode_attention"),
+                "the message names the tboost op: {msg}"
+            );
+            assert!(msg.contains("aclnnFusedInferAttentionScoreV4") && msg.contains("161002"), "{msg}");
+            assert!(msg.contains("fault injection") && msg.contains("SIMULATOR"), "aclGetRecentErrMsg: {msg}");
+            // The engine goes on: the next request runs to the end, with the tokens a fresh engine gives.
+            let b = greedy(vec![5, 17, 42, 99, 7], 6);
+            let got = run_all(&e, std::slice::from_ref(&b));
+            let want = run_all(&ascend_engine(&path, 16, 64), std::slice::from_ref(&b));
+            assert_eq!(got, want);
+            drop(e);
+            let s = stats();
+            assert!(s.is_clean(), "0 outstanding allocations and executors at engine free: {s:?}");
+            assert_eq!(s.rule_violations, 0);
+        },
+    );
+}
+
+#[test]
+fn execute_and_stream_failures_fail_their_step_only() {
+    isolated(
+        "execute_and_stream_failures_fail_their_step_only",
+        &[
+            // the 2nd launch of aclnnRmsNorm is refused by its execute phase; the 4th synchronize of
+            // the process fails after running its work (a failure found when the stream runs)
+            ("TBOOST_SIM_FAIL_OP", "aclnnRmsNorm:2:561002:exec".into()),
+            ("TBOOST_SIM_FAIL_SYNC_AT", "4".into()),
+        ],
+        || {
+            let e = ascend_engine(&golden_dir("qwen2"), 16, 64);
+            let mut outs = Vec::new();
+            for _ in 0..3 {
+                let id = e.enqueue(greedy(vec![9, 8, 7], 3)).unwrap();
+                e.run_to_completion().unwrap();
+                outs.push(e.output(id).unwrap());
+            }
+            let msg = |i: usize| outs[i].error.clone().unwrap_or_default();
+            eprintln!("execute-phase failure: {}\nstream failure: {}", msg(0), msg(1));
+            assert_eq!(outs[0].finish, Some(FinishReason::Error), "{:?}", outs[0]);
+            assert!(
+                msg(0).contains("rmsnorm") && msg(0).contains("aclnnRmsNorm") && msg(0).contains("561002"),
+                "{}",
+                msg(0)
+            );
+            assert_eq!(outs[1].finish, Some(FinishReason::Error), "{:?}", outs[1]);
+            assert!(msg(1).contains("aclrtSynchronizeStream") && msg(1).contains("500003"), "{}", msg(1));
+            assert!(msg(1).contains("SIMULATOR"), "{}", msg(1));
+            assert_eq!(outs[2].finish, Some(FinishReason::Length), "{:?}", outs[2]);
+            assert_eq!(outs[2].tokens.len(), 3);
+            drop(e);
+            assert!(stats().is_clean(), "{:?}", stats());
+        },
+    );
+}
+
+// ------------------------------------------------------------------------------- the trait contract
+
+#[test]
+fn buffers_weights_copies_events_and_interrupt_on_the_simulator() {
+    use std::sync::atomic::AtomicBool;
+    use std::sync::Arc;
+    use tboost_engine::backend::{BackendExt, DType, Op, StepHost, StepViews, View};
+    use tboost_engine::model::Tensor;
+    isolated("buffers_weights_copies_events_and_interrupt_on_the_simulator", &[], || {
+        let mut be = AscendBackend::open(0).unwrap();
+        assert!(be.is_simulator());
+        assert_eq!(be.activation_dtypes(), &[DType::F16, DType::BF16]);
+        assert_eq!(be.preferred_block_size(), 128);
+        // weights: consecutive ids
+        let w: Vec<_> = (0..4)
+            .map(|i| {
+                let t = Tensor::owned(format!("w{i}"), DType::F32, vec![2], vec![0u8; 8]).unwrap();
+                be.upload_weight(&t).unwrap()
+            })
+            .collect();
+        assert!(w.windows(2).all(|p| p[1].0 == p[0].0 + 1), "{w:?}");
+        // buffers start zeroed; allocated_bytes follows alloc/free
+        let a = be.alloc(DType::F32, 10).unwrap();
+        assert_eq!(be.allocated_bytes(), 40);
+        let mut z = [1f32; 10];
+        be.read_typed(View::new(a, 0, 10), &mut z).unwrap();
+        assert_eq!(z, [0.0; 10]);
+        be.write_typed_async(View::new(a, 2, 3), &[1.5f32, 2.5, 3.5]).unwrap();
+        let ev = be.record_event().unwrap();
+        be.wait_event(ev).unwrap();
+        let r = be.read_async(View::new(a, 1, 4)).unwrap();
+        let mut got = [0u8; 16];
+        be.finish_read(r, &mut got).unwrap();
+        let got: Vec<f32> = got.chunks(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect();
+        assert_eq!(got, [0.0, 1.5, 2.5, 3.5]);
+        be.launch(&Op::Zero { dst: View::new(a, 3, 1) }).unwrap();
+        be.read_typed(View::new(a, 0, 10), &mut z).unwrap();
+        assert_eq!(z[..5], [0.0, 0.0, 1.5, 0.0, 3.5]);
+        // a step id aclnn's INT32 cannot hold is refused before anything is queued
+        let big = be.alloc(DType::U32, 1).unwrap();
+        let e = |b| View::new(b, 0, 0);
+        let views = StepViews {
+            ids: View::new(big, 0, 1),
+            positions: e(big),
+            slots: e(big),
+            seqs: e(big),
+            block_tables: e(big),
+            max_blocks: 0,
+            logit_rows: e(big),
+        };
+        let host =
+            StepHost { ids: &[1 << 31], positions: &[], slots: &[], seqs: &[], block_tables: &[], logit_rows: &[] };
+        let err = be.set_step(&host, &views).expect_err("id 2^31").to_string();
+        assert!(err.contains("2^31"), "{err}");
+        // interrupt: the next launch stops
+        let flag = Arc::new(AtomicBool::new(true));
+        be.set_interrupt(flag);
+        assert!(matches!(be.launch(&Op::Zero { dst: View::new(a, 0, 1) }), Err(tboost_engine::Error::Interrupted)));
+        be.free(a);
+        be.free(big);
+        assert_eq!(be.allocated_bytes(), 0);
+        drop(be);
+        let s = stats();
+        assert!(s.is_clean(), "{s:?}");
+        assert_eq!(s.rule_violations, 0);
+    });
+}

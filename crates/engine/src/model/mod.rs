@@ -1,0 +1,149 @@
+//! Model files → a resolved config and typed, memory-mapped weights.
+//!
+//! - `config`: the resolved hyper-parameters (`ModelConfig`) and their validation.
+//! - `hf`: Hugging Face directories (config.json + single or sharded safetensors).
+//! - `gguf`: GGUF v2/v3 reader (metadata + tensor directory) and its mapping to the config.
+//! - `tensor`: a named weight view over a memory map (no copy) or an owned buffer.
+//! - `weights`: the per-layer weight set an architecture needs, checked against the config.
+//! - `arch`: architecture rules (llama, mistral, qwen2, mixtral).
+//! - `limits`: the caps on every size a model file states (untrusted input).
+//! - `files`: opening the files a load reads (regular files only, never blocking).
+
+pub mod arch;
+pub mod config;
+pub mod files;
+pub mod gguf;
+pub mod hf;
+pub mod hugepages;
+/// Rust-side caps, not part of the C ABI (the header generator must not export them).
+/// cbindgen:ignore
+pub mod limits;
+pub mod prefault;
+pub mod tensor;
+pub mod weights;
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use memmap2::Mmap;
+
+pub use arch::Arch;
+pub use config::ModelConfig;
+pub use tensor::{Storage, Tensor};
+pub use weights::{LayerWeights, Mlp, ModelWeights};
+
+use crate::tokenizer::{ChatTemplate, Tokenizer};
+use crate::{Error, Result};
+
+/// Where a model came from.
+#[derive(Clone, Debug, PartialEq, Eq)]
+pub enum ModelFormat {
+    HuggingFace,
+    Gguf,
+    Synthetic,
+}
+
+/// A loaded model: config, weights, (for GGUF) the raw metadata, and the tokenizer and chat
+/// template when the files carry them.
+pub struct Model {
+    pub path: PathBuf,
+    pub format: ModelFormat,
+    pub config: ModelConfig,
+    pub weights: ModelWeights,
+    pub gguf_metadata: Option<gguf::Metadata>,
+    pub tokenizer: Option<Arc<Tokenizer>>,
+    pub chat_template: Option<ChatTemplate>,
+}
+
+/// Short form: the GGUF metadata (a whole vocabulary) is summarised by its key count.
+impl std::fmt::Debug for Model {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Model")
+            .field("path", &self.path)
+            .field("format", &self.format)
+            .field("config", &self.config)
+            .field("layers", &self.weights.layers.len())
+            .field("gguf_metadata_keys", &self.gguf_metadata.as_ref().map(|m| m.len()))
+            .finish()
+    }
+}
+
+impl Model {
+    /// Loads a Hugging Face directory (or a `.json` / `.safetensors` file in it) or a GGUF
+    /// file (any other file).
+    pub fn load(path: &Path) -> Result<Model> {
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+        if !meta.is_dir() {
+            // A FIFO, device or socket: say what it is instead of opening it (which could
+            // block forever).
+            files::open_regular(path)?;
+        }
+        let mut model = if meta.is_dir() {
+            hf::load(path)?
+        } else if name.ends_with(".json") || name.ends_with(".safetensors") {
+            // `parent()` of a bare file name is "", which means the current directory.
+            let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            hf::load(dir)?
+        } else {
+            gguf::load(path)?
+        };
+        model.attach_tokenizer()?;
+        Ok(model)
+    }
+
+    /// Reads the tokenizer and chat template the model files carry (GGUF metadata, or
+    /// `tokenizer.json` / `tokenizer_config.json` beside an HF checkpoint). Generation stops
+    /// at every end-of-generation token the tokenizer knows (`<|im_end|>`, `<|eot_id|>`...),
+    /// as llama.cpp does, besides the config's EOS ids.
+    fn attach_tokenizer(&mut self) -> Result<()> {
+        let (tok, tmpl) = match (&self.format, &self.gguf_metadata) {
+            (ModelFormat::Gguf, Some(md)) => (Tokenizer::from_gguf(md), ChatTemplate::from_gguf(md)),
+            (ModelFormat::HuggingFace, _) => {
+                (Tokenizer::from_hf_dir(&self.path), ChatTemplate::from_hf_dir(&self.path)?)
+            }
+            _ => (Ok(None), None),
+        };
+        // A broken tokenizer must not stop a model that is driven by token ids: say why once
+        // and go on without it (text requests then fail with "no tokenizer").
+        let tok = tok.unwrap_or_else(|e| {
+            log::warn!("{}: tokenizer unusable, continuing without one: {e}", self.path.display());
+            None
+        });
+        if let Some(t) = &tok {
+            if t.vocab_size() > self.config.vocab_size {
+                return Err(Error::format(
+                    &self.path,
+                    format!(
+                        "the tokenizer has {} tokens but the model only {} embeddings",
+                        t.vocab_size(),
+                        self.config.vocab_size
+                    ),
+                ));
+            }
+            for &e in t.eos_ids() {
+                if !self.config.eos_token_ids.contains(&e) {
+                    self.config.eos_token_ids.push(e);
+                }
+            }
+        }
+        self.tokenizer = tok.map(Arc::new);
+        self.chat_template = tmpl;
+        Ok(())
+    }
+}
+
+/// Maps a whole file read-only.
+pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
+    let (file, _) = files::open_regular(path)?;
+    // SAFETY: the map is read-only. Like every mmap-based loader we rely on the file not
+    // being truncated or rewritten while it is mapped.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    Ok(Arc::new(map))
+}
+
+/// Maps a weight file. Nothing is copied here: the CPU backend copies or repacks each
+/// tensor into huge pages as it uploads it (see `hugepages`).
+pub fn map_weights(path: &Path) -> Result<Storage> {
+    Ok(Storage::Mmap(map_file(path)?))
+}
