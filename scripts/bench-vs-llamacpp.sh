@@ -4,7 +4,8 @@
 # aggregate decode of concurrent requests (llama-batched-bench -npp 32 -ntg 64 -npl 1,4,16
 # against tboost bench --concurrency). Runs
 # alternate A B A B so slow drift of a shared machine hits both engines alike; each figure
-# is the median over the alternations. Prints a Markdown report ready for the README.
+# is the median over the alternations. Prints a Markdown report ready for docs/perf/BENCHMARKS.md:
+# one machine's section, keyed by its CPU model and ISA; `--out docs/perf/BENCHMARKS.md` puts it there.
 #
 #   scripts/bench-vs-llamacpp.sh [options] [MODEL.gguf ...]
 #
@@ -31,7 +32,9 @@
 #   --no-concurrency           skip the concurrent-request rows
 #   --quick                    a smoke run: the `small` shape as Q8_0 and BF16 plus the demo
 #                              model if cached, pp64/tg16, concurrency 1,4, one alternation
-#   --out FILE                 also write the report to FILE
+#   --out FILE                 also write the report to FILE; when FILE already holds machine sections
+#                              (docs/perf/BENCHMARKS.md), replace this machine's section, or append
+#                              one, and keep the others
 #   --raw DIR                  keep every run's raw output (JSON, logs) in DIR
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -233,10 +236,25 @@ if [ "$CONC" = 1 ]; then
 fi
 
 CPU="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
-python3 - "$RAW" "$RUNS" "$THREADS" "$PP" "$TG" "$NPP" "$NTG" "$NPL" "$CPU" "$BUSY_RUNS" "$CONC" "$PRECISION" "${MODELS[@]}" <<'PY' | tee ${OUT:+"$OUT"}
+# The instruction sets the kernels choose between; with the CPU model, the key of the machine's
+# section in docs/perf/BENCHMARKS.md.
+FLAGS=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2-) "
+has_flag() { [[ "$FLAGS" == *" $1 "* ]]; }
+if has_flag avx512f; then
+  ISA="AVX-512"
+  if has_flag avx512_vnni; then ISA+=", VNNI"; fi
+  if has_flag avx512_bf16; then ISA+=", AVX512_BF16"; fi
+  if has_flag amx_int8; then ISA+=", AMX"; fi
+elif has_flag avx2; then
+  ISA="AVX2"
+  if has_flag avx_vnni; then ISA+=", AVX-VNNI"; fi
+else
+  ISA="no AVX2"
+fi
+python3 - "$RAW" "$RUNS" "$THREADS" "$PP" "$TG" "$NPP" "$NTG" "$NPL" "$CPU" "$BUSY_RUNS" "$CONC" "$PRECISION" "$ISA" "${MODELS[@]}" <<'PY' | tee "$RAW/report.md"
 import json, os, re, statistics, sys, datetime
-raw, runs, threads, pp, tg, npp, ntg, npl, cpu, busy, conc, precision = sys.argv[1:13]
-models = sys.argv[13:]
+raw, runs, threads, pp, tg, npp, ntg, npl, cpu, busy, conc, precision, isa = sys.argv[1:14]
+models = sys.argv[14:]
 runs, pp, tg = int(runs), int(pp), int(tg)
 npl = [int(v) for v in npl.split(',')]
 
@@ -266,6 +284,9 @@ def batched(path):
 def r(a, b):
     return f"{a / b:.2f}×" if b and b == b and a == a else "n/a"
 
+print(f"<!-- machine: {cpu} | {isa} -->")
+print(f"## {cpu} ({isa}), {datetime.datetime.now():%Y-%m-%d %H:%M}")
+print()
 print(f"tboost vs llama.cpp, {datetime.date.today().isoformat()}, {cpu}, {threads} threads, "
       f"median of {runs} alternation(s) (A B A B), same GGUF files, tboost --precision {precision}")
 print()
@@ -332,4 +353,28 @@ print()
 print("tg roof: the streaming-read bandwidth tboost bench measures beside its decode (best of 8 reads) "
       "÷ weight bytes per token. Where 1.3× llama.cpp / roof exceeds 100%, the decode goal lies above "
       "the measured roof.")
+print()
+print("<!-- end machine -->")
 PY
+
+# --out: into a file of machine sections (docs/perf/BENCHMARKS.md) this machine's section goes in
+# place of its old one, or at the end; any other file gets the report alone.
+if [ -n "$OUT" ]; then
+  python3 - "$RAW/report.md" "$OUT" <<'PY'
+import os, re, sys
+report, out = sys.argv[1:3]
+new = open(report).read().strip() + "\n"
+key = re.match(r"<!-- machine: (.*?) -->", new).group(1)
+doc = open(out).read() if os.path.exists(out) else ""
+if "<!-- machine: " in doc:
+    section = re.compile(r"<!-- machine: " + re.escape(key) + r" -->\n.*?<!-- end machine -->\n", re.S)
+    if section.search(doc):
+        doc = section.sub(lambda m: new, doc, count=1)
+    else:
+        doc = doc.rstrip() + "\n\n" + new
+else:
+    doc = new
+open(out, "w").write(doc)
+print(f"bench-vs-llamacpp: section '{key}' written into {out}", file=sys.stderr)
+PY
+fi

@@ -6,7 +6,8 @@
 #
 # Checks, in order (the first failure stops the run with a message saying what broke):
 #   tools, header drift (cbindgen), header as C99 and C++17, release library + its
-#   native-static-libs list, README snippet = examples/cpp/main.cpp, CMake build + ctest
+#   native-static-libs list, docs/embedding.md excerpts = the examples and README.md's C
+#   example compiles, CMake build + ctest
 #   (gtest suite, C99 consumer, C++ example), install layout + SONAME + pkg-config,
 #   find_package consumer outside the tree (static and shared), add_subdirectory consumer,
 #   AddressSanitizer build + ctest, valgrind on the C++ example, Go and Java hosts giving
@@ -88,40 +89,48 @@ listed=$(sed -n 's/^set(TBOOST_NATIVE_STATIC_LIBS \(.*\))$/\1/p' "$ROOT/cmake/tb
 echo "native-static-libs: $rustc_libs"
 ok
 
-step "README's Embedding snippets are the tested examples (C++ whole, CMake, Go and Java excerpts verbatim)"
-python3 - "$ROOT" <<'PY' || die "a snippet in README.md's Embedding section differs from the example it quotes: copy it in again"
+step "docs/embedding.md quotes the tested examples verbatim; README.md's C example compiles"
+python3 - "$ROOT" "$SCRATCH/readme_example.c" <<'PY' || die "a code block in docs/embedding.md differs from the example it quotes (copy it in again), or README.md's C example is missing"
 import re, sys
-root = sys.argv[1]
-readme = open(f"{root}/README.md").read()
-section = readme[readme.index("## Embedding"):]
-section = section[:section.index("\n## ", 1)] if "\n## " in section[1:] else section
-blocks = re.findall(r"^```(\w+)\n(.*?)^```$", section, flags=re.S | re.M)
-sources = {
-    "go": open(f"{root}/examples/go/main.go").read(),
-    "java": open(f"{root}/examples/java/TBoostExample.java").read(),
-    "cmake": open(f"{root}/scripts/test-embedding.sh").read(),
-}
-cpp = [b for lang, b in blocks if lang == "cpp"]
-ok = bool(cpp) and cpp[0] == open(f"{root}/examples/cpp/main.cpp").read()
-if not ok:
-    print("the first cpp block is not examples/cpp/main.cpp")
-for lang in ("go", "java"):
-    found = [b for l, b in blocks if l == lang]
-    if not found:
-        ok = False
-        print(f"no {lang} snippet")
-    for b in found:
-        if b not in sources[lang]:
+root, c_out = sys.argv[1:3]
+doc = open(f"{root}/docs/embedding.md").read()
+# A fenced block and the line before it: `<!-- excerpt: PATH -->` there claims the block is a
+# verbatim excerpt of PATH.
+blocks = re.findall(r"^([^\n]*)\n```(\w+)\n(.*?)^```$", doc, flags=re.S | re.M)
+ok = True
+quoted = set()
+for before, lang, body in blocks:
+    m = re.fullmatch(r"<!-- excerpt: (\S+) -->", before.strip())
+    if m:
+        if body not in open(f"{root}/{m.group(1)}").read():
             ok = False
-            print(f"a {lang} snippet is not in the example:\n{b}")
-for b in (b for l, b in blocks if l == "cmake"):
-    for line in b.splitlines():
+            print(f"a {lang} block is not a verbatim excerpt of {m.group(1)}:\n{body}")
+        quoted.add(lang)
+    elif lang in ("c", "cpp", "go", "java"):
+        ok = False
+        print(f"a {lang} block without an <!-- excerpt: PATH --> line before it:\n{body}")
+for lang in ("cpp", "go", "java"):
+    if lang not in quoted:
+        ok = False
+        print(f"no {lang} excerpt in docs/embedding.md")
+consumers = open(f"{root}/scripts/test-embedding.sh").read()
+for body in (b for _, l, b in blocks if l == "cmake"):
+    for line in body.splitlines():
         stmt = line.split("#")[0].strip()
-        if stmt.startswith(("find_package", "target_link_libraries")) and stmt not in sources["cmake"]:
+        if stmt.startswith(("find_package", "target_link_libraries")) and stmt not in consumers:
             ok = False
             print(f"cmake line not exercised by a consumer build: {stmt}")
+readme_c = re.findall(r"^```c\n(.*?)^```$", open(f"{root}/README.md").read(), flags=re.S | re.M)
+if len(readme_c) != 1:
+    ok = False
+    print(f"README.md has {len(readme_c)} ```c blocks, expected the one embedding example")
+else:
+    open(c_out, "w").write(readme_c[0])
+print(f"{len(blocks)} blocks in docs/embedding.md, excerpts checked: {', '.join(sorted(quoted))}")
 sys.exit(0 if ok else 1)
 PY
+gcc -std=c99 -Wall -Werror -I"$ROOT/include" -c "$SCRATCH/readme_example.c" -o "$SCRATCH/readme_example.o" ||
+  die "README.md's C example does not compile against include/tboost.h"
 ok
 
 step "CMake build of the tree and ctest (gtest suite, C99 consumer, C++ example)"

@@ -17,6 +17,9 @@ export PATH="${CARGO_HOME:-${HOME:-$(echo ~)}/.cargo}/bin:$PATH"
 step "format check"
 cargo fmt --all -- --check
 
+step "docs check (README length, links, paths: scripts/check-docs.sh)"
+scripts/check-docs.sh
+
 step "demo model (downloaded once into the cache, verified by size and sha256)"
 TBOOST_DEMO_MODEL="$(scripts/fetch-demo-model.sh)"
 export TBOOST_DEMO_MODEL
