@@ -1,9 +1,9 @@
 //! Weights in transparent huge pages.
 //!
 //! A decode step streams every weight once; over 4 KiB page-cache pages that is one TLB
-//! refill per 4 KiB, which costs a GGUF Q4_0 GEMV about 15% of its speed here (tinyllama-1.1b
-//! Q4_0, 2 threads: 23.4 → 27.2 tokens/s). So the CPU backend gives every weight of a large
-//! model file its own copy in anonymous memory marked `MADV_HUGEPAGE` (2 MiB pages), an
+//! refill per 4 KiB, which a bandwidth-bound GEMV feels (the measurements are in
+//! docs/perf/journal.md). So the CPU backend gives every weight of a large model file its own
+//! copy in anonymous memory marked `MADV_HUGEPAGE` (2 MiB pages), an
 //! [`Arena`]: repacked tensors are packed there straight from the file map, tensors used as
 //! stored are copied there ([`copy_into`]), and each tensor's file pages are then dropped from
 //! the process, so the weights are resident once. `TBOOST_WEIGHT_PAGES=small` (old name
@@ -14,8 +14,8 @@
 //! Why per tensor at upload, not the whole file at load: the first touch of fresh memory
 //! is what a load costs, and a whole-file copy touched every repacked tensor's bytes twice
 //! (the copy, then the panels). On a VM whose host takes back free memory (free page
-//! reporting), first-touching a fresh 2 MiB page measured about 8 ms, 2 GB in 17.6 s against
-//! 0.2 s for memory touched before (`MADV_HUGEPAGE` mapping, one write per 4 KiB page).
+//! reporting), first-touching fresh huge pages costs far more than writing memory touched
+//! before, so each byte is touched once, by the pool's threads side by side.
 
 use memmap2::{Mmap, MmapMut, MmapOptions};
 use rayon::prelude::*;
@@ -93,10 +93,9 @@ const REGION_ALIGN: usize = 4096;
 ///
 /// Why not one mapping per tensor: the kernel backs a mapping with huge pages only over the
 /// 2 MiB-aligned ranges inside it, and a per-tensor mapping (a few MiB, placed anywhere) has
-/// few of those: on tinyllama-1.1b Q4_0 only 370 of 638 MB of the repacked weights got huge
-/// pages (612 of 648 MB in chunks), each 4 KiB page a TLB refill per read (as above). In
-/// chunks nearly every byte is huge-page backed; the unused end of a chunk is never touched,
-/// so it costs address space, not memory.
+/// few of those: much of the repacked weights would stay in 4 KiB pages, each a TLB refill
+/// per read (as above). In chunks nearly every byte is huge-page backed; the unused end of a
+/// chunk is never touched, so it costs address space, not memory.
 #[derive(Default)]
 pub struct Arena {
     current: Option<(std::sync::Arc<Chunk>, usize)>,
