@@ -45,7 +45,7 @@ use tboost_engine::backend::{
     StepViews, View, WeightId,
 };
 use tboost_engine::model::Tensor;
-use tboost_kernels::quant::{dequantize_row, quantize_row_reference};
+use tboost_kernels::gemm::quant::{dequantize_row, quantize_row_reference};
 use tboost_ops::{AttentionCase, AttnParams, AttnPhase, Llama3Scaling, MatMulCase, Precision, RopeParams, RopeStyle};
 
 use common::Rng;

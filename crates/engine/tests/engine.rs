@@ -75,7 +75,7 @@ fn batch_invariance_gguf_models() {
     batch_invariance(&model_file("stories260K-placeholder-vocab.gguf"), 512, PrecisionPolicy::Auto);
 }
 
-/// F16 weights at `fast` (on AMX-BF16 CPUs, `matmul::packed_f16`): decode steps run the
+/// F16 weights at `fast` (on AMX-BF16 CPUs, `gemm::dense::amx_pair_panels`): decode steps run the
 /// vector replay of the tile products, prefill chunks the tiles themselves, and a request's
 /// ids must not depend on which ran them.
 #[test]

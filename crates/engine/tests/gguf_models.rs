@@ -25,7 +25,7 @@ fn llama2_tiny_random_f16_matches_llama_cpp() {
 }
 
 /// At `precision: fast` the f16 weights take the AMX split kernel where the CPU has
-/// AMX-BF16 (`matmul::packed_f16`; exact kernels elsewhere): the greedy ids stay llama.cpp's,
+/// AMX-BF16 (`gemm::dense::amx_pair_panels`; exact kernels elsewhere): the greedy ids stay llama.cpp's,
 /// and the logits stay within 1e-3 of the exact path's (the split keeps 16 bits of each
 /// activation), yet differ from them where the kernel runs.
 #[test]
@@ -47,7 +47,7 @@ fn llama2_tiny_random_f16_at_fast_precision_matches_llama_cpp() {
     let d = e.iter().zip(&f).fold(0f32, |m, (a, b)| m.max((a - b).abs()));
     eprintln!("llama-2-tiny-random f16: fast vs exact max |diff| {d:.3e}");
     assert!(d <= 1e-3, "fast moved the logits by {d}");
-    if tboost_kernels::matmul::packed_f16::applies() {
+    if tboost_kernels::gemm::dense::amx_pair_panels::applies() {
         assert!(d > 0.0, "fast must run the f16 split kernel here");
     } else {
         assert_eq!(d, 0.0, "without AMX-BF16, fast f16 is exact");

@@ -185,7 +185,7 @@ fn gate_up_swiglu_is_fused_and_changes_no_bit() {
             } else {
                 let mut b = vec![];
                 for r in v.chunks(cols) {
-                    b.extend(tboost_kernels::quant::quantize_row_reference(weight, r).expect("quantize"));
+                    b.extend(tboost_kernels::gemm::quant::quantize_row_reference(weight, r).expect("quantize"));
                 }
                 be.upload_weight(weight, &[rows, cols], b)
             }

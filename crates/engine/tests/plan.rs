@@ -175,7 +175,7 @@ fn fast_precision_is_recorded_per_matmul_and_stays_near_exact() {
     let exact = last_logits("llama_gqa_bf16", &PlanOptions::default(), &tokens);
     let fast = last_logits("llama_gqa_bf16", &fast_opts, &tokens);
     let r = runner_with(&golden_dir("llama_gqa_bf16"), &fast_opts, 1, 4);
-    let has_fast = tboost_kernels::matmul::fast_bf16_applies(tboost_engine::backend::DType::BF16);
+    let has_fast = tboost_kernels::gemm::fast_bf16_applies(tboost_engine::backend::DType::BF16);
     for l in 0..r.plan.layers.len() {
         let d = decision(&r, l, Slot::Qkv);
         let want = if has_fast { Precision::Fast } else { Precision::Exact };
@@ -417,13 +417,13 @@ fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
         let what = format!("{dtype} {precision:?}");
         assert!(rm.iter().all(|&m| m == WeightMode::Native), "{what}: pack_weights disabled: {rm:?}");
         // Block types always pack; f16 and bf16 (exact) only where dense panels pay (from
-        // AVX-512, `matmul::packed::pays`); fast bf16 only where its dot-product or AMX
+        // AVX-512, `gemm::dense::exact_panels::pays`); fast bf16 only where its dot-product or AMX
         // kernel runs.
-        let amx_tiles = tboost_kernels::matmul::packed_f16::applies();
+        let amx_tiles = tboost_kernels::gemm::dense::amx_pair_panels::applies();
         let expect_packed = match (dtype, precision) {
-            (DType::BF16, PrecisionPolicy::Fast) => tboost_kernels::matmul::packed_bf16::applies() || amx_tiles,
-            (DType::F16, PrecisionPolicy::Fast) => tboost_kernels::matmul::packed_f16::applies(),
-            _ if dtype.is_float() => tboost_kernels::matmul::packed::pays(dtype),
+            (DType::BF16, PrecisionPolicy::Fast) => tboost_kernels::gemm::dense::bf16_pair_panels::applies() || amx_tiles,
+            (DType::F16, PrecisionPolicy::Fast) => tboost_kernels::gemm::dense::amx_pair_panels::applies(),
+            _ if dtype.is_float() => tboost_kernels::gemm::dense::exact_panels::pays(dtype),
             _ => true,
         };
         if !expect_packed {
@@ -433,11 +433,11 @@ fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
         }
         assert!(pm.iter().all(|&m| m == WeightMode::Packed), "{what}: every matmul slot packed: {pm:?}");
         assert!(text.contains("repacked into cpu's panel layout at upload"), "{what}: the plan says so:\n{text}");
-        // With AMX, bf16 panels take the row kernel's tile products (`matmul::packed_f16`):
+        // With AMX, bf16 panels take the row kernel's tile products (`gemm::dense::amx_pair_panels`):
         // the same bits, checked below.
         if (dtype, precision) == (DType::BF16, PrecisionPolicy::Fast) && !amx_tiles {
             // The pair panels add each output in one chain, the row layout in 16 chains and a
-            // tree (`matmul::packed_bf16`): both within the bf16 bound of the exact sums, not
+            // tree (`gemm::dense::bf16_pair_panels`): both within the bf16 bound of the exact sums, not
             // the same bits. Logits of this model are O(1); one bf16 ulp of them is 2^-8.
             let scale = rows.iter().fold(0f32, |a, v| a.max(v.abs()));
             let diff = max_abs_diff(&packed, &rows);
@@ -448,7 +448,7 @@ fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
         }
         if (dtype, precision) == (DType::F16, PrecisionPolicy::Fast) {
             // F16 in rows has no fast kernel (exact kernels); in pair panels the split
-            // kernel keeps 16 bits of each activation (`matmul::packed_f16`): close to
+            // kernel keeps 16 bits of each activation (`gemm::dense::amx_pair_panels`): close to
             // exact, not the same bits.
             let scale = rows.iter().fold(0f32, |a, v| a.max(v.abs()));
             let diff = max_abs_diff(&packed, &rows);

@@ -8,7 +8,7 @@
 use criterion::{criterion_group, criterion_main, BenchmarkId, Criterion, Throughput};
 use std::hint::black_box;
 use std::time::Duration;
-use tboost_kernels::matmul::{self, MatSeg};
+use tboost_kernels::gemm::{self, MatSeg};
 use tboost_kernels::{DType, WeightMat};
 
 fn weights(dtype: DType, n: usize, k: usize) -> Vec<u8> {
@@ -76,16 +76,16 @@ fn bench_decode(c: &mut Criterion) {
                 b.iter(|| {
                     c = (c + 1) % copies;
                     pool.install(|| {
-                        matmul::matmul(black_box(&x), m, &mut [MatSeg { w: ws[c], bias: None, out: &mut out }])
+                        gemm::matmul(black_box(&x), m, &mut [MatSeg { w: ws[c], bias: None, out: &mut out }])
                     })
                 })
             });
-            if matmul::fast_bf16_applies(dtype) {
+            if gemm::fast_bf16_applies(dtype) {
                 g.bench_with_input(BenchmarkId::new(format!("{dtype}_weights_fast"), format!("m{m}")), &m, |b, &m| {
                     b.iter(|| {
                         c = (c + 1) % copies;
                         pool.install(|| {
-                            matmul::matmul_fast(black_box(&x), m, &mut [MatSeg { w: ws[c], bias: None, out: &mut out }])
+                            gemm::matmul_fast(black_box(&x), m, &mut [MatSeg { w: ws[c], bias: None, out: &mut out }])
                         })
                     })
                 });
@@ -108,21 +108,19 @@ fn bench_prefill(c: &mut Criterion) {
         let w = WeightMat::new(dtype, n, k, &wb).unwrap();
         let mut out = vec![0f32; m * n];
         g.bench_function(format!("{dtype}_flop"), |b| {
-            b.iter(|| pool.install(|| matmul::matmul(black_box(&x), m, &mut [MatSeg { w, bias: None, out: &mut out }])))
+            b.iter(|| pool.install(|| gemm::matmul(black_box(&x), m, &mut [MatSeg { w, bias: None, out: &mut out }])))
         });
         let mut out = vec![0f32; m * n / 2];
         let half = n / 2;
         let (gw, uw) = (w.rows_range(0, half), w.rows_range(half, n));
         g.bench_function(format!("{dtype}_swiglu_flop"), |b| {
-            b.iter(|| pool.install(|| matmul::matmul_swiglu(black_box(&x), m, gw, uw, &mut out)))
+            b.iter(|| pool.install(|| gemm::matmul_swiglu(black_box(&x), m, gw, uw, &mut out)))
         });
-        if matmul::fast_bf16_applies(dtype) {
+        if gemm::fast_bf16_applies(dtype) {
             let mut out = vec![0f32; m * n];
             g.bench_function(format!("{dtype}_fast_flop"), |b| {
                 b.iter(|| {
-                    pool.install(|| {
-                        matmul::matmul_fast(black_box(&x), m, &mut [MatSeg { w, bias: None, out: &mut out }])
-                    })
+                    pool.install(|| gemm::matmul_fast(black_box(&x), m, &mut [MatSeg { w, bias: None, out: &mut out }]))
                 })
             });
         }

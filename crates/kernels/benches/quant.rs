@@ -25,8 +25,8 @@ use std::hint::black_box;
 use std::time::{Duration, Instant};
 
 use half::f16;
-use tboost_kernels::matmul::MatSeg;
-use tboost_kernels::quant::{matmul_quant_prec, matmul_swiglu_quant_prec, packed, Precision};
+use tboost_kernels::gemm::quant::{matmul_quant_prec, matmul_swiglu_quant_prec, panel_pack, Precision};
+use tboost_kernels::gemm::MatSeg;
 use tboost_kernels::{DType, WeightMat};
 
 /// Bytes of weights cycled through so that calls read from DRAM rather than cache (the
@@ -60,7 +60,7 @@ fn weights(dt: DType, rows: usize, k: usize, seed: u64) -> Vec<u8> {
 /// Whether the Fast runs use the packed panel layout for `dt` (as the CPU backend uploads
 /// it); `ROWS=1` measures the GGUF row layout instead.
 fn packed_wanted(dt: DType) -> bool {
-    packed::packable(dt) && std::env::var_os("ROWS").is_none()
+    panel_pack::packable(dt) && std::env::var_os("ROWS").is_none()
 }
 
 /// Bytes in anonymous memory advised for transparent huge pages, as the engine keeps its
@@ -109,8 +109,8 @@ fn weights_in(dt: DType, rows: usize, k: usize, seed: u64, packed: bool) -> Huge
     if !packed {
         return Huge::new(&w);
     }
-    let mut p = vec![0u8; packed::packed_bytes(dt, rows, k)];
-    packed::pack(dt, rows, k, &w, &mut p);
+    let mut p = vec![0u8; panel_pack::packed_bytes(dt, rows, k)];
+    panel_pack::pack(dt, rows, k, &w, &mut p);
     Huge::new(&p)
 }
 
@@ -435,7 +435,7 @@ fn gemv(threads: usize, prec: Precision) {
 }
 
 /// Dense f32 / f16 / bf16 weights (exact precision) at m = 1, 16 and 512, in the row layout
-/// and in 16-row panels (`matmul::packed`, as the CPU backend uploads them), weights cycled
+/// and in 16-row panels (`tboost_kernels::gemm::dense::exact_panels`, as the CPU backend uploads them), weights cycled
 /// through more than the caches for m < 512. `ROWS=1` measures the row layout only.
 /// `len` dense weights (F32, F16 or BF16) uniform in [-1, 1], from the generator seeded `seed`.
 fn dense_weights(dt: DType, len: usize, seed: u64) -> Vec<u8> {
@@ -453,7 +453,7 @@ fn dense_weights(dt: DType, len: usize, seed: u64) -> Vec<u8> {
 }
 
 fn dense(threads: usize) {
-    use tboost_kernels::matmul;
+    use tboost_kernels::gemm;
     let p = pool(threads);
     let (n, k) = (5632, 2048);
     for dt in [DType::F16, DType::BF16, DType::F32] {
@@ -469,8 +469,8 @@ fn dense(threads: usize) {
                     .map(|c| {
                         let w = dense_weights(dt, n * k, c as u64 + 5);
                         if packed {
-                            let mut pk = vec![0u8; matmul::packed::packed_bytes(dt, n, k)];
-                            matmul::packed::pack(dt, n, k, &w, &mut pk);
+                            let mut pk = vec![0u8; tboost_kernels::gemm::dense::exact_panels::packed_bytes(dt, n, k)];
+                            tboost_kernels::gemm::dense::exact_panels::pack(dt, n, k, &w, &mut pk);
                             Huge::new(&pk)
                         } else {
                             Huge::new(&w)
@@ -487,7 +487,7 @@ fn dense(threads: usize) {
                         WeightMat::new(dt, n, k, &ws[c % copies]).unwrap()
                     };
                     c += 1;
-                    matmul::matmul(&xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
+                    gemm::matmul(&xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
                 });
                 println!(
                     "dense    threads={threads} {:>5}{} m={m:>3} n={n} k={k}: {:9.1} us  {:5.1} GB/s  {:6.1} GFLOP/s",
@@ -508,11 +508,11 @@ fn dense(threads: usize) {
 /// every m with `COLD_GEMM=1` (as a model's prefill reads them: each matrix once per pass).
 /// Compare GFLOP/s with `peak`'s bf16 pair dot line.
 fn bf16_fast(threads: usize) {
-    use tboost_kernels::matmul;
-    if matmul::FastBf16::best() == matmul::FastBf16::Amx {
+    use tboost_kernels::gemm;
+    if gemm::FastBf16::best() == gemm::FastBf16::Amx {
         return amx_fast(threads);
     }
-    if !matmul::packed_bf16::applies() {
+    if !tboost_kernels::gemm::dense::bf16_pair_panels::applies() {
         println!("bf16     (no avx512bf16 kernel here)");
         return;
     }
@@ -531,8 +531,8 @@ fn bf16_fast(threads: usize) {
                 .map(|c| {
                     let w = dense_weights(DType::BF16, n * k, c as u64 + 5);
                     if packed {
-                        let mut pk = vec![0u8; matmul::packed_bf16::packed_bytes(n, k)];
-                        matmul::packed_bf16::pack(n, k, &w, &mut pk);
+                        let mut pk = vec![0u8; tboost_kernels::gemm::dense::bf16_pair_panels::packed_bytes(n, k)];
+                        tboost_kernels::gemm::dense::bf16_pair_panels::pack(n, k, &w, &mut pk);
                         Huge::new(&pk)
                     } else {
                         Huge::new(&w)
@@ -550,7 +550,7 @@ fn bf16_fast(threads: usize) {
                     WeightMat::new(DType::BF16, n, k, d).unwrap()
                 };
                 c += 1;
-                matmul::matmul_prec(Precision::Fast, &xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
+                gemm::matmul_prec(Precision::Fast, &xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
             });
             println!(
                 "bf16     threads={threads} fast {} m={m:>3} n={n} k={k}: {:9.1} us  {:5.1} GB/s  {:6.1} GFLOP/s",
@@ -566,11 +566,11 @@ fn bf16_fast(threads: usize) {
 /// BF16 weights in rows and BF16 and F16 ones in pair panels under the AMX-BF16 kernels:
 /// decode, small batches and prefill, weights cycled as in `gemv` for the small batches.
 fn amx_fast(threads: usize) {
+    use tboost_kernels::gemm::{self, FastBf16};
     use tboost_kernels::isa;
-    use tboost_kernels::matmul::{self, FastBf16};
     let p = pool(threads);
     // BF16 in rows (the row AMX kernel) and in pair panels, F16 in pair panels (both on
-    // `packed_f16`: tiles, and the vector replay of their products below `amx_min_rows`).
+    // `amx_pair_panels`: tiles, and the vector replay of their products below `amx_min_rows`).
     for (dt, kernel, pairs) in
         [(DType::BF16, FastBf16::Amx, false), (DType::BF16, FastBf16::Amx, true), (DType::F16, FastBf16::Amx, true)]
     {
@@ -581,8 +581,8 @@ fn amx_fast(threads: usize) {
                 .map(|c| {
                     let rows = dense_weights(dt, n * k, c as u64 + 5);
                     if pairs {
-                        let mut p = vec![0u8; matmul::packed_f16::packed_bytes(n, k)];
-                        matmul::packed_f16::pack(n, k, &rows, &mut p);
+                        let mut p = vec![0u8; tboost_kernels::gemm::dense::amx_pair_panels::packed_bytes(n, k)];
+                        tboost_kernels::gemm::dense::amx_pair_panels::pack(n, k, &rows, &mut p);
                         Huge::new(&p)
                     } else {
                         Huge::new(&rows)
@@ -602,7 +602,7 @@ fn amx_fast(threads: usize) {
                     WeightMat::new(dt, n, k, d).unwrap()
                 };
                 c += 1;
-                matmul::matmul_fast_with(isa::active(), kernel, &xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
+                gemm::matmul_fast_with(isa::active(), kernel, &xs, m, &mut [MatSeg { w, bias: None, out: &mut out }]);
             });
             println!(
                 "amx      threads={threads} {:>5} {:20} m={m:>3} n={n} k={k}: {:9.1} us  {:5.1} GB/s  {:6.1} GFLOP/s",

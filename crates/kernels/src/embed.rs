@@ -1,7 +1,7 @@
 //! Embedding lookup: copies (and converts to f32) one table row per id.
 //!
 //! Dense tables (f32, f16, bf16) convert element by element; GGUF block-quantized tables
-//! dequantize the one row through `crate::quant::dequantize_row` (never the whole table).
+//! dequantize the one row through `crate::gemm::quant::dequantize_row` (never the whole table).
 
 use rayon::prelude::*;
 
@@ -57,7 +57,7 @@ pub fn row_to_f32(table: WeightMat<'_>, row: usize, out: &mut [f32]) {
         }
         q => {
             // The table was checked at load time (whole blocks per row), so this cannot fail.
-            if let Err(e) = crate::quant::dequantize_row(q, bytes, out) {
+            if let Err(e) = crate::gemm::quant::dequantize_row(q, bytes, out) {
                 panic!("embed: {q} row {row}: {e}");
             }
         }

@@ -18,8 +18,8 @@ pub mod attention;
 pub mod convert;
 pub mod dtype;
 pub mod embed;
+pub mod gemm;
 pub mod isa;
-pub mod matmul;
 pub mod membw;
 pub mod moe;
 pub mod norm;
@@ -32,7 +32,6 @@ pub type Few<T> = smallvec::SmallVec<[T; 4]>;
 /// A call's work items (4 per pool thread, 8 and a shrinking tail in decode), kept on the
 /// stack up to 64.
 pub(crate) type Items<T> = smallvec::SmallVec<[T; 64]>;
-pub mod quant;
 pub mod rope;
 pub mod weight;
 

@@ -15,7 +15,7 @@
 //! runs several), `parallel_expert_batches` runs that many batches at once as parallel tasks.
 //! By the invariance above neither changes a bit of the output.
 
-use crate::matmul::{self, MatSeg};
+use crate::gemm::{self, MatSeg};
 use crate::WeightMat;
 use rayon::prelude::*;
 pub use tboost_ops::MoeTiling;
@@ -29,7 +29,7 @@ pub struct Expert<'a> {
     pub down: WeightMat<'a>,
 }
 
-/// Whether `matmul::matmul_swiglu` takes this gate/up pair: the same dense dtype, or both
+/// Whether `gemm::matmul_swiglu` takes this gate/up pair: the same dense dtype, or both
 /// quantized (each block type dequantized on its own).
 pub fn swiglu_fusable(gate: &WeightMat<'_>, up: &WeightMat<'_>) -> bool {
     gate.dtype == up.dtype || (gate.dtype.is_quantized() && up.dtype.is_quantized())
@@ -213,18 +213,18 @@ fn expert_batch(x: &[f32], k: usize, ex: &Expert<'_>, list: &[usize], s: &mut Ba
     }
     s.h.resize(cnt * inter, 0.0);
     if swiglu_fusable(&ex.gate, &ex.up) {
-        matmul::matmul_swiglu(&s.xs, cnt, ex.gate, ex.up, &mut s.h);
+        gemm::matmul_swiglu(&s.xs, cnt, ex.gate, ex.up, &mut s.h);
     } else {
         // Gate and up of different dtype families (a file may quantize them apart): two
         // matmuls and the activation, the same arithmetic per element.
         s.g.resize(cnt * inter, 0.0);
         s.u.resize(cnt * inter, 0.0);
-        matmul::matmul(&s.xs, cnt, &mut [MatSeg { w: ex.gate, bias: None, out: &mut s.g }]);
-        matmul::matmul(&s.xs, cnt, &mut [MatSeg { w: ex.up, bias: None, out: &mut s.u }]);
+        gemm::matmul(&s.xs, cnt, &mut [MatSeg { w: ex.gate, bias: None, out: &mut s.g }]);
+        gemm::matmul(&s.xs, cnt, &mut [MatSeg { w: ex.up, bias: None, out: &mut s.u }]);
         crate::activation::swiglu(&s.g, &s.u, &mut s.h);
     }
     s.y.resize(cnt * hidden, 0.0);
-    matmul::matmul(&s.h, cnt, &mut [MatSeg { w: ex.down, bias: None, out: &mut s.y }]);
+    gemm::matmul(&s.h, cnt, &mut [MatSeg { w: ex.down, bias: None, out: &mut s.y }]);
 }
 
 /// `out[t] = Σ_r weights[t, r] * ys[t * k + r]`, rows of `hidden` values, summed in rank
@@ -264,7 +264,7 @@ pub fn combine(ys: &[f32], weights: &[f32], k: usize, hidden: usize, out: &mut [
 /// Plain reference for the tests: every token through its routed experts, in f64.
 pub mod reference {
     use super::Expert;
-    use crate::matmul::reference::weight_at;
+    use crate::gemm::reference::weight_at;
     use crate::WeightMat;
 
     /// One token: `Σ_r w_r * down · (silu(gate · x) * (up · x))`, all in f64.

@@ -3,14 +3,10 @@
 //! rayon's `par_iter` splits a task list in halves: one thread walks the first half while
 //! another steals the second, so two threads stream weights megabytes apart. Here every
 //! thread claims the next task from one counter, so the threads walk the list side by side,
-//! and a thread that falls behind (a noisy neighbour) simply claims fewer tasks.
-//!
-//! Measured on tinyllama decode (2 threads, alternating builds): Q4_0 39.5 -> 43.5 tok/s,
-//! F16 11.5 -> 14.6. Why is not settled: a first probe suggested far-apart streams read less
-//! bandwidth than adjacent ones, but repeated with the order varied
-//! (`cargo bench -p tboost-kernels --bench quant -- bw threads=2`, "streams placed" lines)
-//! both placements read the same, and this VM's bandwidth swings between about 30 and 52 GB/s
-//! on its own.
+//! and a thread that falls behind (a noisy neighbour) simply claims fewer tasks. Decode is
+//! faster this way; why is not settled (`cargo bench -p tboost-kernels --bench quant -- bw
+//! threads=2` compares far-apart and adjacent streams). The numbers are in
+//! docs/perf/journal.md.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 
@@ -20,10 +16,8 @@ use rayon::prelude::*;
 /// remain: `full` until the last `2 × threads` tasks' worth, then `left / (2 × threads)` (a
 /// quarter of what is left, for 2 threads), down to `least`. Tasks are claimed in order
 /// ([`for_each_in_order`]), so the last ones claimed are the smallest and the threads finish
-/// within about one small task of each other. Before, in the model (Q4_0 tinyllama decode,
-/// 2 threads, 16.5 even tasks of about 24 us per matmul), a matmul's wall was 14 us longer
-/// than each thread's busy time: at the end one thread ran a last task while the other
-/// waited. Decode, binaries alternated 5 times: Q4_0 50.2 -> 51.3 tokens/s, F16 14.3 -> 14.6.
+/// within about one small task of each other. With even tasks one thread ran the last task
+/// while the other waited, so a matmul's wall was longer than each thread's busy time.
 pub(crate) fn guided_size(left: usize, threads: usize, full: usize, least: usize) -> usize {
     if threads <= 1 {
         return full;

@@ -4,7 +4,7 @@ use crate::DType;
 
 /// A matrix `[rows = out_features, cols = in_features]` stored in `dtype`: row-major
 /// (`data` holds exactly `rows * row_bytes` bytes, checked by `new`), or for some block
-/// types repacked into 16-row panels for the `Fast` kernels (`packed`).
+/// types repacked into 16-row panels for the `Fast` kernels (`panel_pack`).
 #[derive(Clone, Copy, Debug)]
 pub struct WeightMat<'a> {
     pub dtype: DType,
@@ -21,12 +21,12 @@ pub enum Layout {
     #[default]
     Rows,
     /// 16 rows interleaved: per 32-value group for block-quantized weights at `Fast`
-    /// (`crate::quant::packed`), per column for dense weights at `Exact`
-    /// (`crate::matmul::packed`).
+    /// (`crate::gemm::quant::panel_pack`), per column for dense weights at `Exact`
+    /// (`crate::gemm::dense::exact_panels`).
     Panels,
     /// BF16 weights, 16 rows interleaved per pair of values, for `Fast`'s `vdpbf16ps` kernel
-    /// (`crate::matmul::packed_bf16`); F16 weights the same way for `Fast`'s AMX split
-    /// kernel (`crate::matmul::packed_f16`).
+    /// (`crate::gemm::dense::bf16_pair_panels`); F16 weights the same way for `Fast`'s AMX split
+    /// kernel (`crate::gemm::dense::amx_pair_panels`).
     PairPanels,
 }
 
@@ -43,14 +43,14 @@ impl<'a> WeightMat<'a> {
         Ok(WeightMat { dtype, rows, cols, data, layout: Layout::Rows })
     }
 
-    /// Views `data`, the output of `quant::packed::pack` (block types) or
-    /// `matmul::packed::pack` (f32, f16, bf16) for a `[rows, cols]` matrix.
+    /// Views `data`, the output of `quant::panel_pack::pack` (block types) or
+    /// `dense::exact_panels::pack` (f32, f16, bf16) for a `[rows, cols]` matrix.
     pub fn packed(dtype: DType, rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, String> {
-        use crate::{matmul, quant};
-        let need = if quant::packed::packable(dtype) && cols.is_multiple_of(quant::packed::GROUP_VALUES) {
-            quant::packed::packed_bytes(dtype, rows, cols)
-        } else if matmul::packed::packable(dtype) {
-            matmul::packed::packed_bytes(dtype, rows, cols)
+        use crate::gemm::{dense::exact_panels, quant::panel_pack};
+        let need = if panel_pack::packable(dtype) && cols.is_multiple_of(panel_pack::GROUP_VALUES) {
+            panel_pack::packed_bytes(dtype, rows, cols)
+        } else if exact_panels::packable(dtype) {
+            exact_panels::packed_bytes(dtype, rows, cols)
         } else {
             return Err(format!("{rows}x{cols} {dtype} has no packed layout"));
         };
@@ -67,20 +67,20 @@ impl<'a> WeightMat<'a> {
         Self::new(DType::F32, rows, cols, data)
     }
 
-    /// Views `data`, the output of `matmul::packed_bf16::pack` for a `[rows, cols]` BF16
+    /// Views `data`, the output of `bf16_pair_panels::pack` for a `[rows, cols]` BF16
     /// matrix.
     pub fn pair_panels(rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, String> {
-        let need = crate::matmul::packed_bf16::packed_bytes(rows, cols);
+        let need = crate::gemm::dense::bf16_pair_panels::packed_bytes(rows, cols);
         if data.len() != need {
             return Err(format!("bf16 pair panels of {rows}x{cols} need {need} bytes, got {}", data.len()));
         }
         Ok(WeightMat { dtype: DType::BF16, rows, cols, data, layout: Layout::PairPanels })
     }
 
-    /// Views `data`, the output of `matmul::packed_f16::pack` for a `[rows, cols]` F16
+    /// Views `data`, the output of `amx_pair_panels::pack` for a `[rows, cols]` F16
     /// matrix.
     pub fn f16_pair_panels(rows: usize, cols: usize, data: &'a [u8]) -> Result<Self, String> {
-        let need = crate::matmul::packed_f16::packed_bytes(rows, cols);
+        let need = crate::gemm::dense::amx_pair_panels::packed_bytes(rows, cols);
         if data.len() != need {
             return Err(format!("f16 pair panels of {rows}x{cols} need {need} bytes, got {}", data.len()));
         }
@@ -93,7 +93,8 @@ impl<'a> WeightMat<'a> {
             Layout::PairPanels => self.cols * 2,
             Layout::Rows => self.data.len() / self.rows.max(1),
             Layout::Panels if self.dtype.is_quantized() => {
-                crate::quant::packed::panel_bytes(self.dtype, self.cols) / crate::quant::packed::PANEL
+                crate::gemm::quant::panel_pack::panel_bytes(self.dtype, self.cols)
+                    / crate::gemm::quant::panel_pack::PANEL
             }
             Layout::Panels => self.cols * self.dtype.block_bytes(),
         }

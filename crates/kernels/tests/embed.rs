@@ -35,7 +35,7 @@ fn embed_copies_rows_for_each_dense_dtype() {
 
 #[test]
 fn quantized_tables_dequantize_exactly_the_rows_asked_for() {
-    use tboost_kernels::quant::{dequantize_row, quantize_row_reference};
+    use tboost_kernels::gemm::quant::{dequantize_row, quantize_row_reference};
     let (rows, cols) = (5, 64);
     for dtype in [DType::Q4_0, DType::Q5_0, DType::Q8_0] {
         let vals: Vec<f32> = (0..rows * cols).map(|i| ((i * 37 % 101) as f32 - 50.0) / 17.0).collect();

@@ -7,8 +7,8 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tboost_kernels::gemm::{self, reference, MatSeg};
 use tboost_kernels::isa::{self, Isa};
-use tboost_kernels::matmul::{self, reference, MatSeg};
 use tboost_kernels::{DType, WeightMat, WeightVec};
 
 const DTYPES: [DType; 3] = [DType::F32, DType::F16, DType::BF16];
@@ -105,7 +105,7 @@ fn check_close(what: &str, got: &[f32], want: &[f64], x: &[f32], w: &[f32], bias
 
 fn run_one(isa: Isa, x: &[f32], m: usize, w: WeightMat<'_>, bias: Option<WeightVec<'_>>) -> Vec<f32> {
     let mut out = vec![f32::NAN; m * w.rows];
-    matmul::matmul_with(isa, x, m, &mut [MatSeg { w, bias, out: &mut out }]);
+    gemm::matmul_with(isa, x, m, &mut [MatSeg { w, bias, out: &mut out }]);
     out
 }
 
@@ -256,7 +256,7 @@ fn merged_segments_equal_separate_calls() {
             MatSeg { w: kk.view(), bias: None, out: &mut ok },
             MatSeg { w: v.view(), bias: Some(bv.view()), out: &mut ov },
         ];
-        pool(2).install(|| matmul::matmul_with(isa, &x, m, &mut segs));
+        pool(2).install(|| gemm::matmul_with(isa, &x, m, &mut segs));
         assert!(bits_eq(&oq, &run_one(isa, &x, m, q.view(), Some(bq.view()))), "{} q", isa.name());
         assert!(bits_eq(&ok, &run_one(isa, &x, m, kk.view(), None)), "{} k", isa.name());
         assert!(bits_eq(&ov, &run_one(isa, &x, m, v.view(), Some(bv.view()))), "{} v", isa.name());
@@ -278,9 +278,9 @@ fn fused_swiglu_is_bit_identical_to_unfused() {
             for isa in isas() {
                 let gs = run_one(isa, &x, m, g.view(), None);
                 let us = run_one(isa, &x, m, u.view(), None);
-                let unfused: Vec<f32> = gs.iter().zip(&us).map(|(&g, &u)| matmul::silu(g) * u).collect();
+                let unfused: Vec<f32> = gs.iter().zip(&us).map(|(&g, &u)| gemm::silu(g) * u).collect();
                 let mut fused = vec![f32::NAN; m * n];
-                pool(3).install(|| matmul::matmul_swiglu_with(isa, &x, m, g.view(), u.view(), &mut fused));
+                pool(3).install(|| gemm::matmul_swiglu_with(isa, &x, m, g.view(), u.view(), &mut fused));
                 assert!(bits_eq(&fused, &unfused), "{} {dtype} m={m} n={n} k={k}", isa.name());
                 for (i, (&f, &r)) in fused.iter().zip(&want).enumerate() {
                     // silu' is bounded by 1.1 and |u| by the dot bound: relative 1e-4 of the
@@ -319,7 +319,7 @@ fn wrong_output_shape_is_named() {
     let v = [0f32; 6];
     let w = WeightMat::from_f32(&v, 3, 2).unwrap();
     let mut out = [0f32; 5];
-    matmul::matmul(&[0.0; 4], 2, &mut [MatSeg { w, bias: None, out: &mut out }]);
+    gemm::matmul(&[0.0; 4], 2, &mut [MatSeg { w, bias: None, out: &mut out }]);
 }
 
 #[test]
@@ -331,13 +331,13 @@ fn segments_with_different_k_are_rejected() {
         MatSeg { w: WeightMat::from_f32(&a, 2, 2).unwrap(), bias: None, out: &mut oa },
         MatSeg { w: WeightMat::from_f32(&b, 2, 3).unwrap(), bias: None, out: &mut ob },
     ];
-    matmul::matmul(&[0.0; 2], 1, &mut segs);
+    gemm::matmul(&[0.0; 2], 1, &mut segs);
 }
 
 #[test]
 fn quantized_weights_route_to_the_quant_kernels() {
-    use tboost_kernels::matmul::{supports, MatMulCase};
-    use tboost_kernels::quant::{matmul_quant, quantize_row_reference};
+    use tboost_kernels::gemm::quant::{matmul_quant, quantize_row_reference};
+    use tboost_kernels::gemm::{supports, MatMulCase};
     assert!(supports(&MatMulCase::f32(DType::BF16, 8, 8)).is_ok());
     assert!(supports(&MatMulCase::f32(DType::Q4_0, 8, 32)).is_ok());
     let e = supports(&MatMulCase::f32(DType::Q4_0, 8, 40)).unwrap_err();
@@ -352,14 +352,14 @@ fn quantized_weights_route_to_the_quant_kernels() {
     let wq: Vec<u8> = wd.chunks(k).flat_map(|r| quantize_row_reference(DType::Q8_0, r).unwrap()).collect();
     let (qmat, dmat) = (WeightMat::new(DType::Q8_0, n, k, &wq).unwrap(), WeightMat::from_f32(&wd, n, k).unwrap());
     let (mut yq, mut yd) = (vec![0.0; m * n], vec![0.0; m * n]);
-    matmul::matmul(
+    gemm::matmul(
         &x,
         m,
         &mut [MatSeg { w: qmat, bias: None, out: &mut yq }, MatSeg { w: dmat, bias: None, out: &mut yd }],
     );
     let (mut wantq, mut wantd) = (vec![0.0; m * n], vec![0.0; m * n]);
     matmul_quant(&x, m, &mut [MatSeg { w: qmat, bias: None, out: &mut wantq }]);
-    matmul::matmul(&x, m, &mut [MatSeg { w: dmat, bias: None, out: &mut wantd }]);
+    gemm::matmul(&x, m, &mut [MatSeg { w: dmat, bias: None, out: &mut wantd }]);
     assert_eq!((yq, yd), (wantq, wantd));
 }
 
@@ -370,13 +370,13 @@ fn forged_weight_view_is_rejected_before_any_read() {
     let bytes = [0u8; 60];
     let w = WeightMat { dtype: DType::BF16, rows: 4, cols: 8, data: &bytes, layout: Default::default() };
     let mut out = [0f32; 4];
-    matmul::matmul(&[0.0; 8], 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
+    gemm::matmul(&[0.0; 8], 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
 }
 
-/// `w` (row-major) repacked into 16-row panels (`matmul::packed`).
+/// `w` (row-major) repacked into 16-row panels (`tboost_kernels::gemm::dense::exact_panels`).
 fn packed_of(w: &WeightMat<'_>) -> Vec<u8> {
-    let mut p = vec![0u8; matmul::packed::packed_bytes(w.dtype, w.rows, w.cols)];
-    matmul::packed::pack(w.dtype, w.rows, w.cols, w.data, &mut p);
+    let mut p = vec![0u8; tboost_kernels::gemm::dense::exact_panels::packed_bytes(w.dtype, w.rows, w.cols)];
+    tboost_kernels::gemm::dense::exact_panels::pack(w.dtype, w.rows, w.cols, w.data, &mut p);
     p
 }
 
@@ -402,11 +402,11 @@ fn packed_panels_give_the_row_layouts_bits_on_every_isa_batch_and_split() {
                 let upb = packed_of(&u.view());
                 let up = WeightMat::packed(dt, n, k, &upb).unwrap();
                 let (mut a, mut c) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
-                matmul::matmul_swiglu_with(isa, &x, m, w.view(), u.view(), &mut a);
-                matmul::matmul_swiglu_with(isa, &x, m, wp, up, &mut c);
+                gemm::matmul_swiglu_with(isa, &x, m, w.view(), u.view(), &mut a);
+                gemm::matmul_swiglu_with(isa, &x, m, wp, up, &mut c);
                 assert!(bits_eq(&a, &c), "{dt} packed swiglu {} m={m} n={n} k={k}", isa.name());
                 let (mut y1, mut y2) = (vec![f32::NAN; m * n], vec![f32::NAN; m * n]);
-                matmul::matmul_with(
+                gemm::matmul_with(
                     isa,
                     &x,
                     m,

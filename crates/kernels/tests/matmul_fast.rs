@@ -8,8 +8,8 @@ mod matmul_util;
 use matmul_util::*;
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use tboost_kernels::gemm::{self, reference, FastBf16, MatSeg};
 use tboost_kernels::isa::{self, Isa};
-use tboost_kernels::matmul::{self, reference, FastBf16, MatSeg};
 use tboost_kernels::{DType, WeightMat, WeightVec};
 
 fn isas() -> Vec<Isa> {
@@ -224,9 +224,9 @@ fn fast_swiglu_is_bit_identical_to_two_fast_matmuls() {
         for (isa, kernel) in runs {
             let gs = run_fast(isa, kernel, &x, m, g, None);
             let us = run_fast(isa, kernel, &x, m, u, None);
-            let unfused: Vec<f32> = gs.iter().zip(&us).map(|(&g, &u)| matmul::silu(g) * u).collect();
+            let unfused: Vec<f32> = gs.iter().zip(&us).map(|(&g, &u)| gemm::silu(g) * u).collect();
             let mut fused = vec![f32::NAN; m * n];
-            pool(3).install(|| matmul::matmul_swiglu_fast_with(isa, kernel, &x, m, g, u, &mut fused));
+            pool(3).install(|| gemm::matmul_swiglu_fast_with(isa, kernel, &x, m, g, u, &mut fused));
             assert!(bits_eq(&fused, &unfused), "{} {} {dtype} m={m} n={n} k={k}", isa.name(), kernel.name());
         }
     }
@@ -249,7 +249,7 @@ fn fallbacks_are_exactly_the_exact_kernels() {
     for w in mats {
         for isa in isas() {
             let mut exact = vec![0f32; m * n];
-            matmul::matmul_with(isa, &x, m, &mut [MatSeg { w, bias: None, out: &mut exact }]);
+            gemm::matmul_with(isa, &x, m, &mut [MatSeg { w, bias: None, out: &mut exact }]);
             let off = run_fast(isa, FastBf16::Off, &x, m, w, None);
             assert!(bits_eq(&off, &exact), "{} {}: kernel off differs from exact", isa.name(), w.dtype);
             if isa == Isa::Avx512 {
@@ -280,10 +280,10 @@ fn merged_segments_mix_fast_and_exact_kernels_per_segment() {
     for kernel in kernels() {
         let (mut oq, mut ov) = (vec![0f32; m * 24], vec![0f32; m * 8]);
         let mut segs = [MatSeg { w: q, bias: None, out: &mut oq }, MatSeg { w: v, bias: None, out: &mut ov }];
-        matmul::matmul_fast_with(Isa::Avx512, kernel, &x, m, &mut segs);
+        gemm::matmul_fast_with(Isa::Avx512, kernel, &x, m, &mut segs);
         assert!(bits_eq(&oq, &run_fast(Isa::Avx512, kernel, &x, m, q, None)), "{} bf16 segment", kernel.name());
         let mut exact = vec![0f32; m * 8];
-        matmul::matmul_with(Isa::Avx512, &x, m, &mut [MatSeg { w: v, bias: None, out: &mut exact }]);
+        gemm::matmul_with(Isa::Avx512, &x, m, &mut [MatSeg { w: v, bias: None, out: &mut exact }]);
         assert!(bits_eq(&ov, &exact), "{} f32 segment", kernel.name());
     }
 }
@@ -296,21 +296,21 @@ fn the_bf16_kernel_is_on_only_with_the_extension() {
     let best = FastBf16::best();
     assert_eq!(best == FastBf16::Amx, isa::amx_bf16());
     assert_eq!(best == FastBf16::Off, !isa::avx512bf16());
-    assert_eq!(matmul::fast_bf16_applies(DType::BF16), best != FastBf16::Off);
+    assert_eq!(gemm::fast_bf16_applies(DType::BF16), best != FastBf16::Off);
     // F16 at fast: the pair-panel split kernel, wherever AMX-BF16 runs (rows stay exact).
-    assert_eq!(matmul::fast_bf16_applies(DType::F16), best == FastBf16::Amx);
-    assert_eq!(matmul::packed_f16::applies(), best == FastBf16::Amx);
+    assert_eq!(gemm::fast_bf16_applies(DType::F16), best == FastBf16::Amx);
+    assert_eq!(tboost_kernels::gemm::dense::amx_pair_panels::applies(), best == FastBf16::Amx);
     assert!(!FastBf16::Amx.applies(DType::F16) && !FastBf16::Dot.applies(DType::F16), "f16 in rows stays exact");
-    assert!(!matmul::fast_bf16_applies(DType::F32));
+    assert!(!gemm::fast_bf16_applies(DType::F32));
 }
 
 #[test]
-#[should_panic(expected = "segment 0 is q8_0; quantized weights run in crate::quant")]
+#[should_panic(expected = "segment 0 is q8_0; quantized weights run in gemm::quant")]
 fn quantized_weights_are_refused() {
     let bytes = [0u8; 34];
     let w = WeightMat::new(DType::Q8_0, 1, 32, &bytes).unwrap();
     let mut out = [0f32; 1];
-    matmul::matmul_fast(&[0.0; 32], 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
+    gemm::matmul_fast(&[0.0; 32], 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
 }
 
 #[test]
@@ -329,8 +329,8 @@ fn bf16_pair_panels_match_their_emulation_for_every_batch_and_split() {
         let (gb, ub) = (&gb[1..], &ub[1..]);
         let (g, u) = (WeightMat::new(DType::BF16, n, k, gb).unwrap(), WeightMat::new(DType::BF16, n, k, ub).unwrap());
         let pack = |b: &[u8]| {
-            let mut p = vec![0u8; matmul::packed_bf16::packed_bytes(n, k)];
-            matmul::packed_bf16::pack(n, k, b, &mut p);
+            let mut p = vec![0u8; tboost_kernels::gemm::dense::bf16_pair_panels::packed_bytes(n, k)];
+            tboost_kernels::gemm::dense::bf16_pair_panels::pack(n, k, b, &mut p);
             p
         };
         let (gp, up) = (pack(gb), pack(ub));
@@ -339,14 +339,14 @@ fn bf16_pair_panels_match_their_emulation_for_every_batch_and_split() {
         let bv = WeightVec::from_f32(&bias);
         // From GEMM_MIN_ROWS a call's x rows are rounded once for all tasks: every x-tile
         // remainder on both sides of it.
-        let gm = matmul::packed_bf16::GEMM_MIN_ROWS;
+        let gm = tboost_kernels::gemm::dense::bf16_pair_panels::GEMM_MIN_ROWS;
         for m in [1, 2, 3, 5, 9].into_iter().chain(gm..gm + 6) {
             let x = rand_vec(&mut rng, m * k, 2.0);
             let want = reference::matmul_fast_bf16_pairs(&x, m, &g, Some(&bv));
             for threads in [1, 3] {
                 let mut got = vec![f32::NAN; m * n];
                 pool(threads).install(|| {
-                    matmul::matmul_fast_with(
+                    gemm::matmul_fast_with(
                         Isa::Avx512,
                         FastBf16::Dot,
                         &x,
@@ -363,9 +363,9 @@ fn bf16_pair_panels_match_their_emulation_for_every_batch_and_split() {
                 reference::matmul_fast_bf16_pairs(&x, m, &g, None),
                 reference::matmul_fast_bf16_pairs(&x, m, &u, None),
             );
-            let unfused: Vec<f32> = gs.iter().zip(&us).map(|(&g, &u)| matmul::silu(g) * u).collect();
+            let unfused: Vec<f32> = gs.iter().zip(&us).map(|(&g, &u)| gemm::silu(g) * u).collect();
             let mut fused = vec![f32::NAN; m * n];
-            pool(3).install(|| matmul::matmul_swiglu_fast_with(Isa::Avx512, FastBf16::Dot, &x, m, pg, pu, &mut fused));
+            pool(3).install(|| gemm::matmul_swiglu_fast_with(Isa::Avx512, FastBf16::Dot, &x, m, pg, pu, &mut fused));
             assert!(bits_eq(&fused, &unfused), "pair-panel swiglu n={n} k={k} m={m}");
             check_bf16_bound("pair panels", &want, &x, m, &g, Some(&bias));
         }
@@ -394,12 +394,12 @@ fn pair_panel_emulation_rounds_special_activations_as_the_hardware_does() {
             .collect();
         let wb = bf16_bytes(&wv);
         let w = WeightMat::new(DType::BF16, n, k, &wb[1..]).unwrap();
-        let mut p = vec![0u8; matmul::packed_bf16::packed_bytes(n, k)];
-        matmul::packed_bf16::pack(n, k, &wb[1..], &mut p);
+        let mut p = vec![0u8; tboost_kernels::gemm::dense::bf16_pair_panels::packed_bytes(n, k)];
+        tboost_kernels::gemm::dense::bf16_pair_panels::pack(n, k, &wb[1..], &mut p);
         let pw = WeightMat::pair_panels(n, k, &p).unwrap();
         let want = reference::matmul_fast_bf16_pairs(&x, 2, &w, None);
         let mut got = vec![0f32; 2 * n];
-        matmul::matmul_fast_with(Isa::Avx512, FastBf16::Dot, &x, 2, &mut [MatSeg { w: pw, bias: None, out: &mut got }]);
+        gemm::matmul_fast_with(Isa::Avx512, FastBf16::Dot, &x, 2, &mut [MatSeg { w: pw, bias: None, out: &mut got }]);
         assert!(bits_eq(&got, &want), "k={k}: {got:?} vs {want:?}");
     }
 }

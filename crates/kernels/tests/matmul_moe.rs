@@ -8,7 +8,7 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tboost_kernels::matmul::reference::weight_at;
+use tboost_kernels::gemm::reference::weight_at;
 use tboost_kernels::moe::{self, Expert};
 use tboost_kernels::{DType, WeightMat};
 

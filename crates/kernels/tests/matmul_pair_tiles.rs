@@ -1,5 +1,5 @@
 //! F16 and BF16 weights in pair panels on the tile arithmetic under `Precision::Fast`
-//! (`matmul::packed_f16`): the AMX path and the vector path against the bit-exact scalar
+//! (`tboost_kernels::gemm::dense::amx_pair_panels`): the AMX path and the vector path against the bit-exact scalar
 //! emulation (`reference::matmul_fast_pair_tiles`) for every batch size, split and thread
 //! count (so a row's result does not depend on the batch: decode runs the vector path,
 //! prefill the tiles), the fused SwiGLU, flushed denormals, the error against the f64
@@ -10,13 +10,14 @@ mod matmul_util;
 use matmul_util::*;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tboost_kernels::gemm::dense::amx_pair_panels;
+use tboost_kernels::gemm::{self, reference, FastBf16};
 use tboost_kernels::isa::{self, Isa};
-use tboost_kernels::matmul::{self, packed_f16, reference, FastBf16};
 use tboost_kernels::{DType, WeightMat, WeightVec};
 
 /// The kernels that run `dtype` pair panels on the tile arithmetic here: for F16 `Amx`
 /// (the tiles from `amx_min_rows` rows) and `Dot` (the vector path for every m); for BF16
-/// `Amx` (with `Dot`, BF16 panels run `packed_bf16`, tested in `matmul_fast.rs`). Says so
+/// `Amx` (with `Dot`, BF16 panels run `bf16_pair_panels`, tested in `matmul_fast.rs`). Says so
 /// loudly where this CPU cannot run them, naming what is missing.
 fn paths(dtype: DType) -> Vec<FastBf16> {
     if !isa::avx512bf16_detected() {
@@ -45,8 +46,8 @@ struct Packed {
 impl Packed {
     fn new(dtype: DType, vals: &[f32], n: usize, k: usize) -> Packed {
         let rows = half_bytes(dtype, vals);
-        let mut panels = vec![0u8; packed_f16::packed_bytes(n, k)];
-        packed_f16::pack(n, k, &rows[1..], &mut panels);
+        let mut panels = vec![0u8; amx_pair_panels::packed_bytes(n, k)];
+        amx_pair_panels::pack(n, k, &rows[1..], &mut panels);
         Packed { dtype, rows, panels, n, k }
     }
     fn stored(&self) -> WeightMat<'_> {
@@ -84,7 +85,7 @@ fn both_paths_match_the_emulation(dtype: DType) {
         return;
     }
     let mut rng = StdRng::seed_from_u64(1601);
-    let a = packed_f16::amx_min_rows(dtype);
+    let a = amx_pair_panels::amx_min_rows(dtype);
     // k: whole 32-blocks, partial and odd ones, none (bias alone); n: partial and several
     // panels, more than the four C tiles of a group; m: around the AMX threshold and the
     // 16-row tiles.
@@ -129,10 +130,10 @@ fn fused_swiglu_is_bit_identical_to_two_matmuls() {
                     reference::matmul_fast_pair_tiles(&x, m, &g.stored(), None),
                     reference::matmul_fast_pair_tiles(&x, m, &u.stored(), None),
                 );
-                let unfused: Vec<f32> = gs.iter().zip(&us).map(|(&g, &u)| matmul::silu(g) * u).collect();
+                let unfused: Vec<f32> = gs.iter().zip(&us).map(|(&g, &u)| gemm::silu(g) * u).collect();
                 let mut fused = vec![f32::NAN; m * n];
                 pool(2).install(|| {
-                    matmul::matmul_swiglu_fast_with(Isa::Avx512, kernel, &x, m, g.packed(), u.packed(), &mut fused)
+                    gemm::matmul_swiglu_fast_with(Isa::Avx512, kernel, &x, m, g.packed(), u.packed(), &mut fused)
                 });
                 assert!(bits_eq(&fused, &unfused), "{dtype} pair-panel swiglu {} n={n} k={k} m={m}", kernel.name());
             }

@@ -6,9 +6,9 @@
 
 use rand::rngs::StdRng;
 use rand::SeedableRng;
+use tboost_kernels::gemm::quant::{matmul_quant_prec_with, panel_pack, IntDot, Precision};
+use tboost_kernels::gemm::MatSeg;
 use tboost_kernels::isa::{self, Isa};
-use tboost_kernels::matmul::MatSeg;
-use tboost_kernels::quant::{matmul_quant_prec_with, packed, IntDot, Precision};
 use tboost_kernels::{DType, WeightMat};
 
 mod quant_util;
@@ -26,8 +26,8 @@ fn the_decode_walk_gives_the_same_bits_with_and_without_prefetch() {
         let (n, k) = (80, 2048);
         let wb = random_weights(dt, n, k, &mut rng);
         let w = WeightMat::new(dt, n, k, &wb).unwrap();
-        let mut pb = vec![0u8; packed::packed_bytes(dt, n, k)];
-        packed::pack(dt, n, k, &wb, &mut pb);
+        let mut pb = vec![0u8; panel_pack::packed_bytes(dt, n, k)];
+        panel_pack::pack(dt, n, k, &wb, &mut pb);
         let wp = WeightMat::packed(dt, n, k, &pb).unwrap();
         let x = random_x(1, k, &mut rng);
         let run = |isa: Isa, dot: IntDot, w: WeightMat<'_>| {

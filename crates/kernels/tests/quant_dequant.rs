@@ -4,7 +4,7 @@
 use half::f16;
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tboost_kernels::quant::{dequantize_row, quantize_row_reference};
+use tboost_kernels::gemm::quant::{dequantize_row, quantize_row_reference};
 use tboost_kernels::DType;
 
 const QUANT: [DType; 6] = [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];

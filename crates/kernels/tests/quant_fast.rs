@@ -16,11 +16,12 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
-use tboost_kernels::isa::{self, Isa};
-use tboost_kernels::matmul::{self, MatSeg};
-use tboost_kernels::quant::{
-    dequantize_row, fast_reference, matmul_quant_prec_with, matmul_swiglu_quant_prec_with, packed, IntDot, Precision,
+use tboost_kernels::gemm::quant::{
+    dequantize_row, fast_reference, matmul_quant_prec_with, matmul_swiglu_quant_prec_with, panel_pack, IntDot,
+    Precision,
 };
+use tboost_kernels::gemm::{self, MatSeg};
+use tboost_kernels::isa::{self, Isa};
 use tboost_kernels::{DType, WeightMat, WeightVec};
 
 mod quant_util;
@@ -266,8 +267,8 @@ fn matmul_prec_routes_by_precision_and_dtype() {
         let (mut oq, mut od) = (vec![f32::NAN; m * 6], vec![f32::NAN; m * 4]);
         let mut segs = [MatSeg { w: q, bias: None, out: &mut oq }, MatSeg { w: d, bias: None, out: &mut od }];
         match prec {
-            Some(p) => matmul::matmul_prec(p, &x, m, &mut segs),
-            None => matmul::matmul(&x, m, &mut segs),
+            Some(p) => gemm::matmul_prec(p, &x, m, &mut segs),
+            None => gemm::matmul(&x, m, &mut segs),
         }
         (oq, od)
     };
@@ -280,8 +281,8 @@ fn matmul_prec_routes_by_precision_and_dtype() {
     assert_bits_eq(&fq, &fast((isa::active(), IntDot::active()), &x, m, q, None), "Fast quantized");
     assert!(fq.iter().zip(&mq).any(|(a, b)| a != b), "Fast must actually quantize the activations");
     let (mut g1, mut g2) = (vec![0f32; m * 6], vec![0f32; m * 6]);
-    matmul::matmul_swiglu_prec(Precision::Exact, &x, m, q, q, &mut g1);
-    matmul::matmul_swiglu(&x, m, q, q, &mut g2);
+    gemm::matmul_swiglu_prec(Precision::Exact, &x, m, q, q, &mut g1);
+    gemm::matmul_swiglu(&x, m, q, q, &mut g2);
     assert_bits_eq(&g1, &g2, "Exact swiglu = matmul_swiglu");
 }
 
@@ -336,10 +337,10 @@ fn isa_caps_name_vnni_separately() {
     }
 }
 
-/// `w` repacked into 16-row panels (`quant::packed`).
+/// `w` repacked into 16-row panels (`tboost_kernels::gemm::quant::panel_pack`).
 fn pack(w: &WeightMat<'_>) -> Vec<u8> {
-    let mut p = vec![0u8; packed::packed_bytes(w.dtype, w.rows, w.cols)];
-    packed::pack(w.dtype, w.rows, w.cols, w.data, &mut p);
+    let mut p = vec![0u8; panel_pack::packed_bytes(w.dtype, w.rows, w.cols)];
+    panel_pack::pack(w.dtype, w.rows, w.cols, w.data, &mut p);
     p
 }
 
@@ -347,7 +348,7 @@ fn pack(w: &WeightMat<'_>) -> Vec<u8> {
 fn packed_panels_give_the_row_layouts_bits_on_every_level_batch_and_split() {
     let mut rng = StdRng::seed_from_u64(21);
     for dt in QUANT {
-        assert!(packed::packable(dt), "{dt} has a packed layout");
+        assert!(panel_pack::packable(dt), "{dt} has a packed layout");
         // Rows: a partial panel, exactly one, several with a partial last one. Groups: 1, a
         // short chunk (28), whole chunks (48), one super-block (8) for the K types. The last
         // shape's panels (74-139 KiB at k = 8192) fill several of the many-row walk's L2
@@ -394,10 +395,10 @@ fn packed_panels_give_the_row_layouts_bits_on_every_level_batch_and_split() {
 
 #[test]
 fn packed_layout_is_refused_where_it_does_not_apply() {
-    assert!(!packed::packable(DType::F32) && !packed::packable(DType::BF16));
+    assert!(!panel_pack::packable(DType::F32) && !panel_pack::packable(DType::BF16));
     let wb = vec![0u8; 18 * 3];
     assert!(WeightMat::packed(DType::Q4_0, 3, 32, &wb).is_err(), "a packed matrix is whole panels");
-    let pb = vec![0u8; packed::packed_bytes(DType::Q4_0, 3, 32)];
+    let pb = vec![0u8; panel_pack::packed_bytes(DType::Q4_0, 3, 32)];
     let wp = WeightMat::packed(DType::Q4_0, 3, 32, &pb).unwrap();
     let x = vec![1f32; 32];
     let r = std::panic::catch_unwind(|| {

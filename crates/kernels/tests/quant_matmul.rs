@@ -10,9 +10,9 @@
 use half::{bf16, f16};
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tboost_kernels::gemm::quant::{self, dequantize_row, matmul_quant_with, matmul_swiglu_quant_with};
+use tboost_kernels::gemm::{MatMulCase, MatSeg};
 use tboost_kernels::isa::{self, Isa};
-use tboost_kernels::matmul::{MatMulCase, MatSeg};
-use tboost_kernels::quant::{self, dequantize_row, matmul_quant_with, matmul_swiglu_quant_with};
 use tboost_kernels::{DType, WeightMat, WeightVec};
 
 mod quant_util;

@@ -7,10 +7,10 @@
 
 use rand::rngs::StdRng;
 use rand::{Rng, SeedableRng};
+use tboost_kernels::gemm::quant::{self, Precision};
+use tboost_kernels::gemm::{self, MatMulTiling, MatSeg};
 use tboost_kernels::isa::Isa;
-use tboost_kernels::matmul::{self, MatMulTiling, MatSeg};
 use tboost_kernels::moe::{self, Expert, MoeTiling};
-use tboost_kernels::quant::{self, Precision};
 use tboost_kernels::{DType, WeightMat, WeightVec};
 
 mod quant_util;
@@ -79,18 +79,18 @@ fn dense_matmul_and_swiglu_give_the_default_bits_under_every_tiling() {
             let x = random_x(m, k, &mut rng);
             for isa in isas() {
                 let what = format!("{dtype} {} m={m}", isa.name());
-                let want = two_segs(&x, m, [g, u], &bias, |x, m, s| matmul::matmul_with(isa, x, m, s));
+                let want = two_segs(&x, m, [g, u], &bias, |x, m, s| gemm::matmul_with(isa, x, m, s));
                 let mut want_sw = vec![0f32; m * n];
-                matmul::matmul_swiglu_with(isa, &x, m, g, u, &mut want_sw);
+                gemm::matmul_swiglu_with(isa, &x, m, g, u, &mut want_sw);
                 for t in tilings() {
                     for threads in [1, 3] {
                         let what = format!("{what} threads={threads} {t:?}");
                         let got = in_pool(threads, || {
-                            two_segs(&x, m, [g, u], &bias, |x, m, s| matmul::matmul_with_tiled(isa, &t, x, m, s))
+                            two_segs(&x, m, [g, u], &bias, |x, m, s| gemm::matmul_with_tiled(isa, &t, x, m, s))
                         });
                         assert_bits_eq(&got, &want, &what);
                         let mut sw = vec![f32::NAN; m * n];
-                        in_pool(threads, || matmul::matmul_swiglu_with_tiled(isa, &t, &x, m, g, u, &mut sw));
+                        in_pool(threads, || gemm::matmul_swiglu_with_tiled(isa, &t, &x, m, g, u, &mut sw));
                         assert_bits_eq(&sw, &want_sw, &format!("swiglu {what}"));
                     }
                 }
@@ -99,10 +99,10 @@ fn dense_matmul_and_swiglu_give_the_default_bits_under_every_tiling() {
             // take the tiling too.
             if dtype != DType::BF16 {
                 for prec in [Precision::Exact, Precision::Fast] {
-                    let want = two_segs(&x, m, [g, u], &bias, |x, m, s| matmul::matmul_prec(prec, x, m, s));
+                    let want = two_segs(&x, m, [g, u], &bias, |x, m, s| gemm::matmul_prec(prec, x, m, s));
                     let t = tilings()[1];
                     let got = in_pool(3, || {
-                        two_segs(&x, m, [g, u], &bias, |x, m, s| matmul::matmul_prec_tiled(prec, &t, x, m, s))
+                        two_segs(&x, m, [g, u], &bias, |x, m, s| gemm::matmul_prec_tiled(prec, &t, x, m, s))
                     });
                     assert_bits_eq(&got, &want, &format!("{dtype} {prec:?} m={m} matmul_prec_tiled"));
                 }
@@ -211,7 +211,7 @@ fn a_tiling_outside_its_range_is_a_named_panic() {
     let w = WeightMat::new(DType::F32, 4, 8, &wb).unwrap();
     let mut out = vec![0f32; 4];
     let t = MatMulTiling { panel_rows: Some(20), ..Default::default() };
-    matmul::matmul_with_tiled(Isa::Scalar, &t, &[0.0; 8], 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
+    gemm::matmul_with_tiled(Isa::Scalar, &t, &[0.0; 8], 1, &mut [MatSeg { w, bias: None, out: &mut out }]);
 }
 
 #[test]
@@ -243,11 +243,11 @@ fn packed_panels_give_the_default_bits_under_every_tiling() {
         let pack = |b: &[u8]| {
             let mut p;
             if dt.is_quantized() {
-                p = vec![0u8; quant::packed::packed_bytes(dt, n, k)];
-                quant::packed::pack(dt, n, k, b, &mut p);
+                p = vec![0u8; tboost_kernels::gemm::quant::panel_pack::packed_bytes(dt, n, k)];
+                tboost_kernels::gemm::quant::panel_pack::pack(dt, n, k, b, &mut p);
             } else {
-                p = vec![0u8; matmul::packed::packed_bytes(dt, n, k)];
-                matmul::packed::pack(dt, n, k, b, &mut p);
+                p = vec![0u8; tboost_kernels::gemm::dense::exact_panels::packed_bytes(dt, n, k)];
+                tboost_kernels::gemm::dense::exact_panels::pack(dt, n, k, b, &mut p);
             }
             p
         };
@@ -263,7 +263,7 @@ fn packed_panels_give_the_default_bits_under_every_tiling() {
                         if dt.is_quantized() {
                             quant::matmul_quant_prec_with_tiled(isa, quant::IntDot::active(), prec, x, m, s, t)
                         } else {
-                            matmul::matmul_with_tiled(isa, t, x, m, s)
+                            gemm::matmul_with_tiled(isa, t, x, m, s)
                         }
                     })
                 };

@@ -140,15 +140,9 @@ pub struct MatMulTiling {
 /// Tasks per thread the matmul split aims at unless set.
 pub const DEFAULT_TASKS_PER_THREAD: usize = 4;
 /// Tasks per thread of a decode split (a GEMV's few activation rows) unless set. A decode
-/// matmul streams its weights in 0.1-0.7 ms; with 4 tasks per thread, run in the model's
-/// order, each took 1.5-1.7x its fastest call (the likely cause: one thread streaming the
-/// last task alone while the other waits). Measured on the Xeon VM,
-/// tinyllama-1.1b Q4_0 decode, 2 threads, three alternations: 4 -> 31.8 / 30.3 / 33.4
-/// tokens/s, 8 -> 34.8 / 32.7 / 34.9, 16 -> 34.6 / 34.4 / 34.6, 32 -> 34.2 / 33.2 / 33.6.
-/// Once the idle workers polled through a step instead of sleeping (the second thread then
-/// joins a matmul within 1-4 us, not 20), fewer tasks won (12-06, medians of 5
-/// alternations, 128 tokens): Q4_0 4 -> 49.8, 8 -> 49.9, 16 -> 48.4 tokens/s; Q4_K_M 69.9,
-/// 69.4, 68.6; of 3: Q8_0 8 -> 25.5, 16 -> 24.9; 16 requests 393 against 381.
+/// matmul is short, so with too few tasks one thread streams the last task alone while the
+/// other waits; with too many, scheduling costs more than the balance gains. 8 was the best
+/// of 4, 8, 16 and 32 on decode (the runs are in docs/perf/journal.md).
 pub const DEFAULT_DECODE_TASKS_PER_THREAD: usize = 8;
 /// Least weight bytes of a block-quantized decode task unless set.
 pub const DEFAULT_DECODE_TASK_MIN_BYTES: usize = 32 << 10;

@@ -5,8 +5,8 @@
 
 use rand::rngs::StdRng;
 use rand::Rng;
+use tboost_kernels::gemm::{self, FastBf16, MatSeg};
 use tboost_kernels::isa::Isa;
-use tboost_kernels::matmul::{self, FastBf16, MatSeg};
 use tboost_kernels::{DType, WeightMat, WeightVec};
 
 /// `x · wᵀ + bias` through `matmul_fast_with` on `isa` with `kernel` (outputs start as NaN,
@@ -20,7 +20,7 @@ pub fn run_fast(
     bias: Option<WeightVec<'_>>,
 ) -> Vec<f32> {
     let mut out = vec![f32::NAN; m * w.rows];
-    matmul::matmul_fast_with(isa, kernel, x, m, &mut [MatSeg { w, bias, out: &mut out }]);
+    gemm::matmul_fast_with(isa, kernel, x, m, &mut [MatSeg { w, bias, out: &mut out }]);
     out
 }
 

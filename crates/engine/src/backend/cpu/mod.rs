@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use tboost_kernels::{attention, convert, embed, isa, matmul, moe, norm, rope};
+use tboost_kernels::{attention, convert, embed, isa, gemm, moe, norm, rope};
 use tboost_ops::{AttnPhase, DType, MatMulTiling, MoeTiling, Precision, Tiling, Unsupported};
 
 use super::op::{AttnKind, Op, OpQuery, StepViews, View};
@@ -26,7 +26,7 @@ use crate::{Error, Result};
 
 /// Encodes f32 rows as a GGUF block type with the kernels' reference quantizer (synthetic
 /// models, op benchmarks); only the CPU backend reaches into the kernel crate.
-pub use tboost_kernels::quant::quantize_row_reference;
+pub use tboost_kernels::gemm::quant::quantize_row_reference;
 pub use weights::convert_weight;
 use weights::CpuWeight;
 
@@ -338,7 +338,7 @@ fn precision_for(case: &tboost_ops::MatMulCase) -> Result<(), Unsupported> {
     match case.precision {
         Precision::Exact => Ok(()),
         Precision::Fast if case.dtype.is_quantized() => Ok(()),
-        Precision::Fast if case.dtype.is_float() && matmul::fast_bf16_applies(case.dtype) => Ok(()),
+        Precision::Fast if case.dtype.is_float() && gemm::fast_bf16_applies(case.dtype) => Ok(()),
         Precision::Fast => Err(Unsupported::new(
             "precision",
             "fast",
@@ -393,11 +393,11 @@ impl Backend for CpuBackend {
             OpQuery::RmsNorm { gain, act, .. } => f32_act(act).and(norm::supports(gain)),
             OpQuery::Add { act } | OpQuery::SwiGlu { act } | OpQuery::GatherRows { act } => f32_act(act),
             OpQuery::MoeScatterCombine { act } => f32_act(act),
-            OpQuery::MatMul(case) => precision_for(&case).and(matmul::supports(&case)),
+            OpQuery::MatMul(case) => precision_for(&case).and(gemm::supports(&case)),
             OpQuery::MatMulFused { cases } => {
                 let mut cols = None;
                 for case in cases.iter().flatten() {
-                    precision_for(case).and(matmul::supports(case))?;
+                    precision_for(case).and(gemm::supports(case))?;
                     if *cols.get_or_insert(case.cols) != case.cols {
                         return Err(Unsupported::new("cols", case.cols, "equal for every fused weight"));
                     }
@@ -406,7 +406,7 @@ impl Backend for CpuBackend {
             }
             OpQuery::MatMulSwiGlu { gate, up } => {
                 for c in [&gate, &up] {
-                    precision_for(c).and(matmul::supports(c))?;
+                    precision_for(c).and(gemm::supports(c))?;
                 }
                 // The fused kernel takes one dense dtype for both, or two block-quantized types.
                 let pair = gate.dtype == up.dtype || (gate.dtype.is_quantized() && up.dtype.is_quantized());
@@ -448,7 +448,7 @@ impl Backend for CpuBackend {
             OpQuery::MoeRoute { experts, top_k } => moe::supports(experts, top_k),
             OpQuery::MoeGrouped { experts, top_k, gate, down } => {
                 moe::supports(experts, top_k)?;
-                exact(gate.precision).and(matmul::supports(&gate)).and(matmul::supports(&down))
+                exact(gate.precision).and(gemm::supports(&gate)).and(gemm::supports(&down))
             }
             OpQuery::Convert { from, to } => convert::supports(from, to),
         }
@@ -464,7 +464,7 @@ impl Backend for CpuBackend {
             OpQuery::MatMulSwiGlu { gate, up } if gate.dtype == up.dtype => vec![gate],
             _ => Vec::new(),
         };
-        let bf16 = cases.iter().find(|c| c.precision == Precision::Fast && matmul::fast_bf16_applies(c.dtype));
+        let bf16 = cases.iter().find(|c| c.precision == Precision::Fast && gemm::fast_bf16_applies(c.dtype));
         match (bf16, tiling.set_values().first()) {
             (Some(c), Some(&(name, v))) => Err(Unsupported::new(
                 name,
@@ -472,7 +472,7 @@ impl Backend for CpuBackend {
                 format!(
                     "the default (unset) for {} weights at fast precision: the {} kernel splits its own work",
                     c.dtype,
-                    matmul::FastBf16::best().name()
+                    gemm::FastBf16::best().name()
                 ),
             )),
             _ => Ok(()),

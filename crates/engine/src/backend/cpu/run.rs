@@ -2,7 +2,7 @@
 //! Shapes are checked here so that a graph-builder bug is an error, never a kernel panic.
 
 use tboost_kernels::attention::{self, SeqSpan};
-use tboost_kernels::matmul::{self, MatSeg};
+use tboost_kernels::gemm::{self, MatSeg};
 use tboost_kernels::{activation, convert, embed, moe, norm, rope};
 
 use super::views::Views;
@@ -107,7 +107,7 @@ impl CpuBackend {
                     };
                     ms.push(MatSeg { w, bias, out: vs.f32_mut(s.out)? });
                 }
-                matmul::matmul_prec_tiled(precision, &tiling, xs, m, &mut ms)
+                gemm::matmul_prec_tiled(precision, &tiling, xs, m, &mut ms)
             }
             Op::MatMulSwiGlu { x, m, gate, up, out, precision, tiling } => {
                 tiling.check().map_err(|u| CpuBackend::err(format!("matmul_swiglu: tiling: {u}")))?;
@@ -122,7 +122,7 @@ impl CpuBackend {
                 check_len("matmul_swiglu x", x.len, m * g.cols)?;
                 check_len("matmul_swiglu out", out.len, m * g.rows)?;
                 let (xs, out) = (vs.f32(x)?, vs.f32_mut(out)?);
-                matmul::matmul_swiglu_prec_tiled(precision, &tiling, xs, m, g, u, out)
+                gemm::matmul_swiglu_prec_tiled(precision, &tiling, xs, m, g, u, out)
             }
             Op::SwiGlu { gate, up, out } => {
                 check_len("swiglu", up.len, gate.len)?;

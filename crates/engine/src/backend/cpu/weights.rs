@@ -1,8 +1,8 @@
 //! Weight tensors as the CPU kernels see them, and weight conversion for backends that lack
 //! a weight type (the plan's "convert at upload").
 
-use tboost_kernels::matmul::{packed as dense_packed, packed_bf16, packed_f16};
-use tboost_kernels::quant::{dequantize_row, packed};
+use tboost_kernels::gemm::dense::{amx_pair_panels, bf16_pair_panels, exact_panels};
+use tboost_kernels::gemm::quant::{dequantize_row, panel_pack};
 use tboost_kernels::{convert, Layout, WeightMat, WeightVec};
 use tboost_ops::{DType, Precision};
 
@@ -60,16 +60,16 @@ impl CpuWeight {
 /// types for the `Fast` integer kernels (1.5-2x the GEMV of the GGUF layout, which must
 /// reduce every group across lanes), bf16 for `Fast`'s `vdpbf16ps` kernel where it runs, f16
 /// for `Fast`'s AMX split kernel where AMX-BF16 runs, f16 and bf16 for the `Exact` kernels (1.3-1.7x the GEMV of the row layout); see
-/// `tboost_kernels::quant::packed`, `matmul::packed`, `matmul::packed_bf16` and `matmul::packed_f16`.
+/// `gemm::quant::panel_pack`, `gemm::dense::exact_panels`, `gemm::dense::bf16_pair_panels` and `gemm::dense::amx_pair_panels`.
 fn layout_for(dtype: DType, precision: Precision) -> Option<Layout> {
     match precision {
-        Precision::Fast if packed::packable(dtype) => Some(Layout::Panels),
-        // BF16: the avx512bf16 kernel's panels (`packed_bf16`), or AMX's (`packed_f16`).
-        Precision::Fast if dtype == DType::BF16 && (packed_bf16::applies() || packed_f16::applies()) => {
+        Precision::Fast if panel_pack::packable(dtype) => Some(Layout::Panels),
+        // BF16: the avx512bf16 kernel's panels (`bf16_pair_panels`), or AMX's (`amx_pair_panels`).
+        Precision::Fast if dtype == DType::BF16 && (bf16_pair_panels::applies() || amx_pair_panels::applies()) => {
             Some(Layout::PairPanels)
         }
-        Precision::Fast if dtype == DType::F16 && packed_f16::applies() => Some(Layout::PairPanels),
-        Precision::Exact if dense_packed::pays(dtype) => Some(Layout::Panels),
+        Precision::Fast if dtype == DType::F16 && amx_pair_panels::applies() => Some(Layout::PairPanels),
+        Precision::Exact if exact_panels::pays(dtype) => Some(Layout::Panels),
         _ => None,
     }
 }
@@ -82,10 +82,10 @@ pub(super) fn packable(dtype: DType, precision: Precision) -> bool {
 /// Bytes of a packed `[rows, cols]` matrix.
 fn packed_len(dtype: DType, layout: Layout, rows: usize, cols: usize) -> usize {
     match layout {
-        Layout::PairPanels if dtype == DType::F16 => packed_f16::packed_bytes(rows, cols),
-        Layout::PairPanels => packed_bf16::packed_bytes(rows, cols),
-        _ if dtype.is_quantized() => packed::packed_bytes(dtype, rows, cols),
-        _ => dense_packed::packed_bytes(dtype, rows, cols),
+        Layout::PairPanels if dtype == DType::F16 => amx_pair_panels::packed_bytes(rows, cols),
+        Layout::PairPanels => bf16_pair_panels::packed_bytes(rows, cols),
+        _ if dtype.is_quantized() => panel_pack::packed_bytes(dtype, rows, cols),
+        _ => exact_panels::packed_bytes(dtype, rows, cols),
     }
 }
 
@@ -101,7 +101,7 @@ pub(super) fn pack(
     let (rows, cols) = t.rows_cols();
     let block = t.dtype.is_quantized();
     let Some(layout) = layout_for(t.dtype, precision) else { return Ok(None) };
-    if t.shape.len() != 2 || (block && !cols.is_multiple_of(packed::GROUP_VALUES)) {
+    if t.shape.len() != 2 || (block && !cols.is_multiple_of(panel_pack::GROUP_VALUES)) {
         return Ok(None);
     }
     let n = packed_len(t.dtype, layout, rows, cols);
@@ -109,10 +109,10 @@ pub(super) fn pack(
         .alloc(n)
         .map_err(|e| CpuBackend::err(format!("tensor `{}`: no memory for its {n} repacked bytes: {e}", t.name)))?;
     pool.install(|| match layout {
-        Layout::PairPanels if t.dtype == DType::F16 => packed_f16::pack(rows, cols, t.bytes(), &mut bytes[..n]),
-        Layout::PairPanels => packed_bf16::pack(rows, cols, t.bytes(), &mut bytes[..n]),
-        _ if block => packed::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n]),
-        _ => dense_packed::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n]),
+        Layout::PairPanels if t.dtype == DType::F16 => amx_pair_panels::pack(rows, cols, t.bytes(), &mut bytes[..n]),
+        Layout::PairPanels => bf16_pair_panels::pack(rows, cols, t.bytes(), &mut bytes[..n]),
+        _ if block => panel_pack::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n]),
+        _ => exact_panels::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n]),
     });
     let bytes = bytes.freeze();
     t.release_resident();

@@ -2,6 +2,7 @@
 //! `dequantize_row_*`, value for value), a simple quantizer that makes valid blocks for
 //! tests, and the fixed-order dot product every matmul path reproduces.
 
+use crate::gemm::gguf::{group, has_mins, scale_min_k4, GROUP};
 use crate::DType;
 use half::f16;
 
@@ -11,16 +12,6 @@ pub(crate) const LANES: usize = 16;
 #[inline]
 fn f16_at(b: &[u8], i: usize) -> f32 {
     f16::from_le_bytes([b[i], b[i + 1]]).to_f32()
-}
-
-/// 6-bit scale and min `j` (0..8) of a Q4_K / Q5_K super-block (ggml's `get_scale_min_k4`).
-#[inline]
-pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
-    if j < 4 {
-        (q[j] & 63, q[j + 4] & 63)
-    } else {
-        ((q[j + 4] & 0xF) | ((q[j - 4] >> 6) << 4), (q[j + 4] >> 4) | ((q[j] >> 6) << 4))
-    }
 }
 
 /// Dequantizes one block (`dtype.block_bytes()` bytes) into `y` (`dtype.block_elems()` values).
@@ -320,7 +311,7 @@ pub(crate) fn dot_ordered(x: &[f32], w: &[f32]) -> f32 {
 }
 
 /// What a `Fast`-precision dot product of one weight row with one activation row must give
-/// (the arithmetic in `quant::fast`'s module doc), with its two error bounds.
+/// (the arithmetic in `quant::q8_activations`'s module doc), with its two error bounds.
 #[derive(Clone, Copy, Debug)]
 pub struct FastReference {
     /// `Σ_g A_g X_g D_g - M_g X_g S_g` in f64, from the exact integer group dot products of
@@ -338,9 +329,32 @@ pub struct FastReference {
     pub quantization: f64,
 }
 
+/// Independent float chains per output of the `Fast` precision (its canonical order: group
+/// `g` goes to chain `g mod 16`).
+pub(crate) const CHAINS: usize = 16;
+/// Activation groups whose largest magnitude is below this are quantized to zero.
+pub(crate) const TINY: f32 = 7.888_609e-31; // 2^-100
+
+/// Quantizes one activation group (the `Fast` precision's arithmetic, `quant::q8_activations`): returns `X`, fills `q`, and the half
+/// sums. Scalar; the SIMD versions reproduce it exactly.
+pub(crate) fn quantize_group(x: &[f32], q: &mut [i8]) -> (f32, [i32; 2]) {
+    let bits = x.iter().fold(0u32, |a, v| a.max(v.to_bits() & 0x7FFF_FFFF));
+    let amax = f32::from_bits(bits);
+    if bits >= 0x7F80_0000 || amax < TINY {
+        q.fill(0);
+        return (if bits >= 0x7F80_0000 { f32::NAN } else { 0.0 }, [0, 0]);
+    }
+    let inv = 127.0 / amax;
+    let mut h = [0i32; 2];
+    for (e, (&v, q)) in x.iter().zip(q.iter_mut()).enumerate() {
+        *q = (v * inv).round_ties_even() as i8;
+        h[e / 16] += *q as i32;
+    }
+    (amax / 127.0, h)
+}
+
 /// The [`FastReference`] of `row` (one `dtype` weight row of `x.len()` values) with `x`.
 pub fn fast_reference(dtype: DType, row: &[u8], x: &[f32]) -> Result<FastReference, String> {
-    use super::fast::{group, has_mins, quantize_group, CHAINS, GROUP, TINY};
     if !dtype.is_quantized() || dtype.bytes_for(x.len()) != Some(row.len()) || !x.len().is_multiple_of(GROUP) {
         return Err(format!("fast_reference: {} bytes of {dtype} do not hold {} values", row.len(), x.len()));
     }

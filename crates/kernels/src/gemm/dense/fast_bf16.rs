@@ -1,7 +1,7 @@
 //! `Precision::Fast` for dense weights: BF16 weights meet activations rounded to bf16, as
 //! llama.cpp computes them, in AMX-BF16 tiles (`FastBf16::Amx`, where the CPU and OS allow)
 //! or AVX512_BF16 dot products (`FastBf16::Dot`). F16 weights at `Fast` run in pair panels
-//! (`packed_f16`, where AMX-BF16 runs). F32 weights, F16 ones in rows, and BF16 on a CPU
+//! (`amx_pair_panels`, where AMX-BF16 runs). F32 weights, F16 ones in rows, and BF16 on a CPU
 //! without these extensions (or with them switched off, see `isa`), run the exact kernels.
 //!
 //! Measured on the 2-core Xeon (Sapphire-Rapids class) this was written on: `vdpbf16ps`
@@ -10,14 +10,14 @@
 //! On CPUs where `vdpbf16ps` runs at the FMA rate (Zen 4/5) `Dot` doubles the peak.
 //!
 //! Numerics of `Dot` on the row layout (what `reference::matmul_fast_bf16` emulates bit for
-//! bit; the pair panels of `packed_bf16` add in another order, stated there):
+//! bit; the pair panels of `bf16_pair_panels` add in another order, stated there):
 //! - each activation is rounded to bf16 once (`vcvtne2ps2bf16`: round to nearest even,
 //!   denormal inputs become signed zeros, NaN stays NaN);
 //! - lane `l` (0..16) of one accumulator takes, for each block of 32 values of `k` in
 //!   increasing order, the pair `(c, c + 1)` with `c = 32t + 2l`: `acc += x[c+1]·w[c+1]`, then
 //!   `acc += x[c]·w[c]`, each product exact in f32 and each sum rounded (`vdpbf16ps`); a
 //!   partial last block is zero-padded;
-//! - then the canonical 16-lane tree of `simd` and the bias add.
+//! - then the canonical 16-lane tree of `lanes` and the bias add.
 //!
 //! The order is fixed per output element, so the batch-invariance contract holds: a row's
 //! result does not depend on `m`, the other rows, the threads or the split. It differs from
@@ -29,7 +29,7 @@
 //! sub-tile. The block's weights come from memory once, prefetched, while the first x tile
 //! runs, and from L2 for the others; the x tile stays in L1.
 
-use super::kernel::{Cols, PlainCols, SwigluCols};
+use super::columns::{Cols, PlainCols, SwigluCols};
 use super::{check_isa, check_weight, execute, plan_items, Item, MatSeg};
 use crate::isa::{self, Isa};
 use crate::{DType, WeightMat};
@@ -85,10 +85,10 @@ impl FastBf16 {
 
 /// True when `matmul_fast` computes `dtype` weights with a bf16 kernel here (rather than
 /// falling back to the exact kernels): `FastBf16::best().applies(dtype)`, and F16 where the
-/// engine packs it into pair panels for the AMX split kernel (`packed_f16::applies`; F16
+/// engine packs it into pair panels for the AMX split kernel (`amx_pair_panels::applies`; F16
 /// left in rows still runs the exact kernels). BF16 pair panels run where BF16 rows do.
 pub fn fast_bf16_applies(dtype: DType) -> bool {
-    FastBf16::best().applies(dtype) || (dtype == DType::F16 && super::packed_f16::applies())
+    FastBf16::best().applies(dtype) || (dtype == DType::F16 && super::amx_pair_panels::applies())
 }
 
 /// `seg.out = x · seg.wᵀ + seg.bias` with `Precision::Fast` numerics (module docs) for the
@@ -96,7 +96,7 @@ pub fn fast_bf16_applies(dtype: DType) -> bool {
 ///
 /// # Panics
 /// As `matmul` (shapes, dtypes), and on quantized segments: those have their own `Fast`
-/// path in `crate::quant`.
+/// path in `crate::gemm::quant`.
 pub fn matmul_fast(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
     matmul_fast_with(isa::active(), FastBf16::best(), x, m, segs)
 }
@@ -111,7 +111,7 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
     for (s, seg) in segs.iter().enumerate() {
         assert!(
             !seg.w.dtype.is_quantized(),
-            "matmul_fast: segment {s} is {}; quantized weights run in crate::quant",
+            "matmul_fast: segment {s} is {}; quantized weights run in gemm::quant",
             seg.w.dtype
         );
     }
@@ -186,9 +186,9 @@ pub fn matmul_fast_with(isa: Isa, kernel: FastBf16, x: &[f32], m: usize, segs: &
     run_kernel(kernel, x, m, k, k, &rows, &cols);
 }
 
-/// How pair panels of `dtype` run with `kernel`: F16 on `packed_f16` with any kernel (`Amx`
-/// runs its tiles, the others its vector path); BF16 on `packed_f16` with `Amx` (the row
-/// kernel's products, in tiles from two rows), on `packed_bf16` with `Dot`.
+/// How pair panels of `dtype` run with `kernel`: F16 on `amx_pair_panels` with any kernel (`Amx`
+/// runs its tiles, the others its vector path); BF16 on `amx_pair_panels` with `Amx` (the row
+/// kernel's products, in tiles from two rows), on `bf16_pair_panels` with `Dot`.
 ///
 /// # Panics
 /// On BF16 pair panels with `Off`, and where AVX512_BF16 (or the kernel's extension) is
@@ -255,7 +255,7 @@ pub fn matmul_swiglu_fast_with(
     check_isa(isa);
     assert!(
         !gate.dtype.is_quantized(),
-        "matmul_swiglu_fast: gate is {}; quantized weights run in crate::quant",
+        "matmul_swiglu_fast: gate is {}; quantized weights run in gemm::quant",
         gate.dtype
     );
     if gate.layout == crate::Layout::PairPanels || up.layout == crate::Layout::PairPanels {
@@ -315,7 +315,7 @@ unsafe fn run_bf16<C: Cols>(x: *const f32, k: usize, it: &Item, cols: &C) {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::round_row;
+pub(in crate::gemm) use x86::round_row;
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -334,14 +334,14 @@ mod x86 {
     }
 
     /// Bytes ahead of the current weight load to prefetch (as the exact GEMV).
-    const PF: usize = super::super::kernel::PF;
+    const PF: usize = super::super::columns::PF;
     /// Bytes of weight rows per L2 block.
     const W_L2_BYTES: usize = 1 << 20;
 
     /// Rounds `n` f32 at `src` to bf16 at `dst` (RNE, DAZ), zero-padding to `padded`
     /// (a multiple of 32).
     #[inline(always)]
-    pub(in crate::matmul) unsafe fn round_row(src: *const f32, n: usize, padded: usize, dst: *mut u16) {
+    pub(in crate::gemm) unsafe fn round_row(src: *const f32, n: usize, padded: usize, dst: *mut u16) {
         let mut c = 0;
         while c < padded {
             let left = n.saturating_sub(c);
@@ -359,7 +359,7 @@ mod x86 {
         }
     }
 
-    /// The canonical tree sum of the 16 lanes (`simd`'s order).
+    /// The canonical tree sum of the 16 lanes (`lanes`'s order).
     #[inline(always)]
     unsafe fn reduce(v: __m512) -> f32 {
         let s8 = _mm256_add_ps(_mm512_castps512_ps256(v), _mm512_extractf32x8_ps::<1>(v));
@@ -478,7 +478,7 @@ mod x86 {
     /// # Safety
     /// As `super::super::dispatch`, and the CPU has AVX512_BF16.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")]
-    pub(super) unsafe fn run<C: Cols>(
+    pub(in crate::gemm) unsafe fn run<C: Cols>(
         x: *const f32,
         k: usize,
         (i0, i1): (usize, usize),
@@ -573,13 +573,13 @@ mod amx {
     /// One 1 KiB tile (16 rows of 64 bytes).
     #[repr(C, align(64))]
     #[derive(Clone, Copy)]
-    pub(super) struct Tile([u8; 1024]);
+    pub(in crate::gemm) struct Tile([u8; 1024]);
 
     const ZERO: Tile = Tile([0; 1024]);
 
     /// x as B tiles: block `b` (x rows 16b..16b+16, zero past `m`), k tile `t` at
     /// `tiles[b * kt + t]`; tile row `kk`, bytes `4i..4i+4`: x[16b + i][32t + 2kk .. + 2].
-    pub(super) struct PackedX {
+    pub(in crate::gemm) struct PackedX {
         tiles: Vec<Tile>,
         kt: usize,
     }
@@ -593,7 +593,7 @@ mod amx {
     /// Rounds x (`[m, k]`) to bf16 and lays it out as B tiles, in a buffer taken from a
     /// process-wide slot (`PackedX::release` returns it), so a steady decode step allocates
     /// none whichever pool thread runs the call.
-    pub(super) fn pack_x(x: &[f32], m: usize, k: usize) -> PackedX {
+    pub(in crate::gemm) fn pack_x(x: &[f32], m: usize, k: usize) -> PackedX {
         let kt = k.div_ceil(32);
         let blocks = m.div_ceil(16);
         let mut tiles = std::mem::take(&mut *X_TILES.lock().unwrap_or_else(|e| e.into_inner()));
@@ -625,7 +625,7 @@ mod amx {
     impl PackedX {
         /// Returns the tiles' buffer for the next `pack_x`: the slot keeps the larger of it
         /// and what another call in flight may have put back meanwhile.
-        pub(super) fn release(self) {
+        pub(in crate::gemm) fn release(self) {
             let mut slot = X_TILES.lock().unwrap_or_else(|e| e.into_inner());
             if self.tiles.capacity() > slot.capacity() {
                 *slot = self.tiles;
@@ -643,11 +643,11 @@ mod amx {
     }
 
     /// Work items: columns in multiples of 32 (two A tiles), x rows in whole 16-row blocks.
-    pub(super) fn plan(rows: &[usize], m: usize, k: usize) -> crate::Items<Item> {
+    pub(in crate::gemm) fn plan(rows: &[usize], m: usize, k: usize) -> crate::Items<Item> {
         let total: usize = rows.iter().sum();
         let threads = rayon::current_num_threads().max(1);
         let work = m.saturating_mul(k.max(1)).saturating_mul(total);
-        let target = if threads == 1 { 1 } else { (threads * 4).min((work / super::super::MIN_ITEM_WORK).max(1)) };
+        let target = if threads == 1 { 1 } else { (threads * 4).min((work / crate::gemm::MIN_ITEM_WORK).max(1)) };
         let chunk = total.div_ceil(target).div_ceil(32).max(1) * 32;
         let n_items: usize = rows.iter().map(|r| r.div_ceil(chunk)).sum();
         let m_step = if n_items < target && m > 32 {
@@ -689,7 +689,7 @@ mod amx {
     /// `cols` describes valid BF16 weights (`n` rows of `row_bytes` bytes, `k` values each)
     /// and an output covering the item; `xp` is `pack_x` of the call's x; the CPU has
     /// AMX-BF16 and this process the permission (`isa::amx_bf16_detected`).
-    pub(super) unsafe fn run<C: AmxCols>(xp: &PackedX, k: usize, it: &Item, cols: &C) {
+    pub(in crate::gemm) unsafe fn run<C: AmxCols>(xp: &PackedX, k: usize, it: &Item, cols: &C) {
         let (i0, i1, j0, j1) = (it.i0, it.i1, it.j0, it.j1);
         debug_assert!(i0 % 16 == 0);
         configure();

@@ -4,7 +4,7 @@
 //! `block_q4_0x8`, serve the same purpose).
 //!
 //! The GGUF layout stores each row's blocks one after the other, so a GEMV reading it must
-//! reduce every group's products across lanes (the direct path in `fast_x86`: a tree of
+//! reduce every group's products across lanes (the direct path in `int_dot`: a tree of
 //! permutes per 16 groups). Here one `vpdpbusd` multiplies 4 activation bytes (broadcast)
 //! with 4 weight bytes of each of 16 rows, and the float step runs on 16 rows at once.
 //!
@@ -28,7 +28,7 @@
 //!   `64h + 4r + v` are bits 4, 5 of `u(r, 4(4h + t') + v)`;
 //! - bytes (Q8_0), 512 bytes: byte `64t + 4r + v` is `w(r, 4t + v) + 128`.
 //!
-//! `u` is the weight `w` of `fast`'s module doc plus the format's bias: Q4_0 8, Q5_0 16,
+//! `u` is the weight `w` of `q8_activations`'s module doc plus the format's bias: Q4_0 8, Q5_0 16,
 //! Q6_K 32, Q8_0 128, none for Q4_K / Q5_K.
 //!
 //! Scales:
@@ -38,12 +38,11 @@
 //! - Q6_K (`SB` 36): per super-block, 288 bytes: the 16 rows' `d` (f16), then per group
 //!   and half the 16 rows' signed scales (i8).
 //!
-//! Same size as the GGUF bytes of the panel's rows. The arithmetic is exactly `fast`'s (its
+//! Same size as the GGUF bytes of the panel's rows. The arithmetic is exactly `q8_activations`'s (its
 //! module doc): `D_g` is the same integer, and `acc[g mod 16]` takes the same float steps, so
 //! results are bit-identical to the GGUF-layout kernels at every ISA level.
 
-use super::fast::{self, Group, GROUP};
-use super::reference;
+use super::q8_activations::{self, Group, GROUP};
 use crate::DType;
 
 /// Output rows per panel (one i32 / f32 lane each).
@@ -177,7 +176,7 @@ fn pack_panel(dtype: DType, src: &[u8], rows: usize, cols: usize, p: usize, quan
         let row = &src[j * row_bytes..(j + 1) * row_bytes];
         for g in 0..ng {
             let block = &row[(g * GROUP / be) * bb..][..bb];
-            let gr = fast::group(dtype, row, g);
+            let gr = q8_activations::group(dtype, row, g);
             let bias: i32 = match dtype {
                 DType::Q4_0 => 8,
                 DType::Q5_0 => 16,
@@ -219,7 +218,7 @@ fn pack_panel(dtype: DType, src: &[u8], rows: usize, cols: usize, p: usize, quan
                     let s = &mut scales[sbk..sbk + K4::BYTES];
                     s[K4::D + 2 * r..][..2].copy_from_slice(&block[0..2]);
                     s[K4::DMIN + 2 * r..][..2].copy_from_slice(&block[2..4]);
-                    let (sc, mn) = reference::scale_min_k4(jg, &block[4..16]);
+                    let (sc, mn) = crate::gemm::gguf::scale_min_k4(jg, &block[4..16]);
                     s[K4::SC + PANEL * jg + r] = sc;
                     s[K4::M + PANEL * jg + r] = mn;
                 }
@@ -236,7 +235,7 @@ fn pack_panel(dtype: DType, src: &[u8], rows: usize, cols: usize, p: usize, quan
     }
 }
 
-/// Group `g` of row `j` of the packed matrix `w`, in the integer form of `fast` (the
+/// Group `g` of row `j` of the packed matrix `w`, in the integer form of `q8_activations` (the
 /// definition the SIMD kernels follow).
 pub(crate) fn group(w: &crate::WeightMat<'_>, j: usize, g: usize) -> Group {
     let dtype = w.dtype;
@@ -298,7 +297,7 @@ pub(crate) fn group(w: &crate::WeightMat<'_>, j: usize, g: usize) -> Group {
 pub(crate) unsafe fn dots_scalar(
     w: &crate::WeightMat<'_>,
     (j0, j1): (usize, usize),
-    act: &fast::QAct,
+    act: &q8_activations::QAct,
     (i0, i1): (usize, usize),
     dst: *mut f32,
     ld: usize,
@@ -309,7 +308,8 @@ pub(crate) unsafe fn dots_scalar(
         groups.clear();
         groups.extend((0..ng).map(|g| group(w, j, g)));
         for i in i0..i1 {
-            *dst.add((i - i0) * ld + (j - j0)) = fast::dot_groups(&groups, fast::has_mins(w.dtype), act, i);
+            *dst.add((i - i0) * ld + (j - j0)) =
+                q8_activations::dot_groups(&groups, q8_activations::has_mins(w.dtype), act, i);
         }
     }
 }

@@ -1,7 +1,7 @@
 //! BF16 weights for `Precision::Fast`'s `vdpbf16ps` kernel (`FastBf16::Dot`), repacked into
 //! 16-row panels of value pairs: the decode GEMV is one sequential stream, one `vdpbf16ps`
 //! per 64 bytes of weights, with the 16 output rows in lanes. Where AMX-BF16 runs
-//! (`FastBf16::Amx`), BF16 and F16 weights take the same layout for `packed_f16`'s tile
+//! (`FastBf16::Amx`), BF16 and F16 weights take the same layout for `amx_pair_panels`'s tile
 //! arithmetic instead (a block of a panel is a B tile as stored).
 //!
 //! ## Layout
@@ -12,11 +12,11 @@
 //! ## Arithmetic
 //! Each output is one chain over the value pairs in increasing order: per pair `q` one
 //! `vdpbf16ps` lane, `acc += x[2q+1]·w[2q+1]`, then `acc += x[2q]·w[2q]` (each product exact
-//! in f32, each sum rounded; the activations rounded to bf16 by `dense_fast`'s `round_row`),
+//! in f32, each sum rounded; the activations rounded to bf16 by `fast_bf16`'s `round_row`),
 //! over the zero pairs that pad `k` too, then the bias. `reference::matmul_fast_bf16_pairs`
 //! emulates it bit for bit. Every batch size, split and thread count runs this one order,
 //! so a row's result does not depend on them (batch invariance). It is not the row
-//! layout's order (`dense_fast`: 16 chains per output and a tree): the two layouts give
+//! layout's order (`fast_bf16`: 16 chains per output and a tree): the two layouts give
 //! results equal within the bf16 bound, not bit-identical; a weight keeps one layout for
 //! its lifetime, so the invariance holds per weight.
 //!
@@ -38,7 +38,7 @@
 
 use rayon::prelude::*;
 
-use super::packed::{Sink, PANEL};
+use super::exact_panels::{Sink, PANEL};
 use crate::DType;
 
 /// Activation rows of a task from which the call's x rows are rounded to bf16 once for all
@@ -47,7 +47,7 @@ pub const GEMM_MIN_ROWS: usize = 32;
 
 /// Panel streams of the many-row register tile (a gate and an up panel are two): a task
 /// of fewer panels would leave part of the tile idle.
-pub(super) const GEMM_PANELS: usize = 4;
+pub(in crate::gemm) const GEMM_PANELS: usize = 4;
 
 /// `k` rounded up to whole 32-value blocks.
 fn padded(k: usize) -> usize {
@@ -95,7 +95,7 @@ struct Line([u8; 64]);
 const SKEW: usize = 32;
 
 /// A call's activation rows rounded to bf16 once for all its GEMM tasks ([`round_x`]).
-pub(super) struct RoundedX {
+pub(in crate::gemm) struct RoundedX {
     lines: Vec<Line>,
 }
 
@@ -122,7 +122,7 @@ impl RoundedX {
 ///
 /// # Safety
 /// [`applies`] holds.
-pub(super) unsafe fn round_x(x: &[f32], m: usize, k: usize) -> Option<RoundedX> {
+pub(in crate::gemm) unsafe fn round_x(x: &[f32], m: usize, k: usize) -> Option<RoundedX> {
     assert!(x.len() >= m * k, "round_x: {} values for {m}x{k}", x.len());
     #[cfg(target_arch = "x86_64")]
     {
@@ -150,7 +150,7 @@ pub(super) unsafe fn round_x(x: &[f32], m: usize, k: usize) -> Option<RoundedX> 
 /// # Safety
 /// `w` is a packed `[n, k]` matrix, `x` covers rows `ir`, `pre` (if any) is [`round_x`] of
 /// the same `x`, the sink covers the task's outputs, and [`applies`] holds.
-pub(super) unsafe fn task(
+pub(in crate::gemm) unsafe fn task(
     w: *const u8,
     nk: (usize, usize),
     pr: (usize, usize),
@@ -169,14 +169,14 @@ pub(super) unsafe fn task(
 }
 
 /// Checks a pair-panel matrix's size (its fields are public).
-pub(super) fn check(w: &crate::WeightMat<'_>, what: &str) {
+pub(in crate::gemm) fn check(w: &crate::WeightMat<'_>, what: &str) {
     assert_eq!(w.dtype, DType::BF16, "{what}: pair panels hold bf16, not {}", w.dtype);
     assert_eq!(w.data.len(), packed_bytes(w.rows, w.cols), "{what}: {}x{} bf16 pair panels size", w.rows, w.cols);
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::dense_fast::round_row;
+    use super::super::fast_bf16::round_row;
     use super::{padded, Line, Sink, PANEL, SKEW};
     use std::arch::x86_64::*;
     use std::cell::Cell;
@@ -188,7 +188,13 @@ mod x86 {
 
     /// Rows `r0..r1` of `x` (`k` values each) rounded to bf16 rows `xs` values apart at `dst`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")]
-    pub(super) unsafe fn round_rows(x: *const f32, k: usize, xs: usize, (r0, r1): (usize, usize), dst: *mut u16) {
+    pub(in crate::gemm) unsafe fn round_rows(
+        x: *const f32,
+        k: usize,
+        xs: usize,
+        (r0, r1): (usize, usize),
+        dst: *mut u16,
+    ) {
         for r in r0..r1 {
             round_row(x.add(r * k), k, padded(k), dst.add(r * xs));
         }
@@ -295,7 +301,7 @@ mod x86 {
 
     #[inline(always)]
     unsafe fn put(v: __m512, up: Option<__m512>, sink: &Sink<'_>, i: usize, j0: usize, rows: usize) {
-        super::super::packed::put_lanes(
+        super::super::exact_panels::put_lanes(
             |p| _mm512_storeu_ps(p, v),
             up.map(|u| move |p: *mut f32| _mm512_storeu_ps(p, u)),
             sink,
@@ -306,7 +312,7 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")]
-    pub(super) unsafe fn run(
+    pub(in crate::gemm) unsafe fn run(
         w: *const u8,
         (n, k): (usize, usize),
         (p0, p1): (usize, usize),

@@ -1,7 +1,7 @@
-//! F16 and BF16 weights under `Precision::Fast` on CPUs with AMX-BF16, in `packed_bf16`'s
+//! F16 and BF16 weights under `Precision::Fast` on CPUs with AMX-BF16, in `bf16_pair_panels`'s
 //! pair panels. F16: each weight and each activation split exactly into two bf16 parts,
 //! three bf16 tile products per 32 values of `k`. BF16: the activations rounded to bf16, one
-//! tile product per 32 values (the products the row layout's AMX kernel, `dense_fast::amx`,
+//! tile product per 32 values (the products the row layout's AMX kernel, `fast_bf16::amx`,
 //! takes, so the same bits). Prefill runs them on the AMX tiles; decode (fewer than
 //! [`amx_min_rows`]) replays the same arithmetic with vector FMAs, bit for bit, so a
 //! row's result does not depend on which path ran it (batch invariance).
@@ -46,7 +46,7 @@
 
 use rayon::prelude::*;
 
-use super::packed::{Sink, PANEL};
+use super::exact_panels::{Sink, PANEL};
 use crate::DType;
 
 /// Activation rows of a call from which it runs on the AMX tiles; below, the vector path.
@@ -68,14 +68,14 @@ fn padded(k: usize) -> usize {
     k.div_ceil(32) * 32
 }
 
-/// Bytes of a packed `[rows, cols]` F16 matrix (`packed_bf16`'s layout).
+/// Bytes of a packed `[rows, cols]` F16 matrix (`bf16_pair_panels`'s layout).
 pub fn packed_bytes(rows: usize, cols: usize) -> usize {
-    super::packed_bf16::packed_bytes(rows, cols)
+    super::bf16_pair_panels::packed_bytes(rows, cols)
 }
 
 /// `src`, a row-major `[rows, cols]` F16 matrix, in the pair-panel layout.
 pub fn pack(rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) {
-    super::packed_bf16::pack(rows, cols, src, dst)
+    super::bf16_pair_panels::pack(rows, cols, src, dst)
 }
 
 /// Whether F16 and BF16 weights run this kernel at `Fast` here: the CPU and OS allow
@@ -85,7 +85,7 @@ pub fn applies() -> bool {
 }
 
 /// Checks an F16 or BF16 pair-panel matrix's size (its fields are public).
-pub(super) fn check(w: &crate::WeightMat<'_>, what: &str) {
+pub(in crate::gemm) fn check(w: &crate::WeightMat<'_>, what: &str) {
     assert!(matches!(w.dtype, DType::F16 | DType::BF16), "{what}: pair panels hold f16 or bf16, not {}", w.dtype);
     assert_eq!(w.data.len(), packed_bytes(w.rows, w.cols), "{what}: {}x{} pair panels size", w.rows, w.cols);
 }
@@ -108,7 +108,7 @@ static SPLIT: std::sync::Mutex<Vec<Line>> = std::sync::Mutex::new(Vec::new());
 /// A call's activations split into `xh + xl` (F16 weights) or rounded to `xh` alone (BF16)
 /// once for all its tasks: for the AMX path as bf16 rows (`m + 16` rows, the last 16 zero,
 /// so a tile of 16 rows never reads past), for the vector path as f32 rows.
-pub(super) struct SplitX {
+pub(in crate::gemm) struct SplitX {
     lines: Vec<Line>,
     /// Rows of each part.
     rows: usize,
@@ -151,7 +151,7 @@ impl SplitX {
 ///
 /// # Safety
 /// The CPU has AVX512_BF16 ([`applies`] holds).
-pub(super) unsafe fn split_x(x: &[f32], m: usize, k: usize, amx: bool, dtype: DType) -> SplitX {
+pub(in crate::gemm) unsafe fn split_x(x: &[f32], m: usize, k: usize, amx: bool, dtype: DType) -> SplitX {
     assert!(x.len() >= m * k, "split_x: {} values for {m}x{k}", x.len());
     let kp = padded(k);
     let (rows, stride, elem) = if amx { (m + 16, kp + SKEW, 2) } else { (m, kp, 4) };
@@ -198,7 +198,7 @@ pub(super) unsafe fn split_x(x: &[f32], m: usize, k: usize, amx: bool, dtype: DT
 /// `w` is a packed `[n, k]` matrix of the dtype `sx` was split for, `sx` is [`split_x`] of the call's x (rows `ir`
 /// inside it), the sink covers the task's outputs, [`applies`] holds and, for the AMX path,
 /// this process has the AMX permission (`isa::amx_bf16_detected`).
-pub(super) unsafe fn task(
+pub(in crate::gemm) unsafe fn task(
     w: *const u8,
     nk: (usize, usize),
     pr: (usize, usize),
@@ -227,7 +227,7 @@ mod x86 {
     /// Splits `k` values at `x` into hi and lo parts (zeros up to `kp`): bf16 at `hi`/`lo`
     /// (`amx`) or the same values as f32; `lo` null: the hi part alone.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16")]
-    pub(super) unsafe fn split_row(x: *const f32, k: usize, kp: usize, hi: *mut u8, lo: *mut u8, amx: bool) {
+    pub(in crate::gemm) unsafe fn split_row(x: *const f32, k: usize, kp: usize, hi: *mut u8, lo: *mut u8, amx: bool) {
         let mut c = 0;
         while c < kp {
             let left = k.saturating_sub(c);
@@ -277,7 +277,7 @@ mod x86 {
     /// `i`, weight rows from `j0` (of `n`), through the sink.
     #[inline(always)]
     unsafe fn put_row(g: *const f32, u: Option<*const f32>, sink: &Sink<'_>, (i, j0): (usize, usize), n: usize) {
-        super::super::packed::put_lanes(
+        super::super::exact_panels::put_lanes(
             |d| std::ptr::copy_nonoverlapping(g, d, PANEL),
             u.map(|u| move |d: *mut f32| std::ptr::copy_nonoverlapping(u, d, PANEL)),
             sink,
@@ -442,7 +442,7 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,f16c,fma")]
-    pub(super) unsafe fn vector_task(
+    pub(in crate::gemm) unsafe fn vector_task(
         w: *const u8,
         (n, k): (usize, usize),
         (p0, p1): (usize, usize),
@@ -566,7 +566,7 @@ mod x86 {
     }
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,f16c")]
-    pub(super) unsafe fn amx_task(
+    pub(in crate::gemm) unsafe fn amx_task(
         w: *const u8,
         (n, k): (usize, usize),
         (p0, p1): (usize, usize),

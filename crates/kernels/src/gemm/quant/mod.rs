@@ -4,7 +4,7 @@
 //! Block layouts are ggml's (`ggml-common.h`); [`dequantize_row`] reproduces ggml's
 //! `dequantize_row_*` value for value.
 //!
-//! [`matmul_quant`] and [`matmul_swiglu_quant`] keep the contract of `matmul::matmul`
+//! [`matmul_quant`] and [`matmul_swiglu_quant`] keep the contract of `gemm::matmul`
 //! (read its module doc): `y = x · Wᵀ + bias` with f32 activations, several weight
 //! segments sharing `x`, threads splitting over `n` and `m` on the current rayon pool. The
 //! weights are never dequantized whole: one block of a few rows is unpacked into registers
@@ -22,31 +22,31 @@
 //! That is [`Precision::Exact`], the default. [`Precision::Fast`] ([`matmul_quant_prec`])
 //! quantizes each activation row to 8 bits once per call (per 32-value group, shared by all
 //! segments) and uses integer dot products (VNNI where the CPU has it); its arithmetic, its
-//! error bound and why it is batch-invariant (and even ISA-invariant) are in `fast`'s
+//! error bound and why it is batch-invariant (and even ISA-invariant) are in `q8_activations`'s
 //! module doc.
 //!
 //! The work split (`plan`) is tunable through the `*_tiled` entry points ([`MatMulTiling`]);
 //! by the reduction order above, no tiling changes a bit of the result.
 
-mod fast;
 #[cfg(target_arch = "x86_64")]
-mod fast_x86;
-pub mod packed;
+mod dequant_fma;
 #[cfg(target_arch = "x86_64")]
-mod packed_amx;
+mod int_dot;
 #[cfg(target_arch = "x86_64")]
-mod packed_x86;
-mod reference;
+mod panel_amx;
+#[cfg(target_arch = "x86_64")]
+mod panel_int_dot;
+pub mod panel_pack;
+mod q8_activations;
 #[cfg(test)]
 mod tiling_tests;
-#[cfg(target_arch = "x86_64")]
-mod x86;
 
+use super::reference::quant as reference;
 pub use reference::{dequantize_row, fast_reference, quantize_row_reference, FastReference};
 pub use tboost_ops::Precision;
 
+use crate::gemm::{check_tiling, MatMulCase, MatMulTiling, MatSeg};
 use crate::isa::{self, Isa};
-use crate::matmul::{check_tiling, MatMulCase, MatMulTiling, MatSeg};
 use crate::{Layout, WeightMat, WeightVec};
 use tboost_ops::Unsupported;
 
@@ -176,7 +176,7 @@ pub fn matmul_quant_prec_with_tiled(
         segs.iter_mut().map(|s| (s.w, s.bias, OutPtr(s.out.as_mut_ptr()))).collect();
     let ws: crate::Few<WeightMat<'_>> = mats.iter().map(|m| m.0).collect();
     let tasks = plan(&ws, m, level.tile_min_rows(), true, tiling);
-    fast::with_act(|act| {
+    q8_activations::with_act(|act| {
         act.fill(x, m, k, level.chain_layout(&ws, &tasks), level.quantizer());
         run_tasks(&tasks, |t| {
             let (w, bias, out) = &mats[t.mat];
@@ -330,7 +330,7 @@ pub fn matmul_swiglu_quant_prec_with_tiled(
     } else {
         let level = FastLevel::new(isa, dot.into());
         let tasks = plan(&[gate], m, level.tile_min_rows(), true, tiling);
-        fast::with_act(|act| {
+        q8_activations::with_act(|act| {
             act.fill(x, m, k, level.chain_layout(&[gate], &tasks), level.quantizer());
             run_tasks(&tasks, |t| fused(t, &|w, dst| unsafe { dots_fast(level, w, t, act, dst, t.j1 - t.j0) }));
         })
@@ -364,7 +364,7 @@ fn check_weight(op: &str, what: std::fmt::Arguments<'_>, w: &WeightMat<'_>, k: u
     assert_eq!(w.cols, k, "{op}: {what} has {} columns, expected k={k}", w.cols);
     let bytes = match w.layout {
         Layout::Rows => w.dtype.bytes_for(w.cols).and_then(|rb| rb.checked_mul(w.rows)),
-        Layout::Panels => packed::packable(w.dtype).then(|| packed::packed_bytes(w.dtype, w.rows, w.cols)),
+        Layout::Panels => panel_pack::packable(w.dtype).then(|| panel_pack::packed_bytes(w.dtype, w.rows, w.cols)),
         Layout::PairPanels => None,
     };
     assert_eq!(Some(w.data.len()), bytes, "{op}: {what}: {}x{} {} has {} bytes", w.rows, w.cols, w.dtype, w.data.len());
@@ -413,7 +413,7 @@ fn tile_task_m(k: usize) -> usize {
 fn tile_min_rows(isa: Isa) -> usize {
     match isa {
         #[cfg(target_arch = "x86_64")]
-        Isa::Avx512 | Isa::Avx2 => x86::TILE_MIN_ROWS,
+        Isa::Avx512 | Isa::Avx2 => dequant_fma::TILE_MIN_ROWS,
         _ => usize::MAX,
     }
 }
@@ -449,7 +449,7 @@ fn plan(ws: &[WeightMat<'_>], m: usize, tile_min: usize, fast: bool, tiling: &Ma
         for (mat, w) in ws.iter().enumerate() {
             // Whole packed panels per task (the kernels' unit of work; `panel_rows` is a
             // multiple of 16); 4-row tiles otherwise.
-            let unit = if w.layout == Layout::Panels { packed::PANEL } else { 4 };
+            let unit = if w.layout == Layout::Panels { panel_pack::PANEL } else { 4 };
             let row_bytes = w.row_bytes().max(1);
             if let Some(rows) = tiling.panel_rows {
                 push(&mut tasks, mat, w.rows, rows, tiling.act_rows.unwrap_or(m));
@@ -489,7 +489,7 @@ unsafe fn dots(isa: Isa, w: &WeightMat<'_>, t: &Task, x: &[f32], k: usize, dst: 
     match isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 | Isa::Avx2 => {
-            let job = x86::Job {
+            let job = dequant_fma::Job {
                 w: w.data.as_ptr().add(t.j0 * w.row_bytes()),
                 row_bytes: w.row_bytes(),
                 n: t.j1 - t.j0,
@@ -499,7 +499,7 @@ unsafe fn dots(isa: Isa, w: &WeightMat<'_>, t: &Task, x: &[f32], k: usize, dst: 
                 dst,
                 ld,
             };
-            x86::dots(isa == Isa::Avx512, w.dtype, &job)
+            dequant_fma::dots(isa == Isa::Avx512, w.dtype, &job)
         }
         _ => dots_scalar(w, t, x, k, dst, ld),
     }
@@ -560,19 +560,19 @@ impl FastLevel {
             return Some(self.vnni);
         }
         #[cfg(target_arch = "x86_64")]
-        if self.amx && tasks.iter().any(|t| t.i1 - t.i0 >= packed_amx::MIN_ROWS && ws[t.mat].layout == Layout::Panels) {
+        if self.amx && tasks.iter().any(|t| t.i1 - t.i0 >= panel_amx::MIN_ROWS && ws[t.mat].layout == Layout::Panels) {
             return Some(false);
         }
         None
     }
 
-    fn quantizer(self) -> fast::GroupQuantizer {
+    fn quantizer(self) -> q8_activations::GroupQuantizer {
         match self.isa {
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx512 => fast_x86::quantize_group_avx512,
+            Isa::Avx512 => int_dot::quantize_group_avx512,
             #[cfg(target_arch = "x86_64")]
-            Isa::Avx2 => fast_x86::quantize_group_avx2,
-            _ => fast::quantize_group_scalar,
+            Isa::Avx2 => int_dot::quantize_group_avx2,
+            _ => q8_activations::quantize_group_scalar,
         }
     }
 }
@@ -582,14 +582,21 @@ impl FastLevel {
 /// # Safety
 /// `dst` must be writable for the task's rectangle; `act` holds the quantized activations of
 /// every row of the call.
-unsafe fn dots_fast(level: FastLevel, w: &WeightMat<'_>, t: &Task, act: &fast::QAct, dst: *mut f32, ld: usize) {
+unsafe fn dots_fast(
+    level: FastLevel,
+    w: &WeightMat<'_>,
+    t: &Task,
+    act: &q8_activations::QAct,
+    dst: *mut f32,
+    ld: usize,
+) {
     if w.layout == Layout::Panels {
         return dots_packed(level, w, t, act, dst, ld);
     }
     match level.isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 | Isa::Avx2 => {
-            let job = fast_x86::FJob {
+            let job = int_dot::FJob {
                 w: w.data.as_ptr().add(t.j0 * w.row_bytes()),
                 row_bytes: w.row_bytes(),
                 n: t.j1 - t.j0,
@@ -599,30 +606,37 @@ unsafe fn dots_fast(level: FastLevel, w: &WeightMat<'_>, t: &Task, act: &fast::Q
                 dst,
                 ld,
             };
-            let l = fast_x86::Level { avx512: level.isa == Isa::Avx512, vnni: level.vnni };
+            let l = int_dot::Level { avx512: level.isa == Isa::Avx512, vnni: level.vnni };
             if job.m >= level.tile_min_rows() {
-                fast_x86::dots_tiled(l, w.dtype, &job)
+                int_dot::dots_tiled(l, w.dtype, &job)
             } else {
-                fast_x86::dots_direct(l, w.dtype, &job)
+                int_dot::dots_direct(l, w.dtype, &job)
             }
         }
-        _ => fast::dots_scalar(w.dtype, w, (t.j0, t.j1), act, (t.i0, t.i1), dst, ld),
+        _ => q8_activations::dots_scalar(w.dtype, w, (t.j0, t.j1), act, (t.i0, t.i1), dst, ld),
     }
 }
 
-/// [`dots_fast`] for packed panels (`t.j0` is a multiple of [`packed::PANEL`]).
+/// [`dots_fast`] for packed panels (`t.j0` is a multiple of [`panel_pack::PANEL`]).
 ///
 /// # Safety
 /// As [`dots_fast`].
-unsafe fn dots_packed(level: FastLevel, w: &WeightMat<'_>, t: &Task, act: &fast::QAct, dst: *mut f32, ld: usize) {
-    debug_assert!(t.j0.is_multiple_of(packed::PANEL));
+unsafe fn dots_packed(
+    level: FastLevel,
+    w: &WeightMat<'_>,
+    t: &Task,
+    act: &q8_activations::QAct,
+    dst: *mut f32,
+    ld: usize,
+) {
+    debug_assert!(t.j0.is_multiple_of(panel_pack::PANEL));
     match level.isa {
         #[cfg(target_arch = "x86_64")]
         Isa::Avx512 | Isa::Avx2 => {
-            let job = packed_x86::PJob {
+            let job = panel_int_dot::PJob {
                 w: w.data.as_ptr(),
-                geo: packed::Geometry::of(w.dtype, w.rows, w.cols),
-                p0: t.j0 / packed::PANEL,
+                geo: panel_pack::Geometry::of(w.dtype, w.rows, w.cols),
+                p0: t.j0 / panel_pack::PANEL,
                 n: t.j1 - t.j0,
                 act,
                 i0: t.i0,
@@ -631,13 +645,13 @@ unsafe fn dots_packed(level: FastLevel, w: &WeightMat<'_>, t: &Task, act: &fast:
                 ld,
                 prefetch: isa::weight_prefetch(),
             };
-            if level.amx && job.m >= packed_amx::MIN_ROWS && act.chain == Some(false) && t.i0.is_multiple_of(16) {
+            if level.amx && job.m >= panel_amx::MIN_ROWS && act.chain == Some(false) && t.i0.is_multiple_of(16) {
                 // SAFETY: `level.amx` was checked against the CPU and OS (`FastLevel::new`);
                 // `act` comes from `QAct::fill`, with the unbiased chain-major copy.
-                return packed_amx::dots(w.dtype, &job);
+                return panel_amx::dots(w.dtype, &job);
             }
-            packed_x86::dots(fast_x86::Level { avx512: level.isa == Isa::Avx512, vnni: level.vnni }, w.dtype, &job)
+            panel_int_dot::dots(int_dot::Level { avx512: level.isa == Isa::Avx512, vnni: level.vnni }, w.dtype, &job)
         }
-        _ => packed::dots_scalar(w, (t.j0, t.j1), act, (t.i0, t.i1), dst, ld),
+        _ => panel_pack::dots_scalar(w, (t.j0, t.j1), act, (t.i0, t.i1), dst, ld),
     }
 }

@@ -67,7 +67,7 @@ pub(super) trait V16: Copy {
     unsafe fn from_i8x32(v: __m256i) -> (Self, Self);
     /// Byte `i` is 0xFF when bit `i` of `bits` is set, else 0.
     unsafe fn bits_to_bytes(bits: u32) -> __m256i;
-    // Used by the Fast kernels (`fast_x86`).
+    // Used by the Fast kernels (`int_dot`).
     unsafe fn add(a: Self, b: Self) -> Self;
     /// `-v` exactly (the sign bit flipped, also for zeros).
     unsafe fn neg(self) -> Self;
@@ -399,7 +399,7 @@ unsafe fn k_scales(p: *const u8) -> ([f32; 8], [f32; 8]) {
     let sc = std::slice::from_raw_parts(p.add(4), 12);
     let (mut ds, mut ms) = ([0f32; 8], [0f32; 8]);
     for j in 0..8 {
-        let (s, m) = super::reference::scale_min_k4(j, sc);
+        let (s, m) = crate::gemm::gguf::scale_min_k4(j, sc);
         ds[j] = d * s as f32;
         ms[j] = dmin * m as f32;
     }

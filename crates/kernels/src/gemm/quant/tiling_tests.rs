@@ -2,7 +2,7 @@
 //! `tests/tiling.rs`): tasks are counted and measured on the plans themselves.
 
 use super::{plan, tile_task_m, MatMulTiling, Task, TILE_TASK_N};
-use crate::matmul::tiling_tests::{cover, in_pool};
+use crate::gemm::tiling_tests::{cover, in_pool};
 use crate::{DType, WeightMat};
 
 /// (tasks, widest, tallest), after checking they cover the `[m, n]` output exactly once.

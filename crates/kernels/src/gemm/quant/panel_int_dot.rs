@@ -1,31 +1,30 @@
-//! AVX-512 and AVX2 `Fast` kernels over packed panels (`packed`'s layout), with and without
-//! VNNI, instantiated like `fast_x86`'s (the same [`IV`] lane types).
+//! AVX-512 and AVX2 `Fast` kernels over packed panels (`panel_pack`'s layout), with and without
+//! VNNI, instantiated like `int_dot`'s (the same [`IV`] lane types).
 //!
 //! Lane `r` of every integer and float vector is output row `r` of the panel; activation
 //! bytes are broadcast 4 at a time. So the integer dot product of a group is 8 `vpdpbusd`
-//! (4 bytes x 16 rows each) and no horizontal sum, and the float step of `fast`'s canonical
+//! (4 bytes x 16 rows each) and no horizontal sum, and the float step of `q8_activations`'s canonical
 //! order runs on the 16 rows at once.
 //!
 //! Two walks over a panel, both exactly the canonical order:
 //! - one activation row (decode): groups in natural order, the 16 chain accumulators in
 //!   registers (group `g` goes to accumulator `g mod 16`), one sequential pass over the
-//!   panel (no software prefetch: it measured slower than the hardware prefetchers here);
+//!   panel (software prefetch into L2 ahead of the walk only where `isa::weight_prefetch`
+//!   asks for it: elsewhere the hardware prefetchers do better);
 //! - several rows: chain by chain (the chain's groups, 16 apart), `MR` rows sharing each
 //!   unpacked group, one accumulator per row; panels in blocks of 512 KiB that stay in L2
 //!   while every `MR`-row tile passes over the block, so activation rows come from L3 once per
-//!   block rather than once per panel (kernel bench, m = 512, two threads, two alternations:
-//!   Q5_0 n = 4864 k = 896 459-469 -> 525-528 GOP/s, Q4_0 n = 5632 k = 2048 613-619 -> 633-634,
-//!   the other shapes within 1%).
+//!   block rather than once per panel.
 
 #![allow(clippy::needless_range_loop)]
 
-use super::fast::{QAct, CHAINS, GROUP};
-use super::fast_x86::{Level, IV, YI, ZI};
-use super::packed::{Geometry, PANEL};
-use super::x86::V16;
+use super::dequant_fma::V16;
+use super::int_dot::{Level, IV, YI, ZI};
+use super::panel_pack::{Geometry, PANEL};
+use super::q8_activations::{QAct, CHAINS, GROUP};
 use crate::DType;
 
-/// How a format's group scales work (`packed`'s layout doc).
+/// How a format's group scales work (`panel_pack`'s layout doc).
 #[derive(PartialEq, Eq)]
 pub(super) enum Scales {
     /// `A = d` per group (16 f16); `D -= S << OFF`.
@@ -178,7 +177,7 @@ pub(super) struct GroupScales<I: IV> {
 /// The scales of group `g` of a panel whose scales start at `s`.
 #[inline(always)]
 pub(super) unsafe fn group_scales<I: IV, F: PF>(s: *const u8, g: usize) -> GroupScales<I> {
-    use super::packed::{K4, K6, SUPER};
+    use super::panel_pack::{K4, K6, SUPER};
     let block = if F::SCALES == Scales::K4 { K4::BYTES } else { K6::BYTES };
     let (sbk, j) = (s.add(g / SUPER * block), g % SUPER);
     match F::SCALES {
@@ -304,9 +303,9 @@ unsafe fn group_step<I: IV, F: PF, const VNNI: bool, const PREFETCH: bool>(
 }
 
 /// Bytes ahead of the group being read that the decode walk prefetches into L2 (where
-/// `PJob::prefetch` asks for it). Kernel bench on the Xeon (AMX) VM, two threads, Q4_0 n =
-/// 5632 k = 2048: none 23 GB/s, 1 KiB 26, 2 KiB 28, 3 KiB 30, 4 KiB 29, 6 KiB 29.5, 8 KiB 29
-/// (into L1 instead: 2 KiB 28, 4 KiB 25); the streaming-read roof there is 32-33.
+/// `PJob::prefetch` asks for it): the distance that came closest to the streaming-read roof,
+/// shorter ones leave DRAM latency exposed, longer ones and prefetching into L1 evict what
+/// the walk still needs.
 pub(super) const PREFETCH_BYTES: usize = 3 << 10;
 
 /// Prefetches, into L2, the quants `PREFETCH_BYTES` ahead of group `g` (a panel's quants
@@ -339,16 +338,16 @@ unsafe fn panel_one<I: IV, F: PF, const VNNI: bool, const PREFETCH: bool>(
 ) -> I::F {
     let mut acc = [I::F::zero(); CHAINS];
     // Whole rounds of 16 groups with no bounds test inside: with one per group the compiler
-    // laid the round out as a chain of branches into scattered blocks (Q8_0 streamed 24 GB/s
-    // where the read bandwidth allowed 35+).
+    // laid the round out as a chain of branches into scattered blocks, well below the read
+    // bandwidth.
     let mut g0 = 0;
     while g0 + CHAINS <= ng {
         unroll16!(c => { acc[c] = group_step::<I, F, VNNI, PREFETCH>(acc[c], q, s, x, g0 + c); });
         g0 += CHAINS;
     }
     // The last `ng mod 16` groups take one float step each, on accumulators `0..`, in a
-    // plain loop (with one tested branch per accumulator, the tail of 8 or 12 Q8_0 groups
-    // took as long as a whole round of 16: k = 768 and 896 streamed 24-28 GB/s, k = 1024 33).
+    // plain loop (with one tested branch per accumulator, a tail of 8 or 12 groups took as
+    // long as a whole round of 16).
     for c in 0..ng - g0 {
         acc[c] = group_step::<I, F, VNNI, PREFETCH>(acc[c], q, s, x, g0 + c);
     }
@@ -365,7 +364,7 @@ unsafe fn panel_many<I: IV, F: PF, const VNNI: bool, const MR: usize>(
     x: &[Row; MR],
 ) -> [[I::F; CHAINS]; MR] {
     // Every element is written below: no zeroing first (a 4 KiB memset per panel and row
-    // block measured 7% of a 16-request decode step at k = 896).
+    // block is a visible share of a batched decode step).
     let mut chains = std::mem::MaybeUninit::<[[I::F; CHAINS]; MR]>::uninit();
     let out = chains.as_mut_ptr() as *mut I::F;
     for c in 0..CHAINS {

@@ -1,11 +1,11 @@
-//! AVX-512 and AVX2 kernels of the `Fast` precision (the arithmetic is in `fast`'s module
+//! AVX-512 and AVX2 kernels of the `Fast` precision (the arithmetic is in `q8_activations`'s module
 //! doc), with and without VNNI.
 //!
 //! One generic body per shape of work, instantiated four times (`entry_points!` at the
 //! bottom): 16 i32 lanes as one zmm ([`ZI`]) or two ymm ([`YI`]), and `VNNI` choosing
 //! `vpdpbusd` / `vpdpwssd` or their `vpmaddubsw` + `vpmaddwd` emulation (exact: no pair sum
 //! can saturate, see [`IV::dot`]). Weight bytes are unpacked with 256-bit AVX2 instructions
-//! present in all four, 32 values (one group) per register, as in `x86`.
+//! present in all four, 32 values (one group) per register, as in `dequant_fma`.
 //!
 //! Direct path (few activation rows, decode): the weights in their GGUF layout, one pass.
 //! A chunk of 16 groups of a row gives 8 units of 64 values; per unit and activation row one
@@ -31,8 +31,8 @@
 use std::arch::x86_64::*;
 use std::ptr;
 
-use super::fast::{QAct, CHAINS, GROUP};
-use super::x86::{f16_at, load32, nibbles16, q5k_high, PREFETCH_BYTES, V16, Y, Z};
+use super::dequant_fma::{f16_at, load32, nibbles16, q5k_high, PREFETCH_BYTES, V16, Y, Z};
+use super::q8_activations::{QAct, CHAINS, GROUP};
 use crate::DType;
 
 /// 16 i32 lanes (or 64 bytes, or 32 i16) and the integer steps of the Fast kernels.
@@ -54,7 +54,7 @@ pub(super) trait IV: Copy {
     /// i16 scales `sc` (pair sums at most 2 * 63 * 127).
     unsafe fn dot_sc<const VNNI: bool>(acc: Self, w: Self, x: Self, sc: Self) -> Self;
     /// Levels 1, 2, 3 of the tree that turns 8 units of per-group partial sums into one
-    /// vector of 16 group sums (`fast_x86`'s module doc). Only the final lane order is fixed.
+    /// vector of 16 group sums (`int_dot`'s module doc). Only the final lane order is fixed.
     unsafe fn comb1(a: Self, b: Self) -> Self;
     unsafe fn comb2(a: Self, b: Self) -> Self;
     unsafe fn comb3(a: Self, b: Self) -> Self;
@@ -1421,7 +1421,7 @@ pub(super) unsafe fn dots_tiled(level: Level, dtype: DType, job: &FJob<'_>) {
     }
 }
 
-/// [`super::fast::GroupQuantizer`] on AVX-512: the scalar quantization's exact results.
+/// [`super::q8_activations::GroupQuantizer`] on AVX-512: the scalar quantization's exact results.
 ///
 /// # Safety
 /// AVX-512 F/BW/VL/DQ available; `x` readable for 32 f32, `q` writable for 32 bytes.
@@ -1435,7 +1435,7 @@ pub(super) unsafe fn quantize_group_avx512(x: *const f32, q: *mut i8) -> (f32, [
         _mm512_max_epu32(_mm512_and_si512(_mm512_castps_si512(a), abs), _mm512_and_si512(_mm512_castps_si512(b), abs));
     let bits = _mm512_reduce_max_epu32(mx);
     let amax = f32::from_bits(bits);
-    if bits >= 0x7F80_0000 || amax < super::fast::TINY {
+    if bits >= 0x7F80_0000 || amax < super::q8_activations::TINY {
         ptr::write_bytes(q, 0, GROUP);
         return (if bits >= 0x7F80_0000 { f32::NAN } else { 0.0 }, [0, 0]);
     }
@@ -1454,7 +1454,7 @@ unsafe fn hsum_i32x8(v: __m256i) -> i32 {
     _mm_cvtsi128_si32(_mm_add_epi32(s, _mm_shuffle_epi32::<1>(s)))
 }
 
-/// [`super::fast::GroupQuantizer`] on AVX2.
+/// [`super::q8_activations::GroupQuantizer`] on AVX2.
 ///
 /// # Safety
 /// AVX2 available; `x` readable for 32 f32, `q` writable for 32 bytes.
@@ -1471,7 +1471,7 @@ pub(super) unsafe fn quantize_group_avx2(x: *const f32, q: *mut i8) -> (f32, [i3
     let m2 = _mm_max_epu32(m4, _mm_unpackhi_epi64(m4, m4));
     let bits = _mm_cvtsi128_si32(_mm_max_epu32(m2, _mm_shuffle_epi32::<1>(m2))) as u32;
     let amax = f32::from_bits(bits);
-    if bits >= 0x7F80_0000 || amax < super::fast::TINY {
+    if bits >= 0x7F80_0000 || amax < super::q8_activations::TINY {
         ptr::write_bytes(q, 0, GROUP);
         return (if bits >= 0x7F80_0000 { f32::NAN } else { 0.0 }, [0, 0]);
     }

@@ -1,16 +1,16 @@
 //! Register-tiled dot-product kernel and the cache-blocked loop around it.
 //!
-//! Every output element is one 16-lane accumulator chain over `k` (see `simd`), so the
+//! Every output element is one 16-lane accumulator chain over `k` (see `lanes`), so the
 //! tile shape chosen for a given `m` never changes a result: `m = 1` (GEMV), batched decode
 //! and prefill all compute `y[i, j]` with the same operations.
 
-use super::simd::{Lanes, WKind};
+use super::lanes::{Lanes, WKind};
 use crate::WeightVec;
 
 /// The weight rows a tile reads and where its sums go. Implemented by the plain
 /// projection (one row per output column) and by the fused SwiGLU (gate row + up row per
 /// output column).
-pub(super) trait Cols: Sync {
+pub(in crate::gemm) trait Cols: Sync {
     /// Weight rows consumed per output column.
     const ROWS_PER_COL: usize;
     /// Row pointers of the `NR / ROWS_PER_COL` output columns starting at `j`. Columns
@@ -22,7 +22,7 @@ pub(super) trait Cols: Sync {
 }
 
 /// `out[i, j] = x[i] · w[j] (+ bias[j])`.
-pub(super) struct PlainCols<'a> {
+pub(in crate::gemm) struct PlainCols<'a> {
     pub w: *const u8,
     pub row_bytes: usize,
     pub n: usize,
@@ -32,7 +32,7 @@ pub(super) struct PlainCols<'a> {
 
 impl<'a> PlainCols<'a> {
     /// The columns of one segment: its weight rows, bias and output.
-    pub(super) fn of(seg: &mut super::MatSeg<'a, '_>) -> PlainCols<'a> {
+    pub(in crate::gemm) fn of(seg: &mut super::MatSeg<'a, '_>) -> PlainCols<'a> {
         PlainCols {
             w: seg.w.data.as_ptr(),
             row_bytes: seg.w.row_bytes(),
@@ -77,7 +77,7 @@ impl Cols for PlainCols<'_> {
 }
 
 /// `out[i, j] = silu(x[i] · gate[j]) * (x[i] · up[j])`.
-pub(super) struct SwigluCols {
+pub(in crate::gemm) struct SwigluCols {
     pub gate: *const u8,
     pub up: *const u8,
     pub row_bytes: usize,
@@ -119,7 +119,7 @@ impl Cols for SwigluCols {
 
 /// Bytes ahead of the current weight load to prefetch: about 15% more GEMV bandwidth on
 /// Zen 5 than the hardware prefetchers alone give with 8 concurrent row streams.
-pub(super) const PF: usize = 1024;
+pub(in crate::gemm) const PF: usize = 1024;
 
 /// Sums of `MR` x rows (stride `k`) against `NR` weight rows, each in the canonical order.
 #[inline(always)]
@@ -196,7 +196,7 @@ fn x_block_rows(k: usize, mrb: usize) -> usize {
 /// `2r <= MRB`, else two `r x NRB` tiles. Each weight row is read from memory once per
 /// block of `x_block_rows` rows, i.e. once per call for small `m`.
 #[inline(always)]
-pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NRB: usize, const NRW: usize>(
+pub(in crate::gemm) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NRB: usize, const NRW: usize>(
     x: *const f32,
     k: usize,
     (i0, i1): (usize, usize),

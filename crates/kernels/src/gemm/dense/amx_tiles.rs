@@ -1,5 +1,5 @@
-//! The AMX tile instructions both bf16 tile kernels (`dense_fast`'s row kernel and
-//! `packed_f16`) issue, with one register plan: C tiles in tmm0..3, operands in tmm4..7, every
+//! The AMX tile instructions both bf16 tile kernels (`fast_bf16`'s row kernel and
+//! `amx_pair_panels`) issue, with one register plan: C tiles in tmm0..3, operands in tmm4..7, every
 //! register 16 rows of 64 bytes. Tile registers are named in the instruction, so each
 //! register gets its own arm; the tile state lives across these asm blocks, and the compiler
 //! never uses tile registers itself.
@@ -15,7 +15,7 @@ struct Config([u8; 64]);
 /// # Safety
 /// The CPU has AMX and this process the permission (`isa::amx_bf16_detected`).
 #[inline(always)]
-pub(super) unsafe fn configure() {
+pub(in crate::gemm) unsafe fn configure() {
     let mut c = [0u8; 64];
     c[0] = 1;
     for t in 0..8 {
@@ -28,13 +28,13 @@ pub(super) unsafe fn configure() {
 
 /// Releases the tile state.
 #[inline(always)]
-pub(super) unsafe fn release() {
+pub(in crate::gemm) unsafe fn release() {
     asm!("tilerelease", options(nostack, nomem));
 }
 
 /// Zeroes C tile `c` (0..4).
 #[inline(always)]
-pub(super) unsafe fn zero(c: usize) {
+pub(in crate::gemm) unsafe fn zero(c: usize) {
     match c {
         0 => asm!("tilezero tmm0", options(nostack, nomem)),
         1 => asm!("tilezero tmm1", options(nostack, nomem)),
@@ -45,7 +45,7 @@ pub(super) unsafe fn zero(c: usize) {
 
 /// Loads operand register `r` (4..8) from 16 rows at `p`, `stride` bytes apart.
 #[inline(always)]
-pub(super) unsafe fn load(r: usize, p: *const u8, stride: usize) {
+pub(in crate::gemm) unsafe fn load(r: usize, p: *const u8, stride: usize) {
     match r {
         4 => asm!("tileloadd tmm4, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride, options(nostack, readonly)),
         5 => asm!("tileloadd tmm5, [{p} + {s} * 1]", p = in(reg) p, s = in(reg) stride, options(nostack, readonly)),
@@ -56,7 +56,7 @@ pub(super) unsafe fn load(r: usize, p: *const u8, stride: usize) {
 
 /// Stores C tile `c` as 16 rows of 16 f32 at `p` (64-byte rows).
 #[inline(always)]
-pub(super) unsafe fn store(c: usize, p: *mut u8) {
+pub(in crate::gemm) unsafe fn store(c: usize, p: *mut u8) {
     let s = 64usize;
     match c {
         0 => asm!("tilestored [{p} + {s} * 1], tmm0", p = in(reg) p, s = in(reg) s, options(nostack)),

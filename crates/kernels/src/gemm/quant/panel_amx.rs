@@ -1,13 +1,13 @@
 //! AMX-INT8 kernel for packed panels under `Precision::Fast` with many activation rows
-//! (prefill, batched decode): the same integers and the same float steps as `packed_x86`'s
+//! (prefill, batched decode): the same integers and the same float steps as `panel_int_dot`'s
 //! many-row walk, so the results are bit-identical to every other Fast kernel.
 //!
 //! One `tdpbssd` multiplies a tile of 16 activation rows × one 32-value group (signed
 //! bytes, loaded straight from the quantized activations) with the group of a 16-row panel
-//! (8 tile rows of 16 weight rows × 4 signed bytes: `packed`'s quads, unpacked from nibbles
+//! (8 tile rows of 16 weight rows × 4 signed bytes: `panel_pack`'s quads, unpacked from nibbles
 //! and un-biased once per panel into an L2 scratch), leaving `D_g` of 16 × 16 outputs in a
 //! C tile: 8192 multiply-adds against 512 (`vpdpbusd` × 8) per row and group in the VNNI
-//! kernel. The C tile goes to memory and each activation row takes `fast`'s float step on
+//! kernel. The C tile goes to memory and each activation row takes `q8_activations`'s float step on
 //! it, 16 outputs per vector: `fma(f32(D_g), fl(A_g X_g), acc[g mod 16])`. Q6_K's two
 //! half scales need the two 16-value halves apart: two products of half the depth.
 //!
@@ -29,12 +29,12 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-use super::fast::{ChainStarts, CHAINS, GROUP};
-use super::fast_x86::{IV, ZI};
-use super::packed::PANEL;
-use super::packed_x86::{group_scales, put, tree, PJob, Scales, PF, PREFETCH_BYTES};
-use super::packed_x86::{P4K, P4_0, P5K, P5_0, P6K, P8_0};
-use super::x86::{V16, Z};
+use super::dequant_fma::{V16, Z};
+use super::int_dot::{IV, ZI};
+use super::panel_int_dot::{group_scales, put, tree, PJob, Scales, PF, PREFETCH_BYTES};
+use super::panel_int_dot::{P4K, P4_0, P5K, P5_0, P6K, P8_0};
+use super::panel_pack::PANEL;
+use super::q8_activations::{ChainStarts, CHAINS, GROUP};
 use crate::DType;
 
 /// Activation rows from which the packed Fast path uses AMX (below, the VNNI walk): a tile
@@ -60,7 +60,7 @@ thread_local! {
     static SCRATCH: Cell<Vec<Line>> = const { Cell::new(Vec::new()) };
 }
 
-/// The bias `packed` adds to a format's weights (`u = w + bias`).
+/// The bias `panel_pack` adds to a format's weights (`u = w + bias`).
 fn bias<F: PF>() -> i32 {
     match F::SCALES {
         Scales::D => 1 << F::OFF,
@@ -172,7 +172,7 @@ unsafe fn unpack<F: PF>(q: *const u8, ng: usize, dst: *mut Line) {
 
 /// The float steps of group `g` (C tile `c`, 16 rows of 16 `D_g`; Q6_K: `c` and `c2`, the
 /// two halves) for 16 activation rows whose `X_g` are at `xs` and `Y_g` at `ys` (16 each):
-/// `fast`'s `fma(f32(D), fl(A X), acc)` (and `fma(-M, Y, .)`), as `packed_x86::float_step`.
+/// `q8_activations`'s `fma(f32(D), fl(A X), acc)` (and `fma(-M, Y, .)`), as `panel_int_dot::float_step`.
 #[inline(always)]
 unsafe fn steps<F: PF>(
     acc: &mut [Z; 16],
@@ -412,7 +412,7 @@ unsafe fn run<F: PF>(job: &PJob<'_>) {
 ///
 /// # Safety
 /// The CPU has AMX-INT8 and AVX512-VNNI and this process may use AMX
-/// (`isa::amx_int8_detected`); `job` describes valid memory as for `packed_x86::dots`, and
+/// (`isa::amx_int8_detected`); `job` describes valid memory as for `panel_int_dot::dots`, and
 /// its activations were quantized by `QAct::fill` with the unbiased chain-major copies
 /// (and its padding rows), and `job.i0` is a multiple of 16.
 pub(super) unsafe fn dots(dtype: DType, job: &PJob<'_>) {

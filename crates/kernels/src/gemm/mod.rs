@@ -16,7 +16,7 @@
 //! - Runs on the current rayon pool.
 //!
 //! IMPLEMENTATION (stronger than the contract): every element is one dot product in the
-//! canonical order described in `simd` (16 lanes over `k`, fused multiply-adds, fixed tree),
+//! canonical order described in `lanes` (16 lanes over `k`, fused multiply-adds, fixed tree),
 //! which the scalar, AVX2 and AVX-512 paths all perform exactly, so results are
 //! bit-identical across ISAs as well. The bias is added after the reduction.
 //!
@@ -25,36 +25,31 @@
 //! packed (k-blocked) nest AVX2 runs 3×4 tiles as two passes over half the 16 chains each
 //! (`Lanes::SPLIT`): the same 12 ymm accumulators, 7 loads per 12 FMAs instead of 10. bf16/f16
 //! weights are widened in registers. Two loop nests around the tiles, chosen by the rows
-//! of a work item (`BLOCKED_MIN_ROWS`): the direct one (`kernel`, decode) runs each tile
+//! of a work item (`BLOCKED_MIN_ROWS`): the direct one (`columns`, decode) runs each tile
 //! over all of `k` and reads every weight row from memory once per call; the k-blocked one
-//! (`blocked`, prefill) packs x and weight blocks so tiles work from L1. Work items split
+//! (`register_blocked`, prefill) packs x and weight blocks so tiles work from L1. Work items split
 //! `n` (and `m` when `n` alone gives too few items) across the current rayon pool.
 //!
 //! The split is tunable (`*_tiled` entry points, [`MatMulTiling`]: weight rows and activation
 //! rows per item, items per thread); by the contract above no tiling changes a bit of the
 //! result, only who computes what.
 
-#[cfg(target_arch = "x86_64")]
-mod amx_tiles;
-mod blocked;
-mod dense_fast;
-mod kernel;
-pub mod packed;
-pub mod packed_bf16;
-pub mod packed_f16;
+pub mod dense;
+pub(crate) mod gguf;
+pub mod quant;
 pub mod reference;
-mod simd;
 #[cfg(test)]
 pub(crate) mod tiling_tests;
 
-pub use dense_fast::{
+pub use dense::fast_bf16::{
     fast_bf16_applies, matmul_fast, matmul_fast_with, matmul_swiglu_fast, matmul_swiglu_fast_with, FastBf16,
 };
 
 use crate::isa::{self, Isa};
 use crate::{DType, Layout, WeightMat, WeightVec};
-use kernel::{Cols, PlainCols, SwigluCols};
-use simd::{Lanes, Scalar16, WKind, WBF16, WF16, WF32};
+use dense::columns::{Cols, PlainCols, SwigluCols};
+use dense::lanes::{Lanes, Scalar16, WKind, WBF16, WF16, WF32};
+use dense::{bf16_pair_panels, exact_panels, register_blocked};
 
 /// One weight matrix of a (possibly merged) projection and where its result goes.
 pub struct MatSeg<'a, 'o> {
@@ -72,7 +67,7 @@ pub fn supports(case: &MatMulCase) -> Result<(), Unsupported> {
     match case.dtype {
         DType::F32 | DType::F16 | DType::BF16 if case.act_dtype == DType::F32 => Ok(()),
         DType::F32 | DType::F16 | DType::BF16 => Err(Unsupported::new("act_dtype", case.act_dtype, "f32")),
-        d if d.is_quantized() => crate::quant::supports(case),
+        d if d.is_quantized() => quant::supports(case),
         other => Err(Unsupported::new("weight_dtype", other, "f32, f16, bf16 or a GGUF block type")),
     }
 }
@@ -91,14 +86,14 @@ pub fn matmul(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>]) {
     if quantized == 0 {
         matmul_with(isa::active(), x, m, segs)
     } else if quantized == segs.len() {
-        crate::quant::matmul_quant(x, m, segs)
+        quant::matmul_quant(x, m, segs)
     } else {
         // A merged projection mixing dense and quantized matrices: two calls, one per kind.
         let (mut q, mut d): (crate::Few<MatSeg<'_, '_>>, crate::Few<MatSeg<'_, '_>>) = segs
             .iter_mut()
             .map(|s| MatSeg { w: s.w, bias: s.bias, out: &mut *s.out })
             .partition(|s| s.w.dtype.is_quantized());
-        crate::quant::matmul_quant(x, m, &mut q);
+        quant::matmul_quant(x, m, &mut q);
         matmul_with(isa::active(), x, m, &mut d)
     }
 }
@@ -173,7 +168,7 @@ pub fn matmul_with_tiled(isa: Isa, tiling: &MatMulTiling, x: &[f32], m: usize, s
 /// As `matmul`: `gate` and `up` must have the same shape and dtype.
 pub fn matmul_swiglu(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_>, out: &mut [f32]) {
     if gate.dtype.is_quantized() {
-        crate::quant::matmul_swiglu_quant(x, m, gate, up, out)
+        quant::matmul_swiglu_quant(x, m, gate, up, out)
     } else {
         matmul_swiglu_with(isa::active(), x, m, gate, up, out)
     }
@@ -227,12 +222,12 @@ pub fn matmul_swiglu_with_tiled(
     }
     if gate.layout == Layout::Panels || up.layout == Layout::Panels {
         assert!(gate.layout == up.layout, "matmul_swiglu: gate and up must both be packed or both not");
-        let sink = packed::Sink::Swiglu { out: out.as_mut_ptr(), ld: n, up: up.data.as_ptr() };
+        let sink = exact_panels::Sink::Swiglu { out: out.as_mut_ptr(), ld: n, up: up.data.as_ptr() };
         let tasks = packed_tasks(&[n], m, 2 * k, tiling, 1);
         let sink = SendSink(sink);
         // SAFETY: shapes were checked above; tasks cover disjoint outputs.
         execute_tasks(&tasks, |t| unsafe {
-            packed::task(
+            exact_panels::task(
                 isa,
                 gate.dtype,
                 gate.data.as_ptr(),
@@ -279,7 +274,7 @@ fn check_weight(w: &WeightMat<'_>, what: std::fmt::Arguments<'_>) {
         panic!("{what}: {e}");
     }
     match w.layout {
-        Layout::Panels => return packed::check(w, what),
+        Layout::Panels => return exact_panels::check(w, what),
         Layout::PairPanels => panic!("{what}: pair panels run the fast kernels (Precision::Fast) only"),
         Layout::Rows => {}
     }
@@ -313,10 +308,10 @@ fn packed_tasks(
     tiling: &MatMulTiling,
     min_panels: usize,
 ) -> crate::Items<PackedTask> {
-    let panels: Vec<usize> = rows.iter().map(|r| r.div_ceil(packed::PANEL)).collect();
+    let panels: Vec<usize> = rows.iter().map(|r| r.div_ceil(exact_panels::PANEL)).collect();
     let total: usize = panels.iter().sum();
     let threads = rayon::current_num_threads().max(1);
-    let work = m.saturating_mul(k.max(1)).saturating_mul(total * packed::PANEL);
+    let work = m.saturating_mul(k.max(1)).saturating_mul(total * exact_panels::PANEL);
     let per_thread = tiling.tasks_per_thread_for(m <= 16);
     let target = if threads == 1 { 1 } else { (threads * per_thread).min((work / MIN_ITEM_WORK).max(1)) };
     let chunk = tiling
@@ -326,14 +321,14 @@ fn packed_tasks(
                 let even = total.div_ceil(target);
                 // Decode: tasks of at most DECODE_TASK_BYTES (2-byte weights), claimed in order
                 // (`par`), keep the threads' weight streams close to each other.
-                let cap = DECODE_TASK_BYTES / (packed::PANEL * 2 * k.max(1));
+                let cap = DECODE_TASK_BYTES / (exact_panels::PANEL * 2 * k.max(1));
                 if m <= 16 {
                     even.min(cap.max(1))
                 } else {
                     even.max(min_panels)
                 }
             },
-            |r| r / packed::PANEL,
+            |r| r / exact_panels::PANEL,
         )
         .max(1);
     let n_tasks: usize = panels.iter().map(|p| p.div_ceil(chunk)).sum();
@@ -367,24 +362,24 @@ fn execute_tasks(tasks: &[PackedTask], f: impl Fn(&PackedTask) + Sync + Send) {
 }
 
 /// A sink shared by tasks that write disjoint outputs.
-struct SendSink<'a>(packed::Sink<'a>);
+struct SendSink<'a>(exact_panels::Sink<'a>);
 // SAFETY: the sink's pointers are read-only weights and outputs written at disjoint places.
 unsafe impl Send for SendSink<'_> {}
 unsafe impl Sync for SendSink<'_> {}
 
 impl<'a> SendSink<'a> {
     /// A method (not the field) so closures capture the whole `Send + Sync` wrapper.
-    fn get(&self) -> &packed::Sink<'a> {
+    fn get(&self) -> &exact_panels::Sink<'a> {
         &self.0
     }
 }
 
-/// How pair panels run (`dense_fast::pair_path` picks it from the kernel and dtype).
+/// How pair panels run (`dense::fast_bf16::pair_path` picks it from the kernel and dtype).
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
 enum PairPath {
-    /// `packed_bf16`'s `vdpbf16ps` chains (BF16 with the `Dot` kernel).
+    /// `bf16_pair_panels`'s `vdpbf16ps` chains (BF16 with the `Dot` kernel).
     Dot,
-    /// `packed_f16`'s tile arithmetic (F16; BF16 with the `Amx` kernel), on its AMX tiles
+    /// `amx_pair_panels`'s tile arithmetic (F16; BF16 with the `Amx` kernel), on its AMX tiles
     /// from `amx_min_rows` rows when `amx`, else always on its vector path.
     Tiles { amx: bool },
 }
@@ -400,9 +395,9 @@ fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>], path: PairP
         let what = format!("matmul_fast: segment {s}");
         assert_eq!(seg.w.dtype, dtype, "{what}: one call's pair panels share a dtype");
         if tiles {
-            packed_f16::check(&seg.w, &what);
+            dense::amx_pair_panels::check(&seg.w, &what);
         } else {
-            packed_bf16::check(&seg.w, &what);
+            bf16_pair_panels::check(&seg.w, &what);
         }
         assert_eq!(seg.w.cols, k, "matmul_fast: segment {s} has {} columns but segment 0 has {k}", seg.w.cols);
         assert_eq!(Some(seg.out.len()), m.checked_mul(seg.w.rows), "matmul_fast: segment {s} output size");
@@ -414,18 +409,29 @@ fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>], path: PairP
     let rows: crate::Few<usize> = segs.iter().map(|s| s.w.rows).collect();
     let sinks: Vec<SendSink<'_>> = segs
         .iter_mut()
-        .map(|s| SendSink(packed::Sink::Plain { out: s.out.as_mut_ptr(), ld: s.w.rows, bias: s.bias }))
+        .map(|s| SendSink(exact_panels::Sink::Plain { out: s.out.as_mut_ptr(), ld: s.w.rows, bias: s.bias }))
         .collect();
     let ws: Vec<(usize, usize)> = segs.iter().map(|s| (s.w.data.as_ptr() as usize, s.w.rows)).collect();
-    let tasks = packed_tasks(&rows, m, k, &MatMulTiling::default(), packed_bf16::GEMM_PANELS);
+    let tasks = packed_tasks(&rows, m, k, &MatMulTiling::default(), bf16_pair_panels::GEMM_PANELS);
     if let PairPath::Tiles { amx } = path {
         // SAFETY: the caller checked AVX512_BF16 (and AMX for `amx`).
-        let sx = unsafe { packed_f16::split_x(x, m, k, amx && m >= packed_f16::amx_min_rows(dtype), dtype) };
+        let sx = unsafe {
+            dense::amx_pair_panels::split_x(x, m, k, amx && m >= dense::amx_pair_panels::amx_min_rows(dtype), dtype)
+        };
         execute_tasks(&tasks, |t| {
             let (w, n) = ws[t.seg];
             // SAFETY: shapes checked above; tasks cover disjoint outputs; `sx` splits this x;
             // the caller checked the CPU.
-            unsafe { packed_f16::task(w as *const u8, (n, k), (t.p0, t.p1), &sx, (t.i0, t.i1), sinks[t.seg].get()) }
+            unsafe {
+                dense::amx_pair_panels::task(
+                    w as *const u8,
+                    (n, k),
+                    (t.p0, t.p1),
+                    &sx,
+                    (t.i0, t.i1),
+                    sinks[t.seg].get(),
+                )
+            }
         });
         return;
     }
@@ -436,7 +442,7 @@ fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>], path: PairP
         // SAFETY: shapes checked above; tasks cover disjoint outputs; `pre` rounds this x;
         // the caller checked that the avx512bf16 kernel runs here.
         unsafe {
-            packed_bf16::task(
+            bf16_pair_panels::task(
                 w as *const u8,
                 (n, k),
                 (t.p0, t.p1),
@@ -453,10 +459,10 @@ fn run_pair_panels(x: &[f32], m: usize, segs: &mut [MatSeg<'_, '_>], path: PairP
 /// its rows rounded).
 ///
 /// # Safety
-/// The avx512bf16 kernel runs here (`packed_bf16::applies`).
-unsafe fn round_x_once(tasks: &[PackedTask], x: &[f32], m: usize, k: usize) -> Option<packed_bf16::RoundedX> {
-    if tasks.iter().any(|t| t.i1 - t.i0 >= packed_bf16::GEMM_MIN_ROWS) {
-        packed_bf16::round_x(x, m, k)
+/// The avx512bf16 kernel runs here (`bf16_pair_panels::applies`).
+unsafe fn round_x_once(tasks: &[PackedTask], x: &[f32], m: usize, k: usize) -> Option<bf16_pair_panels::RoundedX> {
+    if tasks.iter().any(|t| t.i1 - t.i0 >= bf16_pair_panels::GEMM_MIN_ROWS) {
+        bf16_pair_panels::round_x(x, m, k)
     } else {
         None
     }
@@ -467,11 +473,11 @@ unsafe fn round_x_once(tasks: &[PackedTask], x: &[f32], m: usize, k: usize) -> O
 fn swiglu_pair_panels(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_>, out: &mut [f32], path: PairPath) {
     assert_eq!(gate.dtype, up.dtype, "matmul_swiglu_fast: gate is {} but up is {}", gate.dtype, up.dtype);
     if path != PairPath::Dot {
-        packed_f16::check(&gate, "matmul_swiglu_fast: gate");
-        packed_f16::check(&up, "matmul_swiglu_fast: up");
+        dense::amx_pair_panels::check(&gate, "matmul_swiglu_fast: gate");
+        dense::amx_pair_panels::check(&up, "matmul_swiglu_fast: up");
     } else {
-        packed_bf16::check(&gate, "matmul_swiglu_fast: gate");
-        packed_bf16::check(&up, "matmul_swiglu_fast: up");
+        bf16_pair_panels::check(&gate, "matmul_swiglu_fast: gate");
+        bf16_pair_panels::check(&up, "matmul_swiglu_fast: up");
     }
     let (n, k) = (gate.rows, gate.cols);
     assert!(up.rows == n && up.cols == k, "matmul_swiglu_fast: gate is {n}x{k} but up is {}x{}", up.rows, up.cols);
@@ -485,14 +491,22 @@ fn swiglu_pair_panels(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_
     if m == 0 || n == 0 {
         return;
     }
-    let sink = SendSink(packed::Sink::Swiglu { out: out.as_mut_ptr(), ld: n, up: up.data.as_ptr() });
-    let tasks = packed_tasks(&[n], m, 2 * k, &MatMulTiling::default(), packed_bf16::GEMM_PANELS / 2);
+    let sink = SendSink(exact_panels::Sink::Swiglu { out: out.as_mut_ptr(), ld: n, up: up.data.as_ptr() });
+    let tasks = packed_tasks(&[n], m, 2 * k, &MatMulTiling::default(), bf16_pair_panels::GEMM_PANELS / 2);
     if let PairPath::Tiles { amx } = path {
         // SAFETY: as in `run_pair_panels`.
-        let sx = unsafe { packed_f16::split_x(x, m, k, amx && m >= packed_f16::amx_min_rows(gate.dtype), gate.dtype) };
+        let sx = unsafe {
+            dense::amx_pair_panels::split_x(
+                x,
+                m,
+                k,
+                amx && m >= dense::amx_pair_panels::amx_min_rows(gate.dtype),
+                gate.dtype,
+            )
+        };
         // SAFETY: as in `run_pair_panels`.
         execute_tasks(&tasks, |t| unsafe {
-            packed_f16::task(gate.data.as_ptr(), (n, k), (t.p0, t.p1), &sx, (t.i0, t.i1), sink.get())
+            dense::amx_pair_panels::task(gate.data.as_ptr(), (n, k), (t.p0, t.p1), &sx, (t.i0, t.i1), sink.get())
         });
         return;
     }
@@ -500,7 +514,15 @@ fn swiglu_pair_panels(x: &[f32], m: usize, gate: WeightMat<'_>, up: WeightMat<'_
     let pre = unsafe { round_x_once(&tasks, x, m, k) };
     // SAFETY: as in `run_pair_panels`.
     execute_tasks(&tasks, |t| unsafe {
-        packed_bf16::task(gate.data.as_ptr(), (n, k), (t.p0, t.p1), x.as_ptr(), (t.i0, t.i1), sink.get(), pre.as_ref())
+        bf16_pair_panels::task(
+            gate.data.as_ptr(),
+            (n, k),
+            (t.p0, t.p1),
+            x.as_ptr(),
+            (t.i0, t.i1),
+            sink.get(),
+            pre.as_ref(),
+        )
     });
 }
 
@@ -510,7 +532,7 @@ fn run_packed(isa: Isa, tiling: &MatMulTiling, x: &[f32], m: usize, segs: &mut [
     let rows: crate::Few<usize> = segs.iter().map(|s| s.w.rows).collect();
     let sinks: Vec<SendSink<'_>> = segs
         .iter_mut()
-        .map(|s| SendSink(packed::Sink::Plain { out: s.out.as_mut_ptr(), ld: s.w.rows, bias: s.bias }))
+        .map(|s| SendSink(exact_panels::Sink::Plain { out: s.out.as_mut_ptr(), ld: s.w.rows, bias: s.bias }))
         .collect();
     let ws: Vec<(DType, usize, usize)> =
         segs.iter().map(|s| (s.w.dtype, s.w.data.as_ptr() as usize, s.w.rows)).collect();
@@ -519,7 +541,16 @@ fn run_packed(isa: Isa, tiling: &MatMulTiling, x: &[f32], m: usize, segs: &mut [
         let (dtype, w, n) = ws[t.seg];
         // SAFETY: shapes were checked by `matmul_with`; tasks cover disjoint outputs.
         unsafe {
-            packed::task(isa, dtype, w as *const u8, (n, k), (t.p0, t.p1), x.as_ptr(), (t.i0, t.i1), sinks[t.seg].get())
+            exact_panels::task(
+                isa,
+                dtype,
+                w as *const u8,
+                (n, k),
+                (t.p0, t.p1),
+                x.as_ptr(),
+                (t.i0, t.i1),
+                sinks[t.seg].get(),
+            )
         }
     });
 }
@@ -613,7 +644,7 @@ unsafe fn by_isa<W: WKind, C: Cols>(isa: Isa, x: *const f32, k: usize, it: &Item
     }
 }
 
-/// Rows of x from which the k-blocked path (`blocked`) beats the direct one (`kernel`):
+/// Rows of x from which the k-blocked path (`register_blocked`) beats the direct one (`columns`):
 /// below it, packing costs more than the L1 reuse gains (measured on Zen 5, m = 1..16).
 const BLOCKED_MIN_ROWS: usize = 16;
 
@@ -626,9 +657,9 @@ fn use_blocked((i0, i1): (usize, usize)) -> bool {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn run_avx512<W: WKind, C: Cols>(x: *const f32, k: usize, ir: (usize, usize), jr: (usize, usize), cols: &C) {
     if use_blocked(ir) {
-        blocked::run::<simd::Avx512, W, C, 6, 4, 4>(x, k, ir, jr, cols)
+        register_blocked::run::<dense::lanes::Avx512, W, C, 6, 4, 4>(x, k, ir, jr, cols)
     } else {
-        kernel::run::<simd::Avx512, W, C, 6, 4, 8>(x, k, ir, jr, cols)
+        dense::columns::run::<dense::lanes::Avx512, W, C, 6, 4, 8>(x, k, ir, jr, cols)
     }
 }
 
@@ -636,9 +667,9 @@ unsafe fn run_avx512<W: WKind, C: Cols>(x: *const f32, k: usize, ir: (usize, usi
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_avx2<W: WKind, C: Cols>(x: *const f32, k: usize, ir: (usize, usize), jr: (usize, usize), cols: &C) {
     if use_blocked(ir) {
-        blocked::run::<simd::Avx2x2, W, C, 3, 2, 4>(x, k, ir, jr, cols)
+        register_blocked::run::<dense::lanes::Avx2x2, W, C, 3, 2, 4>(x, k, ir, jr, cols)
     } else {
-        kernel::run::<simd::Avx2x2, W, C, 3, 2, 4>(x, k, ir, jr, cols)
+        dense::columns::run::<dense::lanes::Avx2x2, W, C, 3, 2, 4>(x, k, ir, jr, cols)
     }
 }
 
@@ -650,9 +681,9 @@ unsafe fn run_generic<V: Lanes, W: WKind, C: Cols>(
     cols: &C,
 ) {
     if use_blocked(ir) {
-        blocked::run::<V, W, C, 3, 2, 2>(x, k, ir, jr, cols)
+        register_blocked::run::<V, W, C, 3, 2, 2>(x, k, ir, jr, cols)
     } else {
-        kernel::run::<V, W, C, 3, 2, 4>(x, k, ir, jr, cols)
+        dense::columns::run::<V, W, C, 3, 2, 4>(x, k, ir, jr, cols)
     }
 }
 
@@ -689,15 +720,7 @@ pub fn matmul_prec_tiled(
     let (mut bf, mut d): (crate::Few<MatSeg<'_, '_>>, crate::Few<MatSeg<'_, '_>>) =
         rest.into_iter().partition(|s| fast && fast_bf16_applies(s.w.dtype));
     if !q.is_empty() {
-        crate::quant::matmul_quant_prec_with_tiled(
-            isa::active(),
-            crate::quant::IntDot::active(),
-            prec,
-            x,
-            m,
-            &mut q,
-            tiling,
-        );
+        quant::matmul_quant_prec_with_tiled(isa::active(), quant::IntDot::active(), prec, x, m, &mut q, tiling);
     }
     if !bf.is_empty() {
         matmul_fast(x, m, &mut bf)
@@ -739,8 +762,8 @@ pub fn matmul_swiglu_prec_tiled(
     let isa = isa::active();
     match prec {
         _ if gate.dtype.is_quantized() => {
-            let dot = crate::quant::IntDot::active();
-            crate::quant::matmul_swiglu_quant_prec_with_tiled(isa, dot, prec, x, m, gate, up, out, tiling)
+            let dot = quant::IntDot::active();
+            quant::matmul_swiglu_quant_prec_with_tiled(isa, dot, prec, x, m, gate, up, out, tiling)
         }
         tboost_ops::Precision::Fast if fast_bf16_applies(gate.dtype) && up.dtype == gate.dtype => {
             matmul_swiglu_fast(x, m, gate, up, out)

@@ -107,7 +107,7 @@ fn emulate_bf16(
 }
 
 /// A scalar emulation of `matmul_fast` for BF16 weights (`Precision::Fast`) in the row
-/// layout, bit for bit: the order stated in `dense_fast`'s module docs, `[m, w.rows]`.
+/// layout, bit for bit: the order stated in `fast_bf16`'s module docs, `[m, w.rows]`.
 ///
 /// # Panics
 /// When `w` is not BF16 or `x` is not `[m, w.cols]`.
@@ -129,7 +129,7 @@ pub fn matmul_fast_bf16(x: &[f32], m: usize, w: &WeightMat<'_>, bias: Option<&We
 }
 
 /// A scalar emulation of `matmul_fast` for BF16 weights in pair panels
-/// (`matmul::packed_bf16`), bit for bit: each output one chain over the value pairs in
+/// (`dense::bf16_pair_panels`), bit for bit: each output one chain over the value pairs in
 /// increasing order (one `vdpbf16ps` lane per pair), then the bias; `[m, w.rows]`. `w` is
 /// the row-major BF16 matrix that was packed.
 ///
@@ -144,7 +144,7 @@ pub fn matmul_fast_bf16_pairs(x: &[f32], m: usize, w: &WeightMat<'_>, bias: Opti
 }
 
 /// A scalar emulation of `matmul_fast` for F16 or BF16 weights in pair panels on the tile
-/// arithmetic (`matmul::packed_f16`), bit for bit. F16: weights and activations split into
+/// arithmetic (`dense::amx_pair_panels`), bit for bit. F16: weights and activations split into
 /// bf16 hi and lo parts, per 32-value block three `tdpbf16ps` products (`xh·wh`, `xh·wl`,
 /// `xl·wh`); BF16: the one product `xh·w`. Each product is an even and an odd chain of FMAs
 /// from zero, then `C + (e + o)`, with denormal inputs read as zero and denormal results
@@ -193,3 +193,5 @@ pub fn matmul_fast_pair_tiles(x: &[f32], m: usize, w: &WeightMat<'_>, bias: Opti
     }
     out
 }
+
+pub mod quant;

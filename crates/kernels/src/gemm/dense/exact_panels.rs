@@ -13,7 +13,7 @@
 //! the case this layout is for, 30% slower: measured, not kept.)
 //!
 //! ## Arithmetic
-//! Exactly `simd`'s canonical order, per output row: chain `l` takes
+//! Exactly `lanes`'s canonical order, per output row: chain `l` takes
 //! `fma(x[e], w[e], acc[l])` for `e ≡ l (mod 16)` in increasing `e` (a partial last block
 //! pads its missing lanes with `fma(0, 0, acc)`, as every ISA does), then the fixed tree. With
 //! rows in lanes the 16 chains are 16 accumulators: one activation row keeps them all in
@@ -25,7 +25,7 @@
 
 use rayon::prelude::*;
 
-use super::simd::{Lanes, WKind, WBF16, WF16, WF32};
+use super::lanes::{Lanes, WKind, WBF16, WF16, WF32};
 use crate::{DType, WeightMat, WeightVec};
 
 /// Output rows per panel.
@@ -190,7 +190,7 @@ unsafe fn panel_many<V: Lanes, W: WKind, const MR: usize>(w: *const u8, k: usize
 
 /// Where one task's sums go: plain (`+ bias`) or fused SwiGLU.
 #[derive(Clone, Copy)]
-pub(super) enum Sink<'a> {
+pub(in crate::gemm) enum Sink<'a> {
     /// `out[i, j] = sum + bias[j]` (`ld` = the matrix's rows).
     Plain { out: *mut f32, ld: usize, bias: Option<WeightVec<'a>> },
     /// `out[i, j] = silu(gate sum) * up sum`: the up panel follows at `up`.
@@ -199,7 +199,7 @@ pub(super) enum Sink<'a> {
 
 impl Sink<'_> {
     /// The up matrix a fused SwiGLU also reads.
-    pub(super) fn up(&self) -> Option<*const u8> {
+    pub(in crate::gemm) fn up(&self) -> Option<*const u8> {
         match self {
             Sink::Swiglu { up, .. } => Some(*up),
             Sink::Plain { .. } => None,
@@ -216,7 +216,7 @@ unsafe fn put<V: Lanes>(v: V, up: Option<V>, sink: &Sink<'_>, i: usize, j0: usiz
 /// Stores the 16 sums `store_g` writes (and `store_u`'s, fused SwiGLU) for row `i`, panel rows
 /// `j0..j0 + rows`, as `sink` says.
 #[inline(always)]
-pub(super) unsafe fn put_lanes(
+pub(in crate::gemm) unsafe fn put_lanes(
     store_g: impl FnOnce(*mut f32),
     store_u: Option<impl FnOnce(*mut f32)>,
     sink: &Sink<'_>,
@@ -296,7 +296,7 @@ unsafe fn run_avx512<W: WKind>(
     ir: (usize, usize),
     sink: &Sink<'_>,
 ) {
-    run::<super::simd::Avx512, W, 4>(w, nk, pr, x, ir, sink)
+    run::<super::lanes::Avx512, W, 4>(w, nk, pr, x, ir, sink)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -309,7 +309,7 @@ unsafe fn run_avx2<W: WKind>(
     ir: (usize, usize),
     sink: &Sink<'_>,
 ) {
-    run::<super::simd::Avx2x2, W, 2>(w, nk, pr, x, ir, sink)
+    run::<super::lanes::Avx2x2, W, 2>(w, nk, pr, x, ir, sink)
 }
 
 /// Runs one task on `isa` for `dtype`.
@@ -318,7 +318,7 @@ unsafe fn run_avx2<W: WKind>(
 /// `w` is a packed `[n, k]` matrix of `dtype`, `x` covers rows `ir`, the sink covers the
 /// task's outputs, and this CPU supports `isa`.
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn task(
+pub(in crate::gemm) unsafe fn task(
     isa: crate::isa::Isa,
     dtype: DType,
     w: *const u8,
@@ -345,7 +345,7 @@ pub(super) unsafe fn task(
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => go!(run_avx2),
         _ => {
-            use super::simd::Scalar16;
+            use super::lanes::Scalar16;
             match dtype {
                 DType::F32 => run::<Scalar16, WF32, 4>(w, nk, pr, x, ir, sink),
                 DType::F16 => run::<Scalar16, WF16, 4>(w, nk, pr, x, ir, sink),
@@ -357,7 +357,7 @@ pub(super) unsafe fn task(
 }
 
 /// Checks a packed dense matrix's size (its fields are public).
-pub(super) fn check(w: &WeightMat<'_>, what: std::fmt::Arguments<'_>) {
+pub(in crate::gemm) fn check(w: &WeightMat<'_>, what: std::fmt::Arguments<'_>) {
     assert!(packable(w.dtype), "{what}: {} has no dense packed layout", w.dtype);
     assert_eq!(
         w.data.len(),

@@ -22,8 +22,8 @@
 //! Packed operands are laid out per k block (`[k block][row][kcl]`) so that a tile's rows
 //! are contiguous: x rows at a large power-of-two stride would all map to the same L1 sets.
 
-use super::kernel::Cols;
-use super::simd::{Lanes, WKind, WF32};
+use super::columns::Cols;
+use super::lanes::{Lanes, WKind, WF32};
 use std::cell::Cell;
 
 // Block sizes: tuned on Zen 5 (48 KiB L1d, 2 MiB L2) with m=512, n=2048, k=2048; within a
@@ -59,7 +59,7 @@ thread_local! {
 /// `MRB x NRB` tiles when weights are read in place and `MRB x NRP` tiles on packed
 /// weights (`MRB` divides `MC`; `NRP` differs where `V::SPLIT` halves the accumulators).
 #[inline(always)]
-pub(super) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NRB: usize, const NRP: usize>(
+pub(in crate::gemm) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NRB: usize, const NRP: usize>(
     x: *const f32,
     k: usize,
     (i0, i1): (usize, usize),
@@ -399,7 +399,7 @@ unsafe fn tile_acc<V: Lanes, W: WKind, const MR: usize, const NR: usize, const P
         for (j, v) in wv.iter_mut().enumerate() {
             let wp = ws[j].add(c * W::BYTES);
             if PF {
-                V::prefetch(wp.wrapping_add(super::kernel::PF));
+                V::prefetch(wp.wrapping_add(super::columns::PF));
             }
             *v = W::load::<V>(wp);
         }

@@ -16,7 +16,7 @@
 ///
 /// Implementations are `#[inline(always)]` and are only called (after inlining) from
 /// functions compiled with the target features the implementation needs.
-pub(super) trait Lanes: Copy {
+pub(in crate::gemm) trait Lanes: Copy {
     unsafe fn zero() -> Self;
     /// 16 f32 from `p` (any alignment).
     unsafe fn load_f32(p: *const f32) -> Self;
@@ -38,7 +38,7 @@ pub(super) trait Lanes: Copy {
     #[inline(always)]
     unsafe fn prefetch(_p: *const u8) {}
 
-    /// Whether `blocked` runs its packed tiles as two passes over half the chains
+    /// Whether `register_blocked` runs its packed tiles as two passes over half the chains
     /// (`split_tile`), with each packed k block stored half by half. Chains are independent
     /// until the final tree, so this changes which chain is advanced when, not any chain's
     /// own sequence of operations: the bits stay canonical.
@@ -64,7 +64,7 @@ pub(super) trait Lanes: Copy {
 }
 
 /// Storage type of the weight rows a kernel instance reads.
-pub(super) trait WKind {
+pub(in crate::gemm) trait WKind {
     /// Bytes per element.
     const BYTES: usize;
     unsafe fn load<V: Lanes>(p: *const u8) -> V;
@@ -72,9 +72,9 @@ pub(super) trait WKind {
     unsafe fn get(p: *const u8, i: usize) -> f32;
 }
 
-pub(super) struct WF32;
-pub(super) struct WF16;
-pub(super) struct WBF16;
+pub(in crate::gemm) struct WF32;
+pub(in crate::gemm) struct WF16;
+pub(in crate::gemm) struct WBF16;
 
 impl WKind for WF32 {
     const BYTES: usize = 4;
@@ -114,7 +114,7 @@ impl WKind for WBF16 {
 
 /// Portable implementation: 16 scalar lanes, `f32::mul_add` for the fused step.
 #[derive(Clone, Copy)]
-pub(super) struct Scalar16([f32; 16]);
+pub(in crate::gemm) struct Scalar16([f32; 16]);
 
 impl Lanes for Scalar16 {
     #[inline(always)]
@@ -160,7 +160,7 @@ impl Lanes for Scalar16 {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(super) use x86::{Avx2x2, Avx512};
+pub(in crate::gemm) use x86::{Avx2x2, Avx512};
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
@@ -169,7 +169,7 @@ mod x86 {
 
     /// AVX2 + FMA + F16C: lanes 0..8 in `.0`, lanes 8..16 in `.1`.
     #[derive(Clone, Copy)]
-    pub(in crate::matmul) struct Avx2x2(__m256, __m256);
+    pub(in crate::gemm) struct Avx2x2(__m256, __m256);
 
     /// Tree sum of 8 lanes held as `s8` (the last three levels of the canonical tree).
     #[inline(always)]
@@ -280,7 +280,7 @@ mod x86 {
 
     /// AVX-512 F/BW/DQ: one zmm.
     #[derive(Clone, Copy)]
-    pub(in crate::matmul) struct Avx512(__m512);
+    pub(in crate::gemm) struct Avx512(__m512);
 
     impl Lanes for Avx512 {
         #[inline(always)]
