@@ -6,9 +6,10 @@ use std::sync::{Arc, Mutex};
 
 use serde_json::json;
 
+use super::guard::guard;
 use super::handle::Registry;
 use super::log_bridge::ensure_logger;
-use super::status::{guard, tboost_status, Failure, FfiResult, Status};
+use super::status::{tboost_status, Failure, FfiResult, Status};
 use super::types::tboost_config;
 use super::util::{read_cstr, require, write_out, write_str};
 use ::tboost_engine::backend::BackendKind;
@@ -23,6 +24,16 @@ pub(crate) struct Settings {
     pub debug_panic_at_step: u64,
     /// Testing only: every `tboost_engine_step` call holds the engine this long first.
     pub debug_step_delay_ms: u64,
+}
+
+impl Settings {
+    /// The testing faults the engine's steps inject.
+    pub fn step_faults(&self) -> ::tboost_engine::engine::StepFaults {
+        ::tboost_engine::engine::StepFaults {
+            panic_at_step: self.debug_panic_at_step,
+            step_delay: std::time::Duration::from_millis(self.debug_step_delay_ms),
+        }
+    }
 }
 
 pub(crate) struct ConfigInner {

@@ -1,114 +1,53 @@
-//! `tboost_engine`: the Rust `Engine` plus the event queue any thread can read or wait on,
-//! and a poison flag. The engine's own core lock is the one-stepper rule (a second stepper
-//! gets `TBOOST_ERR_BUSY`).
+//! `tboost_engine`: the engine crate's `EventEngine` (the engine, its event queue and
+//! `wait`, the poison flag) and the engine's plan as JSON. This module only converts events to
+//! `tboost_event` and errors to status codes.
 
-use std::collections::{HashMap, HashSet, VecDeque};
 use std::os::raw::c_char;
-use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
-use std::sync::{Arc, Condvar, Mutex, MutexGuard};
-use std::time::{Duration, Instant};
+use std::sync::Arc;
+use std::time::Duration;
 
 use super::config::settings_of;
+use super::guard::{guard, CallCtx, Poison};
 use super::handle::Registry;
 use super::log_bridge::ensure_logger;
 use super::model::MODELS;
-use super::status::{guard, tboost_status, CallCtx, Failure, FfiResult, Status};
+use super::status::{tboost_status, Failure, FfiResult, Status};
 use super::types::*;
 use super::util::*;
-use ::tboost_engine::engine::{Engine, Event};
+use ::tboost_engine::engine::{Engine, EventEngine, QueuedEvent};
 use ::tboost_engine::sample::{FinishReason, SamplingParams};
 use ::tboost_engine::sched::{Request, RequestId};
 use ::tboost_engine::Error;
 
-/// Events produced by steps and not yet read, in production order.
-#[derive(Default)]
-struct Queue {
-    events: VecDeque<tboost_event>,
-    /// Tokens delivered so far per unfinished request (for `tboost_event.index`).
-    produced: HashMap<RequestId, u32>,
-    /// Requests whose finish event was queued (the newest `ENDED_KEPT`), so that `wait`
-    /// on one whose events were all read returns at once instead of at its timeout.
-    ended: HashSet<RequestId>,
-    ended_order: VecDeque<RequestId>,
-}
-
-/// How many ended requests `wait` remembers; older ones are unknown to the engine too
-/// (its finished-request records are bounded the same way by default).
-const ENDED_KEPT: usize = 65536;
-
-impl Queue {
-    fn count(&self, id: RequestId) -> usize {
-        if id == TBOOST_ANY_REQUEST {
-            self.events.len()
-        } else {
-            self.events.iter().filter(|e| e.request_id == id).count()
-        }
-    }
-}
-
 pub(crate) struct EngineInner {
-    engine: Engine,
-    queue: Mutex<Queue>,
-    ready: Condvar,
-    /// Set by a panic in any call on this engine; every later call but free fails.
-    poisoned: AtomicBool,
-    /// Set by `tboost_engine_free`, so that threads blocked in `wait` return.
-    closed: AtomicBool,
-    steps: AtomicU64,
-    debug_panic_at_step: u64,
-    debug_step_delay: Duration,
+    ev: EventEngine,
     plan_json: String,
 }
 
-impl EngineInner {
-    fn queue(&self) -> MutexGuard<'_, Queue> {
-        // Queue operations cannot panic halfway; a poisoned lock still holds a valid queue.
-        self.queue.lock().unwrap_or_else(|e| e.into_inner())
+impl Poison for EngineInner {
+    fn poison(&self) {
+        self.ev.poison();
     }
+}
 
-    pub(crate) fn poison(&self) {
-        self.poisoned.store(true, Ordering::SeqCst);
-        let _q = self.queue();
-        self.ready.notify_all();
-    }
+/// `TBOOST_ANY_REQUEST` as the engine crate's "every request".
+fn which(id: tboost_request_id) -> Option<RequestId> {
+    (id != TBOOST_ANY_REQUEST).then_some(id)
+}
 
-    fn push(&self, events: Vec<Event>) -> usize {
-        let n = events.len();
-        if n == 0 {
-            return 0;
-        }
-        let mut q = self.queue();
-        for e in events {
-            let count = q.produced.entry(e.id).or_insert(0);
-            let index = *count;
-            if e.token.is_some() {
-                *count += 1;
-            }
-            if e.finish.is_some() {
-                q.produced.remove(&e.id);
-                q.ended.insert(e.id);
-                q.ended_order.push_back(e.id);
-                while q.ended_order.len() > ENDED_KEPT {
-                    if let Some(old) = q.ended_order.pop_front() {
-                        q.ended.remove(&old);
-                    }
-                }
-            }
-            let failed = e.finish == Some(FinishReason::Error);
-            q.events.push_back(tboost_event {
-                struct_size: std::mem::size_of::<tboost_event>() as u32,
-                // Token ids are below the vocabulary size, far below i32::MAX.
-                token: e.token.map_or(-1, |t| t as i32),
-                request_id: e.id,
-                user_tag: e.tag,
-                logprob: e.logprob.unwrap_or(f32::NAN),
-                index,
-                finish: tboost_finish_reason::from_engine(e.finish),
-                error: if failed { Status::TBOOST_ERR_REQUEST_FAILED } else { Status::TBOOST_OK },
-            });
-        }
-        self.ready.notify_all();
-        n
+fn to_c(q: &QueuedEvent) -> tboost_event {
+    let e = &q.event;
+    let failed = e.finish == Some(FinishReason::Error);
+    tboost_event {
+        struct_size: std::mem::size_of::<tboost_event>() as u32,
+        // Token ids are below the vocabulary size, far below i32::MAX.
+        token: e.token.map_or(-1, |t| t as i32),
+        request_id: e.id,
+        user_tag: e.tag,
+        logprob: e.logprob.unwrap_or(f32::NAN),
+        index: q.index,
+        finish: tboost_finish_reason::from_engine(e.finish),
+        error: if failed { Status::TBOOST_ERR_REQUEST_FAILED } else { Status::TBOOST_OK },
     }
 }
 
@@ -117,7 +56,7 @@ pub(crate) static ENGINES: Registry<EngineInner> = Registry::new("engine");
 /// Looks up a live, unpoisoned engine and records it so that a panic poisons it.
 fn engine_of(ctx: &mut CallCtx, e: *const tboost_engine) -> FfiResult<Arc<EngineInner>> {
     let inner = ENGINES.get(e, "engine")?;
-    if inner.poisoned.load(Ordering::SeqCst) {
+    if inner.ev.is_poisoned() {
         return Err(Error::Poisoned.into());
     }
     ctx.engine = Some(inner.clone());
@@ -143,17 +82,7 @@ pub unsafe extern "C" fn tboost_engine_new(
         let engine = Engine::new(s.engine.clone())?;
         engine.load_model(&m.model)?;
         let plan_json = engine.plan()?.to_json().to_string();
-        let inner = EngineInner {
-            engine,
-            queue: Mutex::new(Queue::default()),
-            ready: Condvar::new(),
-            poisoned: AtomicBool::new(false),
-            closed: AtomicBool::new(false),
-            steps: AtomicU64::new(0),
-            debug_panic_at_step: s.debug_panic_at_step,
-            debug_step_delay: Duration::from_millis(s.debug_step_delay_ms),
-            plan_json,
-        };
+        let inner = EngineInner { ev: EventEngine::new(engine).with_step_faults(s.step_faults()), plan_json };
         let h = ENGINES.insert(Arc::new(inner));
         // SAFETY: `out` is non-null and valid per the contract.
         unsafe { write_out(out, h) };
@@ -173,12 +102,9 @@ pub extern "C" fn tboost_engine_free(engine: *mut tboost_engine) -> tboost_statu
             return Ok(());
         }
         let inner = ENGINES.remove(engine, "engine")?;
-        inner.closed.store(true, Ordering::SeqCst);
         // A step running on another thread stops at its next op; the engine goes when it
         // returns (it holds the last reference).
-        inner.engine.interrupt();
-        let _q = inner.queue();
-        inner.ready.notify_all();
+        inner.ev.close();
         Ok(())
     })
 }
@@ -187,7 +113,7 @@ pub extern "C" fn tboost_engine_free(engine: *mut tboost_engine) -> tboost_statu
 /// 0, tag 0) and sets `struct_size`. NULL is ignored.
 #[no_mangle]
 pub unsafe extern "C" fn tboost_sampling_params_init(params: *mut tboost_sampling_params) {
-    super::status::guard_value((), || {
+    super::guard::guard_value((), || {
         // SAFETY: NULL or valid for writes per the contract.
         unsafe { write_out(params, tboost_sampling_params::default()) }
     })
@@ -273,7 +199,7 @@ pub unsafe extern "C" fn tboost_engine_enqueue(
             priority: p.priority,
             tag: p.user_tag,
         };
-        let id = inner.engine.enqueue(req)?;
+        let id = inner.ev.engine().enqueue(req)?;
         // SAFETY: checked non-null above.
         unsafe { write_out(id_out, id) };
         Ok(())
@@ -291,7 +217,7 @@ pub unsafe extern "C" fn tboost_engine_enqueue(
 pub extern "C" fn tboost_engine_cancel(engine: *mut tboost_engine, id: tboost_request_id) -> tboost_status {
     guard("tboost_engine_cancel", |ctx| {
         let inner = engine_of(ctx, engine)?;
-        Ok(inner.engine.cancel(id)?)
+        Ok(inner.ev.engine().cancel(id)?)
     })
 }
 
@@ -307,17 +233,7 @@ pub extern "C" fn tboost_engine_cancel(engine: *mut tboost_engine, id: tboost_re
 pub unsafe extern "C" fn tboost_engine_step(engine: *mut tboost_engine, n_events_out: *mut usize) -> tboost_status {
     guard("tboost_engine_step", |ctx| {
         let inner = engine_of(ctx, engine)?;
-        // The testing knobs run inside the stepping guard (a concurrent step is BUSY).
-        let out = inner.engine.step_with(|| {
-            let n = inner.steps.fetch_add(1, Ordering::SeqCst) + 1;
-            if n == inner.debug_panic_at_step {
-                panic!("debug_panic_at_step: step {n} panics on purpose");
-            }
-            if !inner.debug_step_delay.is_zero() {
-                std::thread::sleep(inner.debug_step_delay);
-            }
-        })?;
-        let n = inner.push(out.events);
+        let n = inner.ev.step()?;
         // SAFETY: NULL or valid per the contract.
         unsafe { write_out(n_events_out, n) };
         Ok(())
@@ -331,7 +247,7 @@ pub unsafe extern "C" fn tboost_engine_has_work(engine: *const tboost_engine, ou
     guard("tboost_engine_has_work", |ctx| {
         let inner = engine_of(ctx, engine)?;
         require(out, "out")?;
-        let v = inner.engine.has_work()?;
+        let v = inner.ev.engine().has_work()?;
         // SAFETY: checked non-null above.
         unsafe { write_out(out, v) };
         Ok(())
@@ -365,35 +281,16 @@ pub unsafe extern "C" fn tboost_engine_read(
                 return Err(Failure::invalid(format!("`cap` {cap} x `event_size` {event_size} overflows")));
             }
         }
-        let mut q = inner.queue();
-        if id != TBOOST_ANY_REQUEST && q.count(id) == 0 {
-            // Only now ask the engine, whose records of old finished requests are bounded.
-            inner.engine.output(id)?;
-        }
         if cap == 0 {
+            let n = inner.ev.ready(which(id))?;
             // SAFETY: checked non-null above.
-            unsafe { write_out(n_out, q.count(id)) };
+            unsafe { write_out(n_out, n) };
             return Ok(());
         }
-        let mut taken = Vec::new();
-        if id == TBOOST_ANY_REQUEST {
-            let n = cap.min(q.events.len());
-            taken.extend(q.events.drain(..n));
-        } else {
-            let mut rest = VecDeque::with_capacity(q.events.len());
-            for e in q.events.drain(..) {
-                if e.request_id == id && taken.len() < cap {
-                    taken.push(e);
-                } else {
-                    rest.push_back(e);
-                }
-            }
-            q.events = rest;
-        }
-        drop(q);
+        let taken = inner.ev.read(which(id), cap)?;
         for (i, e) in taken.iter().enumerate() {
             // SAFETY: element i of the caller's array of `cap` elements of `event_size` bytes.
-            unsafe { write_sized(events.cast::<u8>().add(i * event_size), e, event_size) };
+            unsafe { write_sized(events.cast::<u8>().add(i * event_size), &to_c(e), event_size) };
         }
         // SAFETY: checked non-null above.
         unsafe { write_out(n_out, taken.len()) };
@@ -418,32 +315,12 @@ pub unsafe extern "C" fn tboost_engine_wait(
 ) -> tboost_status {
     guard("tboost_engine_wait", |ctx| {
         let inner = engine_of(ctx, engine)?;
-        if id != TBOOST_ANY_REQUEST && inner.queue().count(id) == 0 {
-            inner.engine.output(id)?;
-        }
-        let deadline = Instant::now() + Duration::from_millis(timeout_ms.into());
-        let mut q = inner.queue();
-        if id != TBOOST_ANY_REQUEST && q.count(id) == 0 && q.ended.contains(&id) {
-            return Err(Failure::new(
-                Status::TBOOST_ERR_NOT_FOUND,
-                format!("request {id} has ended and all its events were read: nothing more will come"),
-            ));
-        }
-        let n = loop {
-            if inner.closed.load(Ordering::SeqCst) {
-                return Err(Failure::new(Status::TBOOST_ERR_INVALID_HANDLE, "the engine was freed while waiting"));
+        let n = inner.ev.wait(which(id), Duration::from_millis(timeout_ms.into())).map_err(|e| match e {
+            Error::Interrupted if inner.ev.is_closed() => {
+                Failure::new(Status::TBOOST_ERR_INVALID_HANDLE, "the engine was freed while waiting")
             }
-            if inner.poisoned.load(Ordering::SeqCst) {
-                return Err(Error::Poisoned.into());
-            }
-            let n = q.count(id);
-            let now = Instant::now();
-            if n > 0 || now >= deadline {
-                break n;
-            }
-            q = inner.ready.wait_timeout(q, deadline - now).unwrap_or_else(|e| e.into_inner()).0;
-        };
-        drop(q);
+            e => e.into(),
+        })?;
         // SAFETY: NULL or valid per the contract.
         unsafe { write_out(n_ready_out, n) };
         Ok(())
@@ -467,7 +344,7 @@ pub unsafe extern "C" fn tboost_engine_output(
     guard("tboost_engine_output", |ctx| {
         let inner = engine_of(ctx, engine)?;
         require(n_tokens_out, "n_tokens_out")?;
-        let o = inner.engine.output(id)?;
+        let o = inner.ev.engine().output(id)?;
         // SAFETY: NULL or valid per the contract.
         unsafe { write_out(finish_out, tboost_finish_reason::from_engine(o.finish)) };
         let ids: Vec<i32> = o.tokens.iter().map(|&t| t as i32).collect();
@@ -489,7 +366,7 @@ pub unsafe extern "C" fn tboost_engine_request_error(
 ) -> tboost_status {
     guard("tboost_engine_request_error", |ctx| {
         let inner = engine_of(ctx, engine)?;
-        let o = inner.engine.output(id)?;
+        let o = inner.ev.engine().output(id)?;
         // SAFETY: buffer contract as documented.
         unsafe { write_str(o.error.as_deref().unwrap_or(""), buf, cap, needed) }
     })
@@ -506,7 +383,7 @@ pub unsafe extern "C" fn tboost_engine_stats(engine: *const tboost_engine, out: 
         // SAFETY: non-null; the first field is the caller's struct_size.
         let size = unsafe { out.cast::<u32>().read_unaligned() } as usize;
         check_size(size, STATS_V1, "out->struct_size")?;
-        let s = inner.engine.stats()?;
+        let s = inner.ev.engine().stats()?;
         let v = tboost_stats {
             struct_size: std::mem::size_of::<tboost_stats>() as u32,
             block_size: s.block_size as u32,
@@ -524,7 +401,7 @@ pub unsafe extern "C" fn tboost_engine_stats(engine: *const tboost_engine, out: 
             steps: s.steps,
             finished: s.finished,
             cancelled: s.cancelled,
-            events_pending: inner.queue().events.len() as u64,
+            events_pending: inner.ev.pending() as u64,
             last_step_ms: s.last_step_ms,
             total_step_ms: s.total_step_ms,
         };
@@ -573,7 +450,7 @@ pub unsafe extern "C" fn tboost_engine_tokenize(
         let bytes = unsafe { read_slice(text.cast::<u8>(), text_len, "text") }?;
         let text =
             std::str::from_utf8(bytes).map_err(|e| Failure::invalid(format!("`text` is not valid UTF-8: {e}")))?;
-        let ids: Vec<i32> = inner.engine.tokenize(text, add_special)?.iter().map(|&t| t as i32).collect();
+        let ids: Vec<i32> = inner.ev.engine().tokenize(text, add_special)?.iter().map(|&t| t as i32).collect();
         // SAFETY: `tokens` holds `cap` elements per the contract.
         unsafe { write_array(&ids, tokens, cap, n_out, "tokens") }
     })
@@ -595,7 +472,7 @@ pub unsafe extern "C" fn tboost_engine_detokenize(
         let inner = engine_of(ctx, engine)?;
         // SAFETY: `n_tokens` readable elements per the contract.
         let ids = token_ids(unsafe { read_slice(tokens, n_tokens, "tokens") }?, "tokens")?;
-        let text = inner.engine.detokenize(&ids)?;
+        let text = inner.ev.engine().detokenize(&ids)?;
         // SAFETY: buffer contract as documented.
         unsafe { write_str(&text, buf, cap, needed) }
     })

@@ -5,12 +5,13 @@
 use std::os::raw::{c_char, c_void};
 use std::sync::{Arc, Mutex};
 
+use super::guard::guard;
 use super::handle::Registry;
 use super::op::{
     dims, dtype_of, read_tensor, tboost_backend, tboost_op, tensor_of, tensors, BackendInner, BufferInner, BACKENDS,
     OPS,
 };
-use super::status::{guard, tboost_status, Failure, FfiResult};
+use super::status::{tboost_status, Failure, FfiResult};
 use super::util::{read_cstr, read_slice, require, write_out, write_str};
 use ::tboost_engine::op_api::{Graph, GraphBuilder};
 use ::tboost_engine::Error;

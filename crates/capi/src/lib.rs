@@ -22,17 +22,30 @@
 // (pointers valid for the sizes given, strings NUL-terminated, handles from this library).
 #![allow(clippy::missing_safety_doc)]
 
-// The header lists declarations in this order (cbindgen follows the module order): what every
-// call returns, the shared types, then the lifecycle (config → model → engine), the log sink,
-// and last the op API and custom graphs.
-mod config;
-mod engine;
-mod graph;
-mod log_bridge;
-mod model;
-mod op;
+// The header lists declarations in this order (cbindgen follows the `mod` order, so each
+// sits in its own group that rustfmt does not sort): what every call returns, the shared
+// types, then the lifecycle (config → model → engine), the log sink, and last the op API and
+// custom graphs. Imports form layers, each importing only from the ones below it:
+//   graph → op → guard, handle, util, status
+//   engine → model → config → log_bridge → guard, handle, types, util, status
+//   guard → util → status; handle → status; types → status
 mod status;
+
+mod guard;
+
 mod types;
+
+mod config;
+
+mod model;
+
+mod engine;
+
+mod log_bridge;
+
+mod op;
+
+mod graph;
 
 mod handle;
 mod util;
@@ -40,6 +53,7 @@ mod util;
 pub use config::*;
 pub use engine::*;
 pub use graph::*;
+pub use guard::*;
 pub use log_bridge::*;
 pub use model::*;
 pub use op::*;

@@ -6,7 +6,8 @@ use std::sync::{Once, RwLock};
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
-use super::status::{guard, tboost_status, Failure, Status};
+use super::guard::guard;
+use super::status::{tboost_status, Failure, Status};
 use super::types::{tboost_log_fn, tboost_log_level};
 
 struct Sink {

@@ -7,9 +7,10 @@ use std::sync::Arc;
 use serde_json::json;
 
 use super::config::settings_of;
+use super::guard::guard;
 use super::handle::Registry;
 use super::log_bridge::ensure_logger;
-use super::status::{guard, tboost_status, Failure, FfiResult, Status};
+use super::status::{tboost_status, Failure, FfiResult, Status};
 use super::types::{tboost_config, tboost_model, tboost_progress_fn};
 use super::util::{read_cstr, require, write_out, write_str};
 use ::tboost_engine::backend::cpu::CpuBackend;

@@ -6,8 +6,9 @@
 use std::os::raw::{c_char, c_void};
 use std::sync::Arc;
 
+use super::guard::guard;
 use super::handle::Registry;
-use super::status::{guard, tboost_status, Failure, FfiResult};
+use super::status::{tboost_status, Failure, FfiResult};
 use super::util::{read_cstr, read_sized, read_slice, require, write_out, write_str};
 use ::tboost_engine::backend::{AttnKind, BackendKind, BackendSpec, DType, Precision};
 use ::tboost_engine::op_api::{

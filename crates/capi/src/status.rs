@@ -1,13 +1,8 @@
-//! Status codes, the per-thread last error, and the panic barrier every export runs under.
+//! Status codes and the failure every call reports with them. The bottom of the crate: it
+//! imports nothing else from it.
 
-use std::cell::RefCell;
 use std::ffi::CStr;
-use std::os::raw::c_char;
-use std::panic::{catch_unwind, AssertUnwindSafe};
-use std::sync::Arc;
 
-use super::engine::EngineInner;
-use super::util::write_str;
 use ::tboost_engine::Error;
 
 /// What a call returned. The numbers are stable: new codes are only ever appended.
@@ -126,122 +121,4 @@ impl From<Error> for Failure {
         };
         Failure { status, msg: e.to_string() }
     }
-}
-
-thread_local! {
-    static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
-}
-
-fn set_last_error(msg: String) {
-    // `try_with`: during thread teardown the slot may be gone; the status still reports.
-    let _ = LAST_ERROR.try_with(|s| *s.borrow_mut() = msg);
-}
-
-/// The engine a call works on, so that a panic in it can poison that engine.
-#[derive(Default)]
-pub(crate) struct CallCtx {
-    pub engine: Option<Arc<EngineInner>>,
-}
-
-fn panic_text(p: &(dyn std::any::Any + Send)) -> String {
-    if let Some(s) = p.downcast_ref::<&str>() {
-        (*s).to_string()
-    } else if let Some(s) = p.downcast_ref::<String>() {
-        s.clone()
-    } else {
-        "a panic without a message".to_string()
-    }
-}
-
-/// Drops a panic payload; its destructor could itself panic, which must not escape either.
-fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
-    if let Err(again) = catch_unwind(AssertUnwindSafe(|| drop(payload))) {
-        std::mem::forget(again);
-    }
-}
-
-/// The panic barrier for status-returning exports: runs `f`, turns a `Failure` into its
-/// status plus the thread's last error (prefixed with the function name), and a panic into
-/// `TBOOST_ERR_PANIC`, poisoning the engine the call was working on.
-pub(crate) fn guard(func: &str, f: impl FnOnce(&mut CallCtx) -> FfiResult) -> tboost_status {
-    let mut ctx = CallCtx::default();
-    match catch_unwind(AssertUnwindSafe(|| f(&mut ctx))) {
-        Ok(Ok(())) => Status::TBOOST_OK,
-        Ok(Err(fail)) => {
-            set_last_error(format!("{func}: {}", fail.msg));
-            fail.status
-        }
-        Err(payload) => {
-            let text = panic_text(payload.as_ref());
-            drop_payload(payload);
-            let mut msg = format!("{func}: internal panic: {text}");
-            if let Some(e) = ctx.engine.take() {
-                e.poison();
-                msg.push_str(" (the engine is now poisoned; free it and create a new one)");
-            }
-            set_last_error(msg);
-            Status::TBOOST_ERR_PANIC
-        }
-    }
-}
-
-/// The panic barrier for exports that return a value instead of a status: `fallback` on panic.
-pub(crate) fn guard_value<T>(fallback: T, f: impl FnOnce() -> T) -> T {
-    match catch_unwind(AssertUnwindSafe(f)) {
-        Ok(v) => v,
-        Err(payload) => {
-            drop_payload(payload);
-            fallback
-        }
-    }
-}
-
-/// The C name of a status ("TBOOST_ERR_BUSY"); "TBOOST_UNKNOWN_STATUS" for a number no
-/// version of tboost defines. A static string: never free it.
-#[no_mangle]
-pub extern "C" fn tboost_status_name(status: i32) -> *const c_char {
-    guard_value(c"TBOOST_UNKNOWN_STATUS".as_ptr(), || {
-        let name = NAMES.iter().find(|(s, _)| *s as i32 == status).map_or(c"TBOOST_UNKNOWN_STATUS", |(_, n)| n);
-        name.as_ptr()
-    })
-}
-
-/// The stable lowercase name of a finish reason ("length", "eos", "stop_sequence",
-/// "cancelled", "error", "none"); "unknown" otherwise. A static string: never free it.
-#[no_mangle]
-pub extern "C" fn tboost_finish_reason_name(reason: i32) -> *const c_char {
-    guard_value(c"unknown".as_ptr(), || {
-        let name = match reason {
-            0 => c"none",
-            1 => c"length",
-            2 => c"eos",
-            3 => c"stop_sequence",
-            4 => c"cancelled",
-            5 => c"error",
-            _ => c"unknown",
-        };
-        name.as_ptr()
-    })
-}
-
-/// Copies the message of the most recent failed call *on this OS thread* into `buf`
-/// (NUL-terminated, UTF-8). A successful call does not clear it; "" when nothing failed yet.
-///
-/// `*needed` (if not NULL) receives the message size in bytes including the NUL. When
-/// `cap` is smaller, the first `cap - 1` bytes (cut at a character boundary) and a NUL are
-/// written and `TBOOST_ERR_BUFFER_TOO_SMALL` is returned. `buf` may be NULL when `cap` is 0
-/// (a size query). This function never changes the last error itself.
-///
-/// Go: goroutines move between OS threads between two cgo calls, so read the last error in
-/// the same C call that failed (a `static inline` helper in the cgo preamble).
-#[no_mangle]
-pub unsafe extern "C" fn tboost_last_error(buf: *mut c_char, cap: usize, needed: *mut usize) -> tboost_status {
-    guard_value(Status::TBOOST_ERR_PANIC, || {
-        let msg = LAST_ERROR.try_with(|s| s.borrow().clone()).unwrap_or_default();
-        // SAFETY: the caller promises `buf` holds `cap` bytes and `needed` is NULL or valid.
-        match unsafe { write_str(&msg, buf, cap, needed) } {
-            Ok(()) => Status::TBOOST_OK,
-            Err(f) => f.status,
-        }
-    })
 }

@@ -1,4 +1,6 @@
-//! The engine: load a model, enqueue requests, `step()` in a loop, read tokens.
+//! The engine: load a model, enqueue requests, `step()` in a loop, read tokens. For a host
+//! that steps on one thread and reads on others, [`EventEngine`] queues the events and lets
+//! any thread `wait` for them.
 //!
 //! Threads: `step` runs on one thread at a time (a concurrent call gets `Error::Busy`; the
 //! core lock is the one stepping guard and nothing else takes it while requests run);
@@ -13,6 +15,7 @@
 
 mod config;
 mod core;
+mod events;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
@@ -23,6 +26,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 pub use config::{parse_kv_dtype, parse_precision, tiling_keys, EngineConfig, KvSize};
+pub use events::{EventEngine, QueuedEvent, StepFaults};
 
 use self::core::Core;
 use crate::backend::{self, BackendSpec};
@@ -432,10 +436,10 @@ impl Engine {
         self.step_with(|| {})
     }
 
-    /// `step`, running `first` once this thread holds the stepping guard (the C ABI's
-    /// testing knobs — a delay, an injected panic — run there, so a concurrent step sees
+    /// `step`, running `first` once this thread holds the stepping guard (`EventEngine`'s
+    /// testing faults — a delay, an injected panic — run there, so a concurrent step sees
     /// `Busy` and a panic poisons the engine as a real one would).
-    pub fn step_with(&self, first: impl FnOnce()) -> Result<StepOutput> {
+    fn step_with(&self, first: impl FnOnce()) -> Result<StepOutput> {
         let mut guard = match self.core.try_lock() {
             Ok(g) => g,
             Err(TryLockError::WouldBlock) => return Err(Error::Busy),

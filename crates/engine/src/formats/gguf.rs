@@ -1,0 +1,901 @@
+//! GGUF v2/v3 reader: header, metadata, tensor directory; tensors mapped, never copied.
+//! Spec: https://github.com/ggml-org/ggml/blob/master/docs/gguf.md
+//!
+//! Every length and offset read from the file is checked against the bytes that remain
+//! and against its cap in [`super::limits`] before it is used, so a truncated or lying
+//! header yields an error naming the file and the field, never a panic, an out-of-bounds
+//! read or a huge allocation. Allocations proportional to a count are reserved fallibly.
+
+use std::collections::{BTreeMap, HashSet};
+use std::path::Path;
+
+use tboost_ops::DType;
+use tboost_ops::{Llama3Scaling, RopeStyle};
+
+use super::limits::{
+    MAX_ARRAY_DEPTH, MAX_ARRAY_LEN, MAX_METADATA_KEYS, MAX_METADATA_VALUES, MAX_STRING_BYTES, MAX_TENSORS,
+};
+use super::weights::{check_shapes_in, ExpertWeights, LayerWeights, Mlp, ModelWeights, TensorSet};
+use super::{Arch, Model, ModelConfig, ModelFormat, Tensor};
+use crate::{Error, Result};
+
+/// One metadata value.
+#[derive(Clone, Debug, PartialEq)]
+pub enum Value {
+    U8(u8),
+    I8(i8),
+    U16(u16),
+    I16(i16),
+    U32(u32),
+    I32(i32),
+    U64(u64),
+    I64(i64),
+    F32(f32),
+    F64(f64),
+    Bool(bool),
+    String(String),
+    Array(Vec<Value>),
+}
+
+impl Value {
+    /// The GGUF name of this value's type (for error messages).
+    pub fn type_name(&self) -> &'static str {
+        match self {
+            Value::U8(_) => "u8",
+            Value::I8(_) => "i8",
+            Value::U16(_) => "u16",
+            Value::I16(_) => "i16",
+            Value::U32(_) => "u32",
+            Value::I32(_) => "i32",
+            Value::U64(_) => "u64",
+            Value::I64(_) => "i64",
+            Value::F32(_) => "f32",
+            Value::F64(_) => "f64",
+            Value::Bool(_) => "bool",
+            Value::String(_) => "string",
+            Value::Array(_) => "array",
+        }
+    }
+
+    /// Any integer type holding a non-negative value.
+    pub fn as_u64(&self) -> Option<u64> {
+        match *self {
+            Value::U8(v) => Some(v.into()),
+            Value::U16(v) => Some(v.into()),
+            Value::U32(v) => Some(v.into()),
+            Value::U64(v) => Some(v),
+            Value::I8(v) => u64::try_from(v).ok(),
+            Value::I16(v) => u64::try_from(v).ok(),
+            Value::I32(v) => u64::try_from(v).ok(),
+            Value::I64(v) => u64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    /// Any integer type whose value fits in an i64.
+    pub fn as_i64(&self) -> Option<i64> {
+        match *self {
+            Value::I8(v) => Some(v.into()),
+            Value::I16(v) => Some(v.into()),
+            Value::I32(v) => Some(v.into()),
+            Value::I64(v) => Some(v),
+            Value::U8(v) => Some(v.into()),
+            Value::U16(v) => Some(v.into()),
+            Value::U32(v) => Some(v.into()),
+            Value::U64(v) => i64::try_from(v).ok(),
+            _ => None,
+        }
+    }
+
+    /// A float, or an integer converted to f64.
+    pub fn as_f64(&self) -> Option<f64> {
+        match *self {
+            Value::F32(v) => Some(v.into()),
+            Value::F64(v) => Some(v),
+            _ => self.as_i64().map(|v| v as f64),
+        }
+    }
+
+    pub fn as_bool(&self) -> Option<bool> {
+        match *self {
+            Value::Bool(b) => Some(b),
+            _ => None,
+        }
+    }
+
+    pub fn as_str(&self) -> Option<&str> {
+        match self {
+            Value::String(s) => Some(s),
+            _ => None,
+        }
+    }
+
+    pub fn as_array(&self) -> Option<&[Value]> {
+        match self {
+            Value::Array(a) => Some(a),
+            _ => None,
+        }
+    }
+}
+
+/// Scalars as themselves, strings quoted, arrays by length (a vocabulary is long).
+impl std::fmt::Display for Value {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        match self {
+            Value::U8(v) => write!(f, "{v}"),
+            Value::I8(v) => write!(f, "{v}"),
+            Value::U16(v) => write!(f, "{v}"),
+            Value::I16(v) => write!(f, "{v}"),
+            Value::U32(v) => write!(f, "{v}"),
+            Value::I32(v) => write!(f, "{v}"),
+            Value::U64(v) => write!(f, "{v}"),
+            Value::I64(v) => write!(f, "{v}"),
+            Value::F32(v) => write!(f, "{v}"),
+            Value::F64(v) => write!(f, "{v}"),
+            Value::Bool(v) => write!(f, "{v}"),
+            Value::String(v) => write!(f, "{v:?}"),
+            Value::Array(a) => write!(f, "array of {} values", a.len()),
+        }
+    }
+}
+
+/// All metadata key/value pairs of a GGUF file.
+pub type Metadata = BTreeMap<String, Value>;
+
+/// One entry of the tensor directory, as stored in the file.
+#[derive(Clone, Debug, PartialEq)]
+pub struct TensorInfo {
+    pub name: String,
+    /// GGML order: innermost first (`dims[0]` = number of columns).
+    pub dims: Vec<u64>,
+    /// GGML type id (`ggml_type`).
+    pub ggml_type: u32,
+    /// Byte offset relative to the start of the data section.
+    pub offset: u64,
+    /// Byte size, known when `ggml_type` is one tboost supports (then range-checked).
+    pub size: Option<u64>,
+}
+
+impl TensorInfo {
+    /// Shape outermost first, as `Tensor` wants it.
+    pub fn shape(&self) -> Vec<usize> {
+        // `parse` checked that every dim fits in usize.
+        self.dims.iter().rev().map(|&d| d as usize).collect()
+    }
+}
+
+/// A parsed GGUF file (everything but the tensor data).
+#[derive(Clone, Debug)]
+pub struct GgufFile {
+    pub version: u32,
+    pub metadata: Metadata,
+    pub tensors: Vec<TensorInfo>,
+    pub alignment: u64,
+    /// Absolute file offset of the data section.
+    pub data_offset: u64,
+}
+
+impl GgufFile {
+    pub fn tensor(&self, name: &str) -> Option<&TensorInfo> {
+        self.tensors.iter().find(|t| t.name == name)
+    }
+}
+
+const MAGIC: &[u8; 4] = b"GGUF";
+const DEFAULT_ALIGNMENT: u64 = 32;
+/// ggml's GGML_MAX_DIMS.
+const MAX_DIMS: u32 = 4;
+
+/// GGML type name for error messages (`ggml.h` enum `ggml_type`).
+pub fn ggml_type_name(id: u32) -> &'static str {
+    match id {
+        0 => "F32",
+        1 => "F16",
+        2 => "Q4_0",
+        3 => "Q4_1",
+        6 => "Q5_0",
+        7 => "Q5_1",
+        8 => "Q8_0",
+        9 => "Q8_1",
+        10 => "Q2_K",
+        11 => "Q3_K",
+        12 => "Q4_K",
+        13 => "Q5_K",
+        14 => "Q6_K",
+        15 => "Q8_K",
+        16 => "IQ2_XXS",
+        17 => "IQ2_XS",
+        18 => "IQ3_XXS",
+        19 => "IQ1_S",
+        20 => "IQ4_NL",
+        21 => "IQ3_S",
+        22 => "IQ2_S",
+        23 => "IQ4_XS",
+        24 => "I8",
+        25 => "I16",
+        26 => "I32",
+        27 => "I64",
+        28 => "F64",
+        29 => "IQ1_M",
+        30 => "BF16",
+        34 => "TQ1_0",
+        35 => "TQ2_0",
+        39 => "MXFP4",
+        _ => "unknown",
+    }
+}
+
+/// The tboost dtype of a GGML type id, if tboost supports it.
+pub fn dtype_from_ggml(id: u32) -> Option<DType> {
+    Some(match id {
+        0 => DType::F32,
+        1 => DType::F16,
+        30 => DType::BF16,
+        2 => DType::Q4_0,
+        6 => DType::Q5_0,
+        8 => DType::Q8_0,
+        12 => DType::Q4K,
+        13 => DType::Q5K,
+        14 => DType::Q6K,
+        _ => return None,
+    })
+}
+
+/// Reads only the header and metadata of a GGUF file (tokenizers need no more). The tensor
+/// directory is not parsed, so a vocabulary-only file or one with unsupported tensor types
+/// works too.
+pub fn read_metadata(path: &Path) -> Result<Metadata> {
+    let map = super::map_file(path)?;
+    let mut r = Reader::new(&map, path);
+    let (_, _, n_kv) = r.header()?;
+    r.metadata(n_kv)
+}
+
+/// Parses the whole directory of an in-memory GGUF file and checks every tensor's byte
+/// range against `bytes.len()`. `path` is only used in error messages.
+pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufFile> {
+    let mut r = Reader::new(bytes, path);
+    let (version, n_tensors, n_kv) = r.header()?;
+    let metadata = r.metadata(n_kv)?;
+
+    let alignment = match metadata.get("general.alignment") {
+        None => DEFAULT_ALIGNMENT,
+        Some(v) => match v.as_u64() {
+            Some(a) if a.is_power_of_two() && a <= 1 << 30 => a,
+            _ => return Err(r.err(format!("metadata `general.alignment` must be a power of two, got {v}"))),
+        },
+    };
+
+    // Each tensor info takes at least 8 (name len) + 4 (n_dims) + 8 (one dim) + 4 + 8 bytes.
+    r.cap(n_tensors, MAX_TENSORS, "the tensor count")?;
+    let n_tensors = r.count(n_tensors, 32, || "the tensor count".to_string())?;
+    let mut tensors = Vec::new();
+    r.reserve(&mut tensors, n_tensors, "the tensor directory")?;
+    let mut seen = HashSet::new();
+    seen.try_reserve(n_tensors).map_err(|e| r.err(format!("cannot allocate the tensor directory's index: {e}")))?;
+    for i in 0..n_tensors {
+        let name = r.string(&|| format!("the name of tensor #{i}"))?;
+        let ctx = |field: &str| format!("tensor `{name}` (#{i}): {field}");
+        let n_dims = r.u32(&|| ctx("dimension count"))?;
+        if n_dims == 0 || n_dims > MAX_DIMS {
+            return Err(r.err(ctx(&format!("has {n_dims} dimensions; GGUF allows 1 to {MAX_DIMS}"))));
+        }
+        let mut dims = Vec::with_capacity(n_dims as usize);
+        for d in 0..n_dims {
+            let v = r.u64(&|| ctx(&format!("dimension {d}")))?;
+            if v == 0 || usize::try_from(v).is_err() || v > i64::MAX as u64 {
+                return Err(r.err(ctx(&format!("dimension {d} is {v}"))));
+            }
+            dims.push(v);
+        }
+        let ggml_type = r.u32(&|| ctx("type"))?;
+        let offset = r.u64(&|| ctx("data offset"))?;
+        if !seen.insert(name.clone()) {
+            return Err(r.err(format!("tensor `{name}` appears twice in the tensor directory")));
+        }
+        tensors.push(TensorInfo { name, dims, ggml_type, offset, size: None });
+    }
+
+    let end_of_infos = r.pos as u64;
+    let data_offset = end_of_infos.div_ceil(alignment) * alignment;
+    let file_len = bytes.len() as u64;
+    if !tensors.is_empty() && data_offset > file_len {
+        return Err(r.err(format!(
+            "the data section would start at byte {data_offset}, beyond the end of the file ({file_len} bytes); the file is truncated"
+        )));
+    }
+    let data_len = file_len.saturating_sub(data_offset);
+
+    for t in &mut tensors {
+        let bad = |msg: String| Error::bad_tensor(path, t.name.clone(), msg);
+        if t.offset % alignment != 0 {
+            return Err(bad(format!("data offset {} is not a multiple of the alignment {alignment}", t.offset)));
+        }
+        if t.offset > data_len {
+            return Err(bad(format!(
+                "data offset {} lies beyond the end of the data section ({data_len} bytes); the file is truncated or the header is wrong",
+                t.offset
+            )));
+        }
+        let Some(dtype) = dtype_from_ggml(t.ggml_type) else { continue };
+        if t.dims[0] % dtype.block_elems() as u64 != 0 {
+            return Err(bad(format!(
+                "rows of {} values (dims {:?}) are not whole blocks of {} values of type {}",
+                t.dims[0],
+                t.dims,
+                dtype.block_elems(),
+                ggml_type_name(t.ggml_type)
+            )));
+        }
+        let size = t
+            .dims
+            .iter()
+            .try_fold(1u64, |a, &d| a.checked_mul(d))
+            .and_then(|n| usize::try_from(n).ok())
+            .and_then(|n| dtype.bytes_for(n))
+            .map(|b| b as u64)
+            .ok_or_else(|| bad(format!("dims {:?} overflow: the tensor would be larger than memory", t.dims)))?;
+        match t.offset.checked_add(size) {
+            Some(end) if end <= data_len => {}
+            _ => {
+                return Err(bad(format!(
+                    "{size} bytes at data offset {} run beyond the end of the data section ({data_len} bytes); the file is truncated or the header is wrong",
+                    t.offset
+                )))
+            }
+        }
+        t.size = Some(size);
+    }
+
+    // Ranges of tensors with known sizes must not overlap.
+    let mut ranges: Vec<(u64, u64, &str)> =
+        tensors.iter().filter_map(|t| t.size.map(|s| (t.offset, t.offset + s, t.name.as_str()))).collect();
+    ranges.sort_unstable();
+    for w in ranges.windows(2) {
+        if w[1].0 < w[0].1 {
+            return Err(Error::bad_tensor(
+                path,
+                w[1].2,
+                format!("data {}..{} overlaps tensor `{}` ({}..{})", w[1].0, w[1].1, w[0].2, w[0].0, w[0].1),
+            ));
+        }
+    }
+
+    Ok(GgufFile { version, metadata, tensors, alignment, data_offset })
+}
+
+/// Loads a GGUF model file: config from the llama.cpp metadata keys, every tensor a view
+/// into the memory map (MoE expert stacks split into per-expert views), shapes checked.
+pub fn load(path: &Path) -> Result<Model> {
+    let map = super::map_weights(path)?;
+    let file = parse(map.bytes(), path)?;
+    let config = config_from_gguf(&file, path)?;
+
+    let mut set = TensorSet::new(path);
+    for info in &file.tensors {
+        let dtype = dtype_from_ggml(info.ggml_type).ok_or_else(|| {
+            Error::Unsupported(format!(
+                "{}: tensor `{}` has GGUF type {} ({}), which tboost does not support",
+                path.display(),
+                info.name,
+                ggml_type_name(info.ggml_type),
+                info.ggml_type
+            ))
+        })?;
+        // `parse` checked data_offset + offset + size <= file length, so these fit in usize.
+        let offset = (file.data_offset + info.offset) as usize;
+        let size = info.size.unwrap_or(0) as usize;
+        let t = Tensor::new(&info.name, dtype, info.shape(), map.clone(), offset, size)
+            .map_err(|m| Error::bad_tensor(path, &info.name, m))?;
+        set.insert(t, path)?;
+    }
+    let weights = assemble(&config, &mut set, path)?;
+    check_shapes_in(&config, &weights, &set, path)?;
+    Ok(Model {
+        path: path.to_path_buf(),
+        format: ModelFormat::Gguf,
+        config,
+        weights,
+        gguf_metadata: Some(file.metadata),
+        tokenizer: None,
+        chat_template: None,
+    })
+}
+
+/// Typed access to `{arch}.*` and other metadata keys, with errors naming the key.
+struct Keys<'a> {
+    md: &'a Metadata,
+    src: String,
+}
+
+impl Keys<'_> {
+    fn u64(&self, key: &str) -> Result<Option<u64>> {
+        match self.md.get(key) {
+            None => Ok(None),
+            Some(Value::Array(_)) => Err(Error::Unsupported(format!(
+                "{}: metadata `{key}` is a per-layer array; tboost needs one value for all layers",
+                self.src
+            ))),
+            Some(v) => v.as_u64().map(Some).ok_or_else(|| {
+                Error::config(&self.src, key, format!("must be a non-negative integer, got {} {v}", v.type_name()))
+            }),
+        }
+    }
+
+    fn usize(&self, key: &str) -> Result<Option<usize>> {
+        match self.u64(key)? {
+            None => Ok(None),
+            Some(v) => {
+                usize::try_from(v).map(Some).map_err(|_| Error::config(&self.src, key, format!("{v} is too large")))
+            }
+        }
+    }
+
+    fn req_usize(&self, key: &str) -> Result<usize> {
+        self.usize(key)?.ok_or_else(|| Error::config(&self.src, key, "is missing"))
+    }
+
+    fn f64(&self, key: &str) -> Result<Option<f64>> {
+        match self.md.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_f64()
+                .map(Some)
+                .ok_or_else(|| Error::config(&self.src, key, format!("must be a number, got {} {v}", v.type_name()))),
+        }
+    }
+
+    fn str(&self, key: &str) -> Result<Option<&str>> {
+        match self.md.get(key) {
+            None => Ok(None),
+            Some(v) => v
+                .as_str()
+                .map(Some)
+                .ok_or_else(|| Error::config(&self.src, key, format!("must be a string, got {}", v.type_name()))),
+        }
+    }
+
+    fn token_id(&self, key: &str) -> Result<Option<u32>> {
+        match self.u64(key)? {
+            None => Ok(None),
+            Some(v) => {
+                u32::try_from(v).map(Some).map_err(|_| Error::config(&self.src, key, format!("{v} is too large")))
+            }
+        }
+    }
+}
+
+/// Resolves the config from llama.cpp's metadata keys.
+pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
+    let k = Keys { md: &file.metadata, src: path.display().to_string() };
+    let src = k.src.clone();
+    let arch_name =
+        k.str("general.architecture")?.ok_or_else(|| Error::config(&src, "general.architecture", "is missing"))?;
+    let parsed = Arch::parse(arch_name).ok_or_else(|| {
+        Error::Unsupported(format!(
+            "{src}: general.architecture `{arch_name}`; tboost runs llama, mistral, qwen2 and mixtral"
+        ))
+    })?;
+    let key = |s: &str| format!("{arch_name}.{s}");
+
+    let hidden_size = k.req_usize(&key("embedding_length"))?;
+    let num_heads = k.req_usize(&key("attention.head_count"))?;
+    let num_kv_heads = k.usize(&key("attention.head_count_kv"))?.unwrap_or(num_heads);
+    let head_dim = match k.usize(&key("attention.key_length"))? {
+        Some(d) => d,
+        None if num_heads == 0 => 0,
+        None if hidden_size % num_heads != 0 => {
+            return Err(Error::config(
+                &src,
+                key("attention.key_length"),
+                format!("is not set and embedding_length {hidden_size} is not divisible by head_count {num_heads}"),
+            ))
+        }
+        None => hidden_size / num_heads,
+    };
+    if let Some(v) = k.usize(&key("attention.value_length"))? {
+        if v != head_dim {
+            return Err(Error::Unsupported(format!(
+                "{src}: {} {v} differs from the key length {head_dim}",
+                key("attention.value_length")
+            )));
+        }
+    }
+    let num_experts = k.usize(&key("expert_count"))?.unwrap_or(0);
+    let experts_per_token = k.usize(&key("expert_used_count"))?.unwrap_or(0);
+    // llama.cpp converts Mixtral to architecture `llama` with an expert count.
+    let arch = if parsed == Arch::Llama && num_experts > 0 { Arch::Mixtral } else { parsed };
+
+    if file.tensor("rope_freqs.weight").is_some() {
+        return Err(Error::Unsupported(format!(
+            "{src}: tensor `rope_freqs.weight` (llama3 RoPE frequency factors as a tensor) is not supported yet"
+        )));
+    }
+    let rope_scaling = match k.str(&key("rope.scaling.type"))? {
+        None | Some("none") => None,
+        Some("linear") if k.f64(&key("rope.scaling.factor"))?.is_none_or(|f| f == 1.0) => None,
+        Some("llama3") => {
+            let get = |s: &str| -> Result<f64> {
+                k.f64(&key(s))?.ok_or_else(|| Error::config(&src, key(s), "is missing for llama3 scaling"))
+            };
+            Some(Llama3Scaling {
+                factor: get("rope.scaling.factor")?,
+                // Llama 3.1's values; llama.cpp defines no keys for them.
+                low_freq_factor: k.f64(&key("rope.scaling.low_freq_factor"))?.unwrap_or(1.0),
+                high_freq_factor: k.f64(&key("rope.scaling.high_freq_factor"))?.unwrap_or(4.0),
+                original_max_position_embeddings: get("rope.scaling.original_context_length")?,
+            })
+        }
+        Some(t) => {
+            return Err(Error::Unsupported(format!(
+                "{src}: {} `{t}`; tboost implements default and llama3 RoPE",
+                key("rope.scaling.type")
+            )))
+        }
+    };
+
+    let vocab_size = match file.metadata.get("tokenizer.ggml.tokens") {
+        Some(Value::Array(a)) => a.len(),
+        Some(v) => {
+            return Err(Error::config(
+                &src,
+                "tokenizer.ggml.tokens",
+                format!("must be an array, got {}", v.type_name()),
+            ))
+        }
+        // Files without a vocabulary may state the size, else the embedding has one row per id.
+        None => match (k.usize(&key("vocab_size"))?, file.tensor("token_embd.weight")) {
+            (Some(n), _) => n,
+            (None, Some(t)) if t.dims.len() == 2 => t.dims[1] as usize,
+            _ => {
+                return Err(Error::config(
+                    &src,
+                    "tokenizer.ggml.tokens",
+                    "is missing and so is a 2-D token_embd.weight",
+                ))
+            }
+        },
+    };
+    let eos = k.token_id("tokenizer.ggml.eos_token_id")?;
+    let eot = k.token_id("tokenizer.ggml.eot_token_id")?;
+    // Checked here, not only in `validate`, so that the error names the key that holds it.
+    for (name, id) in [("tokenizer.ggml.eos_token_id", eos), ("tokenizer.ggml.eot_token_id", eot)] {
+        if let Some(id) = id.filter(|&id| id as usize >= vocab_size) {
+            return Err(Error::config(&src, name, format!("{id} is not below the vocabulary size {vocab_size}")));
+        }
+    }
+    let mut eos_token_ids: Vec<u32> = eos.into_iter().collect();
+    if let Some(t) = eot.filter(|t| Some(*t) != eos) {
+        eos_token_ids.push(t);
+    }
+
+    let cfg = ModelConfig {
+        arch,
+        vocab_size,
+        hidden_size,
+        intermediate_size: k.req_usize(&key("feed_forward_length"))?,
+        num_layers: k.req_usize(&key("block_count"))?,
+        num_heads,
+        num_kv_heads,
+        head_dim,
+        rope_dim: k.usize(&key("rope.dimension_count"))?.unwrap_or(head_dim),
+        rope_theta: k.f64(&key("rope.freq_base"))?.unwrap_or(10000.0),
+        rope_scaling,
+        // llama.cpp's converter permutes llama-family q/k rows for GGML's adjacent-pair RoPE;
+        // qwen2 keeps the HF order and runs NeoX (half-split) RoPE.
+        rope_style: if arch == Arch::Qwen2 { RopeStyle::HalfSplit } else { RopeStyle::Adjacent },
+        rms_eps: k
+            .f64(&key("attention.layer_norm_rms_epsilon"))?
+            .ok_or_else(|| Error::config(&src, key("attention.layer_norm_rms_epsilon"), "is missing"))?,
+        tie_word_embeddings: file.tensor("output.weight").is_none(),
+        qkv_bias: arch == Arch::Qwen2 || file.tensor("blk.0.attn_q.bias").is_some(),
+        num_experts,
+        experts_per_token,
+        max_position_embeddings: k.req_usize(&key("context_length"))?,
+        bos_token_id: k.token_id("tokenizer.ggml.bos_token_id")?,
+        eos_token_ids,
+    };
+    cfg.validate(&src).map_err(|e| match e {
+        Error::Config { source_name, param, msg } => {
+            // Name the key the user can find in the file.
+            let gguf_key = match param.as_str() {
+                "vocab_size" => "tokenizer.ggml.tokens".to_string(),
+                "hidden_size" => key("embedding_length"),
+                "intermediate_size" => key("feed_forward_length"),
+                "num_hidden_layers" => key("block_count"),
+                "num_attention_heads" => key("attention.head_count"),
+                "num_key_value_heads" => key("attention.head_count_kv"),
+                "head_dim" => key("attention.key_length"),
+                "rope_dim" => key("rope.dimension_count"),
+                "rope_theta" => key("rope.freq_base"),
+                "rms_norm_eps" => key("attention.layer_norm_rms_epsilon"),
+                "rope_scaling" => key("rope.scaling.*"),
+                "num_experts_per_tok" => key("expert_used_count"),
+                "max_position_embeddings" => key("context_length"),
+                "num_local_experts" => key("expert_count"),
+                "bos_token_id" => "tokenizer.ggml.bos_token_id".to_string(),
+                "eos_token_id" => "tokenizer.ggml.eos_token_id".to_string(),
+                _ => param.clone(),
+            };
+            Error::Config { source_name, param: gguf_key, msg: format!("{msg} (as {param})") }
+        }
+        e => e,
+    })?;
+    Ok(cfg)
+}
+
+/// Builds the per-layer weights from llama.cpp tensor names.
+fn assemble(cfg: &ModelConfig, set: &mut TensorSet, path: &Path) -> Result<ModelWeights> {
+    let embed = set.take("token_embd.weight")?;
+    let mut layers = Vec::with_capacity(cfg.num_layers);
+    for i in 0..cfg.num_layers {
+        let n = |s: &str| format!("blk.{i}.{s}");
+        let mut bias = |s: &str| -> Result<Option<Tensor>> {
+            if cfg.qkv_bias {
+                set.take(&n(s)).map(Some)
+            } else {
+                Ok(None)
+            }
+        };
+        let (q_bias, k_bias, v_bias) = (bias("attn_q.bias")?, bias("attn_k.bias")?, bias("attn_v.bias")?);
+        let mlp = if cfg.arch.is_moe() {
+            let router = set.take(&n("ffn_gate_inp.weight"))?;
+            let gate = set.take(&n("ffn_gate_exps.weight"))?;
+            let up = set.take(&n("ffn_up_exps.weight"))?;
+            let down = set.take(&n("ffn_down_exps.weight"))?;
+            let split = |t: &Tensor, e: usize| -> Result<Tensor> {
+                if t.shape.len() != 3 || t.shape[0] != cfg.num_experts {
+                    return Err(Error::bad_tensor(
+                        path,
+                        &t.name,
+                        format!(
+                            "expected a 3-D stack of {} experts (expert_count), got shape {:?}",
+                            cfg.num_experts, t.shape
+                        ),
+                    ));
+                }
+                t.slice_outer(e, format!("{}[expert {e}]", t.name)).map_err(|m| Error::bad_tensor(path, &t.name, m))
+            };
+            let experts = (0..cfg.num_experts)
+                .map(|e| Ok(ExpertWeights { gate: split(&gate, e)?, up: split(&up, e)?, down: split(&down, e)? }))
+                .collect::<Result<_>>()?;
+            Mlp::Moe { router, experts }
+        } else {
+            Mlp::Dense {
+                gate: set.take(&n("ffn_gate.weight"))?,
+                up: set.take(&n("ffn_up.weight"))?,
+                down: set.take(&n("ffn_down.weight"))?,
+            }
+        };
+        layers.push(LayerWeights {
+            attn_norm: set.take(&n("attn_norm.weight"))?,
+            q: set.take(&n("attn_q.weight"))?,
+            k: set.take(&n("attn_k.weight"))?,
+            v: set.take(&n("attn_v.weight"))?,
+            o: set.take(&n("attn_output.weight"))?,
+            q_bias,
+            k_bias,
+            v_bias,
+            ffn_norm: set.take(&n("ffn_norm.weight"))?,
+            mlp,
+        });
+    }
+    let norm = set.take("output_norm.weight")?;
+    let lm_head = if cfg.tie_word_embeddings { embed.clone() } else { set.take("output.weight")? };
+    set.finish()?;
+    Ok(ModelWeights { embed, layers, norm, lm_head })
+}
+
+/// A bounds-checked little-endian cursor.
+struct Reader<'a> {
+    buf: &'a [u8],
+    pos: usize,
+    path: &'a Path,
+    values: usize,
+}
+
+impl<'a> Reader<'a> {
+    fn new(buf: &'a [u8], path: &'a Path) -> Self {
+        Reader { buf, pos: 0, path, values: 0 }
+    }
+
+    fn err(&self, msg: String) -> Error {
+        Error::format(self.path, msg)
+    }
+
+    fn remaining(&self) -> usize {
+        self.buf.len() - self.pos
+    }
+
+    fn take(&mut self, n: usize, what: &dyn Fn() -> String) -> Result<&'a [u8]> {
+        if n > self.remaining() {
+            return Err(self.err(format!(
+                "truncated: {} needs {n} bytes at offset {} but the file has only {} bytes",
+                what(),
+                self.pos,
+                self.buf.len()
+            )));
+        }
+        let s = &self.buf[self.pos..self.pos + n];
+        self.pos += n;
+        Ok(s)
+    }
+
+    fn array<const N: usize>(&mut self, what: &dyn Fn() -> String) -> Result<[u8; N]> {
+        let s = self.take(N, what)?;
+        // `take` returned exactly N bytes.
+        Ok(s.try_into().unwrap())
+    }
+
+    fn u32(&mut self, what: &dyn Fn() -> String) -> Result<u32> {
+        Ok(u32::from_le_bytes(self.array(what)?))
+    }
+
+    fn u64(&mut self, what: &dyn Fn() -> String) -> Result<u64> {
+        Ok(u64::from_le_bytes(self.array(what)?))
+    }
+
+    /// Checks a count of items each at least `min_bytes` long against the bytes left, so a
+    /// lying count fails here instead of in a giant allocation.
+    fn count(&self, n: u64, min_bytes: usize, what: impl Fn() -> String) -> Result<usize> {
+        let fits = usize::try_from(n).ok().and_then(|n| n.checked_mul(min_bytes).map(|b| (n, b)));
+        match fits {
+            Some((n, b)) if b <= self.remaining() => Ok(n),
+            _ => Err(self.err(format!(
+                "{} is {n}, more than the {} bytes left in the file can hold; the file is truncated or corrupt",
+                what(),
+                self.remaining()
+            ))),
+        }
+    }
+
+    /// A count read from the file against its cap in `limits`.
+    fn cap(&self, n: u64, cap: usize, what: &str) -> Result<()> {
+        if n > cap as u64 {
+            return Err(self.err(format!(
+                "{what} is {n}, above tboost's limit of {cap} (at offset {}); the file is corrupt or hostile",
+                self.pos
+            )));
+        }
+        Ok(())
+    }
+
+    /// Reserves room for `n` items without aborting when memory is short.
+    fn reserve<T>(&self, v: &mut Vec<T>, n: usize, what: &str) -> Result<()> {
+        v.try_reserve_exact(n).map_err(|e| self.err(format!("cannot allocate {n} entries for {what}: {e}")))
+    }
+
+    fn bytes_str(&mut self, what: &dyn Fn() -> String) -> Result<&'a [u8]> {
+        let n = self.u64(&|| format!("the length of {}", what()))?;
+        self.cap(n, MAX_STRING_BYTES, &format!("the length of {}", what()))?;
+        let n = self.count(n, 1, || format!("the length of {}", what()))?;
+        self.take(n, what)
+    }
+
+    /// A string that must be valid UTF-8 (keys, tensor names, architecture names).
+    fn string(&mut self, what: &dyn Fn() -> String) -> Result<String> {
+        let b = self.bytes_str(what)?;
+        match std::str::from_utf8(b) {
+            Ok(s) => Ok(s.to_owned()),
+            Err(e) => Err(self.err(format!("{} is not valid UTF-8: {e}", what()))),
+        }
+    }
+
+    /// (version, tensor count, metadata count).
+    fn header(&mut self) -> Result<(u32, u64, u64)> {
+        let magic = self.take(4, &|| "the GGUF magic".to_string())?;
+        if magic != MAGIC {
+            return Err(self.err(format!("not a GGUF file: it starts with {magic:02x?}, not \"GGUF\"")));
+        }
+        let version = self.u32(&|| "the GGUF version".to_string())?;
+        match version {
+            2 | 3 => {}
+            1 => {
+                return Err(Error::Unsupported(format!(
+                    "{}: GGUF version 1 (re-convert the model with a current llama.cpp)",
+                    self.path.display()
+                )))
+            }
+            v if matches!(v.swap_bytes(), 2 | 3) => {
+                return Err(Error::Unsupported(format!(
+                    "{}: big-endian GGUF; tboost reads little-endian files only",
+                    self.path.display()
+                )))
+            }
+            v => return Err(self.err(format!("unknown GGUF version {v} (tboost reads 2 and 3)"))),
+        }
+        let n_tensors = self.u64(&|| "the tensor count".to_string())?;
+        let n_kv = self.u64(&|| "the metadata count".to_string())?;
+        Ok((version, n_tensors, n_kv))
+    }
+
+    fn metadata(&mut self, n_kv: u64) -> Result<Metadata> {
+        // A key/value takes at least 8 (key length) + 4 (type) + 1 bytes.
+        self.cap(n_kv, MAX_METADATA_KEYS, "the metadata count")?;
+        let n_kv = self.count(n_kv, 13, || "the metadata count".to_string())?;
+        let mut md = Metadata::new();
+        for i in 0..n_kv {
+            let key = self.string(&|| format!("metadata key #{i}"))?;
+            let ty = self.u32(&|| format!("the type of metadata `{key}`"))?;
+            let v = self.value(ty, &key, 0)?;
+            if md.insert(key.clone(), v).is_some() {
+                return Err(self.err(format!("metadata key `{key}` appears twice")));
+            }
+        }
+        Ok(md)
+    }
+
+    fn value(&mut self, ty: u32, key: &str, depth: usize) -> Result<Value> {
+        let what = || format!("metadata `{key}`");
+        Ok(match ty {
+            0 => Value::U8(u8::from_le_bytes(self.array(&what)?)),
+            1 => Value::I8(i8::from_le_bytes(self.array(&what)?)),
+            2 => Value::U16(u16::from_le_bytes(self.array(&what)?)),
+            3 => Value::I16(i16::from_le_bytes(self.array(&what)?)),
+            4 => Value::U32(u32::from_le_bytes(self.array(&what)?)),
+            5 => Value::I32(i32::from_le_bytes(self.array(&what)?)),
+            6 => Value::F32(f32::from_le_bytes(self.array(&what)?)),
+            7 => match self.array::<1>(&what)?[0] {
+                0 => Value::Bool(false),
+                1 => Value::Bool(true),
+                b => return Err(self.err(format!("metadata `{key}`: bool byte is {b}, not 0 or 1"))),
+            },
+            8 => {
+                let b = self.bytes_str(&what)?;
+                // Vocabulary entries are not always valid UTF-8 in the wild; keep the value
+                // (with replacement characters) but say so.
+                match std::str::from_utf8(b) {
+                    Ok(s) => Value::String(s.to_owned()),
+                    Err(_) => {
+                        log::warn!(
+                            "{}: metadata `{key}` holds a string that is not valid UTF-8; invalid bytes replaced",
+                            self.path.display()
+                        );
+                        Value::String(String::from_utf8_lossy(b).into_owned())
+                    }
+                }
+            }
+            9 => {
+                if depth >= MAX_ARRAY_DEPTH {
+                    return Err(
+                        self.err(format!("metadata `{key}`: arrays nested deeper than {MAX_ARRAY_DEPTH} levels"))
+                    );
+                }
+                let ety = self.u32(&|| format!("the element type of metadata `{key}`"))?;
+                let min = min_value_bytes(ety)
+                    .ok_or_else(|| self.err(format!("metadata `{key}`: unknown array element type {ety}")))?;
+                let n = self.u64(&|| format!("the length of metadata `{key}`"))?;
+                self.cap(n, MAX_ARRAY_LEN, &format!("the length of metadata array `{key}`"))?;
+                let n = self.count(n, min, || format!("the length of metadata array `{key}`"))?;
+                self.values = self.values.saturating_add(n);
+                if self.values > MAX_METADATA_VALUES {
+                    return Err(self.err(format!(
+                        "metadata `{key}`: more than tboost's limit of {MAX_METADATA_VALUES} metadata values in total; refusing to load"
+                    )));
+                }
+                let mut out = Vec::new();
+                self.reserve(&mut out, n, &format!("metadata array `{key}`"))?;
+                for _ in 0..n {
+                    out.push(self.value(ety, key, depth + 1)?);
+                }
+                Value::Array(out)
+            }
+            10 => Value::U64(u64::from_le_bytes(self.array(&what)?)),
+            11 => Value::I64(i64::from_le_bytes(self.array(&what)?)),
+            12 => Value::F64(f64::from_le_bytes(self.array(&what)?)),
+            t => return Err(self.err(format!("metadata `{key}`: unknown value type {t}"))),
+        })
+    }
+}
+
+/// Smallest encoding of one value of GGUF type `ty` (None: unknown type).
+fn min_value_bytes(ty: u32) -> Option<usize> {
+    Some(match ty {
+        0 | 1 | 7 => 1,
+        2 | 3 => 2,
+        4..=6 => 4,
+        8 | 10..=12 => 8,
+        9 => 12,
+        _ => return None,
+    })
+}
