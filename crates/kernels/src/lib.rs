@@ -33,6 +33,7 @@ pub type Few<T> = smallvec::SmallVec<[T; 4]>;
 /// stack up to 64.
 pub(crate) type Items<T> = smallvec::SmallVec<[T; 64]>;
 pub mod rope;
+pub(crate) mod simd;
 pub mod weight;
 
 pub use dtype::DType;

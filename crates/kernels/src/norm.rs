@@ -11,8 +11,8 @@
 
 use rayon::prelude::*;
 
-use crate::attention::simd::{Scalar, Simd};
 use crate::isa::{self, Isa};
+use crate::simd::{Native, Scalar};
 use crate::WeightVec;
 
 /// Rows of fewer values than this per task are not worth a thread.
@@ -121,13 +121,13 @@ unsafe fn row_scalar<const FUSED: bool>(r: *mut f32, x: *const f32, w: *const f3
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn row_avx2<const FUSED: bool>(r: *mut f32, x: *const f32, w: *const f32, o: *mut f32, dim: usize, eps: f32) {
-    row::<crate::attention::simd::Avx2, FUSED>(r, x, w, o, dim, eps)
+    row::<crate::simd::Avx2, FUSED>(r, x, w, o, dim, eps)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn row_avx512<const FUSED: bool>(r: *mut f32, x: *const f32, w: *const f32, o: *mut f32, dim: usize, eps: f32) {
-    row::<crate::attention::simd::Avx512, FUSED>(r, x, w, o, dim, eps)
+    row::<crate::simd::Avx512, FUSED>(r, x, w, o, dim, eps)
 }
 
 unsafe fn add_scalar(d: *mut f32, s: *const f32, n: usize) {
@@ -137,17 +137,17 @@ unsafe fn add_scalar(d: *mut f32, s: *const f32, n: usize) {
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn add_avx2(d: *mut f32, s: *const f32, n: usize) {
-    add_n::<crate::attention::simd::Avx2>(d, s, n)
+    add_n::<crate::simd::Avx2>(d, s, n)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn add_avx512(d: *mut f32, s: *const f32, n: usize) {
-    add_n::<crate::attention::simd::Avx512>(d, s, n)
+    add_n::<crate::simd::Avx512>(d, s, n)
 }
 
 #[inline(always)]
-unsafe fn add_n<S: Simd>(d: *mut f32, s: *const f32, n: usize) {
+unsafe fn add_n<S: Native>(d: *mut f32, s: *const f32, n: usize) {
     let l = S::LANES;
     let mut i = 0;
     while i + l <= n {
@@ -163,7 +163,7 @@ unsafe fn add_n<S: Simd>(d: *mut f32, s: *const f32, n: usize) {
 /// Sum of squares of row `r` (after `r += x` when `FUSED`): the one accumulation order
 /// both entry points share.
 #[inline(always)]
-unsafe fn sum_sq<S: Simd, const FUSED: bool>(r: *mut f32, x: *const f32, dim: usize) -> f32 {
+unsafe fn sum_sq<S: Native, const FUSED: bool>(r: *mut f32, x: *const f32, dim: usize) -> f32 {
     let l = S::LANES;
     let mut a = [S::zero(); 4];
     let mut i = 0;
@@ -191,7 +191,7 @@ unsafe fn sum_sq<S: Simd, const FUSED: bool>(r: *mut f32, x: *const f32, dim: us
 }
 
 #[inline(always)]
-unsafe fn sq_step<S: Simd, const FUSED: bool>(r: *mut f32, x: *const f32, i: usize, acc: S::V) -> S::V {
+unsafe fn sq_step<S: Native, const FUSED: bool>(r: *mut f32, x: *const f32, i: usize, acc: S::V) -> S::V {
     let mut y = S::load(r.add(i));
     if FUSED {
         y = S::add(y, S::load(x.add(i)));
@@ -201,7 +201,7 @@ unsafe fn sq_step<S: Simd, const FUSED: bool>(r: *mut f32, x: *const f32, i: usi
 }
 
 #[inline(always)]
-unsafe fn row<S: Simd, const FUSED: bool>(
+unsafe fn row<S: Native, const FUSED: bool>(
     r: *mut f32,
     x: *const f32,
     w: *const f32,

@@ -6,9 +6,9 @@
 use rayon::prelude::*;
 use std::cell::Cell;
 
-use super::simd::{Scalar, Simd, MASK};
 use super::{elem_bytes, row_offset, AttnParams, KvPool, OutPtr, SeqSpan};
 use crate::isa::Isa;
+use crate::simd::{Native, Scalar, MASK};
 use crate::DType;
 
 /// KV positions per tile by default (`AttnParams::tile_kv`). Tiles start at absolute
@@ -114,24 +114,24 @@ unsafe fn item_scalar<const T: usize>(c: &Ctx<'_>, s: usize, g: usize, r0: usize
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn item_avx2<const T: usize>(c: &Ctx<'_>, s: usize, g: usize, r0: usize, r1: usize, scratch: &mut [f32]) {
-    process_item::<super::simd::Avx2, T>(c, s, g, r0, r1, scratch)
+    process_item::<crate::simd::Avx2, T>(c, s, g, r0, r1, scratch)
 }
 
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn item_avx512<const T: usize>(c: &Ctx<'_>, s: usize, g: usize, r0: usize, r1: usize, scratch: &mut [f32]) {
-    process_item::<super::simd::Avx512, T>(c, s, g, r0, r1, scratch)
+    process_item::<crate::simd::Avx512, T>(c, s, g, r0, r1, scratch)
 }
 
 /// Score vectors per chunk of positions: four, or as many as a tile narrower than four
 /// vectors holds (a compile-time constant per `S` and `T`; 4 for the default tile).
 #[inline(always)]
-fn chunk_vectors<S: Simd, const T: usize>() -> usize {
+fn chunk_vectors<S: Native, const T: usize>() -> usize {
     (T / S::LANES).clamp(1, 4)
 }
 
 #[inline(always)]
-unsafe fn process_item<S: Simd, const T: usize>(
+unsafe fn process_item<S: Native, const T: usize>(
     c: &Ctx<'_>,
     s: usize,
     g: usize,
@@ -231,7 +231,7 @@ struct Tile<'a, const T: usize> {
 /// an f32 pool, or into `kst`/`vst` after converting f16/bf16 (exact, so both agree).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
-unsafe fn stage<S: Simd, const T: usize>(
+unsafe fn stage<S: Native, const T: usize>(
     c: &Ctx<'_>,
     table: &[u32],
     g: usize,
@@ -269,7 +269,7 @@ unsafe fn stage<S: Simd, const T: usize>(
 
 /// Prefetches the K/V rows of positions `t0..min(t0 + T, end)` (`T`: the tile).
 #[inline(always)]
-unsafe fn prefetch_tile<S: Simd, const T: usize>(c: &Ctx<'_>, table: &[u32], g: usize, t0: usize, end: usize) {
+unsafe fn prefetch_tile<S: Native, const T: usize>(c: &Ctx<'_>, table: &[u32], g: usize, t0: usize, end: usize) {
     let row_bytes = c.hd * c.esz;
     let (kb, vb) = (c.pool.k.as_ptr(), c.pool.v.as_ptr());
     for pos in t0..end.min(t0 + T) {
@@ -287,7 +287,7 @@ unsafe fn prefetch_tile<S: Simd, const T: usize>(c: &Ctx<'_>, table: &[u32], g: 
 /// update, P·V. Queries only share loads: every value of one query is computed by the same
 /// operations in the same order whatever its group, so results do not depend on grouping.
 #[inline(always)]
-unsafe fn group<S: Simd, const T: usize, const NB: usize>(
+unsafe fn group<S: Native, const T: usize, const NB: usize>(
     it: &Item<'_>,
     tile: &Tile<'_, T>,
     qi0: usize,
@@ -405,7 +405,7 @@ struct PvArgs<'a, const T: usize, const NB: usize> {
 /// `RV` vectors of dims from `d0` for `NB` queries, held in registers over the tile. V
 /// loads are shared up to the smallest limit; each query then finishes its own positions.
 #[inline(always)]
-unsafe fn pv_group<S: Simd, const T: usize, const NB: usize, const RV: usize>(a: &PvArgs<'_, T, NB>, d0: usize) {
+unsafe fn pv_group<S: Native, const T: usize, const NB: usize, const RV: usize>(a: &PvArgs<'_, T, NB>, d0: usize) {
     let lanes = S::LANES;
     let mut r = [[S::zero(); RV]; NB];
     if !a.first {

@@ -36,7 +36,6 @@
 
 mod flash;
 pub mod reference;
-pub(crate) mod simd;
 mod standard;
 
 use crate::isa::{self, Isa};

@@ -23,7 +23,7 @@
 //! Speed: register tiles of 6 x-rows × 4 weight rows (AVX-512; 3×2 on AVX2) share loads;
 //! with fewer rows left the tile widens to 8 weight rows (GEMV is the 1×8 tile). In the
 //! packed (k-blocked) nest AVX2 runs 3×4 tiles as two passes over half the 16 chains each
-//! (`Lanes::SPLIT`): the same 12 ymm accumulators, 7 loads per 12 FMAs instead of 10. bf16/f16
+//! (`F32x16::SPLIT`): the same 12 ymm accumulators, 7 loads per 12 FMAs instead of 10. bf16/f16
 //! weights are widened in registers. Two loop nests around the tiles, chosen by the rows
 //! of a work item (`BLOCKED_MIN_ROWS`): the direct one (`columns`, decode) runs each tile
 //! over all of `k` and reads every weight row from memory once per call; the k-blocked one
@@ -46,9 +46,10 @@ pub use dense::fast_bf16::{
 };
 
 use crate::isa::{self, Isa};
+use crate::simd::{F32x16, Scalar16};
 use crate::{DType, Layout, WeightMat, WeightVec};
 use dense::columns::{Cols, PlainCols, SwigluCols};
-use dense::lanes::{Lanes, Scalar16, WKind, WBF16, WF16, WF32};
+use dense::lanes::{WKind, WBF16, WF16, WF32};
 use dense::{bf16_pair_panels, exact_panels, register_blocked};
 
 /// One weight matrix of a (possibly merged) projection and where its result goes.
@@ -657,9 +658,9 @@ fn use_blocked((i0, i1): (usize, usize)) -> bool {
 #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c")]
 unsafe fn run_avx512<W: WKind, C: Cols>(x: *const f32, k: usize, ir: (usize, usize), jr: (usize, usize), cols: &C) {
     if use_blocked(ir) {
-        register_blocked::run::<dense::lanes::Avx512, W, C, 6, 4, 4>(x, k, ir, jr, cols)
+        register_blocked::run::<crate::simd::Avx512, W, C, 6, 4, 4>(x, k, ir, jr, cols)
     } else {
-        dense::columns::run::<dense::lanes::Avx512, W, C, 6, 4, 8>(x, k, ir, jr, cols)
+        dense::columns::run::<crate::simd::Avx512, W, C, 6, 4, 8>(x, k, ir, jr, cols)
     }
 }
 
@@ -667,13 +668,13 @@ unsafe fn run_avx512<W: WKind, C: Cols>(x: *const f32, k: usize, ir: (usize, usi
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn run_avx2<W: WKind, C: Cols>(x: *const f32, k: usize, ir: (usize, usize), jr: (usize, usize), cols: &C) {
     if use_blocked(ir) {
-        register_blocked::run::<dense::lanes::Avx2x2, W, C, 3, 2, 4>(x, k, ir, jr, cols)
+        register_blocked::run::<crate::simd::Avx2x2, W, C, 3, 2, 4>(x, k, ir, jr, cols)
     } else {
-        dense::columns::run::<dense::lanes::Avx2x2, W, C, 3, 2, 4>(x, k, ir, jr, cols)
+        dense::columns::run::<crate::simd::Avx2x2, W, C, 3, 2, 4>(x, k, ir, jr, cols)
     }
 }
 
-unsafe fn run_generic<V: Lanes, W: WKind, C: Cols>(
+unsafe fn run_generic<V: F32x16, W: WKind, C: Cols>(
     x: *const f32,
     k: usize,
     ir: (usize, usize),

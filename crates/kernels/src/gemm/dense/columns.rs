@@ -4,7 +4,8 @@
 //! tile shape chosen for a given `m` never changes a result: `m = 1` (GEMV), batched decode
 //! and prefill all compute `y[i, j]` with the same operations.
 
-use super::lanes::{Lanes, WKind};
+use super::lanes::WKind;
+use crate::simd::F32x16;
 use crate::WeightVec;
 
 /// The weight rows a tile reads and where its sums go. Implemented by the plain
@@ -123,7 +124,7 @@ pub(in crate::gemm) const PF: usize = 1024;
 
 /// Sums of `MR` x rows (stride `k`) against `NR` weight rows, each in the canonical order.
 #[inline(always)]
-unsafe fn tile<V: Lanes, W: WKind, const MR: usize, const NR: usize>(
+unsafe fn tile<V: F32x16, W: WKind, const MR: usize, const NR: usize>(
     x: *const f32,
     k: usize,
     ws: &[*const u8; NR],
@@ -141,7 +142,7 @@ unsafe fn tile<V: Lanes, W: WKind, const MR: usize, const NR: usize>(
             *v = W::load::<V>(wp);
         }
         for (i, row) in acc.iter_mut().enumerate() {
-            let xv = V::load_f32(x.add(i * k + c));
+            let xv = V::load(x.add(i * k + c));
             for (a, w) in row.iter_mut().zip(&wv) {
                 *a = V::fma(xv, *w, *a);
             }
@@ -157,14 +158,14 @@ unsafe fn tile<V: Lanes, W: WKind, const MR: usize, const NR: usize>(
         }
         let mut xv = [V::zero(); MR];
         for (v, t) in xv.iter_mut().zip(&xt) {
-            *v = V::load_f32(t.as_ptr());
+            *v = V::load(t.as_ptr());
         }
         for j in 0..NR {
             let mut wt = [0f32; 16];
             for (l, t) in wt.iter_mut().enumerate().take(rem) {
                 *t = W::get(ws[j], full + l);
             }
-            let wv = V::load_f32(wt.as_ptr());
+            let wv = V::load(wt.as_ptr());
             for i in 0..MR {
                 acc[i][j] = V::fma(xv[i], wv, acc[i][j]);
             }
@@ -196,7 +197,14 @@ fn x_block_rows(k: usize, mrb: usize) -> usize {
 /// `2r <= MRB`, else two `r x NRB` tiles. Each weight row is read from memory once per
 /// block of `x_block_rows` rows, i.e. once per call for small `m`.
 #[inline(always)]
-pub(in crate::gemm) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NRB: usize, const NRW: usize>(
+pub(in crate::gemm) unsafe fn run<
+    V: F32x16,
+    W: WKind,
+    C: Cols,
+    const MRB: usize,
+    const NRB: usize,
+    const NRW: usize,
+>(
     x: *const f32,
     k: usize,
     (i0, i1): (usize, usize),
@@ -243,7 +251,7 @@ pub(in crate::gemm) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize,
 }
 
 #[inline(always)]
-unsafe fn rem<V: Lanes, W: WKind, C: Cols, const R: usize, const MRB: usize, const NRB: usize, const NRW: usize>(
+unsafe fn rem<V: F32x16, W: WKind, C: Cols, const R: usize, const MRB: usize, const NRB: usize, const NRW: usize>(
     x: *const f32,
     k: usize,
     i: usize,

@@ -25,7 +25,8 @@
 
 use rayon::prelude::*;
 
-use super::lanes::{Lanes, WKind, WBF16, WF16, WF32};
+use super::lanes::{WKind, WBF16, WF16, WF32};
+use crate::simd::F32x16;
 use crate::{DType, WeightMat, WeightVec};
 
 /// Output rows per panel.
@@ -88,7 +89,7 @@ pub fn pack(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) 
 
 /// The canonical tree over the 16 chain accumulators, per lane.
 #[inline(always)]
-unsafe fn tree<V: Lanes>(acc: &[V; CHAINS]) -> V {
+unsafe fn tree<V: F32x16>(acc: &[V; CHAINS]) -> V {
     let mut s8 = [V::zero(); 8];
     for l in 0..8 {
         s8[l] = V::add(acc[l], acc[l + 8]);
@@ -103,7 +104,7 @@ unsafe fn tree<V: Lanes>(acc: &[V; CHAINS]) -> V {
 /// The canonical padding: a `k` that is not a multiple of 16 leaves the chains past `k % 16`
 /// one `fma(0, 0, acc)` of the zero-padded last group.
 #[inline(always)]
-unsafe fn pad<V: Lanes>(k: usize, chain: usize, acc: V) -> V {
+unsafe fn pad<V: F32x16>(k: usize, chain: usize, acc: V) -> V {
     if !k.is_multiple_of(CHAINS) && chain >= k % CHAINS {
         V::fma(V::zero(), V::zero(), acc)
     } else {
@@ -122,7 +123,7 @@ macro_rules! unroll16 {
 
 /// One activation row `x` against the panel at `w` (`k` columns): the 16 rows' sums.
 #[inline(always)]
-unsafe fn panel_one<V: Lanes, W: WKind>(w: *const u8, k: usize, x: *const f32) -> V {
+unsafe fn panel_one<V: F32x16, W: WKind>(w: *const u8, k: usize, x: *const f32) -> V {
     let col = PANEL * W::BYTES;
     let mut acc = [V::zero(); CHAINS];
     let mut e = 0;
@@ -146,7 +147,7 @@ unsafe fn panel_one<V: Lanes, W: WKind>(w: *const u8, k: usize, x: *const f32) -
 /// `MR` rows sharing each weight load; the chains' accumulators wait in `chains` between
 /// blocks (storing and reloading is exact).
 #[inline(always)]
-unsafe fn panel_many<V: Lanes, W: WKind, const MR: usize>(w: *const u8, k: usize, x: &[*const f32; MR]) -> [V; MR] {
+unsafe fn panel_many<V: F32x16, W: WKind, const MR: usize>(w: *const u8, k: usize, x: &[*const f32; MR]) -> [V; MR] {
     let col = PANEL * W::BYTES;
     let mut chains = [[V::zero(); CHAINS]; MR];
     let mut kb = 0;
@@ -209,7 +210,7 @@ impl Sink<'_> {
 
 /// Stores lanes `0..rows` of `v` (row `i`, panel rows from `j0`).
 #[inline(always)]
-unsafe fn put<V: Lanes>(v: V, up: Option<V>, sink: &Sink<'_>, i: usize, j0: usize, rows: usize) {
+unsafe fn put<V: F32x16>(v: V, up: Option<V>, sink: &Sink<'_>, i: usize, j0: usize, rows: usize) {
     put_lanes(|p| v.store(p), up.map(|u| move |p: *mut f32| u.store(p)), sink, i, j0, rows)
 }
 
@@ -250,7 +251,7 @@ pub(in crate::gemm) unsafe fn put_lanes(
 /// One task: panels `p0..p1` of the matrix at `w` (`n` rows, `k` columns) against activation
 /// rows `i0..i1` of `x`.
 #[inline(always)]
-unsafe fn run<V: Lanes, W: WKind, const MR: usize>(
+unsafe fn run<V: F32x16, W: WKind, const MR: usize>(
     w: *const u8,
     (n, k): (usize, usize),
     (p0, p1): (usize, usize),
@@ -296,7 +297,7 @@ unsafe fn run_avx512<W: WKind>(
     ir: (usize, usize),
     sink: &Sink<'_>,
 ) {
-    run::<super::lanes::Avx512, W, 4>(w, nk, pr, x, ir, sink)
+    run::<crate::simd::Avx512, W, 4>(w, nk, pr, x, ir, sink)
 }
 
 #[cfg(target_arch = "x86_64")]
@@ -309,7 +310,7 @@ unsafe fn run_avx2<W: WKind>(
     ir: (usize, usize),
     sink: &Sink<'_>,
 ) {
-    run::<super::lanes::Avx2x2, W, 2>(w, nk, pr, x, ir, sink)
+    run::<crate::simd::Avx2x2, W, 2>(w, nk, pr, x, ir, sink)
 }
 
 /// Runs one task on `isa` for `dtype`.
@@ -345,7 +346,7 @@ pub(in crate::gemm) unsafe fn task(
         #[cfg(target_arch = "x86_64")]
         Isa::Avx2 => go!(run_avx2),
         _ => {
-            use super::lanes::Scalar16;
+            use crate::simd::Scalar16;
             match dtype {
                 DType::F32 => run::<Scalar16, WF32, 4>(w, nk, pr, x, ir, sink),
                 DType::F16 => run::<Scalar16, WF16, 4>(w, nk, pr, x, ir, sink),

@@ -23,7 +23,8 @@
 //! are contiguous: x rows at a large power-of-two stride would all map to the same L1 sets.
 
 use super::columns::Cols;
-use super::lanes::{Lanes, WKind, WF32};
+use super::lanes::{WKind, WF32};
+use crate::simd::F32x16;
 use std::cell::Cell;
 
 // Block sizes: tuned on Zen 5 (48 KiB L1d, 2 MiB L2) with m=512, n=2048, k=2048; within a
@@ -59,7 +60,14 @@ thread_local! {
 /// `MRB x NRB` tiles when weights are read in place and `MRB x NRP` tiles on packed
 /// weights (`MRB` divides `MC`; `NRP` differs where `V::SPLIT` halves the accumulators).
 #[inline(always)]
-pub(in crate::gemm) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NRB: usize, const NRP: usize>(
+pub(in crate::gemm) unsafe fn run<
+    V: F32x16,
+    W: WKind,
+    C: Cols,
+    const MRB: usize,
+    const NRB: usize,
+    const NRP: usize,
+>(
     x: *const f32,
     k: usize,
     (i0, i1): (usize, usize),
@@ -171,7 +179,7 @@ pub(in crate::gemm) unsafe fn run<V: Lanes, W: WKind, C: Cols, const MRB: usize,
 /// once from memory; x comes from L2.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn raw_block<V: Lanes, W: WKind, C: Cols, const MRB: usize, const NRB: usize>(
+unsafe fn raw_block<V: F32x16, W: WKind, C: Cols, const MRB: usize, const NRB: usize>(
     xp: *const f32,
     mc2: usize,
     k: usize,
@@ -262,7 +270,7 @@ unsafe fn split_row(row: *mut f32, kcl: usize) {
 /// Widens the `NR` weight rows at `ws` to f32 as rows `row0..row0 + NR` of the packed
 /// block `wp` (`[k block][nc rows][kcl]`), zero-padding `k..kp`.
 #[inline(always)]
-unsafe fn pack_w<V: Lanes, W: WKind, const NR: usize>(
+unsafe fn pack_w<V: F32x16, W: WKind, const NR: usize>(
     ws: &[*const u8; NR],
     k: usize,
     kp: usize,
@@ -298,7 +306,7 @@ unsafe fn pack_w<V: Lanes, W: WKind, const NR: usize>(
 /// of x rows (`xk`, row stride `xs`) against one weight sub-tile.
 #[inline(always)]
 #[allow(clippy::too_many_arguments)]
-unsafe fn tiles<V: Lanes, W: WKind, const MRB: usize, const NR: usize, const PF: bool>(
+unsafe fn tiles<V: F32x16, W: WKind, const MRB: usize, const NR: usize, const PF: bool>(
     xk: *const f32,
     xs: usize,
     ws: &[*const u8; NR],
@@ -325,9 +333,9 @@ unsafe fn tiles<V: Lanes, W: WKind, const MRB: usize, const NR: usize, const PF:
 }
 
 /// `tiles` for `V::SPLIT` types on packed, split blocks: each tile runs both halves of its
-/// chains (`Lanes::split_tile`), weight rows `NR` consecutive packed rows from `w`.
+/// chains (`F32x16::split_tile`), weight rows `NR` consecutive packed rows from `w`.
 #[inline(always)]
-unsafe fn split_tiles<V: Lanes, const MRB: usize, const NR: usize>(
+unsafe fn split_tiles<V: F32x16, const MRB: usize, const NR: usize>(
     xk: *const f32,
     xs: usize,
     w: *const f32,
@@ -337,7 +345,7 @@ unsafe fn split_tiles<V: Lanes, const MRB: usize, const NR: usize>(
     first: bool,
 ) {
     #[inline(always)]
-    unsafe fn both<V: Lanes, const MR: usize, const NR: usize>(
+    unsafe fn both<V: F32x16, const MR: usize, const NR: usize>(
         x: *const f32,
         xs: usize,
         w: *const f32,
@@ -372,7 +380,7 @@ unsafe fn split_tiles<V: Lanes, const MRB: usize, const NR: usize>(
 /// `PF` prefetches the weight rows ahead (for weights read from memory in place).
 #[inline(always)]
 #[allow(clippy::needless_range_loop)] // a[i][j] is indexed by both loops
-unsafe fn tile_acc<V: Lanes, W: WKind, const MR: usize, const NR: usize, const PF: bool>(
+unsafe fn tile_acc<V: F32x16, W: WKind, const MR: usize, const NR: usize, const PF: bool>(
     xp: *const f32,
     xs: usize,
     ws: &[*const u8; NR],
@@ -404,7 +412,7 @@ unsafe fn tile_acc<V: Lanes, W: WKind, const MR: usize, const NR: usize, const P
             *v = W::load::<V>(wp);
         }
         for i in 0..MR {
-            let xv = V::load_f32(xp.add(i * xs + c));
+            let xv = V::load(xp.add(i * xs + c));
             for j in 0..NR {
                 a[i][j] = V::fma(xv, wv[j], a[i][j]);
             }
@@ -414,10 +422,10 @@ unsafe fn tile_acc<V: Lanes, W: WKind, const MR: usize, const NR: usize, const P
         let c = steps * 16;
         let mut xv = [V::zero(); MR];
         for (i, v) in xv.iter_mut().enumerate() {
-            *v = V::load_f32(xp.add(i * xs + c));
+            *v = V::load(xp.add(i * xs + c));
         }
         for j in 0..NR {
-            let wv = V::load_f32(tail[j].as_ptr());
+            let wv = V::load(tail[j].as_ptr());
             for i in 0..MR {
                 a[i][j] = V::fma(xv[i], wv, a[i][j]);
             }
@@ -432,7 +440,7 @@ unsafe fn tile_acc<V: Lanes, W: WKind, const MR: usize, const NR: usize, const P
 
 /// `flush` for the last `r < MRB` rows of a row block (the row count must be a constant).
 #[inline(always)]
-unsafe fn flush_tail<V: Lanes, C: Cols, const NR: usize>(
+unsafe fn flush_tail<V: F32x16, C: Cols, const NR: usize>(
     r: usize,
     acc: *const V,
     cols: &C,
@@ -453,7 +461,7 @@ unsafe fn flush_tail<V: Lanes, C: Cols, const NR: usize>(
 
 /// Reduces an `MR x NR` tile of accumulators and stores it at rows `i..`, columns `j..`.
 #[inline(always)]
-unsafe fn flush<V: Lanes, C: Cols, const MR: usize, const NR: usize>(
+unsafe fn flush<V: F32x16, C: Cols, const MR: usize, const NR: usize>(
     acc: *const V,
     cols: &C,
     i: usize,

@@ -1,7 +1,7 @@
 //! AVX-512 and AVX2 kernels for block-quantized weights.
 //!
-//! One generic body serves both instruction sets: a 16-lane f32 vector type ([`V16`]: one
-//! zmm, or two ymm) and byte-level unpacking on 256-bit integer vectors (AVX2 instructions,
+//! One generic body serves both instruction sets: a 16-lane f32 vector type
+//! ([`F32x16Bytes`]: one zmm, or two ymm) and byte-level unpacking on 256-bit integer vectors (AVX2 instructions,
 //! present in both). Every path computes exactly `reference::dot_ordered` of the
 //! dequantized row: values are dequantized with ggml's f32 operations, lane `l` of a
 //! 16-lane accumulator takes the fused multiply-adds of elements `16c + l` in increasing
@@ -30,6 +30,7 @@
 use std::arch::x86_64::*;
 use std::ptr;
 
+use crate::simd::{Avx2x2, Avx512, F32x16Bytes};
 use crate::DType;
 
 /// Activation rows handled in one pass of the direct path.
@@ -39,264 +40,6 @@ const DIRECT_R: usize = 4;
 /// How far ahead of the direct path's reads weight bytes are prefetched (measured: 8 KiB
 /// and more reach full DRAM bandwidth on short rows, 2 KiB does not).
 pub(super) const PREFETCH_BYTES: usize = 8192;
-
-/// 16 f32 lanes.
-pub(super) trait V16: Copy {
-    unsafe fn zero() -> Self;
-    unsafe fn splat(v: f32) -> Self;
-    /// The little-endian f16 at `p`, converted exactly, in every lane.
-    unsafe fn splat_f16(p: *const u8) -> Self;
-    unsafe fn load(p: *const f32) -> Self;
-    unsafe fn store(self, p: *mut f32);
-    /// `a * b + c`, one rounding.
-    unsafe fn fma(a: Self, b: Self, c: Self) -> Self;
-    unsafe fn mul(a: Self, b: Self) -> Self;
-    unsafe fn sub(a: Self, b: Self) -> Self;
-    /// Sum of the lanes with `reference::hsum16`'s tree.
-    unsafe fn hsum(self) -> f32;
-    /// `hsum` of the 16 vectors at `p` (16 f32 each, consecutive): the same additions.
-    #[inline(always)]
-    unsafe fn hsum16x(p: *const f32) -> [f32; 16] {
-        let mut out = [0f32; 16];
-        for (t, o) in out.iter_mut().enumerate() {
-            *o = Self::load(p.add(16 * t)).hsum();
-        }
-        out
-    }
-    /// 32 signed bytes as floats: (bytes 0..16, bytes 16..32).
-    unsafe fn from_i8x32(v: __m256i) -> (Self, Self);
-    /// Byte `i` is 0xFF when bit `i` of `bits` is set, else 0.
-    unsafe fn bits_to_bytes(bits: u32) -> __m256i;
-    // Used by the Fast kernels (`int_dot`).
-    unsafe fn add(a: Self, b: Self) -> Self;
-    /// `-v` exactly (the sign bit flipped, also for zeros).
-    unsafe fn neg(self) -> Self;
-    /// 16 little-endian f16 at `p`, widened exactly.
-    unsafe fn load_f16x16(p: *const u8) -> Self;
-    /// 16 bytes at `p` as unsigned integers, converted exactly.
-    unsafe fn from_u8x16(p: *const u8) -> Self;
-    /// `a` in lanes 0..8, `b` in lanes 8..16.
-    unsafe fn halves(a: f32, b: f32) -> Self;
-    /// Lanes `0..n` from `new`, the others from `old`.
-    unsafe fn keep_first(n: usize, new: Self, old: Self) -> Self;
-}
-
-#[derive(Clone, Copy)]
-pub(super) struct Z(pub(super) __m512);
-
-impl V16 for Z {
-    #[inline(always)]
-    unsafe fn zero() -> Self {
-        Z(_mm512_setzero_ps())
-    }
-    #[inline(always)]
-    unsafe fn splat(v: f32) -> Self {
-        Z(_mm512_set1_ps(v))
-    }
-    #[inline(always)]
-    unsafe fn splat_f16(p: *const u8) -> Self {
-        Z(_mm512_cvtph_ps(_mm256_set1_epi16(ptr::read_unaligned(p as *const i16))))
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> Self {
-        Z(_mm512_loadu_ps(p))
-    }
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32) {
-        _mm512_storeu_ps(p, self.0)
-    }
-    #[inline(always)]
-    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
-        Z(_mm512_fmadd_ps(a.0, b.0, c.0))
-    }
-    #[inline(always)]
-    unsafe fn mul(a: Self, b: Self) -> Self {
-        Z(_mm512_mul_ps(a.0, b.0))
-    }
-    #[inline(always)]
-    unsafe fn sub(a: Self, b: Self) -> Self {
-        Z(_mm512_sub_ps(a.0, b.0))
-    }
-    #[inline(always)]
-    unsafe fn hsum(self) -> f32 {
-        let lo = _mm512_castps512_ps256(self.0);
-        let hi = _mm256_castpd_ps(_mm512_extractf64x4_pd::<1>(_mm512_castps_pd(self.0)));
-        hsum8(_mm256_add_ps(lo, hi))
-    }
-    #[inline(always)]
-    unsafe fn hsum16x(p: *const f32) -> [f32; 16] {
-        // The four levels of the tree on 16 vectors at once: each level adds the same pairs of
-        // lanes as `hsum`, packing two (then four, eight, sixteen) vectors' partial sums into one.
-        let mut v = [_mm512_setzero_ps(); 16];
-        for t in 0..16 {
-            v[t] = _mm512_loadu_ps(p.add(16 * t));
-        }
-        let mut l1 = [_mm512_setzero_ps(); 8];
-        for t in 0..8 {
-            // [a0..8 + a8..16 | b0..8 + b8..16]
-            let (a, b) = (v[2 * t], v[2 * t + 1]);
-            l1[t] = _mm512_add_ps(_mm512_shuffle_f32x4::<0x44>(a, b), _mm512_shuffle_f32x4::<0xEE>(a, b));
-        }
-        let mut l2 = [_mm512_setzero_ps(); 4];
-        for t in 0..4 {
-            // [a4 | b4 | c4 | d4]: lanes l and l+4 of each 8-lane half.
-            let (a, b) = (l1[2 * t], l1[2 * t + 1]);
-            l2[t] = _mm512_add_ps(_mm512_shuffle_f32x4::<0x88>(a, b), _mm512_shuffle_f32x4::<0xDD>(a, b));
-        }
-        let mut l3 = [_mm512_setzero_ps(); 2];
-        for t in 0..2 {
-            // Per 128-bit lane: lanes l and l+2.
-            let (a, b) = (l2[2 * t], l2[2 * t + 1]);
-            l3[t] = _mm512_add_ps(_mm512_shuffle_ps::<0x44>(a, b), _mm512_shuffle_ps::<0xEE>(a, b));
-        }
-        let s = _mm512_add_ps(_mm512_shuffle_ps::<0x88>(l3[0], l3[1]), _mm512_shuffle_ps::<0xDD>(l3[0], l3[1]));
-        // Element 4j + t holds vector 4t + j.
-        let order = _mm512_setr_epi32(0, 4, 8, 12, 1, 5, 9, 13, 2, 6, 10, 14, 3, 7, 11, 15);
-        let mut out = [0f32; 16];
-        _mm512_storeu_ps(out.as_mut_ptr(), _mm512_permutexvar_ps(order, s));
-        out
-    }
-    #[inline(always)]
-    unsafe fn from_i8x32(v: __m256i) -> (Self, Self) {
-        let lo = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_castsi256_si128(v)));
-        let hi = _mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(_mm256_extracti128_si256::<1>(v)));
-        (Z(lo), Z(hi))
-    }
-    #[inline(always)]
-    unsafe fn bits_to_bytes(bits: u32) -> __m256i {
-        _mm256_movm_epi8(bits)
-    }
-    #[inline(always)]
-    unsafe fn add(a: Self, b: Self) -> Self {
-        Z(_mm512_add_ps(a.0, b.0))
-    }
-    #[inline(always)]
-    unsafe fn neg(self) -> Self {
-        Z(_mm512_castsi512_ps(_mm512_xor_si512(_mm512_castps_si512(self.0), _mm512_set1_epi32(i32::MIN))))
-    }
-    #[inline(always)]
-    unsafe fn load_f16x16(p: *const u8) -> Self {
-        Z(_mm512_cvtph_ps(_mm256_loadu_si256(p as *const __m256i)))
-    }
-    #[inline(always)]
-    unsafe fn from_u8x16(p: *const u8) -> Self {
-        Z(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(_mm_loadu_si128(p as *const __m128i))))
-    }
-    #[inline(always)]
-    unsafe fn halves(a: f32, b: f32) -> Self {
-        Z(_mm512_insertf32x8::<1>(_mm512_set1_ps(a), _mm256_set1_ps(b)))
-    }
-    #[inline(always)]
-    unsafe fn keep_first(n: usize, new: Self, old: Self) -> Self {
-        Z(_mm512_mask_blend_ps(((1u32 << n) - 1) as u16, old.0, new.0))
-    }
-}
-
-#[derive(Clone, Copy)]
-pub(super) struct Y(pub(super) __m256, pub(super) __m256);
-
-impl V16 for Y {
-    #[inline(always)]
-    unsafe fn zero() -> Self {
-        Y(_mm256_setzero_ps(), _mm256_setzero_ps())
-    }
-    #[inline(always)]
-    unsafe fn splat(v: f32) -> Self {
-        Y(_mm256_set1_ps(v), _mm256_set1_ps(v))
-    }
-    #[inline(always)]
-    unsafe fn splat_f16(p: *const u8) -> Self {
-        let v = _mm256_cvtph_ps(_mm_set1_epi16(ptr::read_unaligned(p as *const i16)));
-        Y(v, v)
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const f32) -> Self {
-        Y(_mm256_loadu_ps(p), _mm256_loadu_ps(p.add(8)))
-    }
-    #[inline(always)]
-    unsafe fn store(self, p: *mut f32) {
-        _mm256_storeu_ps(p, self.0);
-        _mm256_storeu_ps(p.add(8), self.1);
-    }
-    #[inline(always)]
-    unsafe fn fma(a: Self, b: Self, c: Self) -> Self {
-        Y(_mm256_fmadd_ps(a.0, b.0, c.0), _mm256_fmadd_ps(a.1, b.1, c.1))
-    }
-    #[inline(always)]
-    unsafe fn mul(a: Self, b: Self) -> Self {
-        Y(_mm256_mul_ps(a.0, b.0), _mm256_mul_ps(a.1, b.1))
-    }
-    #[inline(always)]
-    unsafe fn sub(a: Self, b: Self) -> Self {
-        Y(_mm256_sub_ps(a.0, b.0), _mm256_sub_ps(a.1, b.1))
-    }
-    #[inline(always)]
-    unsafe fn hsum(self) -> f32 {
-        hsum8(_mm256_add_ps(self.0, self.1))
-    }
-    #[inline(always)]
-    unsafe fn from_i8x32(v: __m256i) -> (Self, Self) {
-        let a = _mm256_castsi256_si128(v);
-        let b = _mm256_extracti128_si256::<1>(v);
-        (Y(cvt8(a), cvt8(_mm_srli_si128::<8>(a))), Y(cvt8(b), cvt8(_mm_srli_si128::<8>(b))))
-    }
-    #[inline(always)]
-    unsafe fn bits_to_bytes(bits: u32) -> __m256i {
-        // Byte i takes byte i/8 of `bits`, then tests bit i%8 of it.
-        let v = _mm256_set1_epi32(bits as i32);
-        let pick = _mm256_setr_epi8(
-            0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1, 2, 2, 2, 2, 2, 2, 2, 2, 3, 3, 3, 3, 3, 3, 3, 3,
-        );
-        let sel = _mm256_set1_epi64x(0x8040_2010_0804_0201u64 as i64);
-        _mm256_cmpeq_epi8(_mm256_and_si256(_mm256_shuffle_epi8(v, pick), sel), sel)
-    }
-    #[inline(always)]
-    unsafe fn add(a: Self, b: Self) -> Self {
-        Y(_mm256_add_ps(a.0, b.0), _mm256_add_ps(a.1, b.1))
-    }
-    #[inline(always)]
-    unsafe fn neg(self) -> Self {
-        let m = _mm256_castsi256_ps(_mm256_set1_epi32(i32::MIN));
-        Y(_mm256_xor_ps(self.0, m), _mm256_xor_ps(self.1, m))
-    }
-    #[inline(always)]
-    unsafe fn load_f16x16(p: *const u8) -> Self {
-        Y(
-            _mm256_cvtph_ps(_mm_loadu_si128(p as *const __m128i)),
-            _mm256_cvtph_ps(_mm_loadu_si128(p.add(16) as *const __m128i)),
-        )
-    }
-    #[inline(always)]
-    unsafe fn from_u8x16(p: *const u8) -> Self {
-        let v = _mm_loadu_si128(p as *const __m128i);
-        Y(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128::<8>(v))))
-    }
-    #[inline(always)]
-    unsafe fn halves(a: f32, b: f32) -> Self {
-        Y(_mm256_set1_ps(a), _mm256_set1_ps(b))
-    }
-    #[inline(always)]
-    unsafe fn keep_first(n: usize, new: Self, old: Self) -> Self {
-        let idx = _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7);
-        let lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), idx));
-        let hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32 - 8), idx));
-        Y(_mm256_blendv_ps(old.0, new.0, lo), _mm256_blendv_ps(old.1, new.1, hi))
-    }
-}
-
-/// The low 8 signed bytes of `x` as floats.
-#[inline(always)]
-unsafe fn cvt8(x: __m128i) -> __m256 {
-    _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(x))
-}
-
-/// Lanes 0..8 (already lanes l + l+8 of the 16-lane vector) summed as in `hsum16`.
-#[inline(always)]
-unsafe fn hsum8(s8: __m256) -> f32 {
-    let s4 = _mm_add_ps(_mm256_castps256_ps128(s8), _mm256_extractf128_ps::<1>(s8));
-    let s2 = _mm_add_ps(s4, _mm_movehl_ps(s4, s4));
-    _mm_cvtss_f32(_mm_add_ss(s2, _mm_shuffle_ps::<1>(s2, s2)))
-}
 
 #[inline(always)]
 pub(super) unsafe fn f16_at(p: *const u8) -> f32 {
@@ -319,7 +62,7 @@ pub(super) unsafe fn nibbles16(p: *const u8) -> __m256i {
 
 /// Where dequantized 16-value chunks go: `put(c, v)` receives chunk `c` of the current
 /// block for each of `R` weight rows, in increasing `c`.
-pub(super) trait Sink<V: V16, const R: usize> {
+pub(super) trait Sink<V: F32x16Bytes, const R: usize> {
     unsafe fn put(&mut self, c: usize, v: &[V; R]);
 }
 
@@ -327,7 +70,7 @@ pub(super) trait Sink<V: V16, const R: usize> {
 pub(super) trait Format {
     const ELEMS: usize;
     const BYTES: usize;
-    unsafe fn decode<V: V16, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S);
+    unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S);
 }
 
 pub(super) struct Q4_0;
@@ -339,7 +82,7 @@ pub(super) struct Q6K;
 
 /// `(lo, hi)` scaled: `v * d` (ggml: `x * d`).
 #[inline(always)]
-unsafe fn scaled<V: V16>(q: __m256i, d: V) -> (V, V) {
+unsafe fn scaled<V: F32x16Bytes>(q: __m256i, d: V) -> (V, V) {
     let (a, b) = V::from_i8x32(q);
     (V::mul(a, d), V::mul(b, d))
 }
@@ -348,7 +91,7 @@ impl Format for Q8_0 {
     const ELEMS: usize = 32;
     const BYTES: usize = 34;
     #[inline(always)]
-    unsafe fn decode<V: V16, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+    unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
         let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
         for r in 0..R {
             (a[r], b[r]) = scaled(load32(p[r].add(2)), V::splat_f16(p[r]));
@@ -362,7 +105,7 @@ impl Format for Q4_0 {
     const ELEMS: usize = 32;
     const BYTES: usize = 18;
     #[inline(always)]
-    unsafe fn decode<V: V16, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+    unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
         let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
         for r in 0..R {
             let q = _mm256_sub_epi8(nibbles16(p[r].add(2)), _mm256_set1_epi8(8));
@@ -377,7 +120,7 @@ impl Format for Q5_0 {
     const ELEMS: usize = 32;
     const BYTES: usize = 22;
     #[inline(always)]
-    unsafe fn decode<V: V16, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+    unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
         let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
         for r in 0..R {
             // Bit j of qh is the fifth bit of value j: (nib | 16*bit) - 16 = nib - 16*(1-bit).
@@ -408,7 +151,7 @@ unsafe fn k_scales(p: *const u8) -> ([f32; 8], [f32; 8]) {
 
 /// Puts sub-block `j` (32 values, chunks 2j and 2j+1): `d*q - m` per row (ggml: `d1*q - m1`).
 #[inline(always)]
-unsafe fn put_k_sub<V: V16, S: Sink<V, R>, const R: usize>(
+unsafe fn put_k_sub<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(
     s: &mut S,
     j: usize,
     q: &[__m256i; R],
@@ -430,7 +173,7 @@ impl Format for Q4K {
     const ELEMS: usize = 256;
     const BYTES: usize = 144;
     #[inline(always)]
-    unsafe fn decode<V: V16, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+    unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
         let (mut ds, mut ms) = ([[0f32; 8]; R], [[0f32; 8]; R]);
         for r in 0..R {
             (ds[r], ms[r]) = k_scales(p[r]);
@@ -465,7 +208,7 @@ impl Format for Q5K {
     const ELEMS: usize = 256;
     const BYTES: usize = 176;
     #[inline(always)]
-    unsafe fn decode<V: V16, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+    unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
         let (mut ds, mut ms) = ([[0f32; 8]; R], [[0f32; 8]; R]);
         for r in 0..R {
             (ds[r], ms[r]) = k_scales(p[r]);
@@ -495,7 +238,7 @@ impl Format for Q6K {
     const ELEMS: usize = 256;
     const BYTES: usize = 210;
     #[inline(always)]
-    unsafe fn decode<V: V16, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+    unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
         // ggml: (d * sc) * q, one scale per 16 values, so chunk c uses scale c.
         let mut ds = [[0f32; 16]; R];
         for r in 0..R {
@@ -546,14 +289,14 @@ impl Format for Q6K {
 }
 
 /// Multiplies dequantized chunks into the accumulators of `M` activation rows.
-struct DotSink<V: V16, const R: usize, const M: usize> {
+struct DotSink<V: F32x16Bytes, const R: usize, const M: usize> {
     acc: [[V; M]; R],
     x: [*const f32; M],
     /// Element offset of the current block in the row.
     base: usize,
 }
 
-impl<V: V16, const R: usize, const M: usize> Sink<V, R> for DotSink<V, R, M> {
+impl<V: F32x16Bytes, const R: usize, const M: usize> Sink<V, R> for DotSink<V, R, M> {
     #[inline(always)]
     unsafe fn put(&mut self, c: usize, v: &[V; R]) {
         let off = self.base + 16 * c;
@@ -572,7 +315,7 @@ struct StoreSink<const R: usize> {
     base: usize,
 }
 
-impl<V: V16, const R: usize> Sink<V, R> for StoreSink<R> {
+impl<V: F32x16Bytes, const R: usize> Sink<V, R> for StoreSink<R> {
     #[inline(always)]
     unsafe fn put(&mut self, c: usize, v: &[V; R]) {
         for r in 0..R {
@@ -597,7 +340,7 @@ pub(super) struct Job {
 
 /// Dot products of `R` weight rows (starting at `w`) with `M` activation rows.
 #[inline(always)]
-unsafe fn rows_direct<V: V16, D: Format, const R: usize, const M: usize>(
+unsafe fn rows_direct<V: F32x16Bytes, D: Format, const R: usize, const M: usize>(
     w: *const u8,
     row_bytes: usize,
     x: [*const f32; M],
@@ -629,14 +372,14 @@ unsafe fn rows_direct<V: V16, D: Format, const R: usize, const M: usize>(
     let mut out = [[0f32; M]; R];
     for r in 0..R {
         for i in 0..M {
-            out[r][i] = sink.acc[r][i].hsum();
+            out[r][i] = sink.acc[r][i].reduce();
         }
     }
     out
 }
 
 #[inline(always)]
-unsafe fn direct_m<V: V16, D: Format, const M: usize>(job: &Job, i0: usize) {
+unsafe fn direct_m<V: F32x16Bytes, D: Format, const M: usize>(job: &Job, i0: usize) {
     let mut x = [job.x; M];
     for i in 0..M {
         x[i] = job.x.add((i0 + i) * job.k);
@@ -662,7 +405,7 @@ unsafe fn direct_m<V: V16, D: Format, const M: usize>(job: &Job, i0: usize) {
 
 /// Direct path: activation rows in groups of up to `DIRECT_M`.
 #[inline(always)]
-unsafe fn direct<V: V16, D: Format>(job: &Job) {
+unsafe fn direct<V: F32x16Bytes, D: Format>(job: &Job) {
     let mut i = 0;
     while i < job.m {
         let mm = (job.m - i).min(DIRECT_M);
@@ -684,7 +427,7 @@ const TILE_KC: usize = 512;
 /// Dequantizes blocks `b0..b0 + nb` of `R` consecutive weight rows into `dst` rows of stride
 /// `ld`.
 #[inline(always)]
-unsafe fn dequant_chunk<V: V16, D: Format, const R: usize>(
+unsafe fn dequant_chunk<V: F32x16Bytes, D: Format, const R: usize>(
     w: *const u8,
     row_bytes: usize,
     (b0, nb): (usize, usize),
@@ -710,7 +453,7 @@ unsafe fn dequant_chunk<V: V16, D: Format, const R: usize>(
 /// `kc` values, in the fixed order, continuing the 16-lane accumulators at `c` (accumulator
 /// `(i, r)` at `c[16 * (i * NR + r)..]`, started from zero when `first`).
 #[inline(always)]
-unsafe fn micro_kc<V: V16, const MR: usize, const NR: usize>(
+unsafe fn micro_kc<V: F32x16Bytes, const MR: usize, const NR: usize>(
     (x, ldx): (*const f32, usize),
     (w, ldw): (*const f32, usize),
     kc: usize,
@@ -756,7 +499,7 @@ unsafe fn micro_kc<V: V16, const MR: usize, const NR: usize>(
 ///
 /// `ws` holds `NR * TILE_KC` f32, `c` holds `16 * NR * m`.
 #[inline(always)]
-unsafe fn tiled<V: V16, D: Format, const MR: usize, const NR: usize>(job: &Job, ws: *mut f32, c: *mut f32) {
+unsafe fn tiled<V: F32x16Bytes, D: Format, const MR: usize, const NR: usize>(job: &Job, ws: *mut f32, c: *mut f32) {
     const { assert!(MR == 2 || MR == 4, "remainder tiles cover 1 to 3 rows") };
     let mut j = 0;
     while j < job.n {
@@ -807,7 +550,7 @@ unsafe fn tiled<V: V16, D: Format, const MR: usize, const NR: usize>(job: &Job, 
             for t in 0..cnt {
                 let (i, r) = ((a + t) / NR, (a + t) % NR);
                 if r < nr {
-                    let v = if cnt == 16 { sums[t] } else { V::load(c.add(16 * (a + t))).hsum() };
+                    let v = if cnt == 16 { sums[t] } else { V::load(c.add(16 * (a + t))).reduce() };
                     *job.dst.add(i * job.ld + j + r) = v;
                 }
             }
@@ -832,8 +575,8 @@ macro_rules! entry_points {
     };
 }
 
-entry_points!(direct_avx512, tiled_avx512, Z, 4, 6, "avx512f,avx512bw,avx512vl,avx2,fma,f16c");
-entry_points!(direct_avx2, tiled_avx2, Y, 2, 2, "avx2,fma,f16c");
+entry_points!(direct_avx512, tiled_avx512, Avx512, 4, 6, "avx512f,avx512bw,avx512vl,avx2,fma,f16c");
+entry_points!(direct_avx2, tiled_avx2, Avx2x2, 2, 2, "avx2,fma,f16c");
 
 /// Register tiles of the tiled path: (activation rows, weight rows). 4 x 6 measured best of
 /// 3 x 8, 6 x 4, 4 x 6 and 2 x 12 on AVX-512 (L1-resident, aligned operands).

@@ -31,13 +31,14 @@
 use std::arch::x86_64::*;
 use std::ptr;
 
-use super::dequant_fma::{f16_at, load32, nibbles16, q5k_high, PREFETCH_BYTES, V16, Y, Z};
+use super::dequant_fma::{f16_at, load32, nibbles16, q5k_high, PREFETCH_BYTES};
 use super::q8_activations::{QAct, CHAINS, GROUP};
+use crate::simd::{Avx2x2, Avx512, F32x16, F32x16Bytes};
 use crate::DType;
 
 /// 16 i32 lanes (or 64 bytes, or 32 i16) and the integer steps of the Fast kernels.
 pub(super) trait IV: Copy {
-    type F: V16;
+    type F: F32x16Bytes;
     unsafe fn zero() -> Self;
     /// Bytes 0..32 from `a`, 32..64 from `b`.
     unsafe fn from2(a: __m256i, b: __m256i) -> Self;
@@ -103,7 +104,7 @@ pub(super) trait IV: Copy {
 pub(super) struct ZI(pub(super) __m512i);
 
 impl IV for ZI {
-    type F = Z;
+    type F = Avx512;
     #[inline(always)]
     unsafe fn zero() -> Self {
         ZI(_mm512_setzero_si512())
@@ -193,8 +194,8 @@ impl IV for ZI {
         ZI(_mm512_permutexvar_epi16(idx, v))
     }
     #[inline(always)]
-    unsafe fn cvt(self) -> Z {
-        Z(_mm512_cvtepi32_ps(self.0))
+    unsafe fn cvt(self) -> Avx512 {
+        Avx512(_mm512_cvtepi32_ps(self.0))
     }
     #[inline(always)]
     unsafe fn bcast32(p: *const u8) -> Self {
@@ -290,7 +291,7 @@ unsafe fn fold_halves(e0: __m256i, e1: __m256i) -> __m256i {
 }
 
 impl IV for YI {
-    type F = Y;
+    type F = Avx2x2;
     #[inline(always)]
     unsafe fn zero() -> Self {
         YI(_mm256_setzero_si256(), _mm256_setzero_si256())
@@ -374,8 +375,8 @@ impl IV for YI {
         YI(_mm256_shuffle_epi8(v, lo), _mm256_shuffle_epi8(v, hi))
     }
     #[inline(always)]
-    unsafe fn cvt(self) -> Y {
-        Y(_mm256_cvtepi32_ps(self.0), _mm256_cvtepi32_ps(self.1))
+    unsafe fn cvt(self) -> Avx2x2 {
+        Avx2x2(_mm256_cvtepi32_ps(self.0), _mm256_cvtepi32_ps(self.1))
     }
     #[inline(always)]
     unsafe fn bcast32(p: *const u8) -> Self {
@@ -459,10 +460,10 @@ pub(super) trait FF {
     const BIAS: i8 = 0;
     /// Groups `2u` and `2u + 1` of the row at `p` (`u` counts units from the row start);
     /// only group `2u` when `!two` (the second is then zero and not read).
-    unsafe fn unit<V: V16>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i);
+    unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i);
     /// `(A, M)` of the 16 groups of chunk `ch` (`gn` of them exist, the rest 0); Q6_K also
     /// writes the chunk's 32 sub-block scales to `sc`.
-    unsafe fn header<V: V16>(p: *const u8, ch: usize, gn: usize, sc: &mut [i16; 32]) -> (V, V);
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, sc: &mut [i16; 32]) -> (V, V);
 }
 
 pub(super) struct Q4_0;
@@ -474,7 +475,7 @@ pub(super) struct Q6K;
 
 /// `A` of 32-value blocks (`d`, an f16 at the block start) for a chunk of 16 blocks.
 #[inline(always)]
-unsafe fn header_0<V: V16>(p: *const u8, bb: usize, ch: usize, gn: usize) -> V {
+unsafe fn header_0<V: F32x16Bytes>(p: *const u8, bb: usize, ch: usize, gn: usize) -> V {
     let mut d = [0u16; 16];
     let b = p.add(16 * ch * bb);
     if gn == 16 {
@@ -501,12 +502,12 @@ unsafe fn header_0<V: V16>(p: *const u8, bb: usize, ch: usize, gn: usize) -> V {
             r(0),
         );
         _mm256_storeu_si256(d.as_mut_ptr() as *mut __m256i, v);
-        return V::load_f16x16(d.as_ptr() as *const u8);
+        return V::load_f16(d.as_ptr() as *const u8);
     }
     for i in 0..gn {
         d[i] = ptr::read_unaligned(b.add(i * bb) as *const u16);
     }
-    V::load_f16x16(d.as_ptr() as *const u8)
+    V::load_f16(d.as_ptr() as *const u8)
 }
 
 impl FF for Q4_0 {
@@ -515,19 +516,19 @@ impl FF for Q4_0 {
     const OFF: u32 = 3;
     const BIAS: i8 = 8;
     #[inline(always)]
-    unsafe fn unit<V: V16>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
+    unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
         let b = p.add(2 * u * 18);
         (nibbles16(b.add(2)), if two { nibbles16(b.add(20)) } else { _mm256_setzero_si256() })
     }
     #[inline(always)]
-    unsafe fn header<V: V16>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
         (header_0(p, 18, ch, gn), V::zero())
     }
 }
 
 /// Q5_0 block at `b`: nibbles with the fifth bit from `qh` (unsigned, 0..32).
 #[inline(always)]
-unsafe fn q5_0_block<V: V16>(b: *const u8) -> __m256i {
+unsafe fn q5_0_block<V: F32x16Bytes>(b: *const u8) -> __m256i {
     let qh = ptr::read_unaligned(b.add(2) as *const u32);
     _mm256_or_si256(nibbles16(b.add(6)), _mm256_and_si256(V::bits_to_bytes(qh), _mm256_set1_epi8(16)))
 }
@@ -538,12 +539,12 @@ impl FF for Q5_0 {
     const OFF: u32 = 4;
     const BIAS: i8 = 16;
     #[inline(always)]
-    unsafe fn unit<V: V16>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
+    unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
         let b = p.add(2 * u * 22);
         (q5_0_block::<V>(b), if two { q5_0_block::<V>(b.add(22)) } else { _mm256_setzero_si256() })
     }
     #[inline(always)]
-    unsafe fn header<V: V16>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
         (header_0(p, 22, ch, gn), V::zero())
     }
 }
@@ -554,12 +555,12 @@ impl FF for Q8_0 {
     const SIGNED: bool = true;
     const OFF: u32 = 7;
     #[inline(always)]
-    unsafe fn unit<V: V16>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
+    unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
         let b = p.add(2 * u * 34);
         (load32(b.add(2)), if two { load32(b.add(36)) } else { _mm256_setzero_si256() })
     }
     #[inline(always)]
-    unsafe fn header<V: V16>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
         (header_0(p, 34, ch, gn), V::zero())
     }
 }
@@ -580,7 +581,7 @@ unsafe fn k4_scales(p: *const u8) -> (u64, u64) {
 
 /// `(A, M)` of a chunk of Q4_K / Q5_K: two super-blocks of `bb` bytes (one when `gn == 8`).
 #[inline(always)]
-unsafe fn header_k<V: V16>(p: *const u8, bb: usize, ch: usize, gn: usize) -> (V, V) {
+unsafe fn header_k<V: F32x16Bytes>(p: *const u8, bb: usize, ch: usize, gn: usize) -> (V, V) {
     let b0 = p.add(2 * ch * bb);
     let (s0, m0) = k4_scales(b0);
     let (d0, n0) = (f16_at(b0), f16_at(b0.add(2)));
@@ -600,13 +601,13 @@ impl FF for Q4K {
     const BB: usize = 144;
     const MINS: bool = true;
     #[inline(always)]
-    unsafe fn unit<V: V16>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
+    unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
         let raw = load32(p.add((u / 4) * 144 + 16 + 32 * (u % 4)));
         let m4 = _mm256_set1_epi8(0x0F);
         (_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4))
     }
     #[inline(always)]
-    unsafe fn header<V: V16>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
         header_k(p, 144, ch, gn)
     }
 }
@@ -616,7 +617,7 @@ impl FF for Q5K {
     const BB: usize = 176;
     const MINS: bool = true;
     #[inline(always)]
-    unsafe fn unit<V: V16>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
+    unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
         let (b, pair) = (p.add((u / 4) * 176), u % 4);
         let raw = load32(b.add(48 + 32 * pair));
         let qh = load32(b.add(16));
@@ -626,7 +627,7 @@ impl FF for Q5K {
         (lo, hi)
     }
     #[inline(always)]
-    unsafe fn header<V: V16>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
         header_k(p, 176, ch, gn)
     }
 }
@@ -637,7 +638,7 @@ impl FF for Q6K {
     const Q6K: bool = true;
     const BIAS: i8 = 32;
     #[inline(always)]
-    unsafe fn unit<V: V16>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
+    unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
         // Unit u' of a super-block: half n = u'/2, quarters gq = 2(u'%2) and 2(u'%2)+1: the
         // low (gq < 2) or high nibbles of ql[64n + 32(gq%2)..] and bits 2gq, 2gq+1 of qh[32n..].
         let (b, v) = (p.add((u / 4) * 210), u % 4);
@@ -661,7 +662,7 @@ impl FF for Q6K {
         }
     }
     #[inline(always)]
-    unsafe fn header<V: V16>(p: *const u8, ch: usize, gn: usize, sc: &mut [i16; 32]) -> (V, V) {
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, sc: &mut [i16; 32]) -> (V, V) {
         let b0 = p.add(2 * ch * 210);
         let d0 = f16_at(b0.add(208));
         let s0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b0.add(192) as *const __m128i));
@@ -845,7 +846,7 @@ unsafe fn rows_direct<I: IV, F: FF, const VNNI: bool, const R: usize, const M: u
     let mut out = [[0f32; M]; R];
     for r in 0..R {
         for i in 0..M {
-            out[r][i] = acc[r][i].hsum();
+            out[r][i] = acc[r][i].reduce();
         }
     }
     out
@@ -946,7 +947,7 @@ fn chain_starts(ng: usize) -> [usize; CHAINS + 1] {
 /// Packs `rows` (at most `PANEL`) weight rows at `w` into `panel` (`ng` records of
 /// `Rec::bytes::<F>()`, chain-major; rows past `rows` are zero).
 #[inline(always)]
-unsafe fn pack<V: V16, F: FF>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
+unsafe fn pack<V: F32x16Bytes, F: FF>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
     let rec = Rec::bytes::<F>();
     let st = chain_starts(ng);
     if rows < PANEL {
@@ -1068,11 +1069,11 @@ unsafe fn pack_z<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: 
                 continue;
             }
             let p = w.add(r * row_bytes);
-            let (a, mn) = F::header::<Z>(p, ch, gn, &mut sc[r]);
+            let (a, mn) = F::header::<Avx512>(p, ch, gn, &mut sc[r]);
             a.store(av[r].as_mut_ptr());
             mn.neg().store(mv[r].as_mut_ptr());
             for u in 0..gn.div_ceil(2) {
-                let (lo, hi) = F::unit::<Z>(p, CHAINS / 2 * ch + u, 2 * u + 1 < gn);
+                let (lo, hi) = F::unit::<Avx512>(p, CHAINS / 2 * ch + u, 2 * u + 1 < gn);
                 let b = buf[r].as_mut_ptr().add(2 * u * GROUP);
                 _mm256_storeu_si256(b as *mut __m256i, _mm256_sub_epi8(lo, bias));
                 _mm256_storeu_si256(b.add(GROUP) as *mut __m256i, _mm256_sub_epi8(hi, bias));

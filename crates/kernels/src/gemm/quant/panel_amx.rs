@@ -29,12 +29,12 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-use super::dequant_fma::{V16, Z};
 use super::int_dot::{IV, ZI};
 use super::panel_int_dot::{group_scales, put, tree, PJob, Scales, PF, PREFETCH_BYTES};
 use super::panel_int_dot::{P4K, P4_0, P5K, P5_0, P6K, P8_0};
 use super::panel_pack::PANEL;
 use super::q8_activations::{ChainStarts, CHAINS, GROUP};
+use crate::simd::{Avx512, F32x16};
 use crate::DType;
 
 /// Activation rows from which the packed Fast path uses AMX (below, the VNNI walk): a tile
@@ -175,7 +175,7 @@ unsafe fn unpack<F: PF>(q: *const u8, ng: usize, dst: *mut Line) {
 /// `q8_activations`'s `fma(f32(D), fl(A X), acc)` (and `fma(-M, Y, .)`), as `panel_int_dot::float_step`.
 #[inline(always)]
 unsafe fn steps<F: PF>(
-    acc: &mut [Z; 16],
+    acc: &mut [Avx512; 16],
     c: *const Line,
     c2: *const Line,
     s: *const u8,
@@ -190,8 +190,8 @@ unsafe fn steps<F: PF>(
             let d2 = ZI::load(c2.add(i) as *const u8);
             d = ZI::add(ZI::mullo(d, sc.sc[0]), ZI::mullo(d2, sc.sc[1]));
         }
-        let v = Z::fma(d.cvt(), Z::mul(sc.a, Z::splat(*xs.add(i))), acc[i]);
-        acc[i] = if F::SCALES == Scales::K4 { Z::fma(sc.neg_m, Z::splat(*ys.add(i)), v) } else { v };
+        let v = Avx512::fma(d.cvt(), Avx512::mul(sc.a, Avx512::splat(*xs.add(i))), acc[i]);
+        acc[i] = if F::SCALES == Scales::K4 { Avx512::fma(sc.neg_m, Avx512::splat(*ys.add(i)), v) } else { v };
     }
 }
 
@@ -241,17 +241,17 @@ unsafe fn tile<F: PF>(
     xs: *const f32,
     ys: *const f32,
     cbuf: *mut Line,
-    chains: &mut [[Z; CHAINS]; 16],
+    chains: &mut [[Avx512; CHAINS]; 16],
 ) {
     // Chains past `ng` get no group: zero.
     for c in ng.min(CHAINS)..CHAINS {
         for row in chains.iter_mut() {
-            row[c] = Z::zero();
+            row[c] = Avx512::zero();
         }
     }
     let buf = |t: usize| cbuf.add(32 * (t % RING));
     let mut take = ChainOrder::new(ng);
-    let mut acc = [Z::zero(); 16];
+    let mut acc = [Avx512::zero(); 16];
     for t in 0..ng + LAG {
         if t < ng {
             let (a, b, c) = (xq.add(t * GROUP), w.add(8 * t) as *const u8, buf(t));
@@ -266,7 +266,7 @@ unsafe fn tile<F: PF>(
                 for i in 0..16 {
                     chains[i][ch] = acc[i];
                 }
-                acc = [Z::zero(); 16];
+                acc = [Avx512::zero(); 16];
             }
         }
     }
@@ -295,9 +295,9 @@ unsafe fn one_tile<F: PF>(
     sa: usize,
     (xs, ys): (*const f32, *const f32),
     cbuf: *mut Line,
-    chains: &mut [[Z; CHAINS]; 16],
+    chains: &mut [[Avx512; CHAINS]; 16],
 ) {
-    *chains = [[Z::zero(); CHAINS]; 16];
+    *chains = [[Avx512::zero(); CHAINS]; 16];
     let starts = ChainStarts::new(ng);
     let buf = |t: usize| cbuf.add(32 * (t % RING));
     let slot = |t: usize| cbuf.add(32 * RING + 8 * (t % BSLOTS));
@@ -324,7 +324,7 @@ unsafe fn one_tile<F: PF>(
         if t >= LAG {
             let g = t - LAG;
             let (ch, pos) = (g % CHAINS, starts.pos(g));
-            let mut acc = [Z::zero(); 16];
+            let mut acc = [Avx512::zero(); 16];
             for i in 0..16 {
                 acc[i] = chains[i][ch];
             }
@@ -354,7 +354,7 @@ unsafe fn run<F: PF>(job: &PJob<'_>) {
         let sa = act.ngp * GROUP;
         let xq = act.xq.as_ptr().add(job.i0 * sa) as *const u8;
         let x = (act.txs.as_ptr().add(job.i0 * ng), act.tys.as_ptr().add(job.i0 * ng));
-        let mut chains = [[Z::zero(); CHAINS]; 16];
+        let mut chains = [[Avx512::zero(); CHAINS]; 16];
         for p in 0..np {
             let (qo, so) = job.geo.offsets(job.p0 + p);
             one_tile::<F>(job.w.add(qo), job.w.add(so), ng, xq, sa, x, scratch.as_mut_ptr(), &mut chains);
@@ -377,7 +377,7 @@ unsafe fn run<F: PF>(job: &PJob<'_>) {
     let (wbuf, cbuf) = (scratch.as_mut_ptr(), scratch.as_mut_ptr().add(per_block * ng * 8));
     // The chain-major copy: row stride `ng` groups.
     let sa = ng * GROUP;
-    let mut chains = [[Z::zero(); CHAINS]; 16];
+    let mut chains = [[Avx512::zero(); CHAINS]; 16];
     let mut pa = 0;
     while pa < np {
         let pe = (pa + per_block).min(np);

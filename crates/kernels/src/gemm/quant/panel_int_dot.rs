@@ -18,10 +18,10 @@
 
 #![allow(clippy::needless_range_loop)]
 
-use super::dequant_fma::V16;
 use super::int_dot::{Level, IV, YI, ZI};
 use super::panel_pack::{Geometry, PANEL};
 use super::q8_activations::{QAct, CHAINS, GROUP};
+use crate::simd::{F32x16, F32x16Bytes};
 use crate::DType;
 
 /// How a format's group scales work (`panel_pack`'s layout doc).
@@ -181,14 +181,14 @@ pub(super) unsafe fn group_scales<I: IV, F: PF>(s: *const u8, g: usize) -> Group
     let block = if F::SCALES == Scales::K4 { K4::BYTES } else { K6::BYTES };
     let (sbk, j) = (s.add(g / SUPER * block), g % SUPER);
     match F::SCALES {
-        Scales::D => GroupScales { a: I::F::load_f16x16(s.add(g * SB)), neg_m: I::F::zero(), sc: [I::zero(); 2] },
+        Scales::D => GroupScales { a: I::F::load_f16(s.add(g * SB)), neg_m: I::F::zero(), sc: [I::zero(); 2] },
         Scales::K4 => {
-            let a = I::F::mul(I::F::load_f16x16(sbk.add(K4::D)), I::F::from_u8x16(sbk.add(K4::SC + PANEL * j)));
-            let m = I::F::mul(I::F::load_f16x16(sbk.add(K4::DMIN)), I::F::from_u8x16(sbk.add(K4::M + PANEL * j)));
+            let a = I::F::mul(I::F::load_f16(sbk.add(K4::D)), I::F::from_u8x16(sbk.add(K4::SC + PANEL * j)));
+            let m = I::F::mul(I::F::load_f16(sbk.add(K4::DMIN)), I::F::from_u8x16(sbk.add(K4::M + PANEL * j)));
             GroupScales { a, neg_m: m.neg(), sc: [I::zero(); 2] }
         }
         Scales::K6 => GroupScales {
-            a: I::F::load_f16x16(sbk.add(K6::D)),
+            a: I::F::load_f16(sbk.add(K6::D)),
             neg_m: I::F::zero(),
             sc: [I::from_i8x16(sbk.add(K6::SC + PANEL * 2 * j)), I::from_i8x16(sbk.add(K6::SC + PANEL * (2 * j + 1)))],
         },
@@ -262,7 +262,7 @@ pub(super) unsafe fn float_step<I: IV, F: PF>(acc: I::F, d: I, sc: &GroupScales<
 
 /// The canonical tree over the 16 chain accumulators (`reference::hsum16`, per lane).
 #[inline(always)]
-pub(super) unsafe fn tree<V: V16>(acc: &[V; CHAINS]) -> V {
+pub(super) unsafe fn tree<V: F32x16Bytes>(acc: &[V; CHAINS]) -> V {
     let mut s8 = [V::zero(); 8];
     for l in 0..8 {
         s8[l] = V::add(acc[l], acc[l + 8]);
@@ -406,7 +406,7 @@ pub(super) struct PJob<'a> {
 
 /// Stores lanes `0..rows` of `v` at `dst`.
 #[inline(always)]
-pub(super) unsafe fn put<V: V16>(v: V, dst: *mut f32, rows: usize) {
+pub(super) unsafe fn put<V: F32x16Bytes>(v: V, dst: *mut f32, rows: usize) {
     if rows == PANEL {
         v.store(dst);
     } else {

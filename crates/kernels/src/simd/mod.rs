@@ -1,0 +1,185 @@
+//! The vector lanes every kernel is written over, one implementation per instruction set
+//! (`scalar`, `avx2`, `avx512`). Kernels are generic over these traits with
+//! `#[inline(always)]` bodies; each ISA gets a `#[target_feature]` entry point that
+//! instantiates them, so the intrinsics inline with the right features enabled.
+//!
+//! Two views of the same registers:
+//! - [`Native`]: the ISA's own width (1, 8 or 16 f32 lanes), for the kernels whose results
+//!   do not depend on the lane count (attention, norms): every primitive is lane-wise or
+//!   reduces in one fixed order;
+//! - [`F32x16`]: 16 f32 lanes on every ISA (one zmm, two ymm, or 16 scalars), for the
+//!   matmuls' canonical reduction order: lane `l` accumulates the elements `c ≡ l (mod 16)`
+//!   with fused multiply-adds, then the fixed tree `s8[i] = v[i] + v[i+8]`,
+//!   `s4[i] = s8[i] + s8[i+4]`, `s2[i] = s4[i] + s4[i+2]`, `sum = s2[0] + s2[1]`. Every step
+//!   is one correctly rounded IEEE operation, so every ISA produces the same bits.
+//!   [`F32x16Bytes`] adds the byte unpacking the GGUF block formats need (x86 only).
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::__m256i;
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+#[cfg(target_arch = "x86_64")]
+mod avx512;
+mod scalar;
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx2::{Avx2, Avx2x2};
+#[cfg(target_arch = "x86_64")]
+pub(crate) use avx512::Avx512;
+pub(crate) use scalar::{Scalar, Scalar16};
+
+/// `MASK[16 - n..]` starts with `n` ones followed by zeros: keeps the first `n` lanes.
+pub(crate) static MASK: [f32; 32] = {
+    let mut m = [0.0f32; 32];
+    let mut i = 0;
+    while i < 16 {
+        m[i] = 1.0;
+        i += 1;
+    }
+    m
+};
+
+/// One instruction set's vector of f32 and the operations the kernels need.
+///
+/// # Safety
+/// Every method requires the CPU to support the ISA (callers dispatch on `isa::active`) and
+/// pointers valid for the documented number of elements (unaligned is fine).
+pub(crate) trait Native {
+    const LANES: usize;
+    /// Queries FlashAttention runs together (sharing K/V loads) within the register file.
+    const QUERY_GROUP: usize;
+    type V: Copy;
+    unsafe fn zero() -> Self::V;
+    unsafe fn splat(x: f32) -> Self::V;
+    unsafe fn load(p: *const f32) -> Self::V;
+    unsafe fn store(p: *mut f32, v: Self::V);
+    unsafe fn add(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn sub(a: Self::V, b: Self::V) -> Self::V;
+    unsafe fn mul(a: Self::V, b: Self::V) -> Self::V;
+    /// `a * b + c` (fused on SIMD ISAs, two roundings on scalar).
+    unsafe fn fma(a: Self::V, b: Self::V, c: Self::V) -> Self::V;
+    unsafe fn max(a: Self::V, b: Self::V) -> Self::V;
+    /// Sum of the lanes in a fixed tree order.
+    unsafe fn reduce_add(v: Self::V) -> f32;
+    unsafe fn reduce_max(v: Self::V) -> f32;
+    /// `e^min(x, 0)`, 0 below -87 (where f32 `e^x` approaches the subnormal range).
+    unsafe fn exp_neg(x: Self::V) -> Self::V;
+    /// Transposes a `LANES x LANES` block: `dst[c * dst_stride + r] = rows[r][col + c]`.
+    unsafe fn transpose(rows: *const *const f32, col: usize, dst: *mut f32, dst_stride: usize);
+    /// Converts `n` little-endian f16 values (`n % 16 == 0`) to f32 (exact).
+    unsafe fn f16_to_f32(src: *const u8, dst: *mut f32, n: usize);
+    /// Converts `n` little-endian bf16 values (`n % 16 == 0`) to f32 (exact).
+    unsafe fn bf16_to_f32(src: *const u8, dst: *mut f32, n: usize);
+
+    /// Hints that the 64-byte line at `p` is read soon (no-op where unsupported).
+    #[inline(always)]
+    unsafe fn prefetch(p: *const u8) {
+        #[cfg(target_arch = "x86_64")]
+        std::arch::x86_64::_mm_prefetch::<{ std::arch::x86_64::_MM_HINT_T0 }>(p as *const i8);
+        #[cfg(not(target_arch = "x86_64"))]
+        let _ = p;
+    }
+
+    /// Scalar `exp_neg` computed with the vector code, so scalar and vector uses agree.
+    #[inline(always)]
+    unsafe fn exp_neg1(x: f32) -> f32 {
+        Self::reduce_max(Self::exp_neg(Self::splat(x)))
+    }
+}
+
+/// One 16-lane f32 vector in the canonical lane order.
+///
+/// Implementations are `#[inline(always)]` and are only called (after inlining) from
+/// functions compiled with the target features the implementation needs.
+pub(crate) trait F32x16: Copy {
+    unsafe fn zero() -> Self;
+    /// 16 f32 from `p` (any alignment).
+    unsafe fn load(p: *const f32) -> Self;
+    /// 16 little-endian f16 from `p` (any alignment), widened exactly.
+    unsafe fn load_f16(p: *const u8) -> Self;
+    /// 16 little-endian bf16 from `p` (any alignment), widened exactly.
+    unsafe fn load_bf16(p: *const u8) -> Self;
+    /// Stores the 16 lanes to `p` (any alignment).
+    unsafe fn store(self, p: *mut f32);
+    /// `a * b + acc` per lane, fused (one rounding).
+    unsafe fn fma(a: Self, b: Self, acc: Self) -> Self;
+    /// The canonical tree sum of the 16 lanes.
+    unsafe fn reduce(self) -> f32;
+    /// `v` in every lane.
+    unsafe fn splat(v: f32) -> Self;
+    /// `a + b` per lane.
+    unsafe fn add(a: Self, b: Self) -> Self;
+    /// `a * b` per lane.
+    unsafe fn mul(a: Self, b: Self) -> Self;
+    /// `a - b` per lane.
+    unsafe fn sub(a: Self, b: Self) -> Self;
+    /// Hints that the cache line at `p` will be read soon (no effect on results).
+    #[inline(always)]
+    unsafe fn prefetch(_p: *const u8) {}
+
+    /// Whether `register_blocked` runs its packed tiles as two passes over half the chains
+    /// (`split_tile`), with each packed k block stored half by half. Chains are independent
+    /// until the final tree, so this changes which chain is advanced when, not any chain's
+    /// own sequence of operations: the bits stay canonical.
+    const SPLIT: bool = false;
+
+    /// One pass of a split tile: continues chains `8h..8h + 8` of an `MR x NR` tile (row `i`,
+    /// weight row `j` at `acc[i * NR + j]`, the other half left as it is) over `steps` steps
+    /// of 8 values: x rows at `x` (stride `xs`), weight rows at `w`, both holding this half's
+    /// values of consecutive 16-blocks. `first` starts the chains from zero (`h = 0` then
+    /// writes the other half as zero too). Only called when `SPLIT`.
+    #[inline(always)]
+    unsafe fn split_tile<const MR: usize, const NR: usize>(
+        _x: *const f32,
+        _xs: usize,
+        _w: &[*const f32; NR],
+        _steps: usize,
+        _acc: *mut Self,
+        _h: usize,
+        _first: bool,
+    ) {
+        unreachable!("split_tile on a type without SPLIT")
+    }
+}
+
+/// The byte-level steps of unpacking GGUF blocks into 16 f32 lanes (256-bit integer vectors,
+/// AVX2 instructions present on every x86 ISA here).
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait F32x16Bytes: F32x16 {
+    /// The little-endian f16 at `p`, converted exactly, in every lane.
+    unsafe fn splat_f16(p: *const u8) -> Self;
+    /// `reduce` of the 16 vectors at `p` (16 f32 each, consecutive): the same additions.
+    #[inline(always)]
+    unsafe fn hsum16x(p: *const f32) -> [f32; 16] {
+        let mut out = [0f32; 16];
+        for (t, o) in out.iter_mut().enumerate() {
+            *o = Self::load(p.add(16 * t)).reduce();
+        }
+        out
+    }
+    /// 32 signed bytes as floats: (bytes 0..16, bytes 16..32).
+    unsafe fn from_i8x32(v: __m256i) -> (Self, Self);
+    /// Byte `i` is 0xFF when bit `i` of `bits` is set, else 0.
+    unsafe fn bits_to_bytes(bits: u32) -> __m256i;
+    /// `-v` exactly (the sign bit flipped, also for zeros).
+    unsafe fn neg(self) -> Self;
+    /// 16 bytes at `p` as unsigned integers, converted exactly.
+    unsafe fn from_u8x16(p: *const u8) -> Self;
+    /// `a` in lanes 0..8, `b` in lanes 8..16.
+    unsafe fn halves(a: f32, b: f32) -> Self;
+    /// Lanes `0..n` from `new`, the others from `old`.
+    unsafe fn keep_first(n: usize, new: Self, old: Self) -> Self;
+}
+
+// Cephes expf constants (single-precision range reduction + degree-5 polynomial, ~1 ulp).
+#[cfg(target_arch = "x86_64")]
+pub(crate) const EXP_LO: f32 = -87.0;
+#[cfg(target_arch = "x86_64")]
+pub(crate) const LOG2E: f32 = std::f32::consts::LOG2_E;
+#[cfg(target_arch = "x86_64")]
+pub(crate) const LN2_HI: f32 = 0.693_359_4;
+#[cfg(target_arch = "x86_64")]
+pub(crate) const LN2_LO: f32 = -2.121_944_4e-4;
+#[cfg(target_arch = "x86_64")]
+pub(crate) const EXP_P: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
