@@ -10,6 +10,7 @@
 //! library itself never depends on this crate.
 #![allow(clippy::missing_panics_doc)]
 
+pub mod backends;
 pub mod gguf_write;
 pub mod golden;
 pub mod model_files;
