@@ -1,9 +1,71 @@
-//! The GGUF block formats as the kernels read them: where a block keeps its scales, mins and
-//! quants, and the scalar decode of one 32-value group into the integer form of the `Fast`
-//! precision. The reference, the `Exact` unpacking and the `Fast` paths all read the formats
-//! through this one description.
+//! The GGUF block formats as the kernels read them: one marker type per format ([`Block`]:
+//! values and bytes per block), the dispatch from a `DType` to it ([`with_block!`]), where a
+//! block keeps its scales, mins and quants, and the scalar decode of one 32-value group into
+//! the integer form of the `Fast` precision. The reference, the `Exact` unpacking and the
+//! `Fast` paths all read the formats through this one description; each SIMD path adds its
+//! own unpacking as a trait on these marker types.
 
 use crate::DType;
+
+/// A GGUF block format: values and bytes per block.
+pub(crate) trait Block {
+    const ELEMS: usize;
+    const BYTES: usize;
+}
+
+macro_rules! blocks {
+    ($($name:ident: $elems:literal, $bytes:literal;)*) => {$(
+        pub(crate) struct $name;
+        impl Block for $name {
+            const ELEMS: usize = $elems;
+            const BYTES: usize = $bytes;
+        }
+    )*};
+}
+
+blocks! {
+    Q4_0: 32, 18;
+    Q5_0: 32, 22;
+    Q8_0: 32, 34;
+    Q4K: 256, 144;
+    Q5K: 256, 176;
+    Q6K: 256, 210;
+}
+
+/// `$body` with `$F` the [`Block`] type of `$dtype`, or `$other` for a dtype that is not a
+/// block format the kernels read.
+macro_rules! with_block {
+    ($dtype:expr, $F:ident => $body:expr, _ => $other:expr) => {
+        match $dtype {
+            $crate::DType::Q4_0 => {
+                type $F = $crate::gemm::gguf::Q4_0;
+                $body
+            }
+            $crate::DType::Q5_0 => {
+                type $F = $crate::gemm::gguf::Q5_0;
+                $body
+            }
+            $crate::DType::Q8_0 => {
+                type $F = $crate::gemm::gguf::Q8_0;
+                $body
+            }
+            $crate::DType::Q4K => {
+                type $F = $crate::gemm::gguf::Q4K;
+                $body
+            }
+            $crate::DType::Q5K => {
+                type $F = $crate::gemm::gguf::Q5K;
+                $body
+            }
+            $crate::DType::Q6K => {
+                type $F = $crate::gemm::gguf::Q6K;
+                $body
+            }
+            _ => $other,
+        }
+    };
+}
+pub(crate) use with_block;
 
 /// 6-bit scale and min `j` (0..8) of a Q4_K / Q5_K super-block (ggml's `get_scale_min_k4`).
 #[inline]

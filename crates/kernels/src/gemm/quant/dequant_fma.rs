@@ -30,6 +30,7 @@
 use std::arch::x86_64::*;
 use std::ptr;
 
+use crate::gemm::gguf::{with_block, Block, Q4K, Q4_0, Q5K, Q5_0, Q6K, Q8_0};
 use crate::simd::{Avx2x2, Avx512, F32x16Bytes};
 use crate::DType;
 
@@ -67,18 +68,9 @@ pub(super) trait Sink<V: F32x16Bytes, const R: usize> {
 }
 
 /// A GGUF block format, unpacked for `R` rows at once (the same block index in each).
-pub(super) trait Format {
-    const ELEMS: usize;
-    const BYTES: usize;
+pub(super) trait Format: Block {
     unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S);
 }
-
-pub(super) struct Q4_0;
-pub(super) struct Q5_0;
-pub(super) struct Q8_0;
-pub(super) struct Q4K;
-pub(super) struct Q5K;
-pub(super) struct Q6K;
 
 /// `(lo, hi)` scaled: `v * d` (ggml: `x * d`).
 #[inline(always)]
@@ -88,8 +80,6 @@ unsafe fn scaled<V: F32x16Bytes>(q: __m256i, d: V) -> (V, V) {
 }
 
 impl Format for Q8_0 {
-    const ELEMS: usize = 32;
-    const BYTES: usize = 34;
     #[inline(always)]
     unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
         let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
@@ -102,8 +92,6 @@ impl Format for Q8_0 {
 }
 
 impl Format for Q4_0 {
-    const ELEMS: usize = 32;
-    const BYTES: usize = 18;
     #[inline(always)]
     unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
         let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
@@ -117,8 +105,6 @@ impl Format for Q4_0 {
 }
 
 impl Format for Q5_0 {
-    const ELEMS: usize = 32;
-    const BYTES: usize = 22;
     #[inline(always)]
     unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
         let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
@@ -170,8 +156,6 @@ unsafe fn put_k_sub<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(
 }
 
 impl Format for Q4K {
-    const ELEMS: usize = 256;
-    const BYTES: usize = 144;
     #[inline(always)]
     unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
         let (mut ds, mut ms) = ([[0f32; 8]; R], [[0f32; 8]; R]);
@@ -205,8 +189,6 @@ pub(super) unsafe fn q5k_high(qh: __m256i, j: usize) -> __m256i {
 }
 
 impl Format for Q5K {
-    const ELEMS: usize = 256;
-    const BYTES: usize = 176;
     #[inline(always)]
     unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
         let (mut ds, mut ms) = ([[0f32; 8]; R], [[0f32; 8]; R]);
@@ -235,8 +217,6 @@ impl Format for Q5K {
 }
 
 impl Format for Q6K {
-    const ELEMS: usize = 256;
-    const BYTES: usize = 210;
     #[inline(always)]
     unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
         // ggml: (d * sc) * q, one scale per 16 values, so chunk c uses scale c.
@@ -602,15 +582,7 @@ pub(super) const TILE_MIN_ROWS: usize = DIRECT_M + 1;
 pub(super) unsafe fn dots(avx512: bool, dtype: DType, job: &Job) {
     macro_rules! go {
         ($f:ident, $($arg:expr),*) => {
-            match dtype {
-                DType::Q4_0 => $f::<Q4_0>($($arg),*),
-                DType::Q5_0 => $f::<Q5_0>($($arg),*),
-                DType::Q8_0 => $f::<Q8_0>($($arg),*),
-                DType::Q4K => $f::<Q4K>($($arg),*),
-                DType::Q5K => $f::<Q5K>($($arg),*),
-                DType::Q6K => $f::<Q6K>($($arg),*),
-                _ => unreachable!("checked by matmul_quant"),
-            }
+            with_block!(dtype, F => $f::<F>($($arg),*), _ => unreachable!("checked by matmul_quant"))
         };
     }
     if job.m < TILE_MIN_ROWS {

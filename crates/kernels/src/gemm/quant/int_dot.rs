@@ -33,6 +33,7 @@ use std::ptr;
 
 use super::dequant_fma::{f16_at, load32, nibbles16, q5k_high, PREFETCH_BYTES};
 use super::q8_activations::{QAct, CHAINS, GROUP};
+use crate::gemm::gguf::{with_block, Block, Q4K, Q4_0, Q5K, Q5_0, Q6K, Q8_0};
 use crate::simd::{Avx2x2, Avx512, F32x16, F32x16Bytes};
 use crate::DType;
 
@@ -443,10 +444,7 @@ impl IV for YI {
 }
 
 /// A GGUF block format as the Fast kernels read it.
-pub(super) trait FF {
-    /// Values and bytes per block.
-    const BE: usize;
-    const BB: usize;
+pub(super) trait FF: Block {
     /// Q4_K / Q5_K: the `-M_g * Y_g` term.
     const MINS: bool = false;
     /// The unpacked bytes are signed (Q8_0); otherwise unsigned.
@@ -465,13 +463,6 @@ pub(super) trait FF {
     /// writes the chunk's 32 sub-block scales to `sc`.
     unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, sc: &mut [i16; 32]) -> (V, V);
 }
-
-pub(super) struct Q4_0;
-pub(super) struct Q5_0;
-pub(super) struct Q8_0;
-pub(super) struct Q4K;
-pub(super) struct Q5K;
-pub(super) struct Q6K;
 
 /// `A` of 32-value blocks (`d`, an f16 at the block start) for a chunk of 16 blocks.
 #[inline(always)]
@@ -511,8 +502,6 @@ unsafe fn header_0<V: F32x16Bytes>(p: *const u8, bb: usize, ch: usize, gn: usize
 }
 
 impl FF for Q4_0 {
-    const BE: usize = 32;
-    const BB: usize = 18;
     const OFF: u32 = 3;
     const BIAS: i8 = 8;
     #[inline(always)]
@@ -534,8 +523,6 @@ unsafe fn q5_0_block<V: F32x16Bytes>(b: *const u8) -> __m256i {
 }
 
 impl FF for Q5_0 {
-    const BE: usize = 32;
-    const BB: usize = 22;
     const OFF: u32 = 4;
     const BIAS: i8 = 16;
     #[inline(always)]
@@ -550,8 +537,6 @@ impl FF for Q5_0 {
 }
 
 impl FF for Q8_0 {
-    const BE: usize = 32;
-    const BB: usize = 34;
     const SIGNED: bool = true;
     const OFF: u32 = 7;
     #[inline(always)]
@@ -597,8 +582,6 @@ unsafe fn header_k<V: F32x16Bytes>(p: *const u8, bb: usize, ch: usize, gn: usize
 }
 
 impl FF for Q4K {
-    const BE: usize = 256;
-    const BB: usize = 144;
     const MINS: bool = true;
     #[inline(always)]
     unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
@@ -613,8 +596,6 @@ impl FF for Q4K {
 }
 
 impl FF for Q5K {
-    const BE: usize = 256;
-    const BB: usize = 176;
     const MINS: bool = true;
     #[inline(always)]
     unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
@@ -633,8 +614,6 @@ impl FF for Q5K {
 }
 
 impl FF for Q6K {
-    const BE: usize = 256;
-    const BB: usize = 210;
     const Q6K: bool = true;
     const BIAS: i8 = 32;
     #[inline(always)]
@@ -785,7 +764,7 @@ unsafe fn rows_direct<I: IV, F: FF, const VNNI: bool, const R: usize, const M: u
     for r in 0..R {
         p[r] = w.add(r * row_bytes);
     }
-    let chunk_bytes = F::BB * (CHAINS * GROUP) / F::BE;
+    let chunk_bytes = F::BYTES * (CHAINS * GROUP) / F::ELEMS;
     // As in the Exact direct path: rows are short, so fetch `dist` ahead explicitly.
     let dist = (R * row_bytes).max(PREFETCH_BYTES);
     let mut sc = [[0i16; 32]; R];
@@ -1365,15 +1344,7 @@ pub(super) struct Level {
 pub(super) unsafe fn dots_direct(level: Level, dtype: DType, job: &FJob<'_>) {
     macro_rules! go {
         ($f:ident) => {
-            match dtype {
-                DType::Q4_0 => $f::<Q4_0>(job),
-                DType::Q5_0 => $f::<Q5_0>(job),
-                DType::Q8_0 => $f::<Q8_0>(job),
-                DType::Q4K => $f::<Q4K>(job),
-                DType::Q5K => $f::<Q5K>(job),
-                DType::Q6K => $f::<Q6K>(job),
-                _ => unreachable!("checked by matmul_quant"),
-            }
+            with_block!(dtype, F => $f::<F>(job), _ => unreachable!("checked by matmul_quant"))
         };
     }
     match (level.avx512, level.vnni) {
@@ -1395,22 +1366,9 @@ pub(super) unsafe fn dots_tiled(level: Level, dtype: DType, job: &FJob<'_>) {
             fn bytes<F: FF>() -> usize {
                 Rec::bytes::<F>()
             }
-            let rec = match dtype {
-                DType::Q4_0 => bytes::<Q4_0>(),
-                DType::Q5_0 => bytes::<Q5_0>(),
-                DType::Q8_0 => bytes::<Q8_0>(),
-                DType::Q4K => bytes::<Q4K>(),
-                DType::Q5K => bytes::<Q5K>(),
-                DType::Q6K => bytes::<Q6K>(),
-                _ => unreachable!("checked by matmul_quant"),
-            };
-            with_gemm_scratch(job.act.ng * rec, GEMM_IC * CHAINS * PANEL, |panel, chains| match dtype {
-                DType::Q4_0 => $f::<Q4_0>(job, panel, chains),
-                DType::Q5_0 => $f::<Q5_0>(job, panel, chains),
-                DType::Q8_0 => $f::<Q8_0>(job, panel, chains),
-                DType::Q4K => $f::<Q4K>(job, panel, chains),
-                DType::Q5K => $f::<Q5K>(job, panel, chains),
-                _ => $f::<Q6K>(job, panel, chains),
+            let rec = with_block!(dtype, F => bytes::<F>(), _ => unreachable!("checked by matmul_quant"));
+            with_gemm_scratch(job.act.ng * rec, GEMM_IC * CHAINS * PANEL, |panel, chains| {
+                with_block!(dtype, F => $f::<F>(job, panel, chains), _ => unreachable!("checked by matmul_quant"))
             })
         }};
     }

@@ -31,9 +31,9 @@ use std::cell::Cell;
 
 use super::int_dot::{IV, ZI};
 use super::panel_int_dot::{group_scales, put, tree, PJob, Scales, PF, PREFETCH_BYTES};
-use super::panel_int_dot::{P4K, P4_0, P5K, P5_0, P6K, P8_0};
 use super::panel_pack::PANEL;
 use super::q8_activations::{ChainStarts, CHAINS, GROUP};
+use crate::gemm::gguf::with_block;
 use crate::simd::{Avx512, F32x16};
 use crate::DType;
 
@@ -416,13 +416,5 @@ unsafe fn run<F: PF>(job: &PJob<'_>) {
 /// its activations were quantized by `QAct::fill` with the unbiased chain-major copies
 /// (and its padding rows), and `job.i0` is a multiple of 16.
 pub(super) unsafe fn dots(dtype: DType, job: &PJob<'_>) {
-    match dtype {
-        DType::Q4_0 => run::<P4_0>(job),
-        DType::Q5_0 => run::<P5_0>(job),
-        DType::Q8_0 => run::<P8_0>(job),
-        DType::Q4K => run::<P4K>(job),
-        DType::Q5K => run::<P5K>(job),
-        DType::Q6K => run::<P6K>(job),
-        _ => unreachable!("packed layout is only defined for packable types"),
-    }
+    with_block!(dtype, F => run::<F>(job), _ => unreachable!("packed layout is only defined for packable types"))
 }

@@ -21,6 +21,7 @@
 use super::int_dot::{Level, IV, YI, ZI};
 use super::panel_pack::{Geometry, PANEL};
 use super::q8_activations::{QAct, CHAINS, GROUP};
+use crate::gemm::gguf::{with_block, Q4K, Q4_0, Q5K, Q5_0, Q6K, Q8_0};
 use crate::simd::{F32x16, F32x16Bytes};
 use crate::DType;
 
@@ -76,27 +77,20 @@ pub(super) trait PF {
     }
 }
 
-pub(super) struct P4_0;
-pub(super) struct P5_0;
-pub(super) struct P8_0;
-pub(super) struct P4K;
-pub(super) struct P5K;
-pub(super) struct P6K;
-
-impl PF for P4_0 {
+impl PF for Q4_0 {
     const QB: usize = 256;
     const SCALES: Scales = Scales::D;
     const OFF: u32 = 3;
 }
 
-impl PF for P5_0 {
+impl PF for Q5_0 {
     const QB: usize = 320;
     const SCALES: Scales = Scales::D;
     const OFF: u32 = 4;
     const HIGH: u32 = 1;
 }
 
-impl PF for P8_0 {
+impl PF for Q8_0 {
     const QB: usize = 512;
     const SCALES: Scales = Scales::D;
     const OFF: u32 = 7;
@@ -112,18 +106,18 @@ impl PF for P8_0 {
     }
 }
 
-impl PF for P4K {
+impl PF for Q4K {
     const QB: usize = 256;
     const SCALES: Scales = Scales::K4;
 }
 
-impl PF for P5K {
+impl PF for Q5K {
     const QB: usize = 320;
     const SCALES: Scales = Scales::K4;
     const HIGH: u32 = 1;
 }
 
-impl PF for P6K {
+impl PF for Q6K {
     const QB: usize = 384;
     const SCALES: Scales = Scales::K6;
     const HIGH: u32 = 2;
@@ -500,15 +494,7 @@ entry!(y_plain, YI, 4, false, "avx2,fma,f16c");
 pub(super) unsafe fn dots(level: Level, dtype: DType, job: &PJob<'_>) {
     macro_rules! go {
         ($f:ident) => {
-            match dtype {
-                DType::Q4_0 => $f::<P4_0>(job),
-                DType::Q5_0 => $f::<P5_0>(job),
-                DType::Q8_0 => $f::<P8_0>(job),
-                DType::Q4K => $f::<P4K>(job),
-                DType::Q5K => $f::<P5K>(job),
-                DType::Q6K => $f::<P6K>(job),
-                _ => unreachable!("packed layout is only defined for packable types"),
-            }
+            with_block!(dtype, F => $f::<F>(job), _ => unreachable!("packed layout is only defined for packable types"))
         };
     }
     match (level.avx512, level.vnni) {

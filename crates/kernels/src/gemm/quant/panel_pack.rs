@@ -55,6 +55,17 @@ pub fn packable(dtype: DType) -> bool {
     matches!(dtype, DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4K | DType::Q5K | DType::Q6K)
 }
 
+/// What a panel's unsigned weight bytes carry above the signed weight `w` (`u = w + bias`).
+fn weight_bias(dtype: DType) -> i32 {
+    match dtype {
+        DType::Q4_0 => 8,
+        DType::Q5_0 => 16,
+        DType::Q6K => 32,
+        DType::Q8_0 => 128,
+        _ => 0,
+    }
+}
+
 /// Quant and scale bytes per group of one panel (scales: on average, for the K types).
 pub(crate) fn group_bytes(dtype: DType) -> (usize, usize) {
     match dtype {
@@ -177,13 +188,7 @@ fn pack_panel(dtype: DType, src: &[u8], rows: usize, cols: usize, p: usize, quan
         for g in 0..ng {
             let block = &row[(g * GROUP / be) * bb..][..bb];
             let gr = q8_activations::group(dtype, row, g);
-            let bias: i32 = match dtype {
-                DType::Q4_0 => 8,
-                DType::Q5_0 => 16,
-                DType::Q6K => 32,
-                DType::Q8_0 => 128,
-                _ => 0,
-            };
+            let bias = weight_bias(dtype);
             let u: [u8; GROUP] = std::array::from_fn(|e| (gr.w[e] as i32 + bias) as u8);
             let q = &mut quants[g * qb..(g + 1) * qb];
             if dtype == DType::Q8_0 {
@@ -263,13 +268,7 @@ pub(crate) fn group(w: &crate::WeightMat<'_>, j: usize, g: usize) -> Group {
             };
         }
     }
-    let bias: i32 = match dtype {
-        DType::Q4_0 => 8,
-        DType::Q5_0 => 16,
-        DType::Q6K => 32,
-        DType::Q8_0 => 128,
-        _ => 0,
-    };
+    let bias = weight_bias(dtype);
     let wv: [i8; GROUP] = std::array::from_fn(|e| (u[e] as i32 - bias) as i8);
     let (sbk, jg) = (so + g / SUPER * SUPER * sb, g % SUPER);
     let s = w.data;
