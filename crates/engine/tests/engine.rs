@@ -1,5 +1,13 @@
 //! The engine: continuous batching, prefix caching, preemption, chunked prefill,
 //! cancellation and request-level determinism, checked from the outside.
+//!
+//! The scenarios that are about the engine rather than one backend (batch invariance, golden
+//! greedy continuations, prefix cache, preemption, cancellation) run on every backend present
+//! (`tboost_testkit::backends`: the CPU, and the Ascend backend on the CANN SIMULATOR), each
+//! assertion naming the backend. Block counts follow the backend's block size (16 on the CPU,
+//! 128 for Ascend's attention). The simulator computes in f64 loops on the host, far slower
+//! than the CPU, so where a scenario's size is a choice it takes a smaller table there, with
+//! the same structure.
 
 use tboost_testkit::golden as common;
 
@@ -9,6 +17,7 @@ use tboost_engine::plan::PrecisionPolicy;
 use tboost_engine::sample::{FinishReason, SamplingParams};
 use tboost_engine::sched::Request;
 use tboost_engine::Error;
+use tboost_testkit::backends::{self, Kind, TestBackend};
 
 fn engine(path: &std::path::Path, cfg: EngineConfig) -> Engine {
     let e = Engine::new(cfg).unwrap();
@@ -48,24 +57,52 @@ fn prompts(lens: &[usize], vocab: usize, salt: u64) -> Vec<Vec<u32>> {
 }
 
 const LENS: [usize; 16] = [1, 300, 17, 64, 5, 129, 250, 33, 2, 16, 95, 200, 48, 7, 160, 281];
+/// The simulator's table: fewer and shorter requests, still chunked beside decodes.
+const LENS_SIM: [usize; 8] = [1, 300, 17, 129, 5, 250, 33, 64];
 
-fn batch_invariance(path: &std::path::Path, vocab: usize, precision: PrecisionPolicy) {
-    let reqs: Vec<Request> = prompts(&LENS, vocab, 11).into_iter().map(|p| greedy(p, 12)).collect();
-    let cfg = |blocks, max_batched| EngineConfig { precision, ..cfg(blocks, max_batched) };
+/// Requests of `lens` prompt tokens, `tokens` ids each, alone on fresh engines and together
+/// on one with a small token budget: the same ids.
+fn batch_invariance_on(
+    b: &TestBackend,
+    path: &std::path::Path,
+    vocab: usize,
+    precision: PrecisionPolicy,
+    lens: &[usize],
+    tokens: usize,
+) {
+    let reqs: Vec<Request> = prompts(lens, vocab, 11).into_iter().map(|p| greedy(p, tokens)).collect();
+    let cfg =
+        |kv_tokens, max_batched| EngineConfig { precision, kv_size: KvSize::Tokens(kv_tokens), ..cfg(0, max_batched) };
     let alone: Vec<Vec<u32>> =
-        reqs.iter().map(|r| run_all(&engine(path, cfg(64, 512)), std::slice::from_ref(r)).remove(0)).collect();
+        reqs.iter().map(|r| run_all(&b.engine(cfg(1024, 512), path), std::slice::from_ref(r)).remove(0)).collect();
     // Together, with a small token budget so prompts are prefilled in chunks next to decodes.
-    let together = run_all(&engine(path, cfg(512, 96)), &reqs);
+    let together = run_all(&b.engine(cfg(8192, 96), path), &reqs);
     for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
-        assert_eq!(a, t, "{}: request {i} (prompt {} tokens) differs in a batch", path.display(), LENS[i]);
+        assert_eq!(a, t, "[{b}] {}: request {i} (prompt {} tokens) differs in a batch", path.display(), lens[i]);
     }
+}
+
+/// On the CPU only: about its GGUF and fast-precision kernels (the Ascend backend runs GGUF
+/// block types on the CPU beside it).
+fn batch_invariance(path: &std::path::Path, vocab: usize, precision: PrecisionPolicy) {
+    batch_invariance_on(&backends::cpu(), path, vocab, precision, &LENS, 12);
 }
 
 #[test]
 fn batch_invariance_golden_models() {
-    for case in CASES {
-        let vocab = golden(case)["params"]["vocab_size"].as_u64().unwrap() as usize;
-        batch_invariance(&golden_dir(case), vocab, PrecisionPolicy::Auto);
+    for b in backends::present() {
+        let turn = b.exclusive();
+        // On the simulator: the attention (llama_gqa) and MoE (mixtral) paths.
+        let (cases, lens, tokens): (&[&str], &[usize], usize) = match b.kind {
+            Kind::Cpu => (CASES, &LENS, 12),
+            Kind::AscendSim => (&["llama_gqa", "mixtral"], &LENS_SIM, 8),
+        };
+        for case in cases {
+            let vocab = golden(case)["params"]["vocab_size"].as_u64().unwrap() as usize;
+            batch_invariance_on(&b, &golden_dir(case), vocab, PrecisionPolicy::Auto, lens, tokens);
+        }
+        b.check_released("batch_invariance_golden_models");
+        drop(turn);
     }
 }
 
@@ -83,69 +120,122 @@ fn batch_invariance_f16_at_fast_precision() {
     batch_invariance(&model_file("llama-2-tiny-random.gguf"), 32000, PrecisionPolicy::Fast);
 }
 
+/// Golden greedy ids through the engine, the prompts batched, under the margin rule with the
+/// backend's τ; and each request alone on a fresh engine gives the same ids.
 #[test]
 fn golden_greedy_continuations_through_the_engine() {
-    for case in CASES {
-        let g = golden(case);
-        let e = engine(&golden_dir(case), cfg(256, 64));
-        let ps = g["prompts"].as_array().unwrap();
-        let reqs: Vec<Request> = ps.iter().map(|p| greedy(ids(&p["token_ids"]), 16)).collect();
-        let got = run_all(&e, &reqs);
-        for (p, got) in ps.iter().zip(got) {
-            let gr = &p["greedy"];
-            let steps = gr["steps"].as_array().unwrap();
-            let margins: Vec<f64> = steps.iter().map(|s| s["top2_margin_f64"].as_f64().unwrap()).collect();
-            let second: Vec<u32> = steps.iter().map(|s| ids(&s["top5_ids"])[1]).collect();
-            check_greedy(&format!("{case}/{}", p["name"]), &got, &ids(&gr["tokens_f64"]), &margins, &second, 2e-3);
+    for b in backends::present() {
+        let turn = b.exclusive();
+        for case in CASES {
+            let g = golden(case);
+            let layers = g["params"]["num_hidden_layers"].as_u64().expect("num_hidden_layers") as usize;
+            let path = golden_dir(case);
+            let cfg = EngineConfig { kv_size: KvSize::Tokens(4096), ..cfg(0, 64) };
+            let e = b.engine(cfg.clone(), &path);
+            assert_eq!(e.plan().unwrap().device.backend, b.name, "[{b}] {case}: the plan's backend");
+            let ps = g["prompts"].as_array().unwrap();
+            let reqs: Vec<Request> = ps.iter().map(|p| greedy(ids(&p["token_ids"]), 16)).collect();
+            let got = run_all(&e, &reqs);
+            for (p, got) in ps.iter().zip(&got) {
+                let gr = &p["greedy"];
+                let steps = gr["steps"].as_array().unwrap();
+                let margins: Vec<f64> = steps.iter().map(|s| s["top2_margin_f64"].as_f64().unwrap()).collect();
+                let second: Vec<u32> = steps.iter().map(|s| ids(&s["top5_ids"])[1]).collect();
+                let tau = b.greedy_tau(layers, max_abs(&floats(&steps[0]["top5_logits"])));
+                let what = format!("[{b}] {case}/{}", p["name"]);
+                check_greedy(&what, got, &ids(&gr["tokens_f64"]), &margins, &second, tau);
+            }
+            drop(e);
+            let alone: Vec<Vec<u32>> = reqs
+                .iter()
+                .map(|r| run_all(&b.engine(cfg.clone(), &path), std::slice::from_ref(r)).remove(0))
+                .collect();
+            assert_eq!(alone, got, "[{b}] {case}: batched tokens differ from running alone");
         }
+        b.check_released("golden_greedy_continuations_through_the_engine");
+        drop(turn);
     }
 }
 
+fn max_abs(v: &[f32]) -> f32 {
+    v.iter().fold(0f32, |a, x| a.max(x.abs()))
+}
+
+/// A second request sharing four full blocks of prompt with the first computes only its
+/// suffix and its decodes, and gets the tokens an engine without the cache gives.
 #[test]
-fn prefix_cache_reuses_a_shared_64_token_prefix() {
+fn prefix_cache_reuses_a_shared_four_block_prefix() {
     let path = golden_dir("llama_gqa");
-    let shared = prompts(&[64], 640, 5).remove(0);
-    let mut a = shared.clone();
-    a.extend([10, 11, 12, 13, 14]);
-    let mut b = shared.clone();
-    b.extend([20, 21, 22]);
-    let reqs = [greedy(a, 8), greedy(b.clone(), 8)];
+    for b in backends::present() {
+        let turn = b.exclusive();
+        let shared_len = 4 * b.block_size;
+        let shared = prompts(&[shared_len], 640, 5).remove(0);
+        let mut a = shared.clone();
+        a.extend([10, 11, 12, 13, 14]);
+        let mut second_prompt = shared.clone();
+        second_prompt.extend([20, 21, 22]);
+        let reqs = [greedy(a, 8), greedy(second_prompt.clone(), 8)];
 
-    let mut nocache = cfg(64, 512);
-    nocache.prefix_caching = false;
-    let want = run_all(&engine(&path, nocache), &reqs);
+        let mut nocache = cfg(64, 512);
+        nocache.prefix_caching = false;
+        let want = run_all(&b.engine(nocache, &path), &reqs);
 
-    let e = engine(&path, cfg(64, 512));
-    let first = run_all(&e, &reqs[..1]);
-    let before = e.stats().unwrap();
-    let second = run_all(&e, &reqs[1..]);
-    let after = e.stats().unwrap();
-    assert_eq!(vec![first[0].clone(), second[0].clone()], want);
-    assert_eq!(after.prefix_cache_hit_tokens - before.prefix_cache_hit_tokens, 64);
-    // Only the suffix (3 prompt tokens) and the 7 decoded tokens were computed.
-    assert_eq!(after.computed_tokens - before.computed_tokens, (b.len() - 64 + 7) as u64);
+        let e = b.engine(cfg(64, 512), &path);
+        let first = run_all(&e, &reqs[..1]);
+        let before = e.stats().unwrap();
+        let second = run_all(&e, &reqs[1..]);
+        let after = e.stats().unwrap();
+        assert_eq!(vec![first[0].clone(), second[0].clone()], want, "[{b}] tokens with the prefix cache");
+        assert_eq!(
+            after.prefix_cache_hit_tokens - before.prefix_cache_hit_tokens,
+            shared_len as u64,
+            "[{b}] prefix cache hit tokens"
+        );
+        // Only the suffix (3 prompt tokens) and the 7 decoded tokens were computed.
+        assert_eq!(
+            after.computed_tokens - before.computed_tokens,
+            (second_prompt.len() - shared_len + 7) as u64,
+            "[{b}] computed tokens of the second request"
+        );
+        drop(e);
+        b.check_released("prefix_cache_reuses_a_shared_four_block_prefix");
+        drop(turn);
+    }
 }
 
 #[test]
 fn preemption_keeps_outputs_identical() {
     let path = golden_dir("llama_gqa");
-    let reqs: Vec<Request> =
-        prompts(&[40, 35, 50, 20, 45, 30, 38, 41], 640, 9).into_iter().map(|p| greedy(p, 24)).collect();
-    let want = run_all(&engine(&path, cfg(256, 512)), &reqs);
-    // Each request needs up to 5 blocks of 16; 12 blocks cannot hold 8 of them at once.
-    let mut small = cfg(12, 512);
-    small.prefix_caching = false;
-    let e = engine(&path, small);
-    let got = run_all(&e, &reqs);
-    assert_eq!(got, want);
-    let st = e.stats().unwrap();
-    assert!(st.preemptions_total > 0, "{st:?}");
-    assert_eq!(st.kv_blocks_used, 0);
-    // Prompt tokens count once; the recomputation after a preemption is computed work only.
-    let prompt: u64 = reqs.iter().map(|r| r.prompt.len() as u64).sum();
-    assert_eq!(st.prompt_tokens, prompt, "{st:?}");
-    assert_eq!(st.generated_tokens, 8 * 24);
-    assert!(st.computed_tokens > prompt + 8 * 23, "recomputed tokens are in computed_tokens: {st:?}");
+    for b in backends::present() {
+        let turn = b.exclusive();
+        // Prompts whose 24 decodes cross a block edge, more of them than the small pool holds
+        // at once. CPU (16-token blocks): each request needs up to 5 blocks; 12 cannot hold 8
+        // of them. Simulator (128): prompts 8..28 tokens short of an edge, 8 blocks of prompt
+        // and growth for a pool of 5.
+        let (lens, blocks): (&[usize], usize) = match b.kind {
+            Kind::Cpu => (&[40, 35, 50, 20, 45, 30, 38, 41], 12),
+            Kind::AscendSim => (&[120, 100, 230, 110], 5),
+        };
+        let reqs: Vec<Request> = prompts(lens, 640, 9).into_iter().map(|p| greedy(p, 24)).collect();
+        let n = reqs.len() as u64;
+        let want = run_all(&b.engine(cfg(256, 512), &path), &reqs);
+        let mut small = cfg(blocks, 512);
+        small.prefix_caching = false;
+        let e = b.engine(small, &path);
+        let got = run_all(&e, &reqs);
+        assert_eq!(got, want, "[{b}] tokens after preemptions");
+        let st = e.stats().unwrap();
+        assert!(st.preemptions_total > 0, "[{b}] no preemption: {st:?}");
+        assert_eq!(st.kv_blocks_used, 0, "[{b}] {st:?}");
+        // Prompt tokens count once; the recomputation after a preemption is computed work only.
+        let prompt: u64 = reqs.iter().map(|r| r.prompt.len() as u64).sum();
+        assert_eq!(st.prompt_tokens, prompt, "[{b}] {st:?}");
+        assert_eq!(st.generated_tokens, n * 24, "[{b}] {st:?}");
+        assert!(st.computed_tokens > prompt + n * 23, "[{b}] recomputed tokens are in computed_tokens: {st:?}");
+        drop(e);
+        b.check_released("preemption_keeps_outputs_identical");
+        drop(turn);
+    }
 }
 
 #[test]
@@ -181,29 +271,37 @@ fn chunked_prefill_never_starves_running_decodes() {
 #[test]
 fn cancellation_frees_blocks_and_bad_ids_are_errors() {
     let path = golden_dir("llama_gqa");
-    let e = engine(&path, cfg(64, 512));
-    let idle = e.stats().unwrap().kv_blocks_used;
-    let id = e.enqueue(greedy(prompts(&[40], 640, 3).remove(0), 100)).unwrap();
-    for _ in 0..5 {
-        e.step().unwrap();
+    for b in backends::present() {
+        let turn = b.exclusive();
+        let e = b.engine(cfg(64, 512), &path);
+        let idle = e.stats().unwrap().kv_blocks_used;
+        let id = e.enqueue(greedy(prompts(&[40], 640, 3).remove(0), 100)).unwrap();
+        for _ in 0..5 {
+            e.step().unwrap();
+        }
+        assert!(e.stats().unwrap().kv_blocks_used > idle, "[{b}] blocks in use while decoding");
+        e.cancel(id).unwrap();
+        e.cancel(id).unwrap_or_else(|err| panic!("[{b}] a second cancel while pending: {err}"));
+        let ev = e.step().unwrap().events;
+        assert!(ev.iter().any(|v| v.id == id && v.finish == Some(FinishReason::Cancelled)), "[{b}] {ev:?}");
+        assert_eq!(e.stats().unwrap().kv_blocks_used, idle, "[{b}] blocks not freed by the step after the cancel");
+        let out = e.output(id).unwrap();
+        assert_eq!(out.finish, Some(FinishReason::Cancelled), "[{b}] {out:?}");
+        e.cancel(id).unwrap_or_else(|err| panic!("[{b}] a cancel once cancelled: {err}"));
+        let done = e.enqueue(greedy(vec![5, 6], 1)).unwrap();
+        e.run_to_completion().unwrap();
+        let r = e.cancel(done);
+        assert!(matches!(&r, Err(Error::NotFound(m)) if m.contains("already finished")), "[{b}] {r:?}");
+        let r = e.cancel(987654);
+        assert!(matches!(&r, Err(Error::NotFound(m)) if m.contains("unknown")), "[{b}] {r:?}");
+        // The engine keeps working.
+        let id2 = e.enqueue(greedy(vec![5, 6, 7], 3)).unwrap();
+        e.run_to_completion().unwrap();
+        assert_eq!(e.output(id2).unwrap().tokens.len(), 3, "[{b}] the engine keeps working");
+        drop(e);
+        b.check_released("cancellation_frees_blocks_and_bad_ids_are_errors");
+        drop(turn);
     }
-    assert!(e.stats().unwrap().kv_blocks_used > idle);
-    e.cancel(id).unwrap();
-    e.cancel(id).unwrap(); // idempotent while pending
-    let ev = e.step().unwrap().events;
-    assert!(ev.iter().any(|v| v.id == id && v.finish == Some(FinishReason::Cancelled)), "{ev:?}");
-    assert_eq!(e.stats().unwrap().kv_blocks_used, idle, "blocks not freed by the step after the cancel");
-    let out = e.output(id).unwrap();
-    assert_eq!(out.finish, Some(FinishReason::Cancelled));
-    e.cancel(id).unwrap(); // and once cancelled
-    let done = e.enqueue(greedy(vec![5, 6], 1)).unwrap();
-    e.run_to_completion().unwrap();
-    assert!(matches!(e.cancel(done), Err(Error::NotFound(m)) if m.contains("already finished")));
-    assert!(matches!(e.cancel(987654), Err(Error::NotFound(m)) if m.contains("unknown")));
-    // The engine keeps working.
-    let id2 = e.enqueue(greedy(vec![5, 6, 7], 3)).unwrap();
-    e.run_to_completion().unwrap();
-    assert_eq!(e.output(id2).unwrap().tokens.len(), 3);
 }
 
 #[test]

@@ -47,10 +47,15 @@ impl fmt::Display for TestBackend {
 /// Serializes every use of the simulator in this process (see the module doc).
 static SIMULATOR: Mutex<()> = Mutex::new(());
 
+/// The CPU backend alone (scenarios about its own kernels).
+pub fn cpu() -> TestBackend {
+    TestBackend { name: "cpu", kind: Kind::Cpu, block_size: 16 }
+}
+
 /// Every backend compiled into this build (a new backend adds one entry here).
 pub fn present() -> Vec<TestBackend> {
     #[allow(unused_mut)]
-    let mut v = vec![TestBackend { name: "cpu", kind: Kind::Cpu, block_size: 16 }];
+    let mut v = vec![cpu()];
     #[cfg(feature = "ascend")]
     v.push(TestBackend { name: "ascend", kind: Kind::AscendSim, block_size: 128 });
     for b in &v {
