@@ -23,6 +23,18 @@ mod avx2;
 mod avx512;
 mod scalar;
 
+/// `$body` 16 times with `$c` bound to 0, 1, .., 15 (a constant in each copy): the 16 lanes
+/// or chains of a canonical accumulator, each kept in its own register.
+macro_rules! unroll16 {
+    ($c:ident => $body:block) => {{
+        $crate::simd::unroll16!(@ $c $body; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
+    }};
+    (@ $c:ident $body:block; $($n:literal)*) => {{
+        $( { let $c: usize = $n; $body } )*
+    }};
+}
+pub(crate) use unroll16;
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) use avx2::{Avx2, Avx2x2};
 #[cfg(target_arch = "x86_64")]

@@ -26,7 +26,7 @@
 use rayon::prelude::*;
 
 use super::lanes::{WKind, WBF16, WF16, WF32};
-use crate::simd::F32x16;
+use crate::simd::{unroll16, F32x16};
 use crate::{DType, WeightMat, WeightVec};
 
 /// Output rows per panel.
@@ -110,15 +110,6 @@ unsafe fn pad<V: F32x16>(k: usize, chain: usize, acc: V) -> V {
     } else {
         acc
     }
-}
-
-macro_rules! unroll16 {
-    ($c:ident => $body:block) => {{
-        unroll16!(@ $c $body; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
-    }};
-    (@ $c:ident $body:block; $($n:literal)*) => {{
-        $( { let $c: usize = $n; $body } )*
-    }};
 }
 
 /// One activation row `x` against the panel at `w` (`k` columns): the 16 rows' sums.

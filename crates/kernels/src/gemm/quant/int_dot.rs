@@ -1335,6 +1335,27 @@ pub(super) struct Level {
     pub vnni: bool,
 }
 
+/// `entry::<F>(args)` with `F` the block type of `dtype` and `entry` the one of the four
+/// instantiations (AVX-512 or AVX2, with or without VNNI) that `level` names.
+macro_rules! by_level {
+    ($level:expr, $dtype:expr, [$zv:ident, $zp:ident, $yv:ident, $yp:ident]($($arg:expr),*)) => {{
+        use $crate::gemm::gguf::with_block;
+        match ($level.avx512, $level.vnni) {
+            (true, true) => with_block!($dtype, F => $zv::<F>($($arg),*), _ => not_a_block()),
+            (true, false) => with_block!($dtype, F => $zp::<F>($($arg),*), _ => not_a_block()),
+            (false, true) => with_block!($dtype, F => $yv::<F>($($arg),*), _ => not_a_block()),
+            (false, false) => with_block!($dtype, F => $yp::<F>($($arg),*), _ => not_a_block()),
+        }
+    }};
+}
+pub(super) use by_level;
+
+/// The `dtype` of a quantized kernel call is a block format (checked by `matmul_quant`).
+#[cold]
+pub(super) fn not_a_block() -> ! {
+    unreachable!("checked by matmul_quant")
+}
+
 /// Raw Fast dot products for `job` (direct path).
 ///
 /// # Safety
@@ -1342,17 +1363,7 @@ pub(super) struct Level {
 /// memory: `n` rows of `row_bytes` bytes of `dtype` blocks of `act.k` values, activation rows
 /// `i0..i0 + m` of `act`, and a writable `dst`.
 pub(super) unsafe fn dots_direct(level: Level, dtype: DType, job: &FJob<'_>) {
-    macro_rules! go {
-        ($f:ident) => {
-            with_block!(dtype, F => $f::<F>(job), _ => unreachable!("checked by matmul_quant"))
-        };
-    }
-    match (level.avx512, level.vnni) {
-        (true, true) => go!(direct_z_vnni),
-        (true, false) => go!(direct_z_plain),
-        (false, true) => go!(direct_y_vnni),
-        (false, false) => go!(direct_y_plain),
-    }
+    by_level!(level, dtype, [direct_z_vnni, direct_z_plain, direct_y_vnni, direct_y_plain](job))
 }
 
 /// Raw Fast dot products for `job` on the tiled path (packed panels); the activations must

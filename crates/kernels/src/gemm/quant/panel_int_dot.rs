@@ -18,11 +18,11 @@
 
 #![allow(clippy::needless_range_loop)]
 
-use super::int_dot::{Level, IV, YI, ZI};
+use super::int_dot::{by_level, not_a_block, Level, IV, YI, ZI};
 use super::panel_pack::{Geometry, PANEL};
 use super::q8_activations::{QAct, CHAINS, GROUP};
-use crate::gemm::gguf::{with_block, Q4K, Q4_0, Q5K, Q5_0, Q6K, Q8_0};
-use crate::simd::{F32x16, F32x16Bytes};
+use crate::gemm::gguf::{Q4K, Q4_0, Q5K, Q5_0, Q6K, Q8_0};
+use crate::simd::{unroll16, F32x16, F32x16Bytes};
 use crate::DType;
 
 /// How a format's group scales work (`panel_pack`'s layout doc).
@@ -268,15 +268,6 @@ pub(super) unsafe fn tree<V: F32x16Bytes>(acc: &[V; CHAINS]) -> V {
     V::add(V::add(s4[0], s4[2]), V::add(s4[1], s4[3]))
 }
 
-macro_rules! unroll16 {
-    ($c:ident => $body:block) => {{
-        unroll16!(@ $c $body; 0 1 2 3 4 5 6 7 8 9 10 11 12 13 14 15);
-    }};
-    (@ $c:ident $body:block; $($n:literal)*) => {{
-        $( { let $c: usize = $n; $body } )*
-    }};
-}
-
 /// `acc` after group `g` of one activation row (a closure here would not inherit the
 /// caller's target features, and would not be inlined).
 #[inline(always)]
@@ -492,15 +483,5 @@ entry!(y_plain, YI, 4, false, "avx2,fma,f16c");
 /// The CPU supports `level`; `job` describes valid memory (whole panels of `dtype` for the
 /// `n` rows, activation rows `i0..i0 + m` of `act`, a writable `dst`).
 pub(super) unsafe fn dots(level: Level, dtype: DType, job: &PJob<'_>) {
-    macro_rules! go {
-        ($f:ident) => {
-            with_block!(dtype, F => $f::<F>(job), _ => unreachable!("packed layout is only defined for packable types"))
-        };
-    }
-    match (level.avx512, level.vnni) {
-        (true, true) => go!(z_vnni),
-        (true, false) => go!(z_plain),
-        (false, true) => go!(y_vnni),
-        (false, false) => go!(y_plain),
-    }
+    by_level!(level, dtype, [z_vnni, z_plain, y_vnni, y_plain](job))
 }

@@ -295,20 +295,11 @@ pub(crate) fn group(w: &crate::WeightMat<'_>, j: usize, g: usize) -> Group {
 /// `dst` is writable for that rectangle.
 pub(crate) unsafe fn dots_scalar(
     w: &crate::WeightMat<'_>,
-    (j0, j1): (usize, usize),
+    rows: (usize, usize),
     act: &q8_activations::QAct,
-    (i0, i1): (usize, usize),
+    acts: (usize, usize),
     dst: *mut f32,
     ld: usize,
 ) {
-    let ng = act.ng;
-    let mut groups = Vec::with_capacity(ng);
-    for j in j0..j1 {
-        groups.clear();
-        groups.extend((0..ng).map(|g| group(w, j, g)));
-        for i in i0..i1 {
-            *dst.add((i - i0) * ld + (j - j0)) =
-                q8_activations::dot_groups(&groups, q8_activations::has_mins(w.dtype), act, i);
-        }
-    }
+    q8_activations::dots_scalar_of(|j, g| group(w, j, g), q8_activations::has_mins(w.dtype), rows, act, acts, dst, ld)
 }

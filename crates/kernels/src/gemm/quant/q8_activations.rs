@@ -270,6 +270,23 @@ pub(crate) fn with_act<T>(f: impl FnOnce(&mut QAct) -> T) -> T {
 pub(crate) unsafe fn dots_scalar(
     dtype: DType,
     w: &crate::WeightMat<'_>,
+    rows: (usize, usize),
+    act: &QAct,
+    acts: (usize, usize),
+    dst: *mut f32,
+    ld: usize,
+) {
+    dots_scalar_of(|j, g| group(dtype, w.row(j), g), has_mins(dtype), rows, act, acts, dst, ld)
+}
+
+/// As [`dots_scalar`], with group `g` of weight row `j` given by `group_of` (whatever the
+/// weights' layout).
+///
+/// # Safety
+/// `dst` is writable for the `rows` x `acts` rectangle.
+pub(crate) unsafe fn dots_scalar_of(
+    group_of: impl Fn(usize, usize) -> Group,
+    mins: bool,
     (j0, j1): (usize, usize),
     act: &QAct,
     (i0, i1): (usize, usize),
@@ -279,11 +296,10 @@ pub(crate) unsafe fn dots_scalar(
     let ng = act.ng;
     let mut groups = Vec::with_capacity(ng);
     for j in j0..j1 {
-        let row = w.row(j);
         groups.clear();
-        groups.extend((0..ng).map(|g| group(dtype, row, g)));
+        groups.extend((0..ng).map(|g| group_of(j, g)));
         for i in i0..i1 {
-            *dst.add((i - i0) * ld + (j - j0)) = dot_groups(&groups, has_mins(dtype), act, i);
+            *dst.add((i - i0) * ld + (j - j0)) = dot_groups(&groups, mins, act, i);
         }
     }
 }
