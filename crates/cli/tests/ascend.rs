@@ -7,19 +7,18 @@
 //! and `TBOOST_SIM_*` settings are read at init), so every test runs in a process of its own: the
 //! `tboost` binary, or this test binary re-run as a child with one test selected.
 //!
-//! Tolerances for f16 activations (unit roundoff u = 2⁻¹¹). Every op rounds its output to f16, so
-//! a logit carries the roundings of its path: per decoder layer about R_l = 12 (norm, q/k/v, RoPE
-//! tables and RoPE, attention, o_proj, residual add, norm, gate/up, SwiGLU, down, residual add),
-//! plus the final norm, the lm_head, the f32 cast and the embedding (4). Each rounding moves a
-//! value by at most u relative, and RMSNorm passes relative errors through unchanged, so the
-//! logits' error is about √R·u·max|logit| when the roundings are independent and at most R·u·max
-//! when they line up. The tests take twice the independent estimate:
-//! `TOL = 2·√(12·layers + 4)·u·max|want|` (llama_gqa: 0.062 for max|want| = 11.9). Greedy ids
-//! follow the golden README's margin rule with τ = 2·TOL (two logits may each move by TOL).
+//! Tolerances: `TestBackend::logit_tol` of tboost-testkit's backends (f16 activations, with its
+//! derivation). Greedy ids follow the golden README's margin rule with τ = 2·TOL (two logits may
+//! each move by TOL).
+//!
+//! The engine scenarios (batch invariance, golden greedy continuations through the engine,
+//! prefix cache, preemption, cancellation) run on the simulator in the engine's tests/engine.rs,
+//! over every backend present; this file keeps what is about the CLI or Ascend itself.
 
+use tboost_testkit::backends::{simulator_home, Kind, TestBackend};
 use tboost_testkit::golden as common;
 
-use std::path::{Path, PathBuf};
+use std::path::Path;
 use std::process::Command;
 
 use common::*;
@@ -35,46 +34,14 @@ use tboost_engine::sample::FinishReason;
 use tboost_engine::sched::Request;
 use tboost_engine::session::{argmax, Session};
 
-/// f16 unit roundoff.
-const U16: f64 = 1.0 / 2048.0;
-
+/// The simulator's logit tolerance (see the module doc).
 fn tol(layers: usize, max_want: f32) -> f32 {
-    (2.0 * ((12 * layers + 4) as f64).sqrt() * U16 * max_want as f64) as f32
+    let sim = TestBackend { name: "ascend", kind: Kind::AscendSim, block_size: 128 };
+    sim.logit_tol(layers, max_want)
 }
 
 fn max_abs(v: &[f32]) -> f32 {
     v.iter().fold(0f32, |a, x| a.max(x.abs()))
-}
-
-fn repo() -> PathBuf {
-    tboost_testkit::golden::repo_root()
-}
-
-/// The simulator directory (ASCEND_HOME_PATH) of `args` of scripts/build-ascend-sim.sh; the default
-/// variant comes from TBOOST_ASCEND_SIM when set.
-fn sim_home(args: &[&str]) -> PathBuf {
-    if args.is_empty() {
-        if let Some(dir) = std::env::var_os("TBOOST_ASCEND_SIM") {
-            let dir = PathBuf::from(dir);
-            assert!(
-                dir.join("lib64/libascendcl.so").is_file(),
-                "TBOOST_ASCEND_SIM={} holds no lib64/libascendcl.so: build the CANN simulator with \
-                 scripts/build-ascend-sim.sh and point TBOOST_ASCEND_SIM at the directory it prints",
-                dir.display()
-            );
-            return dir;
-        }
-    }
-    let out =
-        Command::new("bash").arg(repo().join("scripts/build-ascend-sim.sh")).args(args).output().unwrap_or_else(|e| {
-            panic!("cannot run scripts/build-ascend-sim.sh ({e}): the Ascend tests need the CANN simulator")
-        });
-    assert!(
-        out.status.success(),
-        "scripts/build-ascend-sim.sh failed (it needs gcc); the Ascend tests run on the CANN simulator:\n{}",
-        String::from_utf8_lossy(&out.stderr)
-    );
-    PathBuf::from(String::from_utf8_lossy(&out.stdout).trim())
 }
 
 const CHILD: &str = "TBOOST_ASCEND_TEST_CHILD";
@@ -90,7 +57,7 @@ fn sim_env(cmd: &mut Command, env: &[(&str, String)]) {
         }
     }
     if !env.iter().any(|(k, _)| *k == "ASCEND_HOME_PATH") {
-        cmd.env("ASCEND_HOME_PATH", sim_home(&[]));
+        cmd.env("ASCEND_HOME_PATH", simulator_home(&[]));
     }
     for (k, v) in env {
         cmd.env(k, v);
@@ -277,63 +244,6 @@ fn golden_greedy_steps_through_the_runner_on_the_simulator() {
     });
 }
 
-#[test]
-fn golden_greedy_through_the_engine_and_batched_on_the_simulator() {
-    isolated("golden_greedy_through_the_engine_and_batched_on_the_simulator", &[], || {
-        for case in CASES {
-            let g = golden(case);
-            let e = ascend_engine(&golden_dir(case), 16, 64);
-            assert_eq!(e.plan().unwrap().device.backend, "ascend");
-            let prompts: Vec<&Value> = g["prompts"].as_array().unwrap().iter().collect();
-            let reqs: Vec<Request> = prompts.iter().map(|p| greedy(ids(&p["token_ids"]), 16)).collect();
-            let together = run_all(&e, &reqs);
-            for (p, got) in prompts.iter().zip(&together) {
-                let gr = &p["greedy"];
-                let steps = gr["steps"].as_array().unwrap();
-                let margins: Vec<f64> = steps.iter().map(|s| s["top2_margin_f64"].as_f64().unwrap()).collect();
-                let second: Vec<u32> = steps.iter().map(|s| ids(&s["top5_ids"])[1]).collect();
-                let want5 = floats(&steps[0]["top5_logits"]);
-                let tau = 2.0 * tol(layers(&g), max_abs(&want5)) as f64;
-                check_greedy(&format!("{case} (engine, ascend)"), got, &ids(&gr["tokens_f64"]), &margins, &second, tau);
-            }
-            // The same requests one at a time on a fresh engine: the same tokens.
-            let alone: Vec<Vec<u32>> = reqs
-                .iter()
-                .map(|r| run_all(&ascend_engine(&golden_dir(case), 16, 64), std::slice::from_ref(r)).remove(0))
-                .collect();
-            assert_eq!(alone, together, "{case}: batched tokens differ from running alone");
-        }
-        assert_eq!(stats().rule_violations, 0);
-    });
-}
-
-#[test]
-fn batch_invariance_with_chunked_prefill_on_the_simulator() {
-    isolated("batch_invariance_with_chunked_prefill_on_the_simulator", &[], || {
-        const LENS: [usize; 8] = [1, 300, 17, 129, 5, 250, 33, 64];
-        for case in ["llama_gqa", "mixtral"] {
-            let vocab = golden(case)["params"]["vocab_size"].as_u64().unwrap() as usize;
-            let reqs: Vec<Request> = LENS
-                .iter()
-                .enumerate()
-                .map(|(i, &n)| {
-                    let p = (0..n).map(|j| 3 + ((i * 7919 + j * 104729 + 11) % (vocab - 3)) as u32).collect();
-                    greedy(p, 8)
-                })
-                .collect();
-            let alone: Vec<Vec<u32>> = reqs
-                .iter()
-                .map(|r| run_all(&ascend_engine(&golden_dir(case), 8, 512), std::slice::from_ref(r)).remove(0))
-                .collect();
-            // A small token budget: prompts are prefilled in chunks next to running decodes.
-            let together = run_all(&ascend_engine(&golden_dir(case), 32, 96), &reqs);
-            for (i, (a, t)) in alone.iter().zip(&together).enumerate() {
-                assert_eq!(a, t, "{case}: request {i} ({} prompt tokens) differs when batched", LENS[i]);
-            }
-        }
-    });
-}
-
 // ------------------------------------------------------------------------------- the plan
 
 fn plan_json(case: &str, extra: &[&str], env: &[(&str, String)]) -> Value {
@@ -454,7 +364,7 @@ fn the_plan_names_fused_infer_attention_and_every_fallback_with_its_reason() {
 
     // An op the installation lacks (a simulator variant without aclnnSwiGlu): the MLP slots fall
     // back to the CPU and say which symbol is missing.
-    let omit = sim_home(&["--omit", "aclnnSwiGlu"]);
+    let omit = simulator_home(&["--omit", "aclnnSwiGlu"]);
     let p = plan_json("llama_gqa", &[], &[("ASCEND_HOME_PATH", omit.display().to_string())]);
     let d = decision(&p, 0, "mlp");
     assert_eq!((d["placement"].as_str(), d["fallback"].as_bool()), (Some("cpu"), Some(true)), "{d}");
