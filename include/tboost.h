@@ -976,8 +976,11 @@ const char *tboost_finish_reason_name(int32_t reason);
 tboost_status tboost_last_error(char *buf, size_t cap, size_t *needed);
 
 /**
- * Creates a config with every default. Free it with `tboost_config_free`; models and
- * engines copy what they need, so it may be freed right after use.
+ * Creates a config with every default: each key's own, or the value of its environment
+ * variable when that is set (see `tboost_config_set_int` / `_set_str`); an invalid
+ * environment value is `TBOOST_ERR_INVALID_ARGUMENT` naming the variable. Free it with
+ * `tboost_config_free`; models and engines copy what they need, so it may be freed right
+ * after use.
  */
 tboost_status tboost_config_new(struct tboost_config **out);
 
@@ -987,7 +990,9 @@ tboost_status tboost_config_new(struct tboost_config **out);
 tboost_status tboost_config_free(struct tboost_config *cfg);
 
 /**
- * Sets an integer or flag option. Keys (range in brackets):
+ * Sets an integer or flag option. Keys (range in brackets); each key's default is the one
+ * given, or the value of its environment variable when that is set (read when the config is
+ * created; a NULL config means these defaults too):
  * - `threads` [0, 1024]: compute threads, 0 = one per core (default 0)
  * - `kv_cache_bytes` [1, ..]: KV cache memory (default 512 MiB)
  * - `kv_cache_blocks` [1, ..]: KV cache size in blocks instead of bytes
@@ -1000,10 +1005,14 @@ tboost_status tboost_config_free(struct tboost_config *cfg);
  *   `TBOOST_ERR_QUEUE_FULL` (default 4096)
  * - `finished_records` [1, ..]: finished requests whose records `tboost_engine_output`
  *   and `tboost_engine_cancel` still answer for (default 65536; events lose nothing)
+ * - `pin_threads` 0/1: pin each CPU compute thread to its own CPU (default 0;
+ *   env `TBOOST_PIN_THREADS`)
+ * - `profile` 0/1: log the time spent per op type when the engine's backend closes
+ *   (default 0; env `TBOOST_PROFILE`)
  * - `tiling.attention.tile_kv` [16, 256]: FlashAttention's KV tile in the attention slots,
  *   16, 32, 64, 128 or 256 (default 64); the plan reports it, and a non-default tile on a
  *   backend whose attention kernel tiles itself fails `tboost_engine_new` /
- *   `tboost_model_load` with `TBOOST_ERR_UNSUPPORTED`
+ *   `tboost_model_info_json` with `TBOOST_ERR_UNSUPPORTED`
  * - `tiling.matmul.panel_rows` [16, 4096], a multiple of 16: weight rows (output features) per
  *   task of the CPU matmul kernels
  * - `tiling.matmul.act_rows` [1, 65536]: activation rows (tokens) per matmul task
@@ -1018,14 +1027,17 @@ tboost_status tboost_config_free(struct tboost_config *cfg);
  *
  *   Unset tiling keys are the op's defaults; none changes a result, only speed. The plan
  *   reports them (`matmul_tiling`, `moe_tiling`), and a set one on a backend whose kernels
- *   tile themselves (Ascend) fails `tboost_engine_new` / `tboost_model_load` with
+ *   tile themselves (Ascend) fails `tboost_engine_new` / `tboost_model_info_json` with
  *   `TBOOST_ERR_UNSUPPORTED` naming the key, the slot and the backend
- * - `debug_panic_at_step` [0, ..]: testing only, the n-th step panics (0 = never)
- * - `debug_step_delay_ms` [0, 60000]: testing only, each step first sleeps this long
  *
  * An unknown key, a value out of range or a string key is `TBOOST_ERR_INVALID_ARGUMENT`
  * and leaves the config unchanged. Cross-key rules (max_batched_tokens >= max_seqs) are
  * checked by `tboost_engine_new`.
+ *
+ * Testing only: a library built with the cargo feature `fault-injection` (never a release;
+ * CMake option `TBOOST_FAULT_INJECTION`) also takes `test.panic_at_step` [0, ..] (the n-th
+ * `tboost_engine_step` panics, 0 = never) and `test.step_delay_ms` [0, 60000] (each step
+ * first holds the engine this long). Any other build rejects them as unknown keys.
  */
 tboost_status tboost_config_set_int(struct tboost_config *cfg, const char *key, int64_t value);
 
@@ -1035,8 +1047,8 @@ tboost_status tboost_config_set_int(struct tboost_config *cfg, const char *key, 
  * - `backend`: "auto" (default: a device backend when its runtime loads, else the CPU),
  *   "cpu", "ascend" or "ascend:N"; an unknown name is `TBOOST_ERR_INVALID_ARGUMENT`
  *   listing the known ones, and a known backend that cannot start (no runtime, not
- *   compiled in) fails `tboost_model_load` / `tboost_engine_new` with
- *   `TBOOST_ERR_UNSUPPORTED`. With "auto", `TBOOST_BACKEND` in the environment decides.
+ *   compiled in) fails `tboost_engine_new` / `tboost_model_info_json` with
+ *   `TBOOST_ERR_UNSUPPORTED`. Env `TBOOST_BACKEND` sets the default.
  * - `kv_dtype`: KV cache element type, "auto" (default: the backend's choice, f32 on the
  *   CPU), "f32", "f16" or "bf16"
  * - `precision`: matmul activation precision, "auto" (default: "fast" for GGUF
@@ -1044,7 +1056,14 @@ tboost_status tboost_config_set_int(struct tboost_config *cfg, const char *key, 
  *   "fast" (8-bit activations with integer dot products where the backend has them)
  * - `disabled_ops`: comma-separated ops and fusions the operator plan must not use
  *   (flash_attention, paged_decode_attention, standard_attention, moe_grouped,
- *   convert_weights, pack_weights, fuse_qkv, fuse_gate_up, fuse_add_norm)
+ *   convert_weights, pack_weights, fuse_qkv, fuse_gate_up, fuse_add_norm); env
+ *   `TBOOST_DISABLE` sets the default
+ * - `weight_pages`: "huge" (default: a large model file's weights are copied into huge pages
+ *   when the kernel offers them) or "small" (old name "file": stored weights stay in the file
+ *   map, which processes share; repacked ones go into 4 KiB pages); env `TBOOST_WEIGHT_PAGES`
+ * - `ascend_known_bad`: CANN op versions the Ascend backend refuses beside its built-in table,
+ *   `op@from..until` items separated by `;` (e.g. `aclnnRmsNorm@8.0.RC1..8.0.RC3`); env
+ *   `TBOOST_ASCEND_KNOWN_BAD`
  *
  * Errors as for `tboost_config_set_int`.
  */
@@ -1061,8 +1080,10 @@ tboost_status tboost_config_to_json(const struct tboost_config *cfg,
 
 /**
  * Loads a model: a Hugging Face directory (config.json + safetensors), a file inside one,
- * or a GGUF file. `cfg` (may be NULL) supplies `backend`, `threads`, `kv_dtype`, `precision`,
- * `block_size` and `disabled_ops` for the operator plan reported by `tboost_model_info_json`.
+ * or a GGUF file. `cfg` (may be NULL: the defaults) supplies `backend`, `threads`,
+ * `kv_dtype`, `precision`, `block_size`, `disabled_ops` and the tiling keys for the operator
+ * plan reported by `tboost_model_info_json`. No backend is opened here: on a device backend
+ * the load touches no device.
  *
  * `progress` (may be NULL) is called on this thread with increasing values ending at 1
  * while the weights are read in; returning false aborts with `TBOOST_ERR_CANCELLED`.
@@ -1090,6 +1111,13 @@ tboost_status tboost_model_free(struct tboost_model *model);
  * num_heads, num_kv_heads, head_dim, num_experts, experts_per_token, bos_token_id (or
  * null), eos_token_ids, and plan (per layer, each op chosen and why). Buffer rules as in
  * `tboost_last_error`. Thread-safe.
+ *
+ * The plan is the one an engine made with the load's config would run. It is built at the
+ * first call (not at load, so that loading opens no backend and, on a device backend, no
+ * device), which opens the config's backend once; later calls return the same text. So the
+ * plan's errors come from here: an unsupported option (a tiling key on Ascend) or a backend
+ * that cannot start is `TBOOST_ERR_UNSUPPORTED` / `TBOOST_ERR_BACKEND` from this call (and
+ * from `tboost_engine_new`), naming the file.
  */
 tboost_status tboost_model_info_json(const struct tboost_model *model,
                                      char *buf,

@@ -80,7 +80,7 @@ ok
 step "release library; its native-static-libs equal cmake/tboostNativeLibs.cmake"
 # The same cargo invocation as CMakeLists.txt's tboost_cargo target (so neither rebuilds the
 # other's output); cargo replays rustc's note on a no-op build.
-(cd "$ROOT" && cargo rustc --release --lib -p tboost-capi -- --print native-static-libs) 2>&1 | tee "$SCRATCH/cargo.log" | tail -n 3
+(cd "$ROOT" && cargo rustc --release --lib -p tboost-capi --features fault-injection -- --print native-static-libs) 2>&1 | tee "$SCRATCH/cargo.log" | tail -n 3
 rustc_libs=$(sed -n 's/.*note: native-static-libs: //p' "$SCRATCH/cargo.log" | tail -n 1)
 [ -n "$rustc_libs" ] || die "cargo printed no native-static-libs line (see above)"
 listed=$(sed -n 's/^set(TBOOST_NATIVE_STATIC_LIBS \(.*\))$/\1/p' "$ROOT/cmake/tboostNativeLibs.cmake" | sed 's/\([^ ]*\)/-l\1/g')
@@ -134,7 +134,7 @@ gcc -std=c99 -Wall -Werror -I"$ROOT/include" -c "$SCRATCH/readme_example.c" -o "
 ok
 
 step "CMake build of the tree and ctest (gtest suite, C99 consumer, C++ example)"
-cmake -S "$ROOT" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DTBOOST_CARGO_TARGET_DIR="$TARGET_DIR" \
+cmake -S "$ROOT" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DTBOOST_CARGO_TARGET_DIR="$TARGET_DIR" -DTBOOST_FAULT_INJECTION=ON \
   -DTBOOST_SHARED="$SHARED" >"$SCRATCH/configure.log" || { cat "$SCRATCH/configure.log"; die "cmake configure failed"; }
 cmake --build "$WORK/build" -j "$JOBS" || die "the CMake build failed"
 (cd "$WORK/build" && ctest --output-on-failure -j "$JOBS") || die "ctest failed (output above)"
@@ -213,7 +213,7 @@ request_lines "$SCRATCH/sub.out" | diff -u "$SCRATCH/cpp.txt" - || die "the add_
 ok
 
 step "AddressSanitizer: gtest suite, C consumer and C++ example (leaks, invalid accesses)"
-cmake -S "$ROOT" -B "$WORK/build-asan" -DCMAKE_BUILD_TYPE=Debug -DTBOOST_SANITIZE=address \
+cmake -S "$ROOT" -B "$WORK/build-asan" -DCMAKE_BUILD_TYPE=Debug -DTBOOST_SANITIZE=address -DTBOOST_FAULT_INJECTION=ON \
   -DTBOOST_CARGO_TARGET_DIR="$TARGET_DIR" -DTBOOST_SHARED="$SHARED" >/dev/null || die "ASan configure failed"
 cmake --build "$WORK/build-asan" -j "$JOBS" >/dev/null || die "the ASan build failed"
 symbols=$(nm "$WORK/build-asan/crates/capi/tests/cpp/tboost_gtest")

@@ -82,7 +82,7 @@ pub unsafe extern "C" fn tboost_engine_new(
         let engine = Engine::new(s.engine.clone())?;
         engine.load_model(&m.model)?;
         let plan_json = engine.plan()?.to_json().to_string();
-        let inner = EngineInner { ev: EventEngine::new(engine).with_step_faults(s.step_faults()), plan_json };
+        let inner = EngineInner { ev: EventEngine::new(engine).with_step_faults(s.faults), plan_json };
         let h = ENGINES.insert(Arc::new(inner));
         // SAFETY: `out` is non-null and valid per the contract.
         unsafe { write_out(out, h) };

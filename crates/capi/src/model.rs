@@ -2,9 +2,7 @@
 
 use std::os::raw::{c_char, c_void};
 use std::path::Path;
-use std::sync::Arc;
-
-use serde_json::json;
+use std::sync::{Arc, Mutex};
 
 use super::config::settings_of;
 use super::guard::guard;
@@ -13,50 +11,47 @@ use super::log_bridge::ensure_logger;
 use super::status::{tboost_status, Failure, FfiResult, Status};
 use super::types::{tboost_config, tboost_model, tboost_progress_fn};
 use super::util::{read_cstr, require, write_out, write_str};
-use ::tboost_engine::backend::cpu::CpuBackend;
-use ::tboost_engine::backend::{self, Backend, BackendSpec};
-use ::tboost_engine::model::{Model, ModelFormat};
-use ::tboost_engine::plan::{self, Plan};
+use ::tboost_engine::engine::{model_info, EngineConfig};
+use ::tboost_engine::model::Model;
 
 pub(crate) struct ModelInner {
     pub model: Model,
-    /// `tboost_model_info_json`'s answer, built once at load.
-    pub info: String,
+    /// The config the load was given: `tboost_model_info_json` plans with it.
+    config: EngineConfig,
+    /// `tboost_model_info_json`'s answer, built at its first successful call.
+    info: Mutex<Option<Arc<String>>>,
+}
+
+impl ModelInner {
+    fn info(&self) -> FfiResult<Arc<String>> {
+        let mut info = self.info.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(s) = info.as_ref() {
+            return Ok(s.clone());
+        }
+        let path = self.model.path.display().to_string();
+        let json = model_info(&self.model, &self.config).map_err(|e| named(&path, e.into()))?;
+        let s = Arc::new(json.to_string());
+        *info = Some(s.clone());
+        Ok(s)
+    }
 }
 
 pub(crate) static MODELS: Registry<ModelInner> = Registry::new("model");
 
-fn info_json(m: &Model, plan: &Plan) -> String {
-    let c = &m.config;
-    json!({
-        "path": m.path.display().to_string(),
-        "format": match m.format {
-            ModelFormat::HuggingFace => "huggingface",
-            ModelFormat::Gguf => "gguf",
-            ModelFormat::Synthetic => "synthetic",
-        },
-        "architecture": c.arch.name(),
-        "weights_dtype": m.weights.embed.dtype.to_string(),
-        "vocab_size": c.vocab_size,
-        "context_length": c.max_position_embeddings,
-        "hidden_size": c.hidden_size,
-        "intermediate_size": c.intermediate_size,
-        "num_layers": c.num_layers,
-        "num_heads": c.num_heads,
-        "num_kv_heads": c.num_kv_heads,
-        "head_dim": c.head_dim,
-        "num_experts": c.num_experts,
-        "experts_per_token": c.experts_per_token,
-        "bos_token_id": c.bos_token_id,
-        "eos_token_ids": c.eos_token_ids,
-        "plan": plan.to_json(),
-    })
-    .to_string()
+/// `f` with a message that names `path` (loader errors usually do already).
+fn named(path: &str, f: Failure) -> Failure {
+    if f.msg.contains(path) {
+        f
+    } else {
+        Failure::new(f.status, format!("{path}: {}", f.msg))
+    }
 }
 
 /// Loads a model: a Hugging Face directory (config.json + safetensors), a file inside one,
-/// or a GGUF file. `cfg` (may be NULL) supplies `backend`, `threads`, `kv_dtype`, `precision`,
-/// `block_size` and `disabled_ops` for the operator plan reported by `tboost_model_info_json`.
+/// or a GGUF file. `cfg` (may be NULL: the defaults) supplies `backend`, `threads`,
+/// `kv_dtype`, `precision`, `block_size`, `disabled_ops` and the tiling keys for the operator
+/// plan reported by `tboost_model_info_json`. No backend is opened here: on a device backend
+/// the load touches no device.
 ///
 /// `progress` (may be NULL) is called on this thread with increasing values ending at 1
 /// while the weights are read in; returning false aborts with `TBOOST_ERR_CANCELLED`.
@@ -91,16 +86,8 @@ pub unsafe extern "C" fn tboost_model_load(
             }
             Ok(())
         };
-        // Errors from the loader name the file; make sure the message always does.
-        let named = |f: Failure| {
-            if f.msg.contains(path) {
-                f
-            } else {
-                Failure::new(f.status, format!("{path}: {}", f.msg))
-            }
-        };
         report(0.0)?;
-        let model = Model::load(Path::new(path)).map_err(|e| named(e.into()))?;
+        let model = Model::load(Path::new(path)).map_err(|e| named(path, e.into()))?;
         // Reading the weights once is the slow part of a load: report it per 8 MiB, and let
         // the host stop it.
         let mut stopped = None;
@@ -117,20 +104,8 @@ pub unsafe extern "C" fn tboost_model_load(
         if let (false, Some(f)) = (complete, stopped) {
             return Err(f);
         }
-        let backend = backend::open(BackendSpec { kind: s.engine.backend, threads: s.engine.threads })?;
-        let opts = s.engine.plan_options(backend.as_ref()).map_err(Failure::from)?;
-        let cpu = if backend.name() == "cpu" { None } else { Some(CpuBackend::new(s.engine.threads)?) };
-        let plan = plan::build(
-            &model.config,
-            &model.weights,
-            backend.as_ref(),
-            cpu.as_ref().map(|c| c as &dyn Backend),
-            &opts,
-        )
-        .map_err(|e| named(e.into()))?;
-        let info = info_json(&model, &plan);
         report(1.0)?;
-        let h = MODELS.insert(Arc::new(ModelInner { model, info }));
+        let h = MODELS.insert(Arc::new(ModelInner { model, config: s.engine, info: Mutex::new(None) }));
         // SAFETY: `out` is non-null and valid per the contract.
         unsafe { write_out(out, h) };
         Ok(())
@@ -154,6 +129,13 @@ pub extern "C" fn tboost_model_free(model: *mut tboost_model) -> tboost_status {
 /// num_heads, num_kv_heads, head_dim, num_experts, experts_per_token, bos_token_id (or
 /// null), eos_token_ids, and plan (per layer, each op chosen and why). Buffer rules as in
 /// `tboost_last_error`. Thread-safe.
+///
+/// The plan is the one an engine made with the load's config would run. It is built at the
+/// first call (not at load, so that loading opens no backend and, on a device backend, no
+/// device), which opens the config's backend once; later calls return the same text. So the
+/// plan's errors come from here: an unsupported option (a tiling key on Ascend) or a backend
+/// that cannot start is `TBOOST_ERR_UNSUPPORTED` / `TBOOST_ERR_BACKEND` from this call (and
+/// from `tboost_engine_new`), naming the file.
 #[no_mangle]
 pub unsafe extern "C" fn tboost_model_info_json(
     model: *const tboost_model,
@@ -163,7 +145,8 @@ pub unsafe extern "C" fn tboost_model_info_json(
 ) -> tboost_status {
     guard("tboost_model_info_json", |_| {
         let m = MODELS.get(model, "model")?;
+        let info = m.info()?;
         // SAFETY: buffer contract as documented.
-        unsafe { write_str(&m.info, buf, cap, needed) }
+        unsafe { write_str(&info, buf, cap, needed) }
     })
 }

@@ -10,7 +10,8 @@ use super::guard::guard;
 use super::handle::Registry;
 use super::status::{tboost_status, Failure, FfiResult};
 use super::util::{read_cstr, read_sized, read_slice, require, write_out, write_str};
-use ::tboost_engine::backend::{AttnKind, BackendKind, BackendSpec, DType, Precision};
+use ::tboost_engine::backend::{open_with, AttnKind, BackendKind, BackendSpec, DType, Precision};
+use ::tboost_engine::engine::EngineConfig;
 use ::tboost_engine::op_api::{
     AttentionParams, EmbedParams, MatMulParams, Mem, MoeGroupedParams, MoeRouteParams, NormParams, OpBackend, OpParams,
     Operation, RopeOpParams, TensorRef,
@@ -471,7 +472,11 @@ pub unsafe extern "C" fn tboost_backend_open(
         // SAFETY: NUL-terminated per the contract.
         let name = unsafe { read_cstr(name, "name") }?;
         let kind = BackendKind::parse(name)?;
-        let be = OpBackend::open(BackendSpec { kind, threads: threads as usize })?;
+        // The engine keys' environment defaults apply here too (`auto` → TBOOST_BACKEND,
+        // pin_threads, profile): this call takes no config.
+        let env = EngineConfig::from_env()?;
+        let kind = if kind == BackendKind::Auto { env.backend } else { kind };
+        let be = OpBackend::new(open_with(BackendSpec { kind, threads: threads as usize }, &env.backend_options())?);
         let h = BACKENDS.insert(Arc::new(BackendInner { be }));
         // SAFETY: checked non-null above.
         unsafe { write_out(out, h) };

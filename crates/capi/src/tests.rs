@@ -284,7 +284,9 @@ fn cancel_between_steps_ends_the_stream() {
 #[test]
 fn a_panic_is_a_status_and_poisons_only_its_engine() {
     let m = load("llama_gqa", null());
-    let cfg = config(&[("threads", "1"), ("kv_cache_blocks", "16"), ("debug_panic_at_step", "2")]);
+    let cfg = config(&[("threads", "1"), ("kv_cache_blocks", "16")]);
+    // The test-only path: the faults a `fault-injection` build's `test.*` keys set.
+    config::CONFIGS.get(cfg, "cfg").unwrap().settings.lock().unwrap().faults.panic_at_step = 2;
     let bad = engine(m, cfg);
     let good = engine(m, null());
     let id = enqueue(bad, &[3, 4], &tboost_sampling_params::default());
@@ -341,4 +343,68 @@ fn wait_on_an_ended_fully_read_request_returns_at_once() {
     assert_eq!(tboost_engine_free(e), TBOOST_OK);
     assert_eq!(tboost_model_free(m), TBOOST_OK);
     assert_eq!(tboost_config_free(cfg), TBOOST_OK);
+}
+
+#[test]
+fn fault_keys_are_not_public_config_keys() {
+    let cfg = config(&[]);
+    for key in ["debug_panic_at_step", "debug_step_delay_ms"] {
+        assert_eq!(unsafe { tboost_config_set_int(cfg, c(key).as_ptr(), 1) }, TBOOST_ERR_INVALID_ARGUMENT, "{key}");
+    }
+    let status = unsafe { tboost_config_set_int(cfg, c("test.panic_at_step").as_ptr(), 1) };
+    let want = if cfg!(feature = "fault-injection") { TBOOST_OK } else { TBOOST_ERR_INVALID_ARGUMENT };
+    assert_eq!(status, want);
+    assert!(::tboost_engine::engine::keys::keys()
+        .iter()
+        .all(|k| !k.name.starts_with("test.") && !k.name.contains("debug")));
+    assert_eq!(tboost_config_free(cfg), TBOOST_OK);
+}
+
+/// Every key of the engine's table is documented in the header, under `tboost_config_set_int`
+/// or `tboost_config_set_str`, with its environment variable when it has one.
+#[test]
+fn every_table_key_is_documented_in_the_header() {
+    let header = std::fs::read_to_string(concat!(env!("CARGO_MANIFEST_DIR"), "/../../include/tboost.h")).unwrap();
+    let start = header.find("Sets an integer or flag option.").expect("tboost_config_set_int's doc");
+    let end = header.find("tboost_status tboost_config_to_json(").expect("tboost_config_to_json");
+    let docs = &header[start..end];
+    for k in ::tboost_engine::engine::keys::keys() {
+        assert!(docs.contains(&format!("`{}`", k.name)), "key `{}` is not documented in tboost_config_set_*", k.name);
+        if let Some(var) = k.env {
+            assert!(docs.contains(&format!("`{var}`")), "key `{}`: its variable {var} is not documented", k.name);
+        }
+    }
+}
+
+/// A key set on one config stays there: other configs, and the engines made from them, keep
+/// their defaults.
+#[test]
+fn a_key_set_on_one_config_does_not_leak_to_another_engine() {
+    let m = load("llama_gqa", null());
+    let a = config(&[("threads", "1"), ("disabled_ops", "fuse_qkv"), ("max_seqs", "3")]);
+    let b = config(&[("threads", "1")]);
+    let json = |cfg: *const tboost_config| {
+        let mut buf = vec![0 as std::os::raw::c_char; 1 << 14];
+        assert_eq!(unsafe { tboost_config_to_json(cfg, buf.as_mut_ptr(), buf.len(), null_mut()) }, TBOOST_OK);
+        let s = unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned();
+        serde_json::from_str::<serde_json::Value>(&s).unwrap()
+    };
+    assert_eq!(json(a)["disabled_ops"], "fuse_qkv");
+    assert_eq!(json(b)["max_seqs"], 64);
+    let plan = |e: *const tboost_engine| {
+        let mut buf = vec![0 as std::os::raw::c_char; 1 << 20];
+        assert_eq!(unsafe { tboost_engine_plan_json(e, buf.as_mut_ptr(), buf.len(), null_mut()) }, TBOOST_OK);
+        unsafe { CStr::from_ptr(buf.as_ptr()) }.to_string_lossy().into_owned()
+    };
+    let (ea, eb) = (engine(m, a), engine(m, b));
+    let (pa, pb) = (plan(ea), plan(eb));
+    assert!(pa.contains("fuse_qkv"), "{pa}");
+    assert_ne!(pa, pb, "the disabled fusion changes only engine a's plan");
+    for h in [ea, eb] {
+        assert_eq!(tboost_engine_free(h), TBOOST_OK);
+    }
+    for h in [a, b] {
+        assert_eq!(tboost_config_free(h), TBOOST_OK);
+    }
+    assert_eq!(tboost_model_free(m), TBOOST_OK);
 }

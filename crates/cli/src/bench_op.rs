@@ -237,8 +237,14 @@ pub(crate) fn run(a: BenchOpArgs) -> Result<()> {
     let usize_of = |v: &str| {
         v.parse::<usize>().map_err(|_| Error::invalid("sweep", format!("`{key}={v}`: not a non-negative integer")))
     };
-    let backend = BackendKind::parse(&a.backend)?;
-    let be = OpBackend::open(BackendSpec { kind: backend, threads: a.threads })?;
+    // The engine keys' environment defaults (TBOOST_BACKEND for auto, pin_threads, profile).
+    let env = tboost_engine::engine::EngineConfig::from_env()?;
+    let backend = match BackendKind::parse(&a.backend)? {
+        BackendKind::Auto => env.backend,
+        kind => kind,
+    };
+    let spec = BackendSpec { kind: backend, threads: a.threads };
+    let be = OpBackend::new(tboost_engine::backend::open_with(spec, &env.backend_options())?);
     let threads = if a.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { a.threads };
     let peak = measure_bandwidth(threads)?;
     let mut rows = Vec::with_capacity(values.len());

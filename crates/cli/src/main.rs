@@ -11,10 +11,10 @@ use std::io::Write;
 use std::path::PathBuf;
 
 use clap::{Args, Parser, Subcommand};
-use tboost_engine::backend::{self, Backend, BackendKind, BackendSpec};
-use tboost_engine::engine::{parse_kv_dtype, parse_precision, EngineConfig};
+use tboost_engine::backend::Backend;
+use tboost_engine::engine::keys::Raw;
+use tboost_engine::engine::EngineConfig;
 use tboost_engine::model::Model;
-use tboost_engine::plan::PlanOptions;
 use tboost_engine::runner::ModelRunner;
 use tboost_engine::session::Session;
 use tboost_engine::{Error, Result};
@@ -72,25 +72,25 @@ pub(crate) struct ModelArgs {
 #[derive(Args, Clone)]
 pub(crate) struct EngineArgs {
     /// Where ops run: auto, cpu, ascend or ascend:N (auto: a device when its runtime
-    /// loads, else the CPU; TBOOST_BACKEND sets it when this is auto).
-    #[arg(long, default_value = "auto")]
-    backend: String,
+    /// loads, else the CPU). Key `backend`; default from TBOOST_BACKEND, else auto.
+    #[arg(long)]
+    backend: Option<String>,
     /// CPU compute threads (0 = one per core).
     #[arg(long, default_value_t = 0)]
     threads: usize,
-    /// Ops or fusions to forbid, comma-separated (also TBOOST_DISABLE): flash_attention,
-    /// paged_decode_attention, standard_attention, moe_grouped, convert_weights, pack_weights,
-    /// fuse_qkv, fuse_gate_up, fuse_add_norm.
-    #[arg(long, default_value = "")]
-    disable: String,
+    /// Ops or fusions to forbid, comma-separated: flash_attention, paged_decode_attention,
+    /// standard_attention, moe_grouped, convert_weights, pack_weights, fuse_qkv, fuse_gate_up,
+    /// fuse_add_norm. Key `disabled_ops`; default from TBOOST_DISABLE.
+    #[arg(long)]
+    disable: Option<String>,
     /// KV cache element type: auto, f32, f16 or bf16 (auto: the backend's choice).
-    #[arg(long, default_value = "auto")]
-    kv_dtype: String,
+    #[arg(long)]
+    kv_dtype: Option<String>,
     /// Matmul activation precision: exact (f32 activations), fast (8-bit activations with
     /// integer dot products where the backend has them) or auto (fast for GGUF
     /// block-quantized weights, as llama.cpp computes them; exact for float weights).
-    #[arg(long, default_value = "auto")]
-    precision: String,
+    #[arg(long)]
+    precision: Option<String>,
     /// FlashAttention's KV tile in the attention slots: 16, 32, 64, 128 or 256 (default 64;
     /// the engine key `tiling.attention.tile_kv`).
     #[arg(long)]
@@ -101,33 +101,51 @@ pub(crate) struct EngineArgs {
     /// tunables are the op's defaults; none changes a result, only speed.
     #[arg(long, default_value = "")]
     tiling: String,
+    /// Any engine key, KEY=VALUE (repeatable): e.g. pin_threads=1, profile=1,
+    /// weight_pages=small, ascend_known_bad=aclnnRmsNorm@8.0.RC1..8.0.RC3, max_seqs=8.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    set: Vec<String>,
 }
 
 impl EngineArgs {
-    /// The engine settings these flags ask for (other fields at their defaults).
+    /// The engine flags: each sets a key of the engine's configuration table (the C ABI's config
+    /// keys), over the table's defaults and their `TBOOST_*` environment variables. A flag not
+    /// given leaves its key at that default.
+
     pub(crate) fn engine_config(&self) -> Result<EngineConfig> {
-        let mut c = EngineConfig {
-            backend: BackendKind::parse(&self.backend)?,
-            threads: self.threads,
-            kv_dtype: parse_kv_dtype(&self.kv_dtype)?,
-            precision: parse_precision(&self.precision)?,
-            disabled_ops: PlanOptions::parse_disabled(&self.disable)?,
-            attention_tile_kv: self.tile_kv,
-            ..EngineConfig::default()
-        };
+        let mut c = EngineConfig::from_env()?;
+        let flags = [
+            ("backend", self.backend.as_deref()),
+            ("disabled_ops", self.disable.as_deref()),
+            ("kv_dtype", self.kv_dtype.as_deref()),
+            ("precision", self.precision.as_deref()),
+        ];
+        for (key, value) in flags {
+            if let Some(v) = value {
+                c.set(key, Raw::Str(v))?;
+            }
+        }
+        c.set("threads", Raw::Int(self.threads as i64))?;
+        if let Some(t) = self.tile_kv {
+            c.set("tiling.attention.tile_kv", Raw::Int(t as i64))?;
+        }
         for item in self.tiling.split(',').map(str::trim).filter(|s| !s.is_empty()) {
             let bad = || Error::invalid("tiling", format!("`{item}`: NAME=VALUE, e.g. matmul.panel_rows=96"));
             let (name, value) = item.split_once('=').ok_or_else(bad)?;
-            let value = value.trim().parse::<usize>().map_err(|_| bad())?;
-            c.set_tiling(&format!("tiling.{}", name.trim()), value)?;
+            c.set(&format!("tiling.{}", name.trim()), Raw::Str(value))?;
+        }
+        for item in &self.set {
+            let (key, value) = item
+                .split_once('=')
+                .ok_or_else(|| Error::invalid("set", format!("`{item}`: KEY=VALUE, e.g. pin_threads=1")))?;
+            c.set(key.trim(), Raw::Str(value))?;
         }
         Ok(c)
     }
 
-    /// The backend these flags name.
+    /// The backend these flags name, with their options.
     pub(crate) fn open_backend(&self) -> Result<Box<dyn Backend>> {
-        let c = self.engine_config()?;
-        backend::open(BackendSpec { kind: c.backend, threads: c.threads })
+        self.engine_config()?.open_backend()
     }
 }
 

@@ -27,7 +27,7 @@ pub mod select;
 
 pub use ext::BackendExt;
 pub use op::{AttnKind, ExpertSet, KvLayer, MatSegOp, Op, OpQuery, Segs, SeqRange, StepViews, View};
-pub use select::{open, BackendKind, BackendSpec};
+pub use select::{open, open_with, BackendKind, BackendOptions, BackendSpec};
 pub use tboost_ops::{check_tile_kv, DType, MatMulTiling, MoeTiling, Precision, Unsupported, DEFAULT_TILE_KV};
 
 use std::sync::atomic::AtomicBool;

@@ -1,5 +1,5 @@
-//! The one place backends are created: `--backend`, the `backend` config key and
-//! `TBOOST_BACKEND` all end here.
+//! The one place backends are created: `--backend` and the `backend` config key (whose
+//! default `TBOOST_BACKEND` supplies) end here.
 //!
 //! - `cpu`: the CPU backend.
 //! - `ascend` / `ascend:N`: the Ascend NPU `N` (default 0) through CANN, loaded at run time;
@@ -8,7 +8,6 @@
 //! - `auto` (the default): a device backend when its runtime loads, else the CPU, with one
 //!   info line saying why. The CANN SIMULATOR is never chosen by `auto`.
 //!
-//! An explicit choice wins; `auto` defers to `TBOOST_BACKEND` when that is set.
 
 use std::fmt;
 use std::sync::Once;
@@ -44,16 +43,6 @@ impl BackendKind {
             },
         }
     }
-
-    /// `self`, or the `TBOOST_BACKEND` choice when `self` is `auto`.
-    pub fn with_env(self) -> Result<BackendKind> {
-        match (self, std::env::var("TBOOST_BACKEND")) {
-            (BackendKind::Auto, Ok(v)) if !v.trim().is_empty() => {
-                BackendKind::parse(&v).map_err(|e| Error::invalid("TBOOST_BACKEND", e.to_string()))
-            }
-            _ => Ok(self),
-        }
-    }
 }
 
 impl fmt::Display for BackendKind {
@@ -75,17 +64,35 @@ pub struct BackendSpec {
     pub threads: usize,
 }
 
-/// Opens the backend `spec` names (after `TBOOST_BACKEND` for `auto`).
+/// How a backend runs, beside what it is (the engine config's `backend_options`).
+#[derive(Clone, Debug, Default, PartialEq, Eq)]
+pub struct BackendOptions {
+    /// Pin each CPU compute thread to its own CPU.
+    pub pin_threads: bool,
+    /// Time each op type; logged when the backend closes.
+    pub profile: bool,
+    /// Keep a large model file's stored weights in the file map, repacked ones in 4 KiB pages.
+    pub small_weight_pages: bool,
+    /// Ascend: CANN op versions to refuse beside the built-in table (`op@from..until;...`).
+    pub ascend_known_bad: String,
+}
+
+/// Opens the backend `spec` names with the default options.
 pub fn open(spec: BackendSpec) -> Result<Box<dyn Backend>> {
-    match spec.kind.with_env()? {
-        BackendKind::Cpu => Ok(Box::new(CpuBackend::new(spec.threads)?)),
-        BackendKind::Ascend { device } => open_ascend(device),
-        BackendKind::Auto => match open_auto_device() {
+    open_with(spec, &BackendOptions::default())
+}
+
+/// Opens the backend `spec` names with `opts`.
+pub fn open_with(spec: BackendSpec, opts: &BackendOptions) -> Result<Box<dyn Backend>> {
+    match spec.kind {
+        BackendKind::Cpu => Ok(Box::new(CpuBackend::with_options(spec.threads, opts)?)),
+        BackendKind::Ascend { device } => open_ascend(device, opts),
+        BackendKind::Auto => match open_auto_device(opts) {
             Ok(be) => Ok(be),
             Err(why) => {
                 static ONCE: Once = Once::new();
                 ONCE.call_once(|| log::info!("backend auto: using the CPU ({why})"));
-                Ok(Box::new(CpuBackend::new(spec.threads)?))
+                Ok(Box::new(CpuBackend::with_options(spec.threads, opts)?))
             }
         },
     }
@@ -93,7 +100,7 @@ pub fn open(spec: BackendSpec) -> Result<Box<dyn Backend>> {
 
 /// `auto`'s device: an Ascend NPU when CANN loads. The CANN SIMULATOR is never picked by `auto`
 /// (it is a test double, far slower than the CPU): it runs only when asked for by name.
-fn open_auto_device() -> Result<Box<dyn Backend>> {
+fn open_auto_device(opts: &BackendOptions) -> Result<Box<dyn Backend>> {
     #[cfg(feature = "ascend")]
     {
         let cann = ascend_sys::Cann::load().map_err(|e| Error::Unsupported(e.to_string()))?;
@@ -103,20 +110,20 @@ fn open_auto_device() -> Result<Box<dyn Backend>> {
                 cann.lib_dir().display()
             )));
         }
-        Ok(Box::new(super::ascend::AscendBackend::open_on(&cann, 0)?))
+        Ok(Box::new(super::ascend::AscendBackend::open_on_with(&cann, 0, opts)?))
     }
     #[cfg(not(feature = "ascend"))]
-    open_ascend(0)
+    open_ascend(0, opts)
 }
 
 #[cfg(feature = "ascend")]
-fn open_ascend(device: u32) -> Result<Box<dyn Backend>> {
-    Ok(Box::new(super::ascend::AscendBackend::open(device)?))
+fn open_ascend(device: u32, opts: &BackendOptions) -> Result<Box<dyn Backend>> {
+    Ok(Box::new(super::ascend::AscendBackend::open_with(device, opts)?))
 }
 
 #[cfg(not(feature = "ascend"))]
-fn open_ascend(device: u32) -> Result<Box<dyn Backend>> {
-    let _ = device;
+fn open_ascend(device: u32, opts: &BackendOptions) -> Result<Box<dyn Backend>> {
+    let _ = (device, opts);
     Err(Error::Unsupported("the ascend backend is not compiled into this build (cargo feature `ascend`)".into()))
 }
 

@@ -4,7 +4,7 @@ use std::collections::BTreeSet;
 
 use tboost_ops::{check_tile_kv, DType, MatMulTiling, MoeTiling, Tiling, Tunable};
 
-use crate::backend::{Backend, BackendKind};
+use crate::backend::{self, Backend, BackendKind, BackendOptions, BackendSpec};
 use crate::plan::{PlanOptions, PrecisionPolicy};
 use crate::{Error, Result};
 
@@ -17,6 +17,20 @@ pub enum KvSize {
     Tokens(usize),
 }
 
+/// Where a large model file's weights live once a CPU backend reads them in place.
+#[derive(Clone, Copy, Debug, Default, PartialEq, Eq)]
+pub enum WeightPages {
+    /// Copied into huge pages (when the kernel offers transparent huge pages).
+    #[default]
+    Huge,
+    /// Stored weights stay in the file map (processes share one page-cache copy), repacked
+    /// ones go into 4 KiB pages.
+    Small,
+}
+
+/// An engine's options. Every field is a key of the configuration table (`engine::keys`),
+/// which sets it by name; `default()` is the built-in defaults, `from_env()` those with the
+/// environment's `TBOOST_*` defaults applied.
 #[derive(Clone, Debug)]
 pub struct EngineConfig {
     /// Where ops run (`auto`: a device backend when its runtime loads, else the CPU).
@@ -42,7 +56,7 @@ pub struct EngineConfig {
     /// forgotten first). Every result is also in the step's events, so a host that reads
     /// events loses nothing however small this is.
     pub finished_records: usize,
-    /// Ops and fusions to forbid (plan names; `TBOOST_DISABLE` adds to them).
+    /// Ops and fusions to forbid (plan names; `TBOOST_DISABLE` is the default).
     pub disabled_ops: BTreeSet<String>,
     /// FlashAttention's KV tile in the attention slots (`tiling.attention.tile_kv`: 16, 32,
     /// 64, 128 or 256); `None` = 64. The plan reports it and refuses a non-default tile on a
@@ -55,6 +69,15 @@ pub struct EngineConfig {
     /// The CPU grouped MoE's expert batching (`tiling.moe.*`: expert_batch_tokens,
     /// parallel_expert_batches), reported and refused likewise.
     pub moe_tiling: MoeTiling,
+    /// Pin each CPU compute thread to its own CPU (`pin_threads`, `TBOOST_PIN_THREADS`).
+    pub pin_threads: bool,
+    /// Log the time per op type when the backend closes (`profile`, `TBOOST_PROFILE`).
+    pub profile: bool,
+    /// `weight_pages` (`TBOOST_WEIGHT_PAGES`).
+    pub weight_pages: WeightPages,
+    /// CANN op versions the Ascend backend refuses beside its built-in table
+    /// (`ascend_known_bad`, `TBOOST_ASCEND_KNOWN_BAD`: `op@from..until` items separated by `;`).
+    pub ascend_known_bad: String,
 }
 
 impl Default for EngineConfig {
@@ -75,6 +98,10 @@ impl Default for EngineConfig {
             attention_tile_kv: None,
             matmul_tiling: MatMulTiling::default(),
             moe_tiling: MoeTiling::default(),
+            pin_threads: false,
+            profile: false,
+            weight_pages: WeightPages::Huge,
+            ascend_known_bad: String::new(),
         }
     }
 }
@@ -120,9 +147,9 @@ impl EngineConfig {
         }
     }
 
-    /// The plan options this config asks for on `be` (`TBOOST_DISABLE` added).
+    /// The plan options this config asks for on `be`.
     pub fn plan_options(&self, be: &dyn Backend) -> Result<PlanOptions> {
-        PlanOptions {
+        Ok(PlanOptions {
             disabled: self.disabled_ops.clone(),
             kv_dtype: self.kv_dtype,
             act_dtype: None,
@@ -131,8 +158,23 @@ impl EngineConfig {
             tile_kv: self.attention_tile_kv,
             matmul_tiling: self.matmul_tiling,
             moe_tiling: self.moe_tiling,
+        })
+    }
+
+    /// The backend options of this config (pinning, profiling, weight pages, Ascend's
+    /// known-bad versions).
+    pub fn backend_options(&self) -> BackendOptions {
+        BackendOptions {
+            pin_threads: self.pin_threads,
+            profile: self.profile,
+            small_weight_pages: self.weight_pages == WeightPages::Small,
+            ascend_known_bad: self.ascend_known_bad.clone(),
         }
-        .with_env()
+    }
+
+    /// Opens the backend this config names, with its options.
+    pub fn open_backend(&self) -> Result<Box<dyn Backend>> {
+        backend::open_with(BackendSpec { kind: self.backend, threads: self.threads }, &self.backend_options())
     }
 }
 

@@ -16,6 +16,8 @@
 mod config;
 mod core;
 mod events;
+pub mod keys;
+mod model_info;
 
 use std::collections::{HashMap, VecDeque};
 use std::path::Path;
@@ -25,11 +27,12 @@ use std::time::Instant;
 
 use serde::Serialize;
 
-pub use config::{parse_kv_dtype, parse_precision, tiling_keys, EngineConfig, KvSize};
+pub use config::{parse_kv_dtype, parse_precision, tiling_keys, EngineConfig, KvSize, WeightPages};
+pub use model_info::model_info;
 pub use events::{EventEngine, QueuedEvent, StepFaults};
 
 use self::core::Core;
-use crate::backend::{self, BackendSpec};
+use crate::backend;
 use crate::kv::{KvManager, KvPools};
 use crate::model::{Model, ModelConfig};
 use crate::plan::Plan;
@@ -175,8 +178,7 @@ impl Engine {
     /// Plans and places an already loaded model (e.g. a synthetic one) on the configured
     /// backend.
     pub fn load_model(&self, model: &Model) -> Result<()> {
-        let spec = BackendSpec { kind: self.config.backend, threads: self.config.threads };
-        self.load_model_on(model, backend::open(spec)?)
+        self.load_model_on(model, self.config.open_backend()?)
     }
 
     /// Plans and places a model on a given backend (tests, hosts with their own backend).

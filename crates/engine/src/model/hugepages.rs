@@ -31,23 +31,13 @@ pub fn wanted(len: usize) -> bool {
     len >= MIN_BYTES && weights_in_huge_pages()
 }
 
-/// Whether weights go into huge pages at all: `TBOOST_WEIGHT_PAGES` is `huge` (the default),
-/// not `small` (or its old name `file`), and the kernel offers transparent huge pages
-/// (`always` or `madvise`). With `small`, stored tensors stay in the file map and repacked
-/// ones go into 4 KiB pages.
+/// Whether weights can go into huge pages: the kernel offers transparent huge pages
+/// (`always` or `madvise`). Whether they do is the engine's `weight_pages` key (the CPU
+/// backend's `small_weight_pages` and its arena's `Arena::new(huge)`).
 pub fn weights_in_huge_pages() -> bool {
-    // Asked once per tensor: read the setting (and warn about it) once per process.
+    // Asked once per tensor: read the kernel's setting once per process.
     static POLICY: std::sync::OnceLock<bool> = std::sync::OnceLock::new();
-    *POLICY.get_or_init(|| {
-        match std::env::var("TBOOST_WEIGHT_PAGES").as_deref() {
-            Ok("small" | "file") => return false,
-            Ok("huge") | Err(_) => {}
-            Ok(other) => {
-                log::warn!("TBOOST_WEIGHT_PAGES={other} is not huge or small; using huge");
-            }
-        }
-        thp_available()
-    })
+    *POLICY.get_or_init(thp_available)
 }
 
 fn thp_available() -> bool {
@@ -96,9 +86,16 @@ const REGION_ALIGN: usize = 4096;
 /// few of those: much of the repacked weights would stay in 4 KiB pages, each a TLB refill
 /// per read (as above). In chunks nearly every byte is huge-page backed; the unused end of a
 /// chunk is never touched, so it costs address space, not memory.
-#[derive(Default)]
 pub struct Arena {
     current: Option<(std::sync::Arc<Chunk>, usize)>,
+    /// Advise the chunks for huge pages (`weight_pages` = huge), else against them.
+    huge: bool,
+}
+
+impl Default for Arena {
+    fn default() -> Arena {
+        Arena::new(true)
+    }
 }
 
 /// One aligned anonymous mapping; regions keep it alive.
@@ -133,8 +130,8 @@ impl Chunk {
     /// `len` bytes of zeroed anonymous memory starting on a 2 MiB boundary and advised for
     /// huge pages when [`weights_in_huge_pages`] ([`anon`], 2 MiB larger; the unaligned head
     /// is never touched).
-    fn new(len: usize) -> std::io::Result<Chunk> {
-        let mut map = anon(len + HUGE, weights_in_huge_pages())?;
+    fn new(len: usize, huge: bool) -> std::io::Result<Chunk> {
+        let mut map = anon(len + HUGE, huge && weights_in_huge_pages())?;
         let head = (map.as_ptr() as usize).next_multiple_of(HUGE) - map.as_ptr() as usize;
         // SAFETY: `head + len <= map.len()`, so the pointer stays inside the mapping.
         let base = unsafe { map.as_mut_ptr().add(head) };
@@ -143,18 +140,24 @@ impl Chunk {
 }
 
 impl Arena {
+    /// An empty arena whose memory is advised for huge pages when `huge` (and the kernel
+    /// offers them), else against them.
+    pub fn new(huge: bool) -> Arena {
+        Arena { current: None, huge }
+    }
+
     /// A zeroed region of `len` bytes.
     pub fn alloc(&mut self, len: usize) -> std::io::Result<RegionMut> {
         let need = len.max(1).next_multiple_of(REGION_ALIGN);
         if need > ARENA_CHUNK / 4 {
             // Its own mapping, exactly as long: its partial last 2 MiB stays in small pages
             // rather than faulting in a huge page mostly unused.
-            let chunk = std::sync::Arc::new(Chunk::new(need)?);
+            let chunk = std::sync::Arc::new(Chunk::new(need, self.huge)?);
             return Ok(RegionMut { chunk, offset: 0, len });
         }
         let fits = matches!(&self.current, Some((c, used)) if used + need <= c.len);
         if !fits {
-            self.current = Some((std::sync::Arc::new(Chunk::new(ARENA_CHUNK)?), 0));
+            self.current = Some((std::sync::Arc::new(Chunk::new(ARENA_CHUNK, self.huge)?), 0));
         }
         let Some((chunk, used)) = self.current.as_mut() else { unreachable!("a chunk was just made") };
         let r = RegionMut { chunk: chunk.clone(), offset: *used, len };

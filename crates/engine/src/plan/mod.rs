@@ -140,15 +140,6 @@ impl PlanOptions {
         Ok(out)
     }
 
-    /// Adds the names listed in `TBOOST_DISABLE` to `self.disabled`.
-    pub fn with_env(mut self) -> Result<PlanOptions> {
-        if let Ok(v) = std::env::var("TBOOST_DISABLE") {
-            self.disabled
-                .extend(Self::parse_disabled(&v).map_err(|e| Error::invalid("TBOOST_DISABLE", e.to_string()))?);
-        }
-        Ok(self)
-    }
-
     fn allows(&self, name: &str) -> bool {
         !self.disabled.contains(name)
     }

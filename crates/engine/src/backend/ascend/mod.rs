@@ -34,7 +34,7 @@ use ascend_sys::{AclError, Cann, Context, Device, DeviceFacts};
 use tboost_ops::{DType, Unsupported};
 
 use super::op::{Op, OpQuery, StepViews, View};
-use super::{Backend, BufId, DeviceInfo, EventId, PendingRead, StepHost, WeightId};
+use super::{Backend, BackendOptions, BufId, DeviceInfo, EventId, PendingRead, StepHost, WeightId};
 use crate::model::Tensor;
 use crate::{Error, Result};
 
@@ -76,21 +76,32 @@ impl AscendBackend {
     /// Loads CANN (the standard search order: `ASCEND_HOME_PATH`, `ASCEND_TOOLKIT_HOME`,
     /// `LD_LIBRARY_PATH`, the default toolkit path) and opens NPU `device` with one stream.
     pub fn open(device: u32) -> Result<AscendBackend> {
+        Self::open_with(device, &BackendOptions::default())
+    }
+
+    /// `open` with the engine config's backend options (profile, known-bad CANN versions).
+    pub fn open_with(device: u32, opts: &BackendOptions) -> Result<AscendBackend> {
         let cann = Cann::load().map_err(|e| be_err(e.to_string()))?;
-        Self::open_on(&cann, device)
+        Self::open_on_with(&cann, device, opts)
     }
 
     /// Opens NPU `device` of an already loaded CANN.
     pub fn open_on(cann: &Cann, device: u32) -> Result<AscendBackend> {
+        Self::open_on_with(cann, device, &BackendOptions::default())
+    }
+
+    /// `open_on` with the engine config's backend options.
+    pub fn open_on_with(cann: &Cann, device: u32, opts: &BackendOptions) -> Result<AscendBackend> {
         let facts = cann.facts();
         let id =
             i32::try_from(device).map_err(|_| Error::invalid("backend", format!("device {device} is too large")))?;
         let dev = cann.device(id).map_err(|e| acl_err(&format!("opening device {device}"), e))?;
         let ctx = Context::new(&dev).map_err(|e| acl_err("creating the stream", e))?;
-        let caps = Caps::new(cann, &facts).map_err(|e| Error::invalid("TBOOST_ASCEND_KNOWN_BAD", e))?;
+        let caps =
+            Caps::new(cann, &facts, &opts.ascend_known_bad).map_err(|e| Error::invalid("ascend_known_bad", e))?;
         let be = AscendBackend {
             mem: Memory::new(&dev),
-            st: StreamState::new(std::env::var_os("TBOOST_PROFILE").is_some()),
+            st: StreamState::new(opts.profile),
             ctx,
             step: StepState::default(),
             caps,

@@ -95,11 +95,11 @@ const GROUPED: [&str; 5] =
 const ROUTE: [&str; 4] = ["aclnnCast", "aclnnMoeGatingTopKSoftmax", "aclnnMm", "aclnnDiv"];
 
 impl Caps {
-    pub fn new(cann: &Cann, facts: &DeviceFacts) -> Result<Caps, String> {
+    /// `extra_known_bad`: the engine config's `ascend_known_bad` (default from
+    /// `TBOOST_ASCEND_KNOWN_BAD`), added to the built-in table.
+    pub fn new(cann: &Cann, facts: &DeviceFacts, extra_known_bad: &str) -> Result<Caps, String> {
         let mut known_bad = builtin_known_bad();
-        if let Ok(spec) = std::env::var("TBOOST_ASCEND_KNOWN_BAD") {
-            known_bad.extend(parse_known_bad(&spec).map_err(|e| format!("TBOOST_ASCEND_KNOWN_BAD: {e}"))?);
-        }
+        known_bad.extend(parse_known_bad(extra_known_bad).map_err(|e| format!("ascend_known_bad: {e}"))?);
         Ok(Caps {
             cann: cann.clone(),
             soc: facts.soc,

@@ -20,7 +20,7 @@ use tboost_kernels::{attention, convert, embed, isa, gemm, moe, norm, rope};
 use tboost_ops::{AttnPhase, DType, MatMulTiling, MoeTiling, Precision, Tiling, Unsupported};
 
 use super::op::{AttnKind, Op, OpQuery, StepViews, View};
-use super::{Backend, BufId, DeviceInfo, EventId, PendingRead, StepHost, WeightId};
+use super::{Backend, BackendOptions, BufId, DeviceInfo, EventId, PendingRead, StepHost, WeightId};
 use crate::model::Tensor;
 use crate::{Error, Result};
 
@@ -159,8 +159,10 @@ enum Work {
 }
 
 pub struct CpuBackend {
-    /// Per-op (count, seconds) when `TBOOST_PROFILE` is set; printed when the backend drops.
+    /// Per-op (count, seconds) with the `profile` key; printed when the backend drops.
     profile: Option<BTreeMap<&'static str, (u64, f64)>>,
+    /// The `weight_pages` key is `small`: stored weights stay in the file map.
+    small_weight_pages: bool,
     pool: Arc<rayon::ThreadPool>,
     threads: usize,
     bufs: Vec<Option<HostBuf>>,
@@ -185,13 +187,20 @@ pub struct CpuBackend {
 }
 
 impl CpuBackend {
-    /// A backend with its own pool of `threads` compute threads (0 = one per core).
+    /// A backend with its own pool of `threads` compute threads (0 = one per core) and the
+    /// default options.
     pub fn new(threads: usize) -> Result<CpuBackend> {
+        Self::with_options(threads, &BackendOptions::default())
+    }
+
+    /// `new` with an engine config's backend options (pinning, profile, weight pages).
+    pub fn with_options(threads: usize, opts: &BackendOptions) -> Result<CpuBackend> {
         let threads =
             if threads == 0 { std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1) } else { threads };
-        let pool = pool::build_pool(threads).map_err(Self::err)?;
-        let profile = std::env::var_os("TBOOST_PROFILE").map(|_| Default::default());
+        let pool = pool::build_pool(threads, opts.pin_threads).map_err(Self::err)?;
+        let profile = opts.profile.then(Default::default);
         Ok(CpuBackend {
+            small_weight_pages: opts.small_weight_pages,
             profile,
             pool: Arc::new(pool),
             threads,
@@ -199,7 +208,7 @@ impl CpuBackend {
             free_ids: Vec::new(),
             allocated: 0,
             weights: Vec::new(),
-            arena: Default::default(),
+            arena: crate::model::hugepages::Arena::new(!opts.small_weight_pages),
             copies: Default::default(),
             queue: Vec::new(),
             staging: Vec::new(),
@@ -533,7 +542,7 @@ impl Backend for CpuBackend {
     fn upload_weight(&mut self, tensor: &Tensor) -> Result<WeightId> {
         // A large file's tensors go into huge pages (see `model::hugepages`); otherwise
         // zero-copy: the tensor keeps its memory map (or owned buffer) alive.
-        let stored = if tensor.wants_huge_pages() {
+        let stored = if !self.small_weight_pages && tensor.wants_huge_pages() {
             // One copy per range of the file: a tied embedding table is also the lm_head.
             let key = (tensor.bytes().as_ptr() as usize, tensor.bytes().len());
             match self.copies.get(&key) {

@@ -1,7 +1,7 @@
 //! The CPU backend's compute pool: `threads` rayon workers named `tboost-cpu-{i}`,
 //! optionally each pinned to its own CPU.
 //!
-//! Pinning (`TBOOST_PIN_THREADS=1`) puts worker `i` on the `i`-th CPU this process may run
+//! Pinning (the `pin_threads` key, `TBOOST_PIN_THREADS=1`) puts worker `i` on the `i`-th CPU this process may run
 //! on (its `sched_getaffinity` set, so a host's own affinity is respected), when there are
 //! at least as many such CPUs as workers. Unpinned, the scheduler may run two workers on
 //! one CPU; pinned, each op's split runs on distinct CPUs. It changes no result (the
@@ -12,13 +12,6 @@
 
 use std::cell::Cell;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
-
-/// Whether `TBOOST_PIN_THREADS` asks for pinned workers (`1`, `true`, `on`).
-fn pin_requested() -> bool {
-    std::env::var("TBOOST_PIN_THREADS")
-        .map(|v| matches!(v.trim().to_ascii_lowercase().as_str(), "1" | "true" | "on" | "yes"))
-        .unwrap_or(false)
-}
 
 /// The CPUs this process may run on, in increasing order (empty if unknown).
 #[cfg(target_os = "linux")]
@@ -54,19 +47,19 @@ fn pin_to(_cpu: usize) -> bool {
     false
 }
 
-/// Builds the compute pool of `threads` workers (pinned when `TBOOST_PIN_THREADS` asks and
-/// the process may use enough CPUs). The error says what failed.
-pub(crate) fn build_pool(threads: usize) -> Result<rayon::ThreadPool, String> {
-    let cpus = if pin_requested() { allowed_cpus() } else { Vec::new() };
+/// Builds the compute pool of `threads` workers (pinned when `pin_requested` — the
+/// `pin_threads` key — and the process may use enough CPUs). The error says what failed.
+pub(crate) fn build_pool(threads: usize, pin_requested: bool) -> Result<rayon::ThreadPool, String> {
+    let cpus = if pin_requested { allowed_cpus() } else { Vec::new() };
     let pin = cpus.len() >= threads && threads > 1;
-    if pin_requested() && !pin {
-        log::warn!("TBOOST_PIN_THREADS: {threads} workers but {} usable CPUs; not pinning", cpus.len());
+    if pin_requested && !pin {
+        log::warn!("pin_threads: {threads} workers but {} usable CPUs; not pinning", cpus.len());
     }
     let mut b = rayon::ThreadPoolBuilder::new().num_threads(threads).thread_name(|i| format!("tboost-cpu-{i}"));
     if pin {
         b = b.start_handler(move |i| {
             if !pin_to(cpus[i]) {
-                log::warn!("TBOOST_PIN_THREADS: could not pin worker {i} to CPU {}", cpus[i]);
+                log::warn!("pin_threads: could not pin worker {i} to CPU {}", cpus[i]);
             }
         });
     }
@@ -176,7 +169,7 @@ mod tests {
 
     #[test]
     fn pool_has_the_threads_asked_for_pinned_or_not() {
-        let pool = build_pool(2).unwrap();
+        let pool = build_pool(2, false).unwrap();
         assert_eq!(pool.current_num_threads(), 2);
         let names: Vec<String> = pool.broadcast(|_| std::thread::current().name().unwrap_or_default().to_string());
         assert_eq!(names, ["tboost-cpu-0", "tboost-cpu-1"]);
@@ -216,7 +209,7 @@ mod tests {
     #[test]
     fn the_other_worker_polls_through_serial_work_and_stops_after() {
         use rayon::prelude::*;
-        let pool = build_pool(2).unwrap();
+        let pool = build_pool(2, false).unwrap();
         let active = AtomicUsize::new(0);
         let (out, on) = pool.install(|| {
             polling(
@@ -245,7 +238,7 @@ mod tests {
 
     #[test]
     fn a_panicking_body_stops_the_pollers_and_the_pool_keeps_working() {
-        let pool = build_pool(3).unwrap();
+        let pool = build_pool(3, false).unwrap();
         let active = AtomicUsize::new(0);
         let r = pool.install(|| {
             std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| {
