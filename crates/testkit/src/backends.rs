@@ -12,7 +12,7 @@
 
 use std::fmt;
 use std::path::{Path, PathBuf};
-use std::sync::{Mutex, MutexGuard};
+use std::sync::{Mutex, MutexGuard, OnceLock};
 
 use tboost_engine::backend::cpu::CpuBackend;
 use tboost_engine::backend::{Backend, BackendKind};
@@ -52,18 +52,24 @@ pub fn cpu() -> TestBackend {
     TestBackend { name: "cpu", kind: Kind::Cpu, block_size: 16 }
 }
 
-/// Every backend compiled into this build (a new backend adds one entry here).
+/// Every backend compiled into this build (a new backend adds one entry here). Each is opened
+/// once per process to check it starts and prefers the block size listed.
 pub fn present() -> Vec<TestBackend> {
-    #[allow(unused_mut)]
-    let mut v = vec![cpu()];
-    #[cfg(feature = "ascend")]
-    v.push(TestBackend { name: "ascend", kind: Kind::AscendSim, block_size: 128 });
-    for b in &v {
-        let _turn = b.exclusive();
-        let got = b.open(1).preferred_block_size();
-        assert_eq!(got, b.block_size, "{b}: the backend prefers blocks of {got} tokens");
-    }
-    v
+    static PRESENT: OnceLock<Vec<TestBackend>> = OnceLock::new();
+    PRESENT
+        .get_or_init(|| {
+            #[allow(unused_mut)]
+            let mut v = vec![cpu()];
+            #[cfg(feature = "ascend")]
+            v.push(TestBackend { name: "ascend", kind: Kind::AscendSim, block_size: 128 });
+            for b in &v {
+                let _turn = b.exclusive();
+                let got = b.open(1).preferred_block_size();
+                assert_eq!(got, b.block_size, "{b}: the backend prefers blocks of {got} tokens");
+            }
+            v
+        })
+        .clone()
 }
 
 impl TestBackend {
