@@ -23,6 +23,23 @@ mod avx2;
 mod avx512;
 mod scalar;
 
+/// The canonical tree over 16 chain accumulators, lane by lane: `s8[l] = acc[l] + acc[l+8]`,
+/// `s4[l] = s8[l] + s8[l+4]`, then `(s4[0] + s4[2]) + (s4[1] + s4[3])` (the reference's
+/// `hsum16`, applied to each lane).
+#[inline(always)]
+#[allow(clippy::needless_range_loop)] // s8[l] and acc[l + 8] share the counter
+pub(crate) unsafe fn chain_tree<V: F32x16>(acc: &[V; 16]) -> V {
+    let mut s8 = [V::zero(); 8];
+    for l in 0..8 {
+        s8[l] = V::add(acc[l], acc[l + 8]);
+    }
+    let mut s4 = [V::zero(); 4];
+    for l in 0..4 {
+        s4[l] = V::add(s8[l], s8[l + 4]);
+    }
+    V::add(V::add(s4[0], s4[2]), V::add(s4[1], s4[3]))
+}
+
 /// `$body` 16 times with `$c` bound to 0, 1, .., 15 (a constant in each copy): the 16 lanes
 /// or chains of a canonical accumulator, each kept in its own register.
 macro_rules! unroll16 {

@@ -26,7 +26,7 @@
 use rayon::prelude::*;
 
 use super::lanes::{WKind, WBF16, WF16, WF32};
-use crate::simd::{unroll16, F32x16};
+use crate::simd::{chain_tree as tree, unroll16, F32x16};
 use crate::{DType, WeightMat, WeightVec};
 
 /// Output rows per panel.
@@ -85,20 +85,6 @@ pub fn pack(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) 
             }
         }
     });
-}
-
-/// The canonical tree over the 16 chain accumulators, per lane.
-#[inline(always)]
-unsafe fn tree<V: F32x16>(acc: &[V; CHAINS]) -> V {
-    let mut s8 = [V::zero(); 8];
-    for l in 0..8 {
-        s8[l] = V::add(acc[l], acc[l + 8]);
-    }
-    let mut s4 = [V::zero(); 4];
-    for l in 0..4 {
-        s4[l] = V::add(s8[l], s8[l + 4]);
-    }
-    V::add(V::add(s4[0], s4[2]), V::add(s4[1], s4[3]))
 }
 
 /// The canonical padding: a `k` that is not a multiple of 16 leaves the chains past `k % 16`

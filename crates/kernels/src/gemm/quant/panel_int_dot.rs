@@ -22,6 +22,7 @@ use super::int_dot::{by_level, not_a_block, Level, IV, YI, ZI};
 use super::panel_pack::{Geometry, PANEL};
 use super::q8_activations::{QAct, CHAINS, GROUP};
 use crate::gemm::gguf::{Q4K, Q4_0, Q5K, Q5_0, Q6K, Q8_0};
+pub(super) use crate::simd::chain_tree as tree;
 use crate::simd::{unroll16, F32x16, F32x16Bytes};
 use crate::DType;
 
@@ -252,20 +253,6 @@ pub(super) unsafe fn float_step<I: IV, F: PF>(acc: I::F, d: I, sc: &GroupScales<
     } else {
         v
     }
-}
-
-/// The canonical tree over the 16 chain accumulators (`reference::hsum16`, per lane).
-#[inline(always)]
-pub(super) unsafe fn tree<V: F32x16Bytes>(acc: &[V; CHAINS]) -> V {
-    let mut s8 = [V::zero(); 8];
-    for l in 0..8 {
-        s8[l] = V::add(acc[l], acc[l + 8]);
-    }
-    let mut s4 = [V::zero(); 4];
-    for l in 0..4 {
-        s4[l] = V::add(s8[l], s8[l + 4]);
-    }
-    V::add(V::add(s4[0], s4[2]), V::add(s4[1], s4[3]))
 }
 
 /// `acc` after group `g` of one activation row (a closure here would not inherit the
