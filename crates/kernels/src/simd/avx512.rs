@@ -190,6 +190,7 @@ impl F32x16Bytes for Avx512 {
         Avx512(_mm512_cvtph_ps(_mm256_set1_epi16(ptr::read_unaligned(p as *const i16))))
     }
     #[inline(always)]
+    #[allow(clippy::needless_range_loop)] // v, l1, l2 and l3 are indexed by level position
     unsafe fn hsum16x(p: *const f32) -> [f32; 16] {
         // The four levels of the tree on 16 vectors at once: each level adds the same pairs of
         // lanes as `reduce`, packing two (then four, eight, sixteen) vectors' partial sums into one.
