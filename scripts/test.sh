@@ -20,6 +20,9 @@ cargo fmt --all -- --check
 step "docs check (README length, links, paths: scripts/check-docs.sh)"
 scripts/check-docs.sh
 
+step "layout check (capi without CLI tooling, header macros, import cycles: scripts/check-house.sh)"
+scripts/check-house.sh
+
 step "demo model (downloaded once into the cache, verified by size and sha256)"
 TBOOST_DEMO_MODEL="$(scripts/fetch-demo-model.sh)"
 export TBOOST_DEMO_MODEL

@@ -11,7 +11,7 @@
 use std::ffi::CString;
 
 use crate::error::{AclError, Result};
-use crate::op::Context;
+use crate::launch::Context;
 use crate::raw;
 use crate::tensor::{AclIntArray, AclScalar, AclTensor, AclTensorList, TensorRef};
 

@@ -17,10 +17,10 @@
 use std::ffi::c_void;
 use std::ptr::NonNull;
 
+use crate::dtype::{as_bytes, Element};
 use crate::error::{AclError, Phase, Result};
 use crate::raw;
 use crate::runtime::{Cann, Device, DeviceBuffer, HostBuffer, Stream};
-use crate::tensor::{as_bytes, Element};
 
 /// An `aclOpExecutor` returned by a first phase and not yet handed to CANN.
 pub struct Executor {

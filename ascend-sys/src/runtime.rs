@@ -17,10 +17,10 @@ use std::path::{Path, PathBuf};
 use std::ptr::NonNull;
 use std::sync::{Arc, Mutex};
 
+use crate::dtype::{as_bytes, as_bytes_mut, Element};
 use crate::error::{AclError, Result};
 use crate::loader::{c_string, locate_runtime, Libraries, OpSyms, SearchOrder};
 use crate::raw;
-use crate::tensor::{as_bytes, as_bytes_mut, DType, Element, TensorRef};
 use crate::version::CannVersion;
 
 /// Returns the function or makes the enclosing function return `AclError::FunctionUnavailable`.
@@ -731,16 +731,6 @@ impl DeviceBuffer {
         let f = call_fn!(c.api().aclrtMemset, "aclrtMemset", c);
         // SAFETY: the whole buffer.
         c.check("aclrtMemset", unsafe { f(self.ptr.as_ptr(), self.len, value as i32, self.len) })
-    }
-
-    /// A contiguous tensor view at byte `at`.
-    pub fn tensor(&self, at: usize, dtype: DType, shape: &[i64]) -> Result<TensorRef<'_>> {
-        TensorRef::new(self, at, dtype, shape)
-    }
-
-    /// The whole buffer as a contiguous tensor of `shape` starting at byte 0.
-    pub fn view(&self, dtype: DType, shape: &[i64]) -> Result<TensorRef<'_>> {
-        TensorRef::new(self, 0, dtype, shape)
     }
 }
 

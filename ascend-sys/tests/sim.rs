@@ -4,7 +4,7 @@
 
 mod common;
 
-use ascend_sys::ops::{
+use ascend_sys::aclnn::{
     self, AttnLayout, CubeMathType, ExpertTokens, FiaVersion, FusedInferAttention, GroupListType, MoeFinalizeRouting,
     MoeInitRouting, RopeMode,
 };
@@ -69,7 +69,7 @@ fn loads_through_ascend_home_path_and_reports_device_facts() {
         }
         assert!(!cann.has_op("aclnnNoSuchOp"));
         assert_eq!(cann.op_library("aclnnRmsNorm"), Some(cann.lib_dir().join("libopapi.so")));
-        assert_eq!(ops::fused_infer_attention_version(&cann), Some(FiaVersion::V4));
+        assert_eq!(aclnn::fused_infer_attention_version(&cann), Some(FiaVersion::V4));
         // a second load finds the same instance (one aclInit per process)
         let again = load();
         assert_eq!(again.lib_dir(), cann.lib_dir());
@@ -118,7 +118,7 @@ fn facts_follow_the_configured_soc_and_version_and_gate_bf16() {
             let y = alloc(&dev, 128);
             let r = alloc(&dev, 4);
             let mut c = ctx(&dev);
-            let err = ops::rms_norm(
+            let err = aclnn::rms_norm(
                 &mut c,
                 &ok(x.view(DType::Bf16, &[1, 64]), "x"),
                 &ok(g.view(DType::Bf16, &[64]), "g"),
@@ -133,7 +133,7 @@ fn facts_follow_the_configured_soc_and_version_and_gate_bf16() {
             let q = alloc(&dev, 64);
             let t = ok(q.view(DType::F16, &[1, 1, 1, 16]), "q");
             let a = FusedInferAttention::new(t, t, t, t, 1, 1, 0.25);
-            let err = ops::fused_infer_attention_score(&mut c, &a).expect_err("no FIA on 310P");
+            let err = aclnn::fused_infer_attention_score(&mut c, &a).expect_err("no FIA on 310P");
             assert_eq!(err.code(), Some(561003));
             assert!(err.to_string().contains("ACLNN_ERR_INNER_FIND_KERNEL_ERROR"), "{err}");
             drop((x, g, y, r, q, c, dev));
@@ -223,16 +223,20 @@ fn omitted_op_symbols_are_a_capability_answer_not_a_load_failure() {
             let (cann, dev) = device();
             assert!(!cann.has_op("aclnnSwiGlu"));
             assert!(cann.has_op("aclnnRmsNorm"));
-            assert_eq!(ops::fused_infer_attention_version(&cann), Some(FiaVersion::V2));
+            assert_eq!(aclnn::fused_infer_attention_version(&cann), Some(FiaVersion::V2));
             let f = cann.facts();
             assert_eq!(f.cann_version, None, "aclsysGetVersionStr is absent");
             assert_eq!(f.acl_api_version, Some((1, 12, 0)), "aclrtGetVersion still answers");
             let x = upload(&dev, &rand_vec(8, 3));
             let o = alloc(&dev, 16);
             let mut c = ctx(&dev);
-            let err =
-                ops::swi_glu(&mut c, &ok(x.view(DType::F32, &[1, 8]), "x"), -1, &ok(o.view(DType::F32, &[1, 4]), "o"))
-                    .expect_err("absent op");
+            let err = aclnn::swi_glu(
+                &mut c,
+                &ok(x.view(DType::F32, &[1, 8]), "x"),
+                -1,
+                &ok(o.view(DType::F32, &[1, 4]), "o"),
+            )
+            .expect_err("absent op");
             assert!(matches!(&err, AclError::OpUnavailable { op, .. } if op == "aclnnSwiGlu"), "{err}");
             assert!(err.to_string().contains("aclnnSwiGlu is not available"), "{err}");
             // the newest present FIA (V2 here) runs
@@ -241,7 +245,7 @@ fn omitted_op_symbols_are_a_capability_answer_not_a_load_failure() {
             let qv = ok(q.view(DType::F16, &[1, 1, 1, 16]), "q");
             let kv = ok(k.view(DType::F16, &[1, 2, 1, 16]), "k");
             let a = FusedInferAttention::new(qv, kv, kv, ok(out.view(DType::F16, &[1, 1, 1, 16]), "o"), 1, 1, 0.25);
-            assert_eq!(ok(ops::fused_infer_attention_score(&mut c, &a), "fia"), FiaVersion::V2);
+            assert_eq!(ok(aclnn::fused_infer_attention_score(&mut c, &a), "fia"), FiaVersion::V2);
             ok(c.synchronize(), "sync");
             drop((x, o, q, k, out, c, dev));
             assert_clean(&cann);
@@ -285,7 +289,7 @@ fn split_operator_libraries_are_searched_per_symbol() {
             fn t(b: &ascend_sys::DeviceBuffer) -> ascend_sys::TensorRef<'_> {
                 ok(b.view(DType::F32, &[1, 1, 1, 8]), "view")
             }
-            ok(ops::rotary_position_embedding(&mut c, &t(&x), &t(&cs), &t(&sn), RopeMode::Half, &t(&o)), "rope");
+            ok(aclnn::rotary_position_embedding(&mut c, &t(&x), &t(&cs), &t(&sn), RopeMode::Half, &t(&o)), "rope");
             ok(c.synchronize(), "sync");
             assert_eq!(read::<f32>(&o, 8), read::<f32>(&x, 8), "cos 1, sin 0 is the identity");
             drop((x, cs, sn, o, c, dev));
@@ -322,7 +326,7 @@ fn rms_norm_and_add_rms_norm_match_the_reference() {
         let g = to_f16(&rand_vec(d, 11).iter().map(|v| v + 1.0).collect::<Vec<_>>());
         let (xb, gb, yb, rb) = (upload(&dev, &x), upload(&dev, &g), alloc(&dev, rows * d * 2), alloc(&dev, rows * 4));
         ok(
-            ops::rms_norm(
+            aclnn::rms_norm(
                 &mut c,
                 &ok(xb.view(DType::F16, &[rows as i64, d as i64]), "x"),
                 &ok(gb.view(DType::F16, &[d as i64]), "g"),
@@ -342,7 +346,7 @@ fn rms_norm_and_add_rms_norm_match_the_reference() {
         let g32: Vec<f32> = rand_vec(d, 13);
         let (xb2, gb2, yb2) = (upload(&dev, &xb16), upload(&dev, &g32), alloc(&dev, rows * d * 2));
         ok(
-            ops::rms_norm(
+            aclnn::rms_norm(
                 &mut c,
                 &ok(xb2.view(DType::Bf16, &[rows as i64, d as i64]), "x"),
                 &ok(gb2.view(DType::F32, &[d as i64]), "g"),
@@ -367,7 +371,7 @@ fn rms_norm_and_add_rms_norm_match_the_reference() {
         );
         let sh = [rows as i64, d as i64];
         ok(
-            ops::add_rms_norm(
+            aclnn::add_rms_norm(
                 &mut c,
                 &ok(ab.view(DType::F32, &sh), "x1"),
                 &ok(bb.view(DType::F32, &sh), "x2"),
@@ -386,7 +390,7 @@ fn rms_norm_and_add_rms_norm_match_the_reference() {
         assert_close("add_rms_norm y", &f32_to_f64(&read::<f32>(&yo, rows * d)), &want_y, 1e-5, 1e-5);
         assert_close("add_rms_norm rstd", &f32_to_f64(&read::<f32>(&rb, rows)), &want_r, 0.0, 1e-6);
         // a gamma that does not match x's trailing dim is rejected by the first phase
-        let err = ops::rms_norm(
+        let err = aclnn::rms_norm(
             &mut c,
             &ok(ab.view(DType::F32, &sh), "x"),
             &ok(gg.tensor(0, DType::F32, &[d as i64 - 1]), "g"),
@@ -429,7 +433,7 @@ fn matmul_with_fp16_and_bf16_transposed_weights_matches_the_reference() {
         let wt = ok(ok(wb.view(DType::F16, &[n as i64, k as i64]), "w").transpose(0, 1), "wT");
         assert!(!wt.is_contiguous());
         ok(
-            ops::matmul(
+            aclnn::matmul(
                 &mut c,
                 &ok(xb.view(DType::F16, &[m as i64, k as i64]), "x"),
                 &wt,
@@ -446,7 +450,7 @@ fn matmul_with_fp16_and_bf16_transposed_weights_matches_the_reference() {
         let (xb2, wb2) = (upload(&dev, &xb16), upload(&dev, &wb16));
         let wt2 = ok(ok(wb2.view(DType::Bf16, &[n as i64, k as i64]), "w").transpose(0, 1), "wT");
         ok(
-            ops::mm(
+            aclnn::mm(
                 &mut c,
                 &ok(xb2.view(DType::Bf16, &[m as i64, k as i64]), "x"),
                 &wt2,
@@ -459,7 +463,7 @@ fn matmul_with_fp16_and_bf16_transposed_weights_matches_the_reference() {
         let want = matmul_ref(&bf16_to_f64(&xb16), &bf16_to_f64(&wb16), m, k, n);
         assert_close("mm bf16", &bf16_to_f64(&read::<bf16>(&out, m * n)), &round_bf16(&want), 1e-2, 8e-3);
         // mismatched inner dims are the op's to reject
-        let err = ops::matmul(
+        let err = aclnn::matmul(
             &mut c,
             &ok(xb.view(DType::F16, &[m as i64, k as i64]), "x"),
             &ok(wb.view(DType::F16, &[n as i64, k as i64]), "w"),
@@ -484,7 +488,7 @@ fn swiglu_rope_embedding_cast_add_mul_match_the_reference() {
         let x = rand_vec(rows * 2 * h, 30);
         let (xb, sw_out) = (upload(&dev, &to_f16(&x)), alloc(&dev, rows * h * 2));
         ok(
-            ops::swi_glu(
+            aclnn::swi_glu(
                 &mut c,
                 &ok(xb.view(DType::F16, &[rows as i64, 2 * h as i64]), "x"),
                 -1,
@@ -521,7 +525,7 @@ fn swiglu_rope_embedding_cast_add_mul_match_the_reference() {
             let sh = [1, t as i64, nh as i64, d as i64];
             let csh = [1, t as i64, 1, d as i64];
             ok(
-                ops::rotary_position_embedding(
+                aclnn::rotary_position_embedding(
                     &mut c,
                     &ok(xb.view(DType::F32, &sh), "x"),
                     &ok(cb.view(DType::F32, &csh), "cos"),
@@ -556,7 +560,7 @@ fn swiglu_rope_embedding_cast_add_mul_match_the_reference() {
         let ids: Vec<i32> = vec![3, 0, 9, 3, 7];
         let (tb, ib, eb) = (upload(&dev, &to_f16(&table)), upload(&dev, &ids), alloc(&dev, 5 * 4 * 2));
         ok(
-            ops::embedding(
+            aclnn::embedding(
                 &mut c,
                 &ok(tb.view(DType::F16, &[10, 4]), "w"),
                 &ok(ib.view(DType::I32, &[5]), "ids"),
@@ -566,7 +570,7 @@ fn swiglu_rope_embedding_cast_add_mul_match_the_reference() {
         );
         let f32b = alloc(&dev, 5 * 4 * 4);
         ok(
-            ops::cast(&mut c, &ok(eb.view(DType::F16, &[5, 4]), "e"), &ok(f32b.view(DType::F32, &[5, 4]), "f")),
+            aclnn::cast(&mut c, &ok(eb.view(DType::F16, &[5, 4]), "e"), &ok(f32b.view(DType::F32, &[5, 4]), "f")),
             "cast f16->f32",
         );
         ok(c.synchronize(), "sync");
@@ -576,7 +580,7 @@ fn swiglu_rope_embedding_cast_add_mul_match_the_reference() {
         let i64s = upload(&dev, &[5i64, -3, 1 << 20]);
         let i32s = alloc(&dev, 12);
         ok(
-            ops::cast(&mut c, &ok(i64s.view(DType::I64, &[3]), "a"), &ok(i32s.view(DType::I32, &[3]), "b")),
+            aclnn::cast(&mut c, &ok(i64s.view(DType::I64, &[3]), "a"), &ok(i32s.view(DType::I32, &[3]), "b")),
             "cast i64->i32",
         );
         ok(c.synchronize(), "sync");
@@ -585,7 +589,7 @@ fn swiglu_rope_embedding_cast_add_mul_match_the_reference() {
         let (a, b) = ([1.0f32, 2.0, 3.0, 4.0, 5.0, 6.0], [10.0f32, 20.0, 30.0]);
         let (ab, bb, ob) = (upload(&dev, &a), upload(&dev, &b), alloc(&dev, 24));
         ok(
-            ops::add(
+            aclnn::add(
                 &mut c,
                 &ok(ab.view(DType::F32, &[2, 3]), "a"),
                 &ok(bb.view(DType::F32, &[3]), "b"),
@@ -597,11 +601,16 @@ fn swiglu_rope_embedding_cast_add_mul_match_the_reference() {
         ok(c.synchronize(), "sync");
         assert_eq!(read::<f32>(&ob, 6), vec![6.0, 12.0, 18.0, 9.0, 15.0, 21.0]);
         ok(
-            ops::inplace_add(&mut c, &ok(ab.view(DType::F32, &[2, 3]), "a"), &ok(bb.view(DType::F32, &[3]), "b"), 1.0),
+            aclnn::inplace_add(
+                &mut c,
+                &ok(ab.view(DType::F32, &[2, 3]), "a"),
+                &ok(bb.view(DType::F32, &[3]), "b"),
+                1.0,
+            ),
             "inplace_add",
         );
         ok(
-            ops::mul(
+            aclnn::mul(
                 &mut c,
                 &ok(ab.tensor(0, DType::F32, &[2, 1]), "a"),
                 &ok(bb.view(DType::F32, &[1, 3]), "b"),
@@ -625,7 +634,7 @@ fn an_out_of_range_index_fails_the_synchronize_with_the_ops_message() {
         let mut c = ctx(&dev);
         let (tb, ib, eb) = (upload(&dev, &[0f32; 8]), upload(&dev, &[1i32, 12]), alloc(&dev, 16));
         ok(
-            ops::embedding(
+            aclnn::embedding(
                 &mut c,
                 &ok(tb.view(DType::F32, &[4, 2]), "w"),
                 &ok(ib.view(DType::I32, &[2]), "ids"),
@@ -680,7 +689,7 @@ impl Paged {
         let (kb, vb, sb) = (upload(dev, &kall), upload(dev, &vall), upload(dev, &slots));
         let csh = [self.blocks as i64, bs as i64, kvh as i64, d as i64];
         ok(
-            ops::scatter_pa_kv_cache(
+            aclnn::scatter_pa_kv_cache(
                 c,
                 &ok(kb.view(DType::F16, &[t, kvh as i64, d as i64]), "k"),
                 &ok(kc.view(DType::F16, &csh), "kc"),
@@ -744,7 +753,7 @@ fn paged_decode_attention_reads_through_a_block_table_with_holes_gqa() {
             a.block_size = bs as i64;
             a.actual_seq_lengths_kv = Some(&lens_kv);
             a.version = Some(version);
-            assert_eq!(ok(ops::fused_infer_attention_score(&mut c, &a), "decode"), version);
+            assert_eq!(ok(aclnn::fused_infer_attention_score(&mut c, &a), "decode"), version);
             ok(c.synchronize(), "sync");
             outs.push(f16_to_f64(&read::<f16>(&ob, b * nh * d)));
         }
@@ -775,7 +784,7 @@ fn paged_decode_attention_reads_through_a_block_table_with_holes_gqa() {
         a.block_table = Some(ok(tb.view(DType::I32, &[b as i64, 3]), "table"));
         a.block_size = bs as i64;
         a.actual_seq_lengths_kv = Some(&lens_kv);
-        let err = ops::fused_infer_attention_score(&mut c, &a).expect_err("4 heads over 3 KV heads");
+        let err = aclnn::fused_infer_attention_score(&mut c, &a).expect_err("4 heads over 3 KV heads");
         assert_eq!(err.code(), Some(161002));
         assert!(err.message().contains("numKeyValueHeads"), "{err}");
         drop((kc, vc, qb, tb, ob, c, dev));
@@ -827,7 +836,7 @@ fn paged_prefill_attention_is_right_down_causal_with_chunking_and_padding() {
         a.actual_seq_lengths_kv = Some(&lkv64);
         a.atten_mask = Some(ok(mb.view(DType::U8, &[2048, 2048]), "mask"));
         a.sparse_mode = 3;
-        assert_eq!(ok(ops::fused_infer_attention_score(&mut c, &a), "prefill"), FiaVersion::V4);
+        assert_eq!(ok(aclnn::fused_infer_attention_score(&mut c, &a), "prefill"), FiaVersion::V4);
         ok(c.synchronize(), "sync");
         let got = f16_to_f64(&read::<f16>(&ob, b * sq * nh * d));
         for s in 0..b {
@@ -852,14 +861,14 @@ fn paged_prefill_attention_is_right_down_causal_with_chunking_and_padding() {
         }
         // prefill with a block size the prompt branch rejects (must be a multiple of 128)
         a.block_size = 64;
-        let err = ops::fused_infer_attention_score(&mut c, &a).expect_err("block size 64");
+        let err = aclnn::fused_infer_attention_score(&mut c, &a).expect_err("block size 64");
         assert!(err.message().contains("multiple of 128"), "{err}");
         // sparse mode 3 with a mask that is not the optimized causal mask fails at run time
         a.block_size = bs as i64;
         let zeros = alloc(&dev, 2048 * 2048);
         ok(zeros.fill_bytes(0), "zero mask");
         a.atten_mask = Some(ok(zeros.view(DType::U8, &[2048, 2048]), "mask"));
-        ok(ops::fused_infer_attention_score(&mut c, &a), "launch");
+        ok(aclnn::fused_infer_attention_score(&mut c, &a), "launch");
         let err = c.synchronize().expect_err("wrong mask");
         assert!(err.message().contains("2048x2048 mask"), "{err}");
         drop((kc, vc, qb, tb, ob, mb, zeros, c, dev));
@@ -882,7 +891,7 @@ fn the_moe_chain_gating_routing_grouped_matmul_finalize_matches_a_dense_referenc
         let (yb, eib, rib) = (alloc(&dev, n * k * 4), alloc(&dev, n * k * 4), alloc(&dev, n * k * 4));
         let nk = (n * k) as i64;
         ok(
-            ops::moe_gating_top_k_softmax(
+            aclnn::moe_gating_top_k_softmax(
                 &mut c,
                 &ok(lb.view(DType::F32, &[n as i64, e as i64]), "x"),
                 None,
@@ -896,7 +905,7 @@ fn the_moe_chain_gating_routing_grouped_matmul_finalize_matches_a_dense_referenc
         let (exb, erb, cntb, cnt64) =
             (alloc(&dev, n * k * h * 4), alloc(&dev, n * k * 4), alloc(&dev, e * 4), alloc(&dev, e * 8));
         ok(
-            ops::moe_init_routing_v2(
+            aclnn::moe_init_routing_v2(
                 &mut c,
                 &MoeInitRouting {
                     x: ok(xb.view(DType::F32, &[n as i64, h as i64]), "x"),
@@ -915,7 +924,7 @@ fn the_moe_chain_gating_routing_grouped_matmul_finalize_matches_a_dense_referenc
             "init routing",
         );
         ok(
-            ops::cast(
+            aclnn::cast(
                 &mut c,
                 &ok(cntb.view(DType::I32, &[e as i64]), "cnt"),
                 &ok(cnt64.view(DType::I64, &[e as i64]), "cnt64"),
@@ -925,7 +934,7 @@ fn the_moe_chain_gating_routing_grouped_matmul_finalize_matches_a_dense_referenc
         let gout = alloc(&dev, n * k * f * 4);
         let wt = ok(ok(wb.view(DType::F32, &[e as i64, f as i64, h as i64]), "w").transpose(1, 2), "wT"); // [e, h, f]
         ok(
-            ops::grouped_matmul_v4(
+            aclnn::grouped_matmul_v4(
                 &mut c,
                 &ok(exb.view(DType::F32, &[nk, h as i64]), "x"),
                 &wt,
@@ -938,7 +947,7 @@ fn the_moe_chain_gating_routing_grouped_matmul_finalize_matches_a_dense_referenc
         );
         let out = alloc(&dev, n * f * 4);
         ok(
-            ops::moe_finalize_routing_v2(
+            aclnn::moe_finalize_routing_v2(
                 &mut c,
                 &MoeFinalizeRouting {
                     expanded_x: ok(gout.view(DType::F32, &[nk, f as i64]), "ex"),
@@ -1018,7 +1027,7 @@ fn grouped_matmul_fp16_with_counts_and_bias_leaves_rows_past_the_groups_alone() 
             (upload(&dev, &x), upload(&dev, &w), upload(&dev, &bias), upload(&dev, &counts), alloc(&dev, m * n * 2));
         ok(ob.fill_bytes(0x3C), "sentinel"); // 0x3C3C as f16 = 1.0586
         ok(
-            ops::grouped_matmul_v4(
+            aclnn::grouped_matmul_v4(
                 &mut c,
                 &ok(xb.view(DType::F16, &[m as i64, k as i64]), "x"),
                 &ok(wb.view(DType::F16, &[e as i64, k as i64, n as i64]), "w"),
@@ -1057,7 +1066,7 @@ fn grouped_matmul_fp16_with_counts_and_bias_leaves_rows_past_the_groups_alone() 
         // a group list that claims more rows than x has fails when the op runs
         let too_many = upload(&dev, &[4i64, 4, 4]);
         ok(
-            ops::grouped_matmul_v4(
+            aclnn::grouped_matmul_v4(
                 &mut c,
                 &ok(xb.view(DType::F16, &[m as i64, k as i64]), "x"),
                 &ok(wb.view(DType::F16, &[e as i64, k as i64, n as i64]), "w"),
@@ -1081,7 +1090,7 @@ fn norm_args(dev: &ascend_sys::Device) -> [ascend_sys::DeviceBuffer; 4] {
     [upload(dev, &rand_vec(32, 1)), upload(dev, &[1.0f32; 32]), alloc(dev, 128), alloc(dev, 4)]
 }
 fn run_norm(c: &mut Context, b: &[ascend_sys::DeviceBuffer; 4]) -> ascend_sys::Result<()> {
-    ops::rms_norm(
+    aclnn::rms_norm(
         c,
         &b[0].view(DType::F32, &[1, 32])?,
         &b[1].view(DType::F32, &[32])?,
@@ -1123,7 +1132,7 @@ fn a_failed_malloc_is_an_error_and_leaves_nothing_allocated() {
             let (cann, dev) = device();
             let (x, w, o) = (upload(&dev, &[1.0f32; 4]), upload(&dev, &[1.0f32; 4]), alloc(&dev, 16));
             let mut c = ctx(&dev);
-            let err = ops::matmul(
+            let err = aclnn::matmul(
                 &mut c,
                 &ok(x.view(DType::F32, &[2, 2]), "x"),
                 &ok(w.view(DType::F32, &[2, 2]), "w"),
@@ -1352,7 +1361,7 @@ fn workspace_grows_only_when_too_small_and_old_ones_wait_for_synchronize() {
         let (a, o) = (upload(&dev, &rand_vec(big * big, 1)), alloc(&dev, big * big * 4));
         let run = |c: &mut Context, m: i64| {
             ok(
-                ops::matmul(
+                aclnn::matmul(
                     c,
                     &ok(a.tensor(0, DType::F32, &[m, m]), "a"),
                     &ok(a.tensor(0, DType::F32, &[m, m]), "b"),
@@ -1396,7 +1405,7 @@ fn events_and_staged_uploads_order_work_across_streams() {
         ok(ev.record(producer.stream()), "record");
         ok(consumer.stream().wait_event(&ev), "wait");
         ok(
-            ops::add(
+            aclnn::add(
                 &mut consumer,
                 &ok(a.view(DType::F32, &[4]), "a"),
                 &ok(a.view(DType::F32, &[4]), "a"),
@@ -1437,7 +1446,7 @@ fn stream_ordered_memset_device_copy_div_and_event_times() {
         let (start, end) = (ok(dev.create_event(), "event"), ok(dev.create_event(), "event"));
         ok(start.record(c.stream()), "record");
         ok(
-            ops::div(
+            aclnn::div(
                 &mut c,
                 &ok(a.view(DType::F32, &[2, 2]), "a"),
                 &ok(b.view(DType::F32, &[1, 2]), "b (broadcast)"),

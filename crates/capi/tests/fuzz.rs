@@ -29,7 +29,7 @@ use std::sync::mpsc;
 use std::time::{Duration, Instant};
 
 use ::tboost_engine::engine::{Engine, EngineConfig, KvSize};
-use ::tboost_engine::model::gguf::{self, Value};
+use ::tboost_engine::formats::gguf::{self, Value};
 use ::tboost_engine::model::Model;
 use ::tboost_engine::sample::FinishReason;
 use ::tboost_engine::sched::Request;

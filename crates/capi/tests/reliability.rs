@@ -12,8 +12,9 @@ use std::ptr::null_mut;
 use std::time::Duration;
 
 use ::tboost_engine::engine::{Engine, EngineConfig, KvSize};
-use ::tboost_engine::model::gguf::Value;
-use ::tboost_engine::model::{limits, Model};
+use ::tboost_engine::formats::gguf::Value;
+use ::tboost_engine::formats::limits;
+use ::tboost_engine::model::Model;
 use ::tboost_engine::sched::Request;
 use ::tboost_engine::tokenizer::{ChatTemplate, Tokenizer};
 use model_files::gguf::{tiny_llama, tiny_moe, Shape, TINY};
@@ -304,7 +305,7 @@ fn a_fifo_as_the_model_path_is_a_clear_error_not_a_hang() {
         if name == "model.gguf" {
             let p2 = p.clone();
             match bounded(LOAD_BUDGET, move || {
-                ::tboost_engine::model::gguf::read_metadata(&p2).map_err(|e| e.to_string())
+                ::tboost_engine::formats::gguf::read_metadata(&p2).map_err(|e| e.to_string())
             }) {
                 Outcome::Done(Err(e)) => assert_has(&e, &["FIFO"]),
                 other => panic!("read_metadata of a FIFO: {other:?}"),

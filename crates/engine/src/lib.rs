@@ -9,6 +9,7 @@
 pub mod backend;
 pub mod engine;
 pub mod error;
+pub mod formats;
 pub mod kv;
 pub mod model;
 pub mod op_api;

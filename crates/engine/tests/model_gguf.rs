@@ -1,22 +1,23 @@
-//! GGUF reader: real files from /work/shared/models and hand-built broken files.
+//! GGUF reader: real files from shared/models and hand-built broken files.
 
 use std::path::{Path, PathBuf};
 
-use tboost_engine::model::gguf::{self, Value};
+use tboost_engine::formats::gguf::{self, Value};
 use tboost_engine::model::weights::{LayerWeights, Mlp};
 use tboost_engine::model::{Arch, Model, ModelFormat, Tensor};
 use tboost_engine::Error;
 use tboost_ops::DType;
 use tboost_ops::RopeStyle;
+use tboost_testkit::model_files::gguf::Gguf;
 
 fn models_dir() -> PathBuf {
-    PathBuf::from("/work/shared/models")
+    tboost_testkit::golden::shared_dir().join("models")
 }
 
 /// A shared model file, or a failure saying how to get it.
 fn shared_model(name: &str) -> PathBuf {
     let p = models_dir().join(name);
-    assert!(p.is_file(), "{} is missing: see /work/shared/models/README.md for its origin and sha256", p.display());
+    assert!(p.is_file(), "{} is missing: see shared/models/README.md for its origin and sha256", p.display());
     p
 }
 
@@ -58,143 +59,10 @@ fn parse_directory_of_real_files() {
 // ---------------------------------------------------------------------------------------
 // A GGUF writer for test files (valid or deliberately broken).
 
-fn value_type(v: &Value) -> u32 {
-    match v {
-        Value::U8(_) => 0,
-        Value::I8(_) => 1,
-        Value::U16(_) => 2,
-        Value::I16(_) => 3,
-        Value::U32(_) => 4,
-        Value::I32(_) => 5,
-        Value::F32(_) => 6,
-        Value::Bool(_) => 7,
-        Value::String(_) => 8,
-        Value::Array(_) => 9,
-        Value::U64(_) => 10,
-        Value::I64(_) => 11,
-        Value::F64(_) => 12,
-    }
-}
-
-fn put_str(out: &mut Vec<u8>, s: &str) {
-    out.extend((s.len() as u64).to_le_bytes());
-    out.extend(s.as_bytes());
-}
-
-fn put_value(out: &mut Vec<u8>, v: &Value) {
-    match v {
-        Value::U8(x) => out.extend(x.to_le_bytes()),
-        Value::I8(x) => out.extend(x.to_le_bytes()),
-        Value::U16(x) => out.extend(x.to_le_bytes()),
-        Value::I16(x) => out.extend(x.to_le_bytes()),
-        Value::U32(x) => out.extend(x.to_le_bytes()),
-        Value::I32(x) => out.extend(x.to_le_bytes()),
-        Value::U64(x) => out.extend(x.to_le_bytes()),
-        Value::I64(x) => out.extend(x.to_le_bytes()),
-        Value::F32(x) => out.extend(x.to_le_bytes()),
-        Value::F64(x) => out.extend(x.to_le_bytes()),
-        Value::Bool(b) => out.push(*b as u8),
-        Value::String(s) => put_str(out, s),
-        Value::Array(a) => {
-            out.extend(a.first().map_or(4, value_type).to_le_bytes());
-            out.extend((a.len() as u64).to_le_bytes());
-            for x in a {
-                put_value(out, x);
-            }
-        }
-    }
-}
-
-#[derive(Clone)]
-struct GTensor {
-    name: String,
-    /// GGML order, innermost first.
-    ne: Vec<u64>,
-    ty: u32,
-    data: Vec<u8>,
-    /// Written instead of the real offset (to make the header lie).
-    offset_override: Option<u64>,
-}
-
-#[derive(Clone)]
-struct Gguf {
-    kv: Vec<(String, Value)>,
-    tensors: Vec<GTensor>,
-}
-
-/// Byte positions of the sections of a written file.
-#[derive(Debug)]
-struct Layout {
-    metadata_start: usize,
-    infos_start: usize,
-    data_start: usize,
-}
-
-const ALIGN: usize = 32;
-
-impl Gguf {
-    fn set(&mut self, key: &str, v: Value) {
-        self.kv.retain(|(k, _)| k != key);
-        self.kv.push((key.to_string(), v));
-    }
-    fn remove(&mut self, key: &str) {
-        self.kv.retain(|(k, _)| k != key);
-    }
-    fn tensor_mut(&mut self, name: &str) -> &mut GTensor {
-        self.tensors.iter_mut().find(|t| t.name == name).unwrap_or_else(|| panic!("no tensor {name}"))
-    }
-    fn add_f32(&mut self, name: &str, ne: &[u64]) {
-        let n: u64 = ne.iter().product();
-        let seed = self.tensors.len();
-        let data = (0..n).flat_map(|i| (((i as usize * 5 + seed * 11) % 23) as f32 * 0.01).to_le_bytes()).collect();
-        self.tensors.push(GTensor { name: name.into(), ne: ne.to_vec(), ty: 0, data, offset_override: None });
-    }
-
-    fn build(&self) -> (Vec<u8>, Layout) {
-        let mut out = b"GGUF".to_vec();
-        out.extend(3u32.to_le_bytes());
-        out.extend((self.tensors.len() as u64).to_le_bytes());
-        out.extend((self.kv.len() as u64).to_le_bytes());
-        let metadata_start = out.len();
-        for (k, v) in &self.kv {
-            put_str(&mut out, k);
-            out.extend(value_type(v).to_le_bytes());
-            put_value(&mut out, v);
-        }
-        let infos_start = out.len();
-        let mut offset = 0usize;
-        let mut offsets = vec![];
-        for t in &self.tensors {
-            put_str(&mut out, &t.name);
-            out.extend((t.ne.len() as u32).to_le_bytes());
-            for d in &t.ne {
-                out.extend(d.to_le_bytes());
-            }
-            out.extend(t.ty.to_le_bytes());
-            out.extend(t.offset_override.unwrap_or(offset as u64).to_le_bytes());
-            offsets.push(offset);
-            offset = (offset + t.data.len()).div_ceil(ALIGN) * ALIGN;
-        }
-        out.resize(out.len().div_ceil(ALIGN) * ALIGN, 0);
-        let data_start = out.len();
-        for (t, off) in self.tensors.iter().zip(offsets) {
-            out.resize(data_start + off, 0);
-            out.extend(&t.data);
-        }
-        (out, Layout { metadata_start, infos_start, data_start })
-    }
-
-    fn write(&self, dir: &Path) -> PathBuf {
-        let p = dir.join("model.gguf");
-        std::fs::write(&p, self.build().0).unwrap();
-        p
-    }
-}
-
 /// A 2-layer llama: vocab 16, hidden 32, 2 heads of 16, 1 kv head, ffn 32; F32.
 fn tiny_gguf() -> Gguf {
     let u = Value::U32;
-    let mut g = Gguf { kv: vec![], tensors: vec![] };
+    let mut g = Gguf::new();
     g.set("general.architecture", Value::String("llama".into()));
     g.set("general.name", Value::String("tiny".into()));
     g.set("llama.block_count", u(2));
@@ -229,7 +97,7 @@ fn tiny_gguf() -> Gguf {
 
 fn load_err(g: &Gguf) -> (String, String) {
     let tmp = tempfile::tempdir().unwrap();
-    let p = g.write(tmp.path());
+    let p = g.write(tmp.path(), "model.gguf");
     match Model::load(&p) {
         Ok(_) => panic!("loaded a broken GGUF"),
         Err(e) => (e.to_string(), p.display().to_string()),
@@ -320,7 +188,7 @@ fn dense(l: &LayerWeights) -> (&Tensor, &Tensor, &Tensor) {
 fn tiny_gguf_loads_with_converted_shapes() {
     let g = tiny_gguf();
     let tmp = tempfile::tempdir().unwrap();
-    let p = g.write(tmp.path());
+    let p = g.write(tmp.path(), "model.gguf");
     let m = Model::load(&p).unwrap();
     let c = &m.config;
     assert_eq!((c.hidden_size, c.num_heads, c.num_kv_heads, c.head_dim, c.vocab_size), (32, 2, 1, 16, 16));
@@ -334,7 +202,7 @@ fn tiny_gguf_loads_with_converted_shapes() {
     // Without a vocabulary the size comes from `{arch}.vocab_size`, else the embedding rows.
     let mut g = tiny_gguf();
     g.remove("tokenizer.ggml.tokens");
-    let m = Model::load(&g.write(tmp.path())).unwrap();
+    let m = Model::load(&g.write(tmp.path(), "model.gguf")).unwrap();
     assert_eq!(m.config.vocab_size, 16);
     g.set("llama.vocab_size", Value::U32(20));
     assert_has(&load_err(&g).0, &["token_embd.weight", "[20, 32]", "[16, 32]"]);
@@ -353,7 +221,7 @@ fn moe_expert_stacks_become_zero_copy_views() {
         g.add_f32(&format!("blk.{i}.ffn_down_exps.weight"), &[32, 32, 3]);
     }
     let tmp = tempfile::tempdir().unwrap();
-    let p = g.write(tmp.path());
+    let p = g.write(tmp.path(), "model.gguf");
     let m = Model::load(&p).unwrap();
     assert_eq!(m.config.arch, Arch::Mixtral, "llama + expert_count is Mixtral");
     assert_eq!((m.config.num_experts, m.config.experts_per_token), (3, 2));
@@ -395,7 +263,7 @@ fn qwen2_gguf_is_half_split_with_biases_and_tied_output() {
         g.add_f32(&format!("blk.{i}.attn_v.bias"), &[16]);
     }
     let tmp = tempfile::tempdir().unwrap();
-    let m = Model::load(&g.write(tmp.path())).unwrap();
+    let m = Model::load(&g.write(tmp.path(), "model.gguf")).unwrap();
     assert_eq!(m.config.arch, Arch::Qwen2);
     assert_eq!(m.config.rope_style, RopeStyle::HalfSplit);
     assert!(m.config.qkv_bias && m.config.tie_word_embeddings);
@@ -427,7 +295,7 @@ fn quantized_and_half_tensors_load_with_their_dtype() {
     e.ty = 30;
     e.data = vec![0; 16 * 32 * 2];
     let tmp = tempfile::tempdir().unwrap();
-    let m = Model::load(&g.write(tmp.path())).unwrap();
+    let m = Model::load(&g.write(tmp.path(), "model.gguf")).unwrap();
     assert_eq!(m.weights.layers[0].q.dtype, DType::Q8_0);
     assert_eq!(m.weights.layers[0].q.shape, [32, 32]);
     assert_eq!(m.weights.layers[0].o.dtype, DType::F16);
@@ -455,7 +323,7 @@ fn llama3_rope_scaling_keys_are_read() {
     g.set("llama.rope.scaling.factor", Value::F32(8.0));
     g.set("llama.rope.scaling.original_context_length", Value::U32(64));
     let tmp = tempfile::tempdir().unwrap();
-    let m = Model::load(&g.write(tmp.path())).unwrap();
+    let m = Model::load(&g.write(tmp.path(), "model.gguf")).unwrap();
     assert_eq!(m.config.rope_theta, 500000.0);
     let s = m.config.rope_scaling.unwrap();
     assert_eq!(
@@ -494,7 +362,7 @@ fn not_a_gguf_file_and_empty_file() {
 
 #[test]
 fn truncated_gguf_at_every_point() {
-    let (full, layout) = tiny_gguf().build();
+    let (full, layout) = tiny_gguf().build_sections();
     let p = Path::new("cut.gguf");
     for cut in 0..full.len() {
         match gguf::parse(&full[..cut], p) {
@@ -538,7 +406,7 @@ fn parse_err(bytes: &[u8]) -> String {
 
 #[test]
 fn gguf_header_lying_about_counts_and_lengths() {
-    let (full, layout) = tiny_gguf().build();
+    let (full, layout) = tiny_gguf().build_sections();
     // Tensor and metadata counts far beyond the file: refused before any allocation.
     let mut b = full.clone();
     patch_u64(&mut b, 8, u64::MAX);
@@ -616,7 +484,7 @@ fn gguf_header_lying_about_tensor_offsets_and_dims() {
 
 #[test]
 fn gguf_malformed_metadata() {
-    let (full, layout) = tiny_gguf().build();
+    let (full, layout) = tiny_gguf().build_sections();
     // Magic, versions.
     let mut b = full.clone();
     b[0] = b'X';
@@ -653,7 +521,7 @@ fn gguf_malformed_metadata() {
     let mut g = tiny_gguf();
     g.set("x.nested", Value::Array(vec![Value::Array(vec![Value::I16(-3), Value::I16(4)]), Value::Array(vec![])]));
     let tmp = tempfile::tempdir().unwrap();
-    let md = gguf::read_metadata(&g.write(tmp.path())).unwrap();
+    let md = gguf::read_metadata(&g.write(tmp.path(), "model.gguf")).unwrap();
     let n = md["x.nested"].as_array().unwrap();
     assert_eq!(n[0].as_array().unwrap()[0].as_i64(), Some(-3));
     assert_eq!(n[1].as_array().unwrap().len(), 0);
@@ -669,7 +537,7 @@ fn unsupported_tensor_type_is_named() {
     assert_has(&e, &[&path, "tensor `blk.0.attn_q.weight` has GGUF type Q4_1 (3), which tboost does not support"]);
     // The metadata of such a file is still readable (for its tokenizer).
     let tmp = tempfile::tempdir().unwrap();
-    assert!(gguf::read_metadata(&g.write(tmp.path())).is_ok());
+    assert!(gguf::read_metadata(&g.write(tmp.path(), "model.gguf")).is_ok());
     let mut g = tiny_gguf();
     g.tensor_mut("output.weight").ty = 77;
     assert_has(&load_err(&g).0, &["output.weight", "unknown (77)"]);

@@ -15,10 +15,10 @@ use tboost_ops::RopeStyle;
 const CASES: [&str; 6] = ["llama_gqa", "llama_gqa_bf16", "llama_hd24", "mistral", "mixtral", "qwen2"];
 
 fn golden_dir(case: &str) -> PathBuf {
-    let d = PathBuf::from("/work/shared/testdata/golden").join(case);
+    let d = tboost_testkit::golden::golden_dir(case);
     assert!(
         d.join("golden.json").is_file(),
-        "{} is missing: the golden data lives in /work/shared/testdata/golden (see its README.md)",
+        "{} is missing: the golden data lives in shared/testdata/golden (see its README.md)",
         d.display()
     );
     d

@@ -25,9 +25,9 @@ use tboost_engine::op_api::{
     Operation, RopeOpParams, TensorRef,
 };
 use tboost_kernels::attention::{reference as attn_ref, AttnParams, KvPool, SeqSpan};
+use tboost_kernels::gemm::quant::{dequantize_row, quantize_row_reference};
 use tboost_kernels::gemm::reference as mm_ref;
 use tboost_kernels::moe::{reference as moe_ref, Expert};
-use tboost_kernels::gemm::quant::{dequantize_row, quantize_row_reference};
 use tboost_kernels::{activation, norm, rope, WeightMat, WeightVec};
 use tboost_ops::{RopeParams, RopeStyle};
 

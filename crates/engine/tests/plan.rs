@@ -421,7 +421,9 @@ fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
         // kernel runs.
         let amx_tiles = tboost_kernels::gemm::dense::amx_pair_panels::applies();
         let expect_packed = match (dtype, precision) {
-            (DType::BF16, PrecisionPolicy::Fast) => tboost_kernels::gemm::dense::bf16_pair_panels::applies() || amx_tiles,
+            (DType::BF16, PrecisionPolicy::Fast) => {
+                tboost_kernels::gemm::dense::bf16_pair_panels::applies() || amx_tiles
+            }
             (DType::F16, PrecisionPolicy::Fast) => tboost_kernels::gemm::dense::amx_pair_panels::applies(),
             _ if dtype.is_float() => tboost_kernels::gemm::dense::exact_panels::pays(dtype),
             _ => true,

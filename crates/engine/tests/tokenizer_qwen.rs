@@ -8,7 +8,7 @@ use std::sync::OnceLock;
 
 use proptest::prelude::*;
 use serde_json::json;
-use tboost_engine::model::gguf::Metadata;
+use tboost_engine::formats::gguf::Metadata;
 use tboost_engine::tokenizer::{ChatTemplate, Decoder, Message, PreTokenizer, TokenAttr, Tokenizer, TokenizerKind};
 use tokenizer_common::{demo_metadata, gguf_tokenizer, golden_json, ids};
 

@@ -6,7 +6,7 @@ use tboost_testkit::tokenizer_data as tokenizer_common;
 use std::sync::OnceLock;
 
 use proptest::prelude::*;
-use tboost_engine::model::gguf::read_metadata;
+use tboost_engine::formats::gguf::read_metadata;
 use tboost_engine::tokenizer::{Decoder, TokenAttr, Tokenizer, TokenizerKind};
 use tokenizer_common::llama2_tiny_path;
 

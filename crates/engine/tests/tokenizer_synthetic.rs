@@ -2,7 +2,7 @@
 //! llama3 BOS/ignore-merges rules, and a SentencePiece-style Hugging Face tokenizer.json.
 
 use serde_json::json;
-use tboost_engine::model::gguf::{Metadata, Value};
+use tboost_engine::formats::gguf::{Metadata, Value};
 use tboost_engine::tokenizer::bpe::byte_to_char_table;
 use tboost_engine::tokenizer::{ChatTemplate, Decoder, TokenAttr, Tokenizer};
 

@@ -13,7 +13,7 @@ use std::path::{Path, PathBuf};
 use tboost_ops::DType;
 
 use crate::synthetic::{self, Generator};
-use tboost_engine::model::gguf::Value;
+use tboost_engine::formats::gguf::Value;
 use tboost_engine::model::{Arch, ModelConfig, Tensor};
 use tboost_engine::{Error, Result};
 
@@ -78,7 +78,8 @@ pub struct GgufWriter {
     next: usize,
 }
 
-fn value_type(v: &Value) -> u32 {
+/// GGUF's type tag of a metadata value.
+pub fn value_type(v: &Value) -> u32 {
     match v {
         Value::U8(_) => 0,
         Value::I8(_) => 1,
@@ -96,41 +97,91 @@ fn value_type(v: &Value) -> u32 {
     }
 }
 
-fn put_str(out: &mut Vec<u8>, s: &str) {
+/// One header field of a written file: `width` bytes (4 or 8, little-endian) at `pos`, so a
+/// test or fuzzer can overwrite counts, lengths, dims, types and offsets in place.
+#[derive(Clone, Debug)]
+pub struct Field {
+    pub pos: usize,
+    pub width: usize,
+    pub what: String,
+}
+
+/// Where header fields are noted while encoding (`None`: nowhere).
+pub type Fields<'a> = Option<&'a mut Vec<Field>>;
+
+fn note(fields: &mut Fields, pos: usize, width: usize, what: impl FnOnce() -> String) {
+    if let Some(f) = fields.as_deref_mut() {
+        f.push(Field { pos, width, what: what() });
+    }
+}
+
+/// A GGUF string: u64 length, then the bytes.
+pub fn put_str(out: &mut Vec<u8>, fields: &mut Fields, s: &str, what: &str) {
+    note(fields, out.len(), 8, || format!("length of {what}"));
     out.extend_from_slice(&(s.len() as u64).to_le_bytes());
     out.extend_from_slice(s.as_bytes());
 }
 
-/// Encodes a value without its type tag. Arrays must hold one type (the first element's;
-/// an empty array is written as an array of u8).
-fn put_value(out: &mut Vec<u8>, key: &str, v: &Value) -> std::result::Result<(), String> {
+/// Array elements get field entries only for the first few (a vocabulary has 32000).
+const ARRAY_FIELDS: usize = 4;
+
+/// Encodes a value without its type tag. An array is tagged with its first element's type (an
+/// empty one as u32) and each element is written as it is: `check_value` refuses mixed arrays
+/// where a valid file is wanted; tests may write them on purpose.
+pub fn put_value(out: &mut Vec<u8>, fields: &mut Fields, v: &Value, what: &str) {
+    let scalar = |out: &mut Vec<u8>, fields: &mut Fields, bytes: &[u8]| {
+        if bytes.len() == 4 || bytes.len() == 8 {
+            note(fields, out.len(), bytes.len(), || format!("value of {what}"));
+        }
+        out.extend_from_slice(bytes);
+    };
     match v {
         Value::U8(x) => out.push(*x),
         Value::I8(x) => out.extend_from_slice(&x.to_le_bytes()),
         Value::U16(x) => out.extend_from_slice(&x.to_le_bytes()),
         Value::I16(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::U32(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::I32(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::U32(x) => scalar(out, fields, &x.to_le_bytes()),
+        Value::I32(x) => scalar(out, fields, &x.to_le_bytes()),
+        Value::U64(x) => scalar(out, fields, &x.to_le_bytes()),
+        Value::I64(x) => scalar(out, fields, &x.to_le_bytes()),
         Value::F32(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::Bool(x) => out.push(u8::from(*x)),
-        Value::String(s) => put_str(out, s),
-        Value::U64(x) => out.extend_from_slice(&x.to_le_bytes()),
-        Value::I64(x) => out.extend_from_slice(&x.to_le_bytes()),
         Value::F64(x) => out.extend_from_slice(&x.to_le_bytes()),
+        Value::Bool(b) => out.push(u8::from(*b)),
+        Value::String(s) => put_str(out, fields, s, what),
         Value::Array(a) => {
-            let ty = a.first().map_or(0, value_type);
-            out.extend_from_slice(&ty.to_le_bytes());
+            note(fields, out.len(), 4, || format!("element type of {what}"));
+            out.extend_from_slice(&a.first().map_or(4, value_type).to_le_bytes());
+            note(fields, out.len(), 8, || format!("length of {what}"));
             out.extend_from_slice(&(a.len() as u64).to_le_bytes());
-            for (i, e) in a.iter().enumerate() {
-                if value_type(e) != ty {
-                    return Err(format!(
-                        "metadata `{key}`: element {i} is {} but the array holds {}",
-                        e.type_name(),
-                        a[0].type_name()
-                    ));
-                }
-                put_value(out, key, e)?;
+            for (i, x) in a.iter().enumerate() {
+                let mut inner = if i < ARRAY_FIELDS { fields.as_deref_mut() } else { None };
+                put_value(out, &mut inner, x, &format!("{what}[{i}]"));
             }
+        }
+    }
+}
+
+/// A metadata entry: key, type tag, value.
+pub fn put_entry(out: &mut Vec<u8>, fields: &mut Fields, key: &str, v: &Value) {
+    put_str(out, fields, key, &format!("key `{key}`"));
+    note(fields, out.len(), 4, || format!("type of `{key}`"));
+    out.extend_from_slice(&value_type(v).to_le_bytes());
+    put_value(out, fields, v, &format!("`{key}`"));
+}
+
+/// Refuses what GGUF cannot hold: an array whose elements differ in type.
+pub fn check_value(key: &str, v: &Value) -> std::result::Result<(), String> {
+    if let Value::Array(a) = v {
+        let ty = a.first().map_or(0, value_type);
+        for (i, e) in a.iter().enumerate() {
+            if value_type(e) != ty {
+                return Err(format!(
+                    "metadata `{key}`: element {i} is {} but the array holds {}",
+                    e.type_name(),
+                    a[0].type_name()
+                ));
+            }
+            check_value(key, e)?;
         }
     }
     Ok(())
@@ -146,9 +197,8 @@ impl GgufWriter {
         head.extend_from_slice(&(tensors.len() as u64).to_le_bytes());
         head.extend_from_slice(&(metadata.len() as u64).to_le_bytes());
         for (k, v) in metadata {
-            put_str(&mut head, k);
-            head.extend_from_slice(&value_type(v).to_le_bytes());
-            put_value(&mut head, k, v).map_err(|m| Error::format(path, m))?;
+            check_value(k, v).map_err(|m| Error::format(path, m))?;
+            put_entry(&mut head, &mut None, k, v);
         }
         let mut sizes = Vec::with_capacity(tensors.len());
         let mut offset = 0u64;
@@ -160,7 +210,7 @@ impl GgufWriter {
                 t.bytes().filter(|_| inner % t.dtype.block_elems() == 0 && !t.shape.is_empty()).ok_or_else(|| {
                     Error::bad_tensor(path, &t.name, format!("shape {:?} is not whole {} blocks", t.shape, t.dtype))
                 })?;
-            put_str(&mut head, &t.name);
+            put_str(&mut head, &mut None, &t.name, "tensor name");
             head.extend_from_slice(&(t.shape.len() as u32).to_le_bytes());
             for &d in t.shape.iter().rev() {
                 head.extend_from_slice(&(d as u64).to_le_bytes());

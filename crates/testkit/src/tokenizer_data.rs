@@ -4,7 +4,7 @@
 
 use std::path::PathBuf;
 
-use tboost_engine::model::gguf::{read_metadata, Metadata};
+use tboost_engine::formats::gguf::{read_metadata, Metadata};
 use tboost_engine::tokenizer::Tokenizer;
 
 // One place knows where the shared data and the demo model live (`TBOOST_SHARED`,

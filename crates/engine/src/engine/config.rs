@@ -124,7 +124,7 @@ impl EngineConfig {
                 ),
             );
         }
-        let cap = crate::model::limits::MAX_BATCH_TOKENS;
+        let cap = crate::formats::limits::MAX_BATCH_TOKENS;
         if self.max_batched_tokens > cap {
             return bad(
                 "max_batched_tokens",

@@ -28,8 +28,8 @@ use std::time::Instant;
 use serde::Serialize;
 
 pub use config::{parse_kv_dtype, parse_precision, tiling_keys, EngineConfig, KvSize, WeightPages};
-pub use model_info::model_info;
 pub use events::{EventEngine, QueuedEvent, StepFaults};
+pub use model_info::model_info;
 
 use self::core::Core;
 use crate::backend;

@@ -17,6 +17,9 @@
 use std::fs::{File, FileType, OpenOptions};
 use std::io::{self, Read};
 use std::path::Path;
+use std::sync::Arc;
+
+use memmap2::Mmap;
 
 use crate::{Error, Result};
 
@@ -125,6 +128,15 @@ pub fn read_text_opt(path: &Path, max_bytes: u64, what: &str) -> Result<Option<S
         Err(Error::Io { source, .. }) if source.kind() == io::ErrorKind::NotFound => Ok(None),
         Err(e) => Err(e),
     }
+}
+
+/// Maps a whole file read-only.
+pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
+    let (file, _) = open_regular(path)?;
+    // SAFETY: the map is read-only. Like every mmap-based loader we rely on the file not
+    // being truncated or rewritten while it is mapped.
+    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    Ok(Arc::new(map))
 }
 
 #[cfg(test)]

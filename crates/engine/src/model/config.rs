@@ -2,7 +2,8 @@
 
 use tboost_ops::{Llama3Scaling, RopeStyle};
 
-use super::{limits, Arch};
+use super::Arch;
+use crate::formats::limits;
 use crate::{Error, Result};
 
 /// Every value the graph needs, resolved (defaults applied, `head_dim: null` filled in).

@@ -14,7 +14,9 @@ use tboost_ops::DType;
 use tboost_ops::{Llama3Scaling, RopeStyle};
 
 use super::weights::{check_shapes_in, ExpertWeights, LayerWeights, Mlp, ModelWeights, TensorSet};
-use super::{files, limits, map_weights, Arch, Model, ModelConfig, ModelFormat, Tensor};
+use super::{map_weights, Arch, Model, ModelConfig, ModelFormat, Tensor};
+use crate::formats::files;
+use crate::formats::limits;
 use crate::{Error, Result};
 
 pub const CONFIG_FILE: &str = "config.json";

@@ -250,7 +250,7 @@ mod tests {
         let bytes: Vec<u8> = (0..len).map(|i| (i * 131 % 251) as u8).collect();
         f.write_all(&bytes).unwrap();
         f.flush().unwrap();
-        let map = crate::model::map_file(f.path()).unwrap();
+        let map = crate::formats::files::map_file(f.path()).unwrap();
         let pool = rayon::ThreadPoolBuilder::new().num_threads(3).build().unwrap();
         let mut arena = Arena::default();
         // A small region first, so the copy starts inside a shared chunk too.

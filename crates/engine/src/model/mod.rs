@@ -1,31 +1,24 @@
-//! Model files → a resolved config and typed, memory-mapped weights.
+//! Model files → a resolved config and typed, memory-mapped weights. The file formats
+//! themselves (GGUF container, file opening, size caps) are `crate::formats`.
 //!
 //! - `config`: the resolved hyper-parameters (`ModelConfig`) and their validation.
 //! - `hf`: Hugging Face directories (config.json + single or sharded safetensors).
-//! - `gguf`: GGUF v2/v3 reader (metadata + tensor directory) and its mapping to the config.
+//! - `gguf`: a GGUF file's metadata and tensors mapped onto the config and weights.
 //! - `tensor`: a named weight view over a memory map (no copy) or an owned buffer.
 //! - `weights`: the per-layer weight set an architecture needs, checked against the config.
 //! - `arch`: architecture rules (llama, mistral, qwen2, mixtral).
-//! - `limits`: the caps on every size a model file states (untrusted input).
-//! - `files`: opening the files a load reads (regular files only, never blocking).
 
 pub mod arch;
 pub mod config;
-pub mod files;
 pub mod gguf;
 pub mod hf;
 pub mod hugepages;
-/// Rust-side caps, not part of the C ABI (the header generator must not export them).
-/// cbindgen:ignore
-pub mod limits;
 pub mod prefault;
 pub mod tensor;
 pub mod weights;
 
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
-
-use memmap2::Mmap;
 
 pub use arch::Arch;
 pub use config::ModelConfig;
@@ -50,7 +43,7 @@ pub struct Model {
     pub format: ModelFormat,
     pub config: ModelConfig,
     pub weights: ModelWeights,
-    pub gguf_metadata: Option<gguf::Metadata>,
+    pub gguf_metadata: Option<crate::formats::gguf::Metadata>,
     pub tokenizer: Option<Arc<Tokenizer>>,
     pub chat_template: Option<ChatTemplate>,
 }
@@ -77,7 +70,7 @@ impl Model {
         if !meta.is_dir() {
             // A FIFO, device or socket: say what it is instead of opening it (which could
             // block forever).
-            files::open_regular(path)?;
+            crate::formats::files::open_regular(path)?;
         }
         let mut model = if meta.is_dir() {
             hf::load(path)?
@@ -133,17 +126,8 @@ impl Model {
     }
 }
 
-/// Maps a whole file read-only.
-pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
-    let (file, _) = files::open_regular(path)?;
-    // SAFETY: the map is read-only. Like every mmap-based loader we rely on the file not
-    // being truncated or rewritten while it is mapped.
-    let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-    Ok(Arc::new(map))
-}
-
 /// Maps a weight file. Nothing is copied here: the CPU backend copies or repacks each
 /// tensor into huge pages as it uploads it (see `hugepages`).
 pub fn map_weights(path: &Path) -> Result<Storage> {
-    Ok(Storage::Mmap(map_file(path)?))
+    Ok(Storage::Mmap(crate::formats::files::map_file(path)?))
 }

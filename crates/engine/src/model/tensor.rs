@@ -6,7 +6,7 @@ use memmap2::Mmap;
 use tboost_ops::DType;
 
 use super::hugepages::{self, Arena, Region};
-use super::limits::{MAX_TENSOR_DIMS, MAX_TENSOR_ELEMENTS};
+use crate::formats::limits::{MAX_TENSOR_DIMS, MAX_TENSOR_ELEMENTS};
 
 /// Bytes that back one or more tensors.
 #[derive(Clone)]

@@ -13,7 +13,7 @@ use serde_json::Value as Json;
 
 use super::vocab::TokenAttr;
 use super::{bpe, spm};
-use crate::model::{files, limits};
+use crate::formats::{files, limits};
 use crate::{Error, Result};
 
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

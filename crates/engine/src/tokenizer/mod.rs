@@ -22,7 +22,7 @@ mod vocab;
 
 use std::path::Path;
 
-use crate::model::gguf::{Metadata, Value};
+use crate::formats::gguf::{Metadata, Value};
 use crate::{Error, Result};
 
 pub use pretok::PreTokenizer;

@@ -10,8 +10,8 @@ use minijinja::{Environment, ErrorKind, Value};
 use serde_json::Value as Json;
 
 use super::hf;
-use crate::model::gguf::Metadata;
-use crate::model::{files, limits};
+use crate::formats::gguf::Metadata;
+use crate::formats::{files, limits};
 use crate::{Error, Result};
 
 /// One chat message.

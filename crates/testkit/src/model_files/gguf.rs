@@ -1,36 +1,13 @@
-//! A GGUF writer for test files, and a reader that turns a real file into the same editable
-//! form (through the library's own parser). `build` also returns where each header field
+//! GGUF files as editable values for tests: written with `gguf_write`'s encoder, read back from
+//! real files through the library's own parser. `build` also returns where each header field
 //! was written, so a fuzzer can overwrite counts, lengths, dims, types and offsets in place.
 
 use std::path::{Path, PathBuf};
 
-use tboost_engine::model::gguf::{self, Value};
+use tboost_engine::formats::gguf::{self, Value};
 
-pub fn value_type(v: &Value) -> u32 {
-    match v {
-        Value::U8(_) => 0,
-        Value::I8(_) => 1,
-        Value::U16(_) => 2,
-        Value::I16(_) => 3,
-        Value::U32(_) => 4,
-        Value::I32(_) => 5,
-        Value::F32(_) => 6,
-        Value::Bool(_) => 7,
-        Value::String(_) => 8,
-        Value::Array(_) => 9,
-        Value::U64(_) => 10,
-        Value::I64(_) => 11,
-        Value::F64(_) => 12,
-    }
-}
-
-/// One header field of a written file: `width` bytes (4 or 8, little-endian) at `pos`.
-#[derive(Clone, Debug)]
-pub struct Field {
-    pub pos: usize,
-    pub width: usize,
-    pub what: String,
-}
+pub use crate::gguf_write::Field;
+use crate::gguf_write::{put_entry, put_str};
 
 #[derive(Clone, Debug)]
 pub struct GTensor {
@@ -43,63 +20,19 @@ pub struct GTensor {
     pub offset_override: Option<u64>,
 }
 
+/// Byte positions of the sections of a written file.
+#[derive(Clone, Copy, Debug)]
+pub struct Sections {
+    pub metadata_start: usize,
+    pub infos_start: usize,
+    pub data_start: usize,
+}
+
 #[derive(Clone, Debug)]
 pub struct Gguf {
     pub version: u32,
     pub kv: Vec<(String, Value)>,
     pub tensors: Vec<GTensor>,
-}
-
-fn put_str(out: &mut Vec<u8>, fields: &mut Vec<Field>, s: &str, what: &str) {
-    fields.push(Field { pos: out.len(), width: 8, what: format!("length of {what}") });
-    out.extend((s.len() as u64).to_le_bytes());
-    out.extend(s.as_bytes());
-}
-
-/// Array elements get field entries only for the first few (a vocabulary has 32000).
-const ARRAY_FIELDS: usize = 4;
-
-fn put_value(out: &mut Vec<u8>, fields: &mut Vec<Field>, v: &Value, what: &str, record: bool) {
-    let mut scalar = |out: &mut Vec<u8>, bytes: &[u8]| {
-        if record && (bytes.len() == 4 || bytes.len() == 8) {
-            fields.push(Field { pos: out.len(), width: bytes.len(), what: format!("value of {what}") });
-        }
-        out.extend(bytes);
-    };
-    match v {
-        Value::U8(x) => out.extend(x.to_le_bytes()),
-        Value::I8(x) => out.extend(x.to_le_bytes()),
-        Value::U16(x) => out.extend(x.to_le_bytes()),
-        Value::I16(x) => out.extend(x.to_le_bytes()),
-        Value::U32(x) => scalar(out, &x.to_le_bytes()),
-        Value::I32(x) => scalar(out, &x.to_le_bytes()),
-        Value::U64(x) => scalar(out, &x.to_le_bytes()),
-        Value::I64(x) => scalar(out, &x.to_le_bytes()),
-        Value::F32(x) => out.extend(x.to_le_bytes()),
-        Value::F64(x) => out.extend(x.to_le_bytes()),
-        Value::Bool(b) => out.push(*b as u8),
-        Value::String(s) => {
-            if record {
-                put_str(out, fields, s, what);
-            } else {
-                out.extend((s.len() as u64).to_le_bytes());
-                out.extend(s.as_bytes());
-            }
-        }
-        Value::Array(a) => {
-            if record {
-                fields.push(Field { pos: out.len(), width: 4, what: format!("element type of {what}") });
-            }
-            out.extend(a.first().map_or(4, value_type).to_le_bytes());
-            if record {
-                fields.push(Field { pos: out.len(), width: 8, what: format!("length of {what}") });
-            }
-            out.extend((a.len() as u64).to_le_bytes());
-            for (i, x) in a.iter().enumerate() {
-                put_value(out, fields, x, &format!("{what}[{i}]"), record && i < ARRAY_FIELDS);
-            }
-        }
-    }
 }
 
 impl Gguf {
@@ -166,35 +99,51 @@ impl Gguf {
 
     /// The file's bytes and the header fields' positions.
     pub fn build(&self) -> (Vec<u8>, Vec<Field>) {
+        let (out, fields, _) = self.encode();
+        (out, fields)
+    }
+
+    /// The file's bytes and where its sections start.
+    pub fn build_sections(&self) -> (Vec<u8>, Sections) {
+        let (out, _, sections) = self.encode();
+        (out, sections)
+    }
+
+    fn encode(&self) -> (Vec<u8>, Vec<Field>, Sections) {
         let align = self.alignment();
         let mut fields = Vec::new();
+        let f = &mut Some(&mut fields);
         let mut out = b"GGUF".to_vec();
-        fields.push(Field { pos: out.len(), width: 4, what: "version".into() });
+        let field = |f: &mut Option<&mut Vec<Field>>, pos, width, what: &str| {
+            if let Some(v) = f.as_deref_mut() {
+                v.push(Field { pos, width, what: what.to_string() });
+            }
+        };
+        field(f, out.len(), 4, "version");
         out.extend(self.version.to_le_bytes());
-        fields.push(Field { pos: out.len(), width: 8, what: "tensor count".into() });
+        field(f, out.len(), 8, "tensor count");
         out.extend((self.tensors.len() as u64).to_le_bytes());
-        fields.push(Field { pos: out.len(), width: 8, what: "metadata count".into() });
+        field(f, out.len(), 8, "metadata count");
         out.extend((self.kv.len() as u64).to_le_bytes());
+        let metadata_start = out.len();
         for (k, v) in &self.kv {
-            put_str(&mut out, &mut fields, k, &format!("key `{k}`"));
-            fields.push(Field { pos: out.len(), width: 4, what: format!("type of `{k}`") });
-            out.extend(value_type(v).to_le_bytes());
-            put_value(&mut out, &mut fields, v, &format!("`{k}`"), true);
+            put_entry(&mut out, f, k, v);
         }
+        let infos_start = out.len();
         let mut offset = 0usize;
         let mut offsets = vec![];
         for t in &self.tensors {
             let n = &t.name;
-            put_str(&mut out, &mut fields, n, &format!("tensor name `{n}`"));
-            fields.push(Field { pos: out.len(), width: 4, what: format!("dimension count of `{n}`") });
+            put_str(&mut out, f, n, &format!("tensor name `{n}`"));
+            field(f, out.len(), 4, &format!("dimension count of `{n}`"));
             out.extend((t.ne.len() as u32).to_le_bytes());
             for (i, d) in t.ne.iter().enumerate() {
-                fields.push(Field { pos: out.len(), width: 8, what: format!("dimension {i} of `{n}`") });
+                field(f, out.len(), 8, &format!("dimension {i} of `{n}`"));
                 out.extend(d.to_le_bytes());
             }
-            fields.push(Field { pos: out.len(), width: 4, what: format!("type of `{n}`") });
+            field(f, out.len(), 4, &format!("type of `{n}`"));
             out.extend(t.ty.to_le_bytes());
-            fields.push(Field { pos: out.len(), width: 8, what: format!("data offset of `{n}`") });
+            field(f, out.len(), 8, &format!("data offset of `{n}`"));
             out.extend(t.offset_override.unwrap_or(offset as u64).to_le_bytes());
             offsets.push(offset);
             offset = (offset + t.data.len()).div_ceil(align) * align;
@@ -205,7 +154,7 @@ impl Gguf {
             out.resize(data_start + off, 0);
             out.extend(&t.data);
         }
-        (out, fields)
+        (out, fields, Sections { metadata_start, infos_start, data_start })
     }
 
     pub fn write(&self, dir: &Path, name: &str) -> PathBuf {

@@ -15,7 +15,7 @@
 //!   (`actualSeqLengths` = q_len, `actualSeqLengthsKv` = ctx_len); block ids are checked against the
 //!   pool on the host before a kernel could read out of bounds.
 
-use ascend_sys::ops::{self, FusedInferAttention};
+use ascend_sys::aclnn::{self, FusedInferAttention};
 use tboost_ops::{AttnParams, DType};
 
 use super::memory::{Const, MASK_SIDE};
@@ -52,7 +52,7 @@ impl AscendBackend {
             (m.tensor(k, &[t, cache.kv_heads, cache.head_dim])?, m.tensor(v, &[t, cache.kv_heads, cache.head_dim])?);
         let (kc, vc) = (m.tensor(View::new(cache.k, 0, n), &pool)?, m.tensor(View::new(cache.v, 0, n), &pool)?);
         let st = m.tensor(slots, &[t])?;
-        ops::scatter_pa_kv_cache(ctx, &kt, &kc, &st, &vt, &vc).map_err(|e| acl_err("aclnnScatterPaKvCache", e))
+        aclnn::scatter_pa_kv_cache(ctx, &kt, &kc, &st, &vt, &vc).map_err(|e| acl_err("aclnnScatterPaKvCache", e))
     }
 
     pub(super) fn attention(
@@ -182,6 +182,6 @@ impl AscendBackend {
             a.atten_mask = Some(m.constant(Const::CausalMask, DType::U8, &[MASK_SIDE, MASK_SIDE])?);
             a.sparse_mode = 3;
         }
-        ops::fused_infer_attention_score(ctx, &a).map(|_| ()).map_err(|e| acl_err("aclnnFusedInferAttentionScore", e))
+        aclnn::fused_infer_attention_score(ctx, &a).map(|_| ()).map_err(|e| acl_err("aclnnFusedInferAttentionScore", e))
     }
 }

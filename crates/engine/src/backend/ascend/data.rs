@@ -2,7 +2,7 @@
 //! `[rows, cols]`, INT32 indices, out `[n, cols]` in the table's dtype), dtype conversion
 //! (`aclnnCast`) and zeroing (`aclrtMemsetAsync`, in stream order).
 
-use ascend_sys::ops;
+use ascend_sys::aclnn;
 
 use super::{acl_err, be_err, AscendBackend};
 use crate::backend::{View, WeightId};
@@ -34,7 +34,7 @@ impl AscendBackend {
         let (ctx, m) = (&mut self.ctx, &self.mem);
         let (tt, it, ot) =
             (m.weight_tensor(&w, &[vocab, hidden])?, m.tensor(ids, &[ids.len])?, m.tensor(out, &[ids.len, hidden])?);
-        ops::embedding(ctx, &tt, &it, &ot).map_err(|e| acl_err("aclnnEmbedding", e))
+        aclnn::embedding(ctx, &tt, &it, &ot).map_err(|e| acl_err("aclnnEmbedding", e))
     }
 
     pub(super) fn gather_rows(&mut self, x: View, cols: usize, rows: View, out: View) -> Result<()> {
@@ -55,7 +55,7 @@ impl AscendBackend {
         }
         let (ctx, m) = (&mut self.ctx, &self.mem);
         let (xt, rt, ot) = (m.tensor(x, &[n, cols])?, m.tensor(rows, &[rows.len])?, m.tensor(out, &[rows.len, cols])?);
-        ops::embedding(ctx, &xt, &rt, &ot).map_err(|e| acl_err("aclnnEmbedding (gather rows)", e))
+        aclnn::embedding(ctx, &xt, &rt, &ot).map_err(|e| acl_err("aclnnEmbedding (gather rows)", e))
     }
 
     pub(super) fn convert(&mut self, src: View, dst: View) -> Result<()> {
@@ -71,7 +71,7 @@ impl AscendBackend {
         }
         let (ctx, m) = (&mut self.ctx, &self.mem);
         let (s, d) = (m.tensor(src, &[src.len])?, m.tensor(dst, &[dst.len])?);
-        ops::cast(ctx, &s, &d).map_err(|e| acl_err("aclnnCast", e))
+        aclnn::cast(ctx, &s, &d).map_err(|e| acl_err("aclnnCast", e))
     }
 
     pub(super) fn zero(&mut self, dst: View) -> Result<()> {

@@ -12,7 +12,7 @@
 //! `MatMulSwiGlu` (one read of the scratch, no separate activation pass) or by two stream copies
 //! in `SwiGlu`.
 
-use ascend_sys::ops::{self, CubeMathType};
+use ascend_sys::aclnn::{self, CubeMathType};
 use tboost_ops::{DType, Precision};
 
 use super::memory::Scratch;
@@ -48,7 +48,7 @@ impl AscendBackend {
         let (ctx, mem) = (&mut self.ctx, &self.mem);
         let wv = mem.weight_tensor(&wt, &[n, k])?.transpose(0, 1).map_err(|e| acl_err(what, e))?;
         let (xt, ot) = (mem.tensor(x, &[m, k])?, mem.tensor(out, &[m, n])?);
-        ops::mm(ctx, &xt, &wv, &ot, CubeMathType::KeepDtype).map_err(|e| acl_err("aclnnMm", e))
+        aclnn::mm(ctx, &xt, &wv, &ot, CubeMathType::KeepDtype).map_err(|e| acl_err("aclnnMm", e))
     }
 
     pub(super) fn matmul(&mut self, x: View, m: usize, segs: &Segs, precision: Precision) -> Result<()> {
@@ -74,7 +74,7 @@ impl AscendBackend {
                 }
                 let (ctx, mem) = (&mut self.ctx, &self.mem);
                 let (o, bt) = (mem.tensor(s.out, &[m, n])?, mem.weight_tensor(&bias, &[n])?);
-                ops::inplace_add(ctx, &o, &bt, 1.0).map_err(|e| acl_err("aclnnInplaceAdd (bias)", e))?;
+                aclnn::inplace_add(ctx, &o, &bt, 1.0).map_err(|e| acl_err("aclnnInplaceAdd (bias)", e))?;
             }
         }
         Ok(())
@@ -85,7 +85,7 @@ impl AscendBackend {
         let (ctx, mem) = (&mut self.ctx, &self.mem);
         let h = mem.scratch(Scratch::GateUp, act, 0, &[2, n])?;
         let o = mem.tensor(out, &[1, n])?;
-        ops::swi_glu(ctx, &h, 0, &o).map_err(|e| acl_err("aclnnSwiGlu", e))
+        aclnn::swi_glu(ctx, &h, 0, &o).map_err(|e| acl_err("aclnnSwiGlu", e))
     }
 
     pub(super) fn matmul_swiglu(
@@ -118,7 +118,7 @@ impl AscendBackend {
                 mem.weight_tensor(&wt, &[inter, wt.cols])?.transpose(0, 1).map_err(|e| acl_err("matmul_swiglu", e))?;
             let half = mem.scratch(Scratch::GateUp, act, i * n * act.block_bytes(), &[m, inter])?;
             let xt = mem.tensor(x, &[m, wt.cols])?;
-            ops::mm(ctx, &xt, &wv, &half, CubeMathType::KeepDtype).map_err(|e| acl_err("aclnnMm", e))?;
+            aclnn::mm(ctx, &xt, &wv, &half, CubeMathType::KeepDtype).map_err(|e| acl_err("aclnnMm", e))?;
         }
         self.swiglu_halves(n, act, out)
     }

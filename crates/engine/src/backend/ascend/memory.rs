@@ -280,7 +280,7 @@ impl Memory {
         {
             let src = self.weight_tensor(&w, &[w.numel])?;
             let dst = self.weight_tensor(&c, &[c.numel])?;
-            ascend_sys::ops::cast(ctx, &src, &dst).map_err(|e| acl_err(&format!("weight `{}` cast", w.name), e))?;
+            ascend_sys::aclnn::cast(ctx, &src, &dst).map_err(|e| acl_err(&format!("weight `{}` cast", w.name), e))?;
         }
         self.casts.insert((id.0, dtype), c.clone());
         Ok(c)

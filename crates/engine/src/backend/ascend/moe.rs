@@ -14,7 +14,7 @@
 //! The experts' weights are stacked on the device at the layer's first grouped call (stream copies;
 //! the experts' ids then name the stack, their own memory is freed).
 
-use ascend_sys::ops::{self, CubeMathType, ExpertTokens, GroupListType, MoeFinalizeRouting, MoeInitRouting};
+use ascend_sys::aclnn::{self, CubeMathType, ExpertTokens, GroupListType, MoeFinalizeRouting, MoeInitRouting};
 use tboost_ops::DType;
 
 use super::memory::{Const, Scratch};
@@ -51,22 +51,22 @@ impl AscendBackend {
         let (ctx, mm) = (&mut self.ctx, &self.mem);
         let lf = mm.scratch(Scratch::RouteLogits, DType::F32, 0, &[m, experts])?;
         let lt = mm.tensor(logits, &[m, experts])?;
-        ops::cast(ctx, &lt, &lf).map_err(|e| acl_err("aclnnCast (router logits to f32)", e))?;
+        aclnn::cast(ctx, &lt, &lf).map_err(|e| acl_err("aclnnCast (router logits to f32)", e))?;
         let y = mm.scratch(Scratch::RouteProbs, DType::F32, 0, &[m, top_k])?;
         let it = mm.tensor(ids, &[m, top_k])?;
         let ri = mm.scratch(Scratch::RouteRowIdx, DType::I32, 0, &[m, top_k])?;
-        ops::moe_gating_top_k_softmax(ctx, &lf, None, top_k as i64, &y, &it, &ri)
+        aclnn::moe_gating_top_k_softmax(ctx, &lf, None, top_k as i64, &y, &it, &ri)
             .map_err(|e| acl_err("aclnnMoeGatingTopKSoftmax", e))?;
         let sum = mm.scratch(Scratch::RouteSum, DType::F32, 0, &[m, 1])?;
         let ones = mm.constant(Const::OnesF32, DType::F32, &[top_k, 1])?;
-        ops::mm(ctx, &y, &ones, &sum, CubeMathType::KeepDtype).map_err(|e| acl_err("aclnnMm (top-k sums)", e))?;
+        aclnn::mm(ctx, &y, &ones, &sum, CubeMathType::KeepDtype).map_err(|e| acl_err("aclnnMm (top-k sums)", e))?;
         let wt = mm.tensor(weights, &[m, top_k])?;
         if wd == DType::F32 {
-            ops::div(ctx, &y, &sum, &wt).map_err(|e| acl_err("aclnnDiv (renormalisation)", e))
+            aclnn::div(ctx, &y, &sum, &wt).map_err(|e| acl_err("aclnnDiv (renormalisation)", e))
         } else {
             let yn = mm.scratch(Scratch::RouteNorm, DType::F32, 0, &[m, top_k])?;
-            ops::div(ctx, &y, &sum, &yn).map_err(|e| acl_err("aclnnDiv (renormalisation)", e))?;
-            ops::cast(ctx, &yn, &wt).map_err(|e| acl_err("aclnnCast (routing weights)", e))
+            aclnn::div(ctx, &y, &sum, &yn).map_err(|e| acl_err("aclnnDiv (renormalisation)", e))?;
+            aclnn::cast(ctx, &yn, &wt).map_err(|e| acl_err("aclnnCast (routing weights)", e))
         }
     }
 
@@ -114,7 +114,7 @@ impl AscendBackend {
         let row_idx = mm.scratch(Scratch::MoeRowIdx, DType::I32, 0, &[nk])?;
         let counts = mm.scratch(Scratch::MoeCounts, DType::I32, 0, &[e])?;
         let idt = mm.tensor(ids, &[m, top_k])?;
-        ops::moe_init_routing_v2(
+        aclnn::moe_init_routing_v2(
             ctx,
             &MoeInitRouting {
                 x: mm.tensor(x, &[m, h])?,
@@ -132,22 +132,22 @@ impl AscendBackend {
         )
         .map_err(|err| acl_err("aclnnMoeInitRoutingV2", err))?;
         let counts64 = mm.scratch(Scratch::MoeCounts64, DType::I64, 0, &[e])?;
-        ops::cast(ctx, &counts, &counts64).map_err(|err| acl_err("aclnnCast (group list)", err))?;
+        aclnn::cast(ctx, &counts, &counts64).map_err(|err| acl_err("aclnnCast (group list)", err))?;
         let wgu = mm
             .store_tensor(stack.gate_up, act, &[e, 2 * inter, h])?
             .transpose(1, 2)
             .map_err(|err| acl_err("moe", err))?;
         let gu = mm.scratch(Scratch::MoeGateUp, act, 0, &[nk, 2 * inter])?;
-        ops::grouped_matmul_v4(ctx, &expanded, &wgu, None, &counts64, GroupListType::Count, &gu)
+        aclnn::grouped_matmul_v4(ctx, &expanded, &wgu, None, &counts64, GroupListType::Count, &gu)
             .map_err(|err| acl_err("aclnnGroupedMatmulV4 (gate/up)", err))?;
         let a = mm.scratch(Scratch::MoeAct, act, 0, &[nk, inter])?;
-        ops::swi_glu(ctx, &gu, -1, &a).map_err(|err| acl_err("aclnnSwiGlu", err))?;
+        aclnn::swi_glu(ctx, &gu, -1, &a).map_err(|err| acl_err("aclnnSwiGlu", err))?;
         let wd =
             mm.store_tensor(stack.down, act, &[e, h, inter])?.transpose(1, 2).map_err(|err| acl_err("moe", err))?;
         let dn = mm.scratch(Scratch::MoeDown, act, 0, &[nk, h])?;
-        ops::grouped_matmul_v4(ctx, &a, &wd, None, &counts64, GroupListType::Count, &dn)
+        aclnn::grouped_matmul_v4(ctx, &a, &wd, None, &counts64, GroupListType::Count, &dn)
             .map_err(|err| acl_err("aclnnGroupedMatmulV4 (down)", err))?;
-        ops::moe_finalize_routing_v2(
+        aclnn::moe_finalize_routing_v2(
             ctx,
             &MoeFinalizeRouting {
                 expanded_x: dn,

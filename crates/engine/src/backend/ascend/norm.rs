@@ -6,7 +6,7 @@
 //! sum (`xOut`) to scratch and copies it over the residual on the stream, so no output aliases an
 //! input (in-place aliasing is not documented for the op).
 
-use ascend_sys::ops;
+use ascend_sys::aclnn;
 use tboost_ops::DType;
 
 use super::memory::Scratch;
@@ -40,11 +40,11 @@ impl AscendBackend {
         let rstd = m.scratch(Scratch::Rstd, DType::F32, 0, &[rows, 1])?;
         let (xt, yt) = (m.tensor(x, &[rows, n])?, m.tensor(out, &[rows, n])?);
         match residual {
-            None => ops::rms_norm(ctx, &xt, &gamma, eps as f64, &yt, &rstd).map_err(|e| acl_err("aclnnRmsNorm", e)),
+            None => aclnn::rms_norm(ctx, &xt, &gamma, eps as f64, &yt, &rstd).map_err(|e| acl_err("aclnnRmsNorm", e)),
             Some(r) => {
                 let rt = m.tensor(r, &[rows, n])?;
                 let sum = m.scratch(Scratch::NormOut, act, 0, &[rows, n])?;
-                ops::add_rms_norm(ctx, &rt, &xt, &gamma, eps as f64, &yt, Some(&rstd), Some(&sum))
+                aclnn::add_rms_norm(ctx, &rt, &xt, &gamma, eps as f64, &yt, Some(&rstd), Some(&sum))
                     .map_err(|e| acl_err("aclnnAddRmsNorm", e))?;
                 let (dst, at, bytes) = m.bytes_of(r)?;
                 // SAFETY: scratch and orchestrator buffers are freed only after a synchronize.
@@ -60,6 +60,6 @@ impl AscendBackend {
         }
         let (ctx, m) = (&mut self.ctx, &self.mem);
         let (d, s) = (m.tensor(dst, &[dst.len])?, m.tensor(src, &[src.len])?);
-        ops::inplace_add(ctx, &d, &s, 1.0).map_err(|e| acl_err("aclnnInplaceAdd", e))
+        aclnn::inplace_add(ctx, &d, &s, 1.0).map_err(|e| acl_err("aclnnInplaceAdd", e))
     }
 }

@@ -10,7 +10,7 @@
 //!   op's output does not alias its input). Taken only for a rotation of the whole head (rot_dim ==
 //!   head_dim), D even and below 896 (research §2.4).
 
-use ascend_sys::ops::{self, RopeMode};
+use ascend_sys::aclnn::{self, RopeMode};
 use half::{bf16, f16};
 use tboost_ops::{DType, RopeParams, RopeStyle};
 
@@ -104,13 +104,13 @@ impl AscendBackend {
         for (t, s) in [(cos, Scratch::RopeCos), (sin, Scratch::RopeSin)] {
             let src = m.tensor(t, &tab)?;
             let dst = m.scratch(s, act, 0, &wide)?;
-            ops::add(ctx, &src, &zeros, 1.0, &dst).map_err(|e| acl_err("aclnnAdd (rope tables)", e))?;
+            aclnn::add(ctx, &src, &zeros, 1.0, &dst).map_err(|e| acl_err("aclnnAdd (rope tables)", e))?;
         }
         let shape = [1, rows, heads, head_dim];
         let table = [1, rows, 1, head_dim];
         let (c, s) = (m.scratch(Scratch::RopeCos, act, 0, &table)?, m.scratch(Scratch::RopeSin, act, 0, &table)?);
         let (xt, out) = (m.tensor(x, &shape)?, m.scratch(Scratch::RopeOut, act, 0, &shape)?);
-        ops::rotary_position_embedding(ctx, &xt, &c, &s, mode, &out)
+        aclnn::rotary_position_embedding(ctx, &xt, &c, &s, mode, &out)
             .map_err(|e| acl_err("aclnnRotaryPositionEmbedding", e))?;
         let (dst, at, bytes) = m.bytes_of(x)?;
         // SAFETY: scratch and orchestrator buffers are freed only after a synchronize.

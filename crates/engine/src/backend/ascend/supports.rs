@@ -19,7 +19,7 @@
 //! - Missing symbols (`Cann::has_op`) and CANN versions in a known-bad range (`KNOWN_BAD`, plus
 //!   `TBOOST_ASCEND_KNOWN_BAD`) reject the op that needs them, as ATB gates runners on versions.
 
-use ascend_sys::ops::fused_infer_attention_version;
+use ascend_sys::aclnn::fused_infer_attention_version;
 use ascend_sys::{Cann, CannVersion, DeviceFacts, SocFamily};
 use tboost_ops::{AttentionCase, AttnPhase, DType, MatMulCase, Precision, Unsupported};
 

@@ -16,7 +16,7 @@ use std::collections::BTreeMap;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::Arc;
 
-use tboost_kernels::{attention, convert, embed, isa, gemm, moe, norm, rope};
+use tboost_kernels::{attention, convert, embed, gemm, isa, moe, norm, rope};
 use tboost_ops::{AttnPhase, DType, MatMulTiling, MoeTiling, Precision, Tiling, Unsupported};
 
 use super::op::{AttnKind, Op, OpQuery, StepViews, View};
