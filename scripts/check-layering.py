@@ -9,9 +9,9 @@ a folder and its own ancestors are left out: a parent declares its children and 
 its parent's types. Any other cycle (model -> tokenizer -> model, matmul -> quant -> matmul) is
 an error, printed with one import that makes each edge.
 
-    scripts/check-layering.py [--files]      exit 0 when acyclic, 1 otherwise
+    scripts/check-layering.py      exit 0 when acyclic, 1 otherwise
 
---files also lists cycles between the files of one folder (reported, not failed on).
+Cycles between the files of one folder fail too (a ring of files is a layer with no bottom).
 """
 import os
 import re
@@ -162,7 +162,6 @@ def sccs(graph):
 
 
 def main():
-    want_files = "--files" in sys.argv[1:]
     failed = False
     for crate, src in crates():
         mods = module_files(src)
@@ -202,14 +201,14 @@ def main():
                 for b in sorted(folder_edges[a]):
                     if b in comp:
                         print(f"    {a} -> {b}: {why[(a, b)]}")
-        if want_files:
-            for comp in sccs(file_edges):
-                print(f"{crate}: (files of one folder) cycle: {' <-> '.join(comp)}")
+        for comp in sccs(file_edges):
+            failed = True
+            print(f"{crate}: import cycle between the files of one folder: {' <-> '.join(comp)}")
     if failed:
         print("check-layering: move the shared piece down into a module both can import, "
               "or invert the dependency")
         return 1
-    print("check-layering: no import cycle between modules of different folders")
+    print("check-layering: no import cycle between modules of different folders, nor between files")
     return 0
 
 

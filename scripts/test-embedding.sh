@@ -137,7 +137,9 @@ step "CMake build of the tree and ctest (gtest suite, C99 consumer, C++ example)
 cmake -S "$ROOT" -B "$WORK/build" -DCMAKE_BUILD_TYPE=Release -DTBOOST_CARGO_TARGET_DIR="$TARGET_DIR" -DTBOOST_FAULT_INJECTION=ON \
   -DTBOOST_SHARED="$SHARED" >"$SCRATCH/configure.log" || { cat "$SCRATCH/configure.log"; die "cmake configure failed"; }
 cmake --build "$WORK/build" -j "$JOBS" || die "the CMake build failed"
-(cd "$WORK/build" && ctest --output-on-failure -j "$JOBS") || die "ctest failed (output above)"
+(cd "$WORK/build" && ctest --output-on-failure -j "$JOBS") 2>&1 | tee "$SCRATCH/ctest.log" ||
+  die "ctest failed (output above)"
+! grep -q "(Skipped)" "$SCRATCH/ctest.log" || die "ctest skipped tests (listed above); this suite runs every one"
 "$WORK/build/examples/cpp/tboost_example" "$GOLDEN" 4 2 12 >"$SCRATCH/cpp.out" || die "the C++ example failed"
 request_lines "$SCRATCH/cpp.out" >"$SCRATCH/cpp.txt"
 [ "$(wc -l <"$SCRATCH/cpp.txt")" -eq 8 ] || die "the C++ example printed $(wc -l <"$SCRATCH/cpp.txt") request lines, not 8"

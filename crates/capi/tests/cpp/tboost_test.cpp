@@ -955,6 +955,9 @@ TEST(Cancel, WhileAnotherThreadStepsEveryStreamEndsOnce) {
 // ---- threads -------------------------------------------------------------------------------
 
 TEST(Threads, ConcurrentStepIsBusy) {
+  if (!TBOOST_TEST_FAULT_INJECTION) {
+    GTEST_SKIP() << "needs libtboost built with -DTBOOST_FAULT_INJECTION=ON (scripts/test-embedding.sh does)";
+  }
   Model m(Golden("llama_gqa"));
   // test.* keys: only in a library built with TBOOST_FAULT_INJECTION (test-embedding.sh does).
   Config cfg{{"threads", "1"}, {"test.step_delay_ms", "400"}};
@@ -1088,6 +1091,9 @@ TEST(Lifecycle, DestroyWithRequestsInFlight) {
 }
 
 TEST(Lifecycle, PanicIsAStatusAndPoisonsOnlyItsEngine) {
+  if (!TBOOST_TEST_FAULT_INJECTION) {
+    GTEST_SKIP() << "needs libtboost built with -DTBOOST_FAULT_INJECTION=ON (scripts/test-embedding.sh does)";
+  }
   Model m(Golden("llama_gqa"));
   Config cfg{{"threads", "1"}, {"kv_cache_blocks", "32"}, {"test.panic_at_step", "2"}};
   Engine bad(m.p, cfg.p);

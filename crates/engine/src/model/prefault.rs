@@ -19,6 +19,17 @@ use super::weights::ModelWeights;
 /// calls cost nothing.
 const SLICE: usize = 64 << 20;
 
+impl ModelWeights {
+    /// Reads every page of the weights once, so the first request does not pay for page
+    /// faults, calling `progress(done, total)` in bytes along the way (progress bars, the C
+    /// ABI's load callback). Stops early, returning false, when `progress` returns false.
+    pub fn touch(&self, progress: &mut dyn FnMut(u64, u64) -> bool) -> bool {
+        // `prefault` asks the kernel to read the pages in (MADV_POPULATE_READ) before
+        // falling back to touching each one.
+        prefault(self, progress)
+    }
+}
+
 /// Pre-faults every memory-mapped tensor of `weights` (owned tensors are already in memory),
 /// calling `progress(done, total)` in bytes. Stops early and returns false when `progress`
 /// returns false.

@@ -75,15 +75,6 @@ impl ModelWeights {
     pub fn total_bytes(&self) -> usize {
         self.tensors().iter().map(|t| t.bytes().len()).sum()
     }
-
-    /// Reads every page of the weights once, so the first request does not pay for page
-    /// faults, calling `progress(done, total)` in bytes along the way (progress bars, the C
-    /// ABI's load callback). Stops early, returning false, when `progress` returns false.
-    pub fn touch(&self, progress: &mut dyn FnMut(u64, u64) -> bool) -> bool {
-        // `prefault` asks the kernel to read the pages in (MADV_POPULATE_READ) before
-        // falling back to touching each one.
-        super::prefault::prefault(self, progress)
-    }
 }
 
 /// Checks every tensor's shape against the config, and that vectors (norm gains, biases)

@@ -2,9 +2,9 @@
 //! allocated once by [`GraphBuilder::build`], then [`Graph::run`] as often as wanted.
 //!
 //! ```no_run
-//! use tboost::backend::{BackendKind, BackendSpec, DType};
-//! use tboost::op_api::{GraphBuilder, NormParams, OpBackend, OpParams};
-//! # fn main() -> tboost::Result<()> {
+//! use tboost_engine::backend::{BackendKind, BackendSpec, DType};
+//! use tboost_engine::op_api::{GraphBuilder, NormParams, OpBackend, OpParams};
+//! # fn main() -> tboost_engine::Result<()> {
 //! let be = OpBackend::open(BackendSpec { kind: BackendKind::Cpu, threads: 2 })?;
 //! let gain = be.upload_weight(DType::F32, &[4], [1f32; 4].iter().flat_map(|v| v.to_le_bytes()).collect())?;
 //! let norm = NormParams { dim: 4, eps: 1e-6, gain: DType::F32, act: DType::F32 };

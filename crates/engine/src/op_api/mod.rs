@@ -3,14 +3,14 @@
 //! (ATB's `Operation`: create from parameters, `Setup` → workspace size, `Execute`).
 //!
 //! ```no_run
-//! use tboost::backend::{BackendKind, BackendSpec, DType, Precision};
-//! use tboost::op_api::{MatMulParams, OpBackend, OpParams, Operation};
-//! # fn main() -> tboost::Result<()> {
+//! use tboost_engine::backend::{BackendKind, BackendSpec, DType, Precision};
+//! use tboost_engine::op_api::{MatMulParams, OpBackend, OpParams, Operation};
+//! # fn main() -> tboost_engine::Result<()> {
 //! let be = OpBackend::open(BackendSpec { kind: BackendKind::Cpu, threads: 2 })?;
 //! let (precision, tiling) = (Precision::Exact, Default::default()); // tiling: the op's default split
 //! let p = MatMulParams { weight: DType::F32, n: 2, k: 3, bias: false, precision, act: DType::F32, tiling };
 //! let op = Operation::new(&be, OpParams::MatMul(p))?;
-//! op.supports().map_err(|why| tboost::Error::Unsupported(why.to_string()))?;
+//! op.supports().map_err(|why| tboost_engine::Error::Unsupported(why.to_string()))?;
 //! let x = be.alloc(DType::F32, &[1, 3])?;
 //! let w = be.upload_weight(DType::F32, &[2, 3], [1f32, 0., 0., 0., 1., 0.].iter().flat_map(|v| v.to_le_bytes()).collect())?;
 //! let y = be.alloc(DType::F32, &[1, 2])?;

@@ -176,7 +176,7 @@ pub(in crate::gemm) fn check(w: &crate::WeightMat<'_>, what: &str) {
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::super::fast_bf16::round_row;
+    use super::super::bf16_round::round_row;
     use super::{padded, Line, Sink, PANEL, SKEW};
     use std::arch::x86_64::*;
     use std::cell::Cell;

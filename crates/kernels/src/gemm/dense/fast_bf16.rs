@@ -315,10 +315,8 @@ unsafe fn run_bf16<C: Cols>(x: *const f32, k: usize, it: &Item, cols: &C) {
 }
 
 #[cfg(target_arch = "x86_64")]
-pub(in crate::gemm) use x86::round_row;
-
-#[cfg(target_arch = "x86_64")]
 mod x86 {
+    use super::super::bf16_round::round_row;
     use super::Cols;
     use std::arch::x86_64::*;
     use std::cell::Cell;
@@ -337,27 +335,6 @@ mod x86 {
     const PF: usize = super::super::columns::PF;
     /// Bytes of weight rows per L2 block.
     const W_L2_BYTES: usize = 1 << 20;
-
-    /// Rounds `n` f32 at `src` to bf16 at `dst` (RNE, DAZ), zero-padding to `padded`
-    /// (a multiple of 32).
-    #[inline(always)]
-    pub(in crate::gemm) unsafe fn round_row(src: *const f32, n: usize, padded: usize, dst: *mut u16) {
-        let mut c = 0;
-        while c < padded {
-            let left = n.saturating_sub(c);
-            let (lo, hi) = if left >= 32 {
-                (_mm512_loadu_ps(src.add(c)), _mm512_loadu_ps(src.add(c + 16)))
-            } else {
-                let ml = if left >= 16 { 0xffff } else { (1u32 << left) as u16 - 1 };
-                let mh = if left > 16 { ((1u32 << (left - 16)) - 1) as u16 } else { 0 };
-                // Masked-off lanes are neither read nor faulted; they load as +0.0.
-                (_mm512_maskz_loadu_ps(ml, src.add(c)), _mm512_maskz_loadu_ps(mh, src.add(c + 16)))
-            };
-            let b = _mm512_cvtne2ps_pbh(hi, lo);
-            _mm512_storeu_si512(dst.add(c) as *mut __m512i, std::mem::transmute::<__m512bh, __m512i>(b));
-            c += 32;
-        }
-    }
 
     /// The canonical tree sum of the 16 lanes (`lanes`'s order).
     #[inline(always)]
@@ -639,7 +616,7 @@ mod amx {
 
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512dq,avx512bf16,avx2,fma")]
     unsafe fn round(src: *const f32, n: usize, padded: usize, dst: *mut u16) {
-        super::x86::round_row(src, n, padded, dst)
+        super::super::bf16_round::round_row(src, n, padded, dst)
     }
 
     /// Work items: columns in multiples of 32 (two A tiles), x rows in whole 16-row blocks.

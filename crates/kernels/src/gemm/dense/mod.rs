@@ -14,6 +14,8 @@ pub mod amx_pair_panels;
 #[cfg(target_arch = "x86_64")]
 mod amx_tiles;
 pub mod bf16_pair_panels;
+#[cfg(target_arch = "x86_64")]
+mod bf16_round;
 pub(super) mod columns;
 pub mod exact_panels;
 pub(super) mod fast_bf16;
