@@ -305,7 +305,10 @@ TEST(Log, CallbackGetsLevelTargetAndMessage) {
   EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_log_set(CollectLog, &calls, -1));
   ASSERT_OK(tboost_log_set(CollectLog, &calls, TBOOST_LOG_INFO));
   {
+    // The plan is built (and logged) when it is first needed: here, the model info.
     Model m(Golden("llama_gqa"));
+    size_t need = 0;
+    EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_model_info_json(m.p, nullptr, 0, &need));
   }
   std::vector<LogRecord> logs;
   {
@@ -321,6 +324,8 @@ TEST(Log, CallbackGetsLevelTargetAndMessage) {
   ASSERT_OK(tboost_log_set(CollectLog, &calls, TBOOST_LOG_WARN));
   {
     Model m(Golden("llama_gqa"));
+    size_t need = 0;
+    EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_model_info_json(m.p, nullptr, 0, &need));
   }
   {
     std::lock_guard<std::mutex> lock(g_log_mu);
