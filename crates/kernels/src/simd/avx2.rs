@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 use std::ptr;
 
-use super::{F32x16, F32x16Bytes, Native, EXP_LO, EXP_P, LN2_HI, LN2_LO, LOG2E};
+use super::{F32x16, F32x16Bytes, I32x16, Native, EXP_LO, EXP_P, LN2_HI, LN2_LO, LOG2E};
 
 /// AVX2 + FMA + F16C, 8 lanes.
 #[derive(Clone, Copy)]
@@ -273,6 +273,195 @@ impl F32x16Bytes for Avx2x2 {
         let lo = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32), idx));
         let hi = _mm256_castsi256_ps(_mm256_cmpgt_epi32(_mm256_set1_epi32(n as i32 - 8), idx));
         Avx2x2(_mm256_blendv_ps(old.0, new.0, lo), _mm256_blendv_ps(old.1, new.1, hi))
+    }
+}
+
+/// Two ymm as 16 i32 lanes (the integer twin of [`Avx2x2`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Avx2x2i(__m256i, __m256i);
+
+#[inline(always)]
+unsafe fn dot_y<const VNNI: bool>(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    if VNNI {
+        _mm256_dpbusd_avx_epi32(acc, w, x)
+    } else {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
+    }
+}
+
+#[inline(always)]
+unsafe fn dot_sc_y<const VNNI: bool>(acc: __m256i, w: __m256i, x: __m256i, sc: __m256i) -> __m256i {
+    let p = _mm256_maddubs_epi16(w, x);
+    if VNNI {
+        _mm256_dpwssd_avx_epi32(acc, p, sc)
+    } else {
+        _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc))
+    }
+}
+
+#[inline(always)]
+unsafe fn dot_ss_y(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
+    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
+    _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
+}
+
+#[inline(always)]
+unsafe fn fold_halves(e0: __m256i, e1: __m256i) -> __m256i {
+    _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(e0, e1), _mm256_permute2x128_si256::<0x31>(e0, e1))
+}
+
+impl I32x16 for Avx2x2i {
+    type F = Avx2x2;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        Avx2x2i(_mm256_setzero_si256(), _mm256_setzero_si256())
+    }
+    #[inline(always)]
+    unsafe fn from2(a: __m256i, b: __m256i) -> Self {
+        Avx2x2i(a, b)
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Self {
+        Avx2x2i(_mm256_loadu_si256(p as *const __m256i), _mm256_loadu_si256(p.add(32) as *const __m256i))
+    }
+    #[inline(always)]
+    unsafe fn xor80(self) -> Self {
+        let m = _mm256_set1_epi8(-128);
+        Avx2x2i(_mm256_xor_si256(self.0, m), _mm256_xor_si256(self.1, m))
+    }
+    #[inline(always)]
+    unsafe fn dot<const VNNI: bool>(acc: Self, w: Self, x: Self) -> Self {
+        Avx2x2i(dot_y::<VNNI>(acc.0, w.0, x.0), dot_y::<VNNI>(acc.1, w.1, x.1))
+    }
+    #[inline(always)]
+    unsafe fn dot_ss(acc: Self, w: Self, x: Self) -> Self {
+        Avx2x2i(dot_ss_y(acc.0, w.0, x.0), dot_ss_y(acc.1, w.1, x.1))
+    }
+    #[inline(always)]
+    unsafe fn dot_sc<const VNNI: bool>(acc: Self, w: Self, x: Self, sc: Self) -> Self {
+        Avx2x2i(dot_sc_y::<VNNI>(acc.0, w.0, x.0, sc.0), dot_sc_y::<VNNI>(acc.1, w.1, x.1, sc.1))
+    }
+    #[inline(always)]
+    unsafe fn comb1(a: Self, b: Self) -> Self {
+        // Units hold one group per ymm; hadd keeps pair sums of the same group together.
+        Avx2x2i(_mm256_hadd_epi32(a.0, a.1), _mm256_hadd_epi32(b.0, b.1))
+    }
+    #[inline(always)]
+    unsafe fn comb2(a: Self, b: Self) -> Self {
+        Self::comb1(a, b)
+    }
+    #[inline(always)]
+    unsafe fn comb3(a: Self, b: Self) -> Self {
+        // After two hadd levels each 128-bit half holds four groups' partial sums (low half:
+        // lanes 0..4 of each group, high half: lanes 4..8); add the halves, groups in order.
+        Avx2x2i(fold_halves(a.0, a.1), fold_halves(b.0, b.1))
+    }
+    #[inline(always)]
+    unsafe fn sub(a: Self, b: Self) -> Self {
+        Avx2x2i(_mm256_sub_epi32(a.0, b.0), _mm256_sub_epi32(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn shl(self, n: u32) -> Self {
+        let c = _mm_cvtsi32_si128(n as i32);
+        Avx2x2i(_mm256_sll_epi32(self.0, c), _mm256_sll_epi32(self.1, c))
+    }
+    #[inline(always)]
+    unsafe fn madd16(a: Self, b: Self) -> Self {
+        Avx2x2i(_mm256_madd_epi16(a.0, b.0), _mm256_madd_epi16(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn ubs(w: Self, x: Self) -> Self {
+        Avx2x2i(_mm256_maddubs_epi16(w.0, x.0), _mm256_maddubs_epi16(w.1, x.1))
+    }
+    #[inline(always)]
+    unsafe fn add16(a: Self, b: Self) -> Self {
+        Avx2x2i(_mm256_add_epi16(a.0, b.0), _mm256_add_epi16(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn widen16(self) -> Self {
+        let one = _mm256_set1_epi16(1);
+        Avx2x2i(_mm256_madd_epi16(self.0, one), _mm256_madd_epi16(self.1, one))
+    }
+    #[inline(always)]
+    unsafe fn sc_unit(p: *const i16) -> Self {
+        let v = _mm256_broadcastq_epi64(_mm_loadl_epi64(p as *const __m128i));
+        // Per 128-bit half: i16 number `s` in all 8 lanes (bytes 2s, 2s+1).
+        let lo = _mm256_setr_epi8(
+            0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
+        );
+        let hi = _mm256_setr_epi8(
+            4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7,
+        );
+        Avx2x2i(_mm256_shuffle_epi8(v, lo), _mm256_shuffle_epi8(v, hi))
+    }
+    #[inline(always)]
+    unsafe fn cvt(self) -> Avx2x2 {
+        Avx2x2(_mm256_cvtepi32_ps(self.0), _mm256_cvtepi32_ps(self.1))
+    }
+    #[inline(always)]
+    unsafe fn bcast32(p: *const u8) -> Self {
+        let v = _mm256_set1_epi32(ptr::read_unaligned(p as *const i32));
+        Avx2x2i(v, v)
+    }
+    #[inline(always)]
+    unsafe fn abs8(self) -> Self {
+        Avx2x2i(_mm256_abs_epi8(self.0), _mm256_abs_epi8(self.1))
+    }
+    #[inline(always)]
+    unsafe fn dpw<const VNNI: bool>(acc: Self, w: Self, aw: Self, x: Self) -> Self {
+        if VNNI {
+            Avx2x2i(_mm256_dpbusd_avx_epi32(acc.0, x.0, w.0), _mm256_dpbusd_avx_epi32(acc.1, x.1, w.1))
+        } else {
+            let one = _mm256_set1_epi16(1);
+            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw.0, _mm256_sign_epi8(x.0, w.0)), one);
+            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw.1, _mm256_sign_epi8(x.1, w.1)), one);
+            Avx2x2i(_mm256_add_epi32(acc.0, p0), _mm256_add_epi32(acc.1, p1))
+        }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        Avx2x2i(_mm256_add_epi32(a.0, b.0), _mm256_add_epi32(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn mullo(a: Self, b: Self) -> Self {
+        Avx2x2i(_mm256_mullo_epi32(a.0, b.0), _mm256_mullo_epi32(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn nib_lo(self) -> Self {
+        let m = _mm256_set1_epi8(0x0F);
+        Avx2x2i(_mm256_and_si256(self.0, m), _mm256_and_si256(self.1, m))
+    }
+    #[inline(always)]
+    unsafe fn nib_hi(self) -> Self {
+        let m = _mm256_set1_epi8(0x0F);
+        Avx2x2i(
+            _mm256_and_si256(_mm256_srli_epi16::<4>(self.0), m),
+            _mm256_and_si256(_mm256_srli_epi16::<4>(self.1), m),
+        )
+    }
+    #[inline(always)]
+    unsafe fn or(a: Self, b: Self) -> Self {
+        Avx2x2i(_mm256_or_si256(a.0, b.0), _mm256_or_si256(a.1, b.1))
+    }
+    #[inline(always)]
+    unsafe fn and8(self, mask: i8) -> Self {
+        let m = _mm256_set1_epi8(mask);
+        Avx2x2i(_mm256_and_si256(self.0, m), _mm256_and_si256(self.1, m))
+    }
+    #[inline(always)]
+    unsafe fn shift16(self, n: i32) -> Self {
+        if n >= 0 {
+            let c = _mm_cvtsi32_si128(n);
+            Avx2x2i(_mm256_sll_epi16(self.0, c), _mm256_sll_epi16(self.1, c))
+        } else {
+            let c = _mm_cvtsi32_si128(-n);
+            Avx2x2i(_mm256_srl_epi16(self.0, c), _mm256_srl_epi16(self.1, c))
+        }
+    }
+    #[inline(always)]
+    unsafe fn from_i8x16(p: *const u8) -> Self {
+        let v = _mm_loadu_si128(p as *const __m128i);
+        Avx2x2i(_mm256_cvtepi8_epi32(v), _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(v)))
     }
 }
 

@@ -4,7 +4,7 @@
 use std::arch::x86_64::*;
 use std::ptr;
 
-use super::{Avx2, F32x16, F32x16Bytes, Native, EXP_LO, EXP_P, LN2_HI, LN2_LO, LOG2E};
+use super::{Avx2, F32x16, F32x16Bytes, I32x16, Native, EXP_LO, EXP_P, LN2_HI, LN2_LO, LOG2E};
 
 /// AVX-512 F/BW/VL/DQ: one zmm, both the native and the canonical 16 lanes.
 #[derive(Clone, Copy)]
@@ -248,5 +248,159 @@ impl F32x16Bytes for Avx512 {
     #[inline(always)]
     unsafe fn keep_first(n: usize, new: Self, old: Self) -> Self {
         Avx512(_mm512_mask_blend_ps(((1u32 << n) - 1) as u16, old.0, new.0))
+    }
+}
+
+/// One zmm as 16 i32 lanes (the integer twin of [`Avx512`]).
+#[derive(Clone, Copy)]
+pub(crate) struct Avx512i(pub(crate) __m512i);
+
+impl I32x16 for Avx512i {
+    type F = Avx512;
+    #[inline(always)]
+    unsafe fn zero() -> Self {
+        Avx512i(_mm512_setzero_si512())
+    }
+    #[inline(always)]
+    unsafe fn from2(a: __m256i, b: __m256i) -> Self {
+        Avx512i(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b))
+    }
+    #[inline(always)]
+    unsafe fn load(p: *const u8) -> Self {
+        Avx512i(_mm512_loadu_si512(p as *const _))
+    }
+    #[inline(always)]
+    unsafe fn xor80(self) -> Self {
+        Avx512i(_mm512_xor_si512(self.0, _mm512_set1_epi8(-128)))
+    }
+    #[inline(always)]
+    unsafe fn dot<const VNNI: bool>(acc: Self, w: Self, x: Self) -> Self {
+        if VNNI {
+            Avx512i(_mm512_dpbusd_epi32(acc.0, w.0, x.0))
+        } else {
+            let p = _mm512_madd_epi16(_mm512_maddubs_epi16(w.0, x.0), _mm512_set1_epi16(1));
+            Avx512i(_mm512_add_epi32(acc.0, p))
+        }
+    }
+    #[inline(always)]
+    unsafe fn dot_ss(acc: Self, w: Self, x: Self) -> Self {
+        let neg = _mm512_movepi8_mask(w.0);
+        let xs = _mm512_mask_sub_epi8(x.0, neg, _mm512_setzero_si512(), x.0);
+        let p = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(w.0), xs), _mm512_set1_epi16(1));
+        Avx512i(_mm512_add_epi32(acc.0, p))
+    }
+    #[inline(always)]
+    unsafe fn dot_sc<const VNNI: bool>(acc: Self, w: Self, x: Self, sc: Self) -> Self {
+        let p = _mm512_maddubs_epi16(w.0, x.0);
+        if VNNI {
+            Avx512i(_mm512_dpwssd_epi32(acc.0, p, sc.0))
+        } else {
+            Avx512i(_mm512_add_epi32(acc.0, _mm512_madd_epi16(p, sc.0)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn comb1(a: Self, b: Self) -> Self {
+        // Lane q < 8: a[2q] + a[2q+1]; q >= 8: b[2q-16] + b[2q-15].
+        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
+        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
+        Avx512i(_mm512_add_epi32(_mm512_permutex2var_epi32(a.0, even, b.0), _mm512_permutex2var_epi32(a.0, odd, b.0)))
+    }
+    #[inline(always)]
+    unsafe fn comb2(a: Self, b: Self) -> Self {
+        Self::comb1(a, b)
+    }
+    #[inline(always)]
+    unsafe fn comb3(a: Self, b: Self) -> Self {
+        Self::comb1(a, b)
+    }
+    #[inline(always)]
+    unsafe fn sub(a: Self, b: Self) -> Self {
+        Avx512i(_mm512_sub_epi32(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn shl(self, n: u32) -> Self {
+        Avx512i(_mm512_sll_epi32(self.0, _mm_cvtsi32_si128(n as i32)))
+    }
+    #[inline(always)]
+    unsafe fn madd16(a: Self, b: Self) -> Self {
+        Avx512i(_mm512_madd_epi16(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn ubs(w: Self, x: Self) -> Self {
+        Avx512i(_mm512_maddubs_epi16(w.0, x.0))
+    }
+    #[inline(always)]
+    unsafe fn add16(a: Self, b: Self) -> Self {
+        Avx512i(_mm512_add_epi16(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn widen16(self) -> Self {
+        Avx512i(_mm512_madd_epi16(self.0, _mm512_set1_epi16(1)))
+    }
+    #[inline(always)]
+    unsafe fn sc_unit(p: *const i16) -> Self {
+        let v = _mm512_castsi128_si512(_mm_loadl_epi64(p as *const __m128i));
+        let idx = _mm512_set_epi16(
+            3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0,
+        );
+        Avx512i(_mm512_permutexvar_epi16(idx, v))
+    }
+    #[inline(always)]
+    unsafe fn cvt(self) -> Avx512 {
+        Avx512(_mm512_cvtepi32_ps(self.0))
+    }
+    #[inline(always)]
+    unsafe fn bcast32(p: *const u8) -> Self {
+        Avx512i(_mm512_set1_epi32(ptr::read_unaligned(p as *const i32)))
+    }
+    #[inline(always)]
+    unsafe fn abs8(self) -> Self {
+        Avx512i(_mm512_abs_epi8(self.0))
+    }
+    #[inline(always)]
+    unsafe fn dpw<const VNNI: bool>(acc: Self, w: Self, aw: Self, x: Self) -> Self {
+        if VNNI {
+            Avx512i(_mm512_dpbusd_epi32(acc.0, x.0, w.0))
+        } else {
+            let xs = _mm512_mask_sub_epi8(x.0, _mm512_movepi8_mask(w.0), _mm512_setzero_si512(), x.0);
+            let p = _mm512_madd_epi16(_mm512_maddubs_epi16(aw.0, xs), _mm512_set1_epi16(1));
+            Avx512i(_mm512_add_epi32(acc.0, p))
+        }
+    }
+    #[inline(always)]
+    unsafe fn add(a: Self, b: Self) -> Self {
+        Avx512i(_mm512_add_epi32(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn mullo(a: Self, b: Self) -> Self {
+        Avx512i(_mm512_mullo_epi32(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn nib_lo(self) -> Self {
+        Avx512i(_mm512_and_si512(self.0, _mm512_set1_epi8(0x0F)))
+    }
+    #[inline(always)]
+    unsafe fn nib_hi(self) -> Self {
+        Avx512i(_mm512_and_si512(_mm512_srli_epi16::<4>(self.0), _mm512_set1_epi8(0x0F)))
+    }
+    #[inline(always)]
+    unsafe fn or(a: Self, b: Self) -> Self {
+        Avx512i(_mm512_or_si512(a.0, b.0))
+    }
+    #[inline(always)]
+    unsafe fn and8(self, mask: i8) -> Self {
+        Avx512i(_mm512_and_si512(self.0, _mm512_set1_epi8(mask)))
+    }
+    #[inline(always)]
+    unsafe fn shift16(self, n: i32) -> Self {
+        if n >= 0 {
+            Avx512i(_mm512_sll_epi16(self.0, _mm_cvtsi32_si128(n)))
+        } else {
+            Avx512i(_mm512_srl_epi16(self.0, _mm_cvtsi32_si128(-n)))
+        }
+    }
+    #[inline(always)]
+    unsafe fn from_i8x16(p: *const u8) -> Self {
+        Avx512i(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)))
     }
 }

@@ -53,9 +53,9 @@ macro_rules! unroll16 {
 pub(crate) use unroll16;
 
 #[cfg(target_arch = "x86_64")]
-pub(crate) use avx2::{Avx2, Avx2x2};
+pub(crate) use avx2::{Avx2, Avx2x2, Avx2x2i};
 #[cfg(target_arch = "x86_64")]
-pub(crate) use avx512::Avx512;
+pub(crate) use avx512::{Avx512, Avx512i};
 pub(crate) use scalar::{Scalar, Scalar16};
 
 /// `MASK[16 - n..]` starts with `n` ones followed by zeros: keeps the first `n` lanes.
@@ -199,6 +199,67 @@ pub(crate) trait F32x16Bytes: F32x16 {
     unsafe fn halves(a: f32, b: f32) -> Self;
     /// Lanes `0..n` from `new`, the others from `old`.
     unsafe fn keep_first(n: usize, new: Self, old: Self) -> Self;
+}
+
+/// 16 i32 lanes (or 64 bytes, or 32 i16) in the canonical lane order, with the integer steps
+/// of the quantized `Fast` kernels (`gemm::quant::int_dot`); x86 only.
+#[cfg(target_arch = "x86_64")]
+pub(crate) trait I32x16: Copy {
+    type F: F32x16Bytes;
+    unsafe fn zero() -> Self;
+    /// Bytes 0..32 from `a`, 32..64 from `b`.
+    unsafe fn from2(a: __m256i, b: __m256i) -> Self;
+    /// 64 bytes at `p`.
+    unsafe fn load(p: *const u8) -> Self;
+    unsafe fn xor80(self) -> Self;
+    /// `acc + Σ_{t<4} w[4l+t] * x[4l+t]` per lane, `w` unsigned and `x` signed bytes. Without
+    /// VNNI through `vpmaddubsw` pair sums: exact because every caller's `w` is at most 63.
+    unsafe fn dot<const VNNI: bool>(acc: Self, w: Self, x: Self) -> Self;
+    /// As `dot` with signed `w` (Q8_0 without VNNI): `|w|` times `x` with `w`'s sign, pair
+    /// sums at most 2 * 128 * 127 < 2^15.
+    unsafe fn dot_ss(acc: Self, w: Self, x: Self) -> Self;
+    /// Q6_K: `acc + Σ_{t<2} sc[2l+t] * (w[4l+2t] x[4l+2t] + w[4l+2t+1] x[4l+2t+1])` with the
+    /// i16 scales `sc` (pair sums at most 2 * 63 * 127).
+    unsafe fn dot_sc<const VNNI: bool>(acc: Self, w: Self, x: Self, sc: Self) -> Self;
+    /// Levels 1, 2, 3 of the tree that turns 8 units of per-group partial sums into one
+    /// vector of 16 group sums (`int_dot`'s module doc). Only the final lane order is fixed.
+    unsafe fn comb1(a: Self, b: Self) -> Self;
+    unsafe fn comb2(a: Self, b: Self) -> Self;
+    unsafe fn comb3(a: Self, b: Self) -> Self;
+    unsafe fn sub(a: Self, b: Self) -> Self;
+    unsafe fn shl(self, n: u32) -> Self;
+    /// i16 pairs multiplied and summed into i32 lanes.
+    unsafe fn madd16(a: Self, b: Self) -> Self;
+    /// `vpmaddubsw`: unsigned bytes `w` times signed bytes `x`, pair sums as i16 (the caller
+    /// keeps them below 2^15: no saturation).
+    unsafe fn ubs(w: Self, x: Self) -> Self;
+    /// i16 lanes added (the caller keeps the sums below 2^15).
+    unsafe fn add16(a: Self, b: Self) -> Self;
+    /// i16 pairs summed into i32 lanes (`vpmaddwd` by ones).
+    unsafe fn widen16(self) -> Self;
+    /// `[s0 x 8, s1 x 8, s2 x 8, s3 x 8]` as i16 from the 4 i16 at `p`.
+    unsafe fn sc_unit(p: *const i16) -> Self;
+    unsafe fn cvt(self) -> Self::F;
+    // The packed GEMM (weights signed, output rows in lanes).
+    /// The 4 bytes at `p` in every lane.
+    unsafe fn bcast32(p: *const u8) -> Self;
+    unsafe fn abs8(self) -> Self;
+    /// `acc + Σ_{t<4} w[4l+t] x[4l+t]` per lane with signed weight bytes `w` (`aw = |w|`):
+    /// with VNNI `x` is unsigned (`q + 128`, the caller starts from `-128 Σ w`), without it
+    /// `x` is signed and the product is `|w|` times `x` with `w`'s sign (no saturation).
+    unsafe fn dpw<const VNNI: bool>(acc: Self, w: Self, aw: Self, x: Self) -> Self;
+    unsafe fn add(a: Self, b: Self) -> Self;
+    unsafe fn mullo(a: Self, b: Self) -> Self;
+    /// The low / high nibble of every byte, as a byte (the packed layouts).
+    unsafe fn nib_lo(self) -> Self;
+    unsafe fn nib_hi(self) -> Self;
+    unsafe fn or(a: Self, b: Self) -> Self;
+    /// Every byte ANDed with `mask`.
+    unsafe fn and8(self, mask: i8) -> Self;
+    /// Each 16-bit lane shifted left by `n` (right by `-n`), `|n| < 16`.
+    unsafe fn shift16(self, n: i32) -> Self;
+    /// 16 signed bytes at `p` as i32 lanes.
+    unsafe fn from_i8x16(p: *const u8) -> Self;
 }
 
 // Cephes expf constants (single-precision range reduction + degree-5 polynomial, ~1 ulp).

@@ -2,9 +2,9 @@
 //! doc), with and without VNNI.
 //!
 //! One generic body per shape of work, instantiated four times (`entry_points!` at the
-//! bottom): 16 i32 lanes as one zmm ([`ZI`]) or two ymm ([`YI`]), and `VNNI` choosing
+//! bottom): 16 i32 lanes as one zmm ([`Avx512i`]) or two ymm ([`Avx2x2i`]), and `VNNI` choosing
 //! `vpdpbusd` / `vpdpwssd` or their `vpmaddubsw` + `vpmaddwd` emulation (exact: no pair sum
-//! can saturate, see [`IV::dot`]). Weight bytes are unpacked with 256-bit AVX2 instructions
+//! can saturate, see [`I32x16::dot`]). Weight bytes are unpacked with 256-bit AVX2 instructions
 //! present in all four, 32 values (one group) per register, as in `dequant_fma`.
 //!
 //! Direct path (few activation rows, decode): the weights in their GGUF layout, one pass.
@@ -32,414 +32,25 @@ use std::arch::x86_64::*;
 use std::ptr;
 
 use super::dequant_fma::{f16_at, load32, nibbles16, q5k_high, PREFETCH_BYTES};
-use super::q8_activations::{QAct, CHAINS, GROUP};
+use super::q8_activations::{ActRow, QAct, CHAINS, GROUP};
 use crate::gemm::gguf::{with_block, Block, Q4K, Q4_0, Q5K, Q5_0, Q6K, Q8_0};
-use crate::simd::{Avx2x2, Avx512, F32x16, F32x16Bytes};
+use crate::simd::{Avx2x2i, Avx512, Avx512i, F32x16, F32x16Bytes, I32x16};
 use crate::DType;
 
-/// 16 i32 lanes (or 64 bytes, or 32 i16) and the integer steps of the Fast kernels.
-pub(super) trait IV: Copy {
-    type F: F32x16Bytes;
-    unsafe fn zero() -> Self;
-    /// Bytes 0..32 from `a`, 32..64 from `b`.
-    unsafe fn from2(a: __m256i, b: __m256i) -> Self;
-    /// 64 bytes at `p`.
-    unsafe fn load(p: *const u8) -> Self;
-    unsafe fn xor80(self) -> Self;
-    /// `acc + Σ_{t<4} w[4l+t] * x[4l+t]` per lane, `w` unsigned and `x` signed bytes. Without
-    /// VNNI through `vpmaddubsw` pair sums: exact because every caller's `w` is at most 63.
-    unsafe fn dot<const VNNI: bool>(acc: Self, w: Self, x: Self) -> Self;
-    /// As `dot` with signed `w` (Q8_0 without VNNI): `|w|` times `x` with `w`'s sign, pair
-    /// sums at most 2 * 128 * 127 < 2^15.
-    unsafe fn dot_ss(acc: Self, w: Self, x: Self) -> Self;
-    /// Q6_K: `acc + Σ_{t<2} sc[2l+t] * (w[4l+2t] x[4l+2t] + w[4l+2t+1] x[4l+2t+1])` with the
-    /// i16 scales `sc` (pair sums at most 2 * 63 * 127).
-    unsafe fn dot_sc<const VNNI: bool>(acc: Self, w: Self, x: Self, sc: Self) -> Self;
-    /// Levels 1, 2, 3 of the tree that turns 8 units of per-group partial sums into one
-    /// vector of 16 group sums (`int_dot`'s module doc). Only the final lane order is fixed.
-    unsafe fn comb1(a: Self, b: Self) -> Self;
-    unsafe fn comb2(a: Self, b: Self) -> Self;
-    unsafe fn comb3(a: Self, b: Self) -> Self;
-    unsafe fn sub(a: Self, b: Self) -> Self;
-    unsafe fn shl(self, n: u32) -> Self;
-    /// i16 pairs multiplied and summed into i32 lanes.
-    unsafe fn madd16(a: Self, b: Self) -> Self;
-    /// `vpmaddubsw`: unsigned bytes `w` times signed bytes `x`, pair sums as i16 (the caller
-    /// keeps them below 2^15: no saturation).
-    unsafe fn ubs(w: Self, x: Self) -> Self;
-    /// i16 lanes added (the caller keeps the sums below 2^15).
-    unsafe fn add16(a: Self, b: Self) -> Self;
-    /// i16 pairs summed into i32 lanes (`vpmaddwd` by ones).
-    unsafe fn widen16(self) -> Self;
-    /// `[s0 x 8, s1 x 8, s2 x 8, s3 x 8]` as i16 from the 4 i16 at `p`.
-    unsafe fn sc_unit(p: *const i16) -> Self;
-    unsafe fn cvt(self) -> Self::F;
-    // The packed GEMM (weights signed, output rows in lanes).
-    /// The 4 bytes at `p` in every lane.
-    unsafe fn bcast32(p: *const u8) -> Self;
-    unsafe fn abs8(self) -> Self;
-    /// `acc + Σ_{t<4} w[4l+t] x[4l+t]` per lane with signed weight bytes `w` (`aw = |w|`):
-    /// with VNNI `x` is unsigned (`q + 128`, the caller starts from `-128 Σ w`), without it
-    /// `x` is signed and the product is `|w|` times `x` with `w`'s sign (no saturation).
-    unsafe fn dpw<const VNNI: bool>(acc: Self, w: Self, aw: Self, x: Self) -> Self;
-    unsafe fn add(a: Self, b: Self) -> Self;
-    unsafe fn mullo(a: Self, b: Self) -> Self;
-    /// The low / high nibble of every byte, as a byte (the packed layouts).
-    unsafe fn nib_lo(self) -> Self;
-    unsafe fn nib_hi(self) -> Self;
-    unsafe fn or(a: Self, b: Self) -> Self;
-    /// Every byte ANDed with `mask`.
-    unsafe fn and8(self, mask: i8) -> Self;
-    /// Each 16-bit lane shifted left by `n` (right by `-n`), `|n| < 16`.
-    unsafe fn shift16(self, n: i32) -> Self;
-    /// 16 signed bytes at `p` as i32 lanes.
-    unsafe fn from_i8x16(p: *const u8) -> Self;
-    /// Packs `rows` weight rows into a panel (see [`pack`]).
-    #[inline(always)]
+/// How a lane type packs weight rows into a panel (see [`pack`]): AVX-512 has its own
+/// transposing packer.
+pub(super) trait PanelPack: I32x16 {
     unsafe fn pack<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
         pack::<Self::F, F>(w, row_bytes, rows, ng, panel)
     }
 }
 
-#[derive(Clone, Copy)]
-pub(super) struct ZI(pub(super) __m512i);
+impl PanelPack for Avx2x2i {}
 
-impl IV for ZI {
-    type F = Avx512;
-    #[inline(always)]
-    unsafe fn zero() -> Self {
-        ZI(_mm512_setzero_si512())
-    }
-    #[inline(always)]
-    unsafe fn from2(a: __m256i, b: __m256i) -> Self {
-        ZI(_mm512_inserti64x4::<1>(_mm512_castsi256_si512(a), b))
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const u8) -> Self {
-        ZI(_mm512_loadu_si512(p as *const _))
-    }
-    #[inline(always)]
-    unsafe fn xor80(self) -> Self {
-        ZI(_mm512_xor_si512(self.0, _mm512_set1_epi8(-128)))
-    }
-    #[inline(always)]
-    unsafe fn dot<const VNNI: bool>(acc: Self, w: Self, x: Self) -> Self {
-        if VNNI {
-            ZI(_mm512_dpbusd_epi32(acc.0, w.0, x.0))
-        } else {
-            let p = _mm512_madd_epi16(_mm512_maddubs_epi16(w.0, x.0), _mm512_set1_epi16(1));
-            ZI(_mm512_add_epi32(acc.0, p))
-        }
-    }
-    #[inline(always)]
-    unsafe fn dot_ss(acc: Self, w: Self, x: Self) -> Self {
-        let neg = _mm512_movepi8_mask(w.0);
-        let xs = _mm512_mask_sub_epi8(x.0, neg, _mm512_setzero_si512(), x.0);
-        let p = _mm512_madd_epi16(_mm512_maddubs_epi16(_mm512_abs_epi8(w.0), xs), _mm512_set1_epi16(1));
-        ZI(_mm512_add_epi32(acc.0, p))
-    }
-    #[inline(always)]
-    unsafe fn dot_sc<const VNNI: bool>(acc: Self, w: Self, x: Self, sc: Self) -> Self {
-        let p = _mm512_maddubs_epi16(w.0, x.0);
-        if VNNI {
-            ZI(_mm512_dpwssd_epi32(acc.0, p, sc.0))
-        } else {
-            ZI(_mm512_add_epi32(acc.0, _mm512_madd_epi16(p, sc.0)))
-        }
-    }
-    #[inline(always)]
-    unsafe fn comb1(a: Self, b: Self) -> Self {
-        // Lane q < 8: a[2q] + a[2q+1]; q >= 8: b[2q-16] + b[2q-15].
-        let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
-        let odd = _mm512_setr_epi32(1, 3, 5, 7, 9, 11, 13, 15, 17, 19, 21, 23, 25, 27, 29, 31);
-        ZI(_mm512_add_epi32(_mm512_permutex2var_epi32(a.0, even, b.0), _mm512_permutex2var_epi32(a.0, odd, b.0)))
-    }
-    #[inline(always)]
-    unsafe fn comb2(a: Self, b: Self) -> Self {
-        Self::comb1(a, b)
-    }
-    #[inline(always)]
-    unsafe fn comb3(a: Self, b: Self) -> Self {
-        Self::comb1(a, b)
-    }
-    #[inline(always)]
-    unsafe fn sub(a: Self, b: Self) -> Self {
-        ZI(_mm512_sub_epi32(a.0, b.0))
-    }
-    #[inline(always)]
-    unsafe fn shl(self, n: u32) -> Self {
-        ZI(_mm512_sll_epi32(self.0, _mm_cvtsi32_si128(n as i32)))
-    }
-    #[inline(always)]
-    unsafe fn madd16(a: Self, b: Self) -> Self {
-        ZI(_mm512_madd_epi16(a.0, b.0))
-    }
-    #[inline(always)]
-    unsafe fn ubs(w: Self, x: Self) -> Self {
-        ZI(_mm512_maddubs_epi16(w.0, x.0))
-    }
-    #[inline(always)]
-    unsafe fn add16(a: Self, b: Self) -> Self {
-        ZI(_mm512_add_epi16(a.0, b.0))
-    }
-    #[inline(always)]
-    unsafe fn widen16(self) -> Self {
-        ZI(_mm512_madd_epi16(self.0, _mm512_set1_epi16(1)))
-    }
-    #[inline(always)]
-    unsafe fn sc_unit(p: *const i16) -> Self {
-        let v = _mm512_castsi128_si512(_mm_loadl_epi64(p as *const __m128i));
-        let idx = _mm512_set_epi16(
-            3, 3, 3, 3, 3, 3, 3, 3, 2, 2, 2, 2, 2, 2, 2, 2, 1, 1, 1, 1, 1, 1, 1, 1, 0, 0, 0, 0, 0, 0, 0, 0,
-        );
-        ZI(_mm512_permutexvar_epi16(idx, v))
-    }
-    #[inline(always)]
-    unsafe fn cvt(self) -> Avx512 {
-        Avx512(_mm512_cvtepi32_ps(self.0))
-    }
-    #[inline(always)]
-    unsafe fn bcast32(p: *const u8) -> Self {
-        ZI(_mm512_set1_epi32(ptr::read_unaligned(p as *const i32)))
-    }
-    #[inline(always)]
-    unsafe fn abs8(self) -> Self {
-        ZI(_mm512_abs_epi8(self.0))
-    }
-    #[inline(always)]
-    unsafe fn dpw<const VNNI: bool>(acc: Self, w: Self, aw: Self, x: Self) -> Self {
-        if VNNI {
-            ZI(_mm512_dpbusd_epi32(acc.0, x.0, w.0))
-        } else {
-            let xs = _mm512_mask_sub_epi8(x.0, _mm512_movepi8_mask(w.0), _mm512_setzero_si512(), x.0);
-            let p = _mm512_madd_epi16(_mm512_maddubs_epi16(aw.0, xs), _mm512_set1_epi16(1));
-            ZI(_mm512_add_epi32(acc.0, p))
-        }
-    }
-    #[inline(always)]
-    unsafe fn add(a: Self, b: Self) -> Self {
-        ZI(_mm512_add_epi32(a.0, b.0))
-    }
-    #[inline(always)]
-    unsafe fn mullo(a: Self, b: Self) -> Self {
-        ZI(_mm512_mullo_epi32(a.0, b.0))
-    }
-    #[inline(always)]
-    unsafe fn nib_lo(self) -> Self {
-        ZI(_mm512_and_si512(self.0, _mm512_set1_epi8(0x0F)))
-    }
-    #[inline(always)]
-    unsafe fn nib_hi(self) -> Self {
-        ZI(_mm512_and_si512(_mm512_srli_epi16::<4>(self.0), _mm512_set1_epi8(0x0F)))
-    }
-    #[inline(always)]
-    unsafe fn or(a: Self, b: Self) -> Self {
-        ZI(_mm512_or_si512(a.0, b.0))
-    }
-    #[inline(always)]
-    unsafe fn and8(self, mask: i8) -> Self {
-        ZI(_mm512_and_si512(self.0, _mm512_set1_epi8(mask)))
-    }
-    #[inline(always)]
-    unsafe fn shift16(self, n: i32) -> Self {
-        if n >= 0 {
-            ZI(_mm512_sll_epi16(self.0, _mm_cvtsi32_si128(n)))
-        } else {
-            ZI(_mm512_srl_epi16(self.0, _mm_cvtsi32_si128(-n)))
-        }
-    }
-    #[inline(always)]
-    unsafe fn from_i8x16(p: *const u8) -> Self {
-        ZI(_mm512_cvtepi8_epi32(_mm_loadu_si128(p as *const __m128i)))
-    }
+impl PanelPack for Avx512i {
     #[inline(always)]
     unsafe fn pack<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: usize, ng: usize, panel: *mut u8) {
         pack_z::<F, VNNI>(w, row_bytes, rows, ng, panel)
-    }
-}
-
-#[derive(Clone, Copy)]
-pub(super) struct YI(__m256i, __m256i);
-
-#[inline(always)]
-unsafe fn dot_y<const VNNI: bool>(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
-    if VNNI {
-        _mm256_dpbusd_avx_epi32(acc, w, x)
-    } else {
-        _mm256_add_epi32(acc, _mm256_madd_epi16(_mm256_maddubs_epi16(w, x), _mm256_set1_epi16(1)))
-    }
-}
-
-#[inline(always)]
-unsafe fn dot_sc_y<const VNNI: bool>(acc: __m256i, w: __m256i, x: __m256i, sc: __m256i) -> __m256i {
-    let p = _mm256_maddubs_epi16(w, x);
-    if VNNI {
-        _mm256_dpwssd_avx_epi32(acc, p, sc)
-    } else {
-        _mm256_add_epi32(acc, _mm256_madd_epi16(p, sc))
-    }
-}
-
-#[inline(always)]
-unsafe fn dot_ss_y(acc: __m256i, w: __m256i, x: __m256i) -> __m256i {
-    let p = _mm256_maddubs_epi16(_mm256_sign_epi8(w, w), _mm256_sign_epi8(x, w));
-    _mm256_add_epi32(acc, _mm256_madd_epi16(p, _mm256_set1_epi16(1)))
-}
-
-#[inline(always)]
-unsafe fn fold_halves(e0: __m256i, e1: __m256i) -> __m256i {
-    _mm256_add_epi32(_mm256_permute2x128_si256::<0x20>(e0, e1), _mm256_permute2x128_si256::<0x31>(e0, e1))
-}
-
-impl IV for YI {
-    type F = Avx2x2;
-    #[inline(always)]
-    unsafe fn zero() -> Self {
-        YI(_mm256_setzero_si256(), _mm256_setzero_si256())
-    }
-    #[inline(always)]
-    unsafe fn from2(a: __m256i, b: __m256i) -> Self {
-        YI(a, b)
-    }
-    #[inline(always)]
-    unsafe fn load(p: *const u8) -> Self {
-        YI(load32(p), load32(p.add(32)))
-    }
-    #[inline(always)]
-    unsafe fn xor80(self) -> Self {
-        let m = _mm256_set1_epi8(-128);
-        YI(_mm256_xor_si256(self.0, m), _mm256_xor_si256(self.1, m))
-    }
-    #[inline(always)]
-    unsafe fn dot<const VNNI: bool>(acc: Self, w: Self, x: Self) -> Self {
-        YI(dot_y::<VNNI>(acc.0, w.0, x.0), dot_y::<VNNI>(acc.1, w.1, x.1))
-    }
-    #[inline(always)]
-    unsafe fn dot_ss(acc: Self, w: Self, x: Self) -> Self {
-        YI(dot_ss_y(acc.0, w.0, x.0), dot_ss_y(acc.1, w.1, x.1))
-    }
-    #[inline(always)]
-    unsafe fn dot_sc<const VNNI: bool>(acc: Self, w: Self, x: Self, sc: Self) -> Self {
-        YI(dot_sc_y::<VNNI>(acc.0, w.0, x.0, sc.0), dot_sc_y::<VNNI>(acc.1, w.1, x.1, sc.1))
-    }
-    #[inline(always)]
-    unsafe fn comb1(a: Self, b: Self) -> Self {
-        // Units hold one group per ymm; hadd keeps pair sums of the same group together.
-        YI(_mm256_hadd_epi32(a.0, a.1), _mm256_hadd_epi32(b.0, b.1))
-    }
-    #[inline(always)]
-    unsafe fn comb2(a: Self, b: Self) -> Self {
-        Self::comb1(a, b)
-    }
-    #[inline(always)]
-    unsafe fn comb3(a: Self, b: Self) -> Self {
-        // After two hadd levels each 128-bit half holds four groups' partial sums (low half:
-        // lanes 0..4 of each group, high half: lanes 4..8); add the halves, groups in order.
-        YI(fold_halves(a.0, a.1), fold_halves(b.0, b.1))
-    }
-    #[inline(always)]
-    unsafe fn sub(a: Self, b: Self) -> Self {
-        YI(_mm256_sub_epi32(a.0, b.0), _mm256_sub_epi32(a.1, b.1))
-    }
-    #[inline(always)]
-    unsafe fn shl(self, n: u32) -> Self {
-        let c = _mm_cvtsi32_si128(n as i32);
-        YI(_mm256_sll_epi32(self.0, c), _mm256_sll_epi32(self.1, c))
-    }
-    #[inline(always)]
-    unsafe fn madd16(a: Self, b: Self) -> Self {
-        YI(_mm256_madd_epi16(a.0, b.0), _mm256_madd_epi16(a.1, b.1))
-    }
-    #[inline(always)]
-    unsafe fn ubs(w: Self, x: Self) -> Self {
-        YI(_mm256_maddubs_epi16(w.0, x.0), _mm256_maddubs_epi16(w.1, x.1))
-    }
-    #[inline(always)]
-    unsafe fn add16(a: Self, b: Self) -> Self {
-        YI(_mm256_add_epi16(a.0, b.0), _mm256_add_epi16(a.1, b.1))
-    }
-    #[inline(always)]
-    unsafe fn widen16(self) -> Self {
-        let one = _mm256_set1_epi16(1);
-        YI(_mm256_madd_epi16(self.0, one), _mm256_madd_epi16(self.1, one))
-    }
-    #[inline(always)]
-    unsafe fn sc_unit(p: *const i16) -> Self {
-        let v = _mm256_broadcastq_epi64(_mm_loadl_epi64(p as *const __m128i));
-        // Per 128-bit half: i16 number `s` in all 8 lanes (bytes 2s, 2s+1).
-        let lo = _mm256_setr_epi8(
-            0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 0, 1, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3, 2, 3,
-        );
-        let hi = _mm256_setr_epi8(
-            4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 4, 5, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7, 6, 7,
-        );
-        YI(_mm256_shuffle_epi8(v, lo), _mm256_shuffle_epi8(v, hi))
-    }
-    #[inline(always)]
-    unsafe fn cvt(self) -> Avx2x2 {
-        Avx2x2(_mm256_cvtepi32_ps(self.0), _mm256_cvtepi32_ps(self.1))
-    }
-    #[inline(always)]
-    unsafe fn bcast32(p: *const u8) -> Self {
-        let v = _mm256_set1_epi32(ptr::read_unaligned(p as *const i32));
-        YI(v, v)
-    }
-    #[inline(always)]
-    unsafe fn abs8(self) -> Self {
-        YI(_mm256_abs_epi8(self.0), _mm256_abs_epi8(self.1))
-    }
-    #[inline(always)]
-    unsafe fn dpw<const VNNI: bool>(acc: Self, w: Self, aw: Self, x: Self) -> Self {
-        if VNNI {
-            YI(_mm256_dpbusd_avx_epi32(acc.0, x.0, w.0), _mm256_dpbusd_avx_epi32(acc.1, x.1, w.1))
-        } else {
-            let one = _mm256_set1_epi16(1);
-            let p0 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw.0, _mm256_sign_epi8(x.0, w.0)), one);
-            let p1 = _mm256_madd_epi16(_mm256_maddubs_epi16(aw.1, _mm256_sign_epi8(x.1, w.1)), one);
-            YI(_mm256_add_epi32(acc.0, p0), _mm256_add_epi32(acc.1, p1))
-        }
-    }
-    #[inline(always)]
-    unsafe fn add(a: Self, b: Self) -> Self {
-        YI(_mm256_add_epi32(a.0, b.0), _mm256_add_epi32(a.1, b.1))
-    }
-    #[inline(always)]
-    unsafe fn mullo(a: Self, b: Self) -> Self {
-        YI(_mm256_mullo_epi32(a.0, b.0), _mm256_mullo_epi32(a.1, b.1))
-    }
-    #[inline(always)]
-    unsafe fn nib_lo(self) -> Self {
-        let m = _mm256_set1_epi8(0x0F);
-        YI(_mm256_and_si256(self.0, m), _mm256_and_si256(self.1, m))
-    }
-    #[inline(always)]
-    unsafe fn nib_hi(self) -> Self {
-        let m = _mm256_set1_epi8(0x0F);
-        YI(_mm256_and_si256(_mm256_srli_epi16::<4>(self.0), m), _mm256_and_si256(_mm256_srli_epi16::<4>(self.1), m))
-    }
-    #[inline(always)]
-    unsafe fn or(a: Self, b: Self) -> Self {
-        YI(_mm256_or_si256(a.0, b.0), _mm256_or_si256(a.1, b.1))
-    }
-    #[inline(always)]
-    unsafe fn and8(self, mask: i8) -> Self {
-        let m = _mm256_set1_epi8(mask);
-        YI(_mm256_and_si256(self.0, m), _mm256_and_si256(self.1, m))
-    }
-    #[inline(always)]
-    unsafe fn shift16(self, n: i32) -> Self {
-        if n >= 0 {
-            let c = _mm_cvtsi32_si128(n);
-            YI(_mm256_sll_epi16(self.0, c), _mm256_sll_epi16(self.1, c))
-        } else {
-            let c = _mm_cvtsi32_si128(-n);
-            YI(_mm256_srl_epi16(self.0, c), _mm256_srl_epi16(self.1, c))
-        }
-    }
-    #[inline(always)]
-    unsafe fn from_i8x16(p: *const u8) -> Self {
-        let v = _mm_loadu_si128(p as *const __m128i);
-        YI(_mm256_cvtepi8_epi32(v), _mm256_cvtepi8_epi32(_mm_srli_si128::<8>(v)))
     }
 }
 
@@ -659,32 +270,6 @@ impl FF for Q6K {
     }
 }
 
-/// One activation row of a [`QAct`] (natural layout).
-#[derive(Clone, Copy)]
-struct ActRow {
-    xq: *const u8,
-    xs: *const f32,
-    ys: *const f32,
-    s: *const u8,
-    h: *const u8,
-}
-
-impl ActRow {
-    fn of(a: &QAct, i: usize) -> ActRow {
-        let g = i * a.ngp;
-        // SAFETY: row i exists (i < a.m), so these offsets stay inside the arrays.
-        unsafe {
-            ActRow {
-                xq: a.xq.as_ptr().add(g * GROUP) as *const u8,
-                xs: a.xs.as_ptr().add(g),
-                ys: a.ys.as_ptr().add(g),
-                s: a.s.as_ptr().add(g) as *const u8,
-                h: a.h.as_ptr().add(2 * g) as *const u8,
-            }
-        }
-    }
-}
-
 /// One call of the kernels: weight rows `w` (stride `row_bytes`), activation rows
 /// `i0..i0 + m` of `act`, raw dot products to `dst[(i - i0) * ld + j]`.
 pub(super) struct FJob<'a> {
@@ -700,7 +285,7 @@ pub(super) struct FJob<'a> {
 
 /// Tree level `L` (1, 2, 3) applied elementwise.
 #[inline(always)]
-unsafe fn comb<I: IV, const L: u8, const M: usize, const R: usize>(a: [[I; M]; R], b: [[I; M]; R]) -> [[I; M]; R] {
+unsafe fn comb<I: I32x16, const L: u8, const M: usize, const R: usize>(a: [[I; M]; R], b: [[I; M]; R]) -> [[I; M]; R] {
     let mut o = a;
     for r in 0..R {
         for i in 0..M {
@@ -718,7 +303,7 @@ unsafe fn comb<I: IV, const L: u8, const M: usize, const R: usize>(a: [[I; M]; R
 /// row) pair; zero past the chunk's `gn` groups. (A function, not a closure: closures do not
 /// inherit the target features of the entry point they are inlined into.)
 #[inline(always)]
-unsafe fn unit_dots<I: IV, F: FF, const VNNI: bool, const R: usize, const M: usize>(
+unsafe fn unit_dots<I: I32x16, F: FF, const VNNI: bool, const R: usize, const M: usize>(
     p: &[*const u8; R],
     x: &[ActRow; M],
     sc: &[[i16; 32]; R],
@@ -753,7 +338,7 @@ unsafe fn unit_dots<I: IV, F: FF, const VNNI: bool, const R: usize, const M: usi
 
 /// Dot products of `R` consecutive weight rows at `w` with `M` activation rows.
 #[inline(always)]
-unsafe fn rows_direct<I: IV, F: FF, const VNNI: bool, const R: usize, const M: usize>(
+unsafe fn rows_direct<I: I32x16, F: FF, const VNNI: bool, const R: usize, const M: usize>(
     w: *const u8,
     row_bytes: usize,
     x: &[ActRow; M],
@@ -805,10 +390,13 @@ unsafe fn rows_direct<I: IV, F: FF, const VNNI: bool, const R: usize, const M: u
                 let mut dv = d[r][i];
                 if F::Q6K {
                     // -32 Σ_h sc_h H_h per group: i16 scale and half-sum pairs.
-                    let c = I::madd16(I::load(sc[r].as_ptr() as *const u8), I::load(x[i].h.add(4 * CHAINS * ch)));
+                    let c = I::madd16(
+                        I::load(sc[r].as_ptr() as *const u8),
+                        I::load((x[i].h as *const u8).add(4 * CHAINS * ch)),
+                    );
                     dv = I::sub(dv, c.shl(5));
                 } else if F::OFF > 0 && (VNNI || !F::SIGNED) {
-                    dv = I::sub(dv, I::load(x[i].s.add(4 * CHAINS * ch)).shl(F::OFF));
+                    dv = I::sub(dv, I::load((x[i].s as *const u8).add(4 * CHAINS * ch)).shl(F::OFF));
                 }
                 let s = I::F::mul(a[r], I::F::load(x[i].xs.add(CHAINS * ch)));
                 let mut v = I::F::fma(dv.cvt(), s, acc[r][i]);
@@ -833,7 +421,7 @@ unsafe fn rows_direct<I: IV, F: FF, const VNNI: bool, const R: usize, const M: u
 
 /// All weight rows of `job` against activation rows `i..i + M`, `R` weight rows at a time.
 #[inline(always)]
-unsafe fn direct_m<I: IV, F: FF, const VNNI: bool, const R: usize, const M: usize>(job: &FJob<'_>, i: usize) {
+unsafe fn direct_m<I: I32x16, F: FF, const VNNI: bool, const R: usize, const M: usize>(job: &FJob<'_>, i: usize) {
     let mut x = [ActRow::of(job.act, job.i0 + i); M];
     for t in 0..M {
         x[t] = ActRow::of(job.act, job.i0 + i + t);
@@ -865,10 +453,10 @@ unsafe fn direct_z<F: FF, const VNNI: bool>(job: &FJob<'_>) {
     while i < job.m {
         let mm = (job.m - i).min(4);
         match mm {
-            1 => direct_m::<ZI, F, VNNI, 4, 1>(job, i),
-            2 => direct_m::<ZI, F, VNNI, 2, 2>(job, i),
-            3 => direct_m::<ZI, F, VNNI, 1, 3>(job, i),
-            _ => direct_m::<ZI, F, VNNI, 1, 4>(job, i),
+            1 => direct_m::<Avx512i, F, VNNI, 4, 1>(job, i),
+            2 => direct_m::<Avx512i, F, VNNI, 2, 2>(job, i),
+            3 => direct_m::<Avx512i, F, VNNI, 1, 3>(job, i),
+            _ => direct_m::<Avx512i, F, VNNI, 1, 4>(job, i),
         }
         i += mm;
     }
@@ -881,8 +469,8 @@ unsafe fn direct_y<F: FF, const VNNI: bool>(job: &FJob<'_>) {
     while i < job.m {
         let mm = (job.m - i).min(2);
         match mm {
-            1 => direct_m::<YI, F, VNNI, 2, 1>(job, i),
-            _ => direct_m::<YI, F, VNNI, 1, 2>(job, i),
+            1 => direct_m::<Avx2x2i, F, VNNI, 2, 1>(job, i),
+            _ => direct_m::<Avx2x2i, F, VNNI, 1, 2>(job, i),
         }
         i += mm;
     }
@@ -1109,7 +697,7 @@ const GEMM_MR_Y: usize = 2;
 /// The integer accumulator's start: `-128 Σ w` (stored at `off` of the record) with VNNI,
 /// whose activations carry +128, else zero.
 #[inline(always)]
-unsafe fn start<I: IV, const VNNI: bool>(rp: *const u8, off: usize) -> I {
+unsafe fn start<I: I32x16, const VNNI: bool>(rp: *const u8, off: usize) -> I {
     if VNNI {
         I::load(rp.add(off))
     } else {
@@ -1119,7 +707,7 @@ unsafe fn start<I: IV, const VNNI: bool>(rp: *const u8, off: usize) -> I {
 
 /// Quads `t0..t0 + 4` of the record at `rp` (chain-major position `pos`) into `d`.
 #[inline(always)]
-unsafe fn quads<I: IV, const VNNI: bool, const MR: usize>(
+unsafe fn quads<I: I32x16, const VNNI: bool, const MR: usize>(
     d: &mut [I; MR],
     rp: *const u8,
     x: &[ChainRow; MR],
@@ -1138,7 +726,7 @@ unsafe fn quads<I: IV, const VNNI: bool, const MR: usize>(
 /// Chain `c`'s records `p0..p1` of a packed panel against `MR` activation rows: the chain's
 /// accumulator per row (lanes = the panel's output rows).
 #[inline(always)]
-unsafe fn gemm_chain<I: IV, F: FF, const VNNI: bool, const MR: usize>(
+unsafe fn gemm_chain<I: I32x16, F: FF, const VNNI: bool, const MR: usize>(
     panel: *const u8,
     (p0, p1): (usize, usize),
     x: &[ChainRow; MR],
@@ -1191,7 +779,7 @@ impl ChainRow {
 /// `c` of the panel, accumulators to `chains`. A short tile repeats its last row (results
 /// discarded).
 #[inline(always)]
-unsafe fn chain_tile<I: IV, F: FF, const VNNI: bool, const MR: usize>(
+unsafe fn chain_tile<I: I32x16, F: FF, const VNNI: bool, const MR: usize>(
     act: &QAct,
     i0: usize,
     (ib, mc): (usize, usize),
@@ -1218,7 +806,11 @@ pub(super) const GEMM_IC: usize = 128;
 /// the job, chain by chain, `MR` rows per register tile; `chains` holds `GEMM_IC` rows'
 /// chain accumulators until the canonical tree sums them.
 #[inline(always)]
-unsafe fn tiled<I: IV, F: FF, const VNNI: bool, const MR: usize>(job: &FJob<'_>, panel: *mut u8, chains: *mut f32) {
+unsafe fn tiled<I: PanelPack, F: FF, const VNNI: bool, const MR: usize>(
+    job: &FJob<'_>,
+    panel: *mut u8,
+    chains: *mut f32,
+) {
     let act = job.act;
     let ng = act.ng;
     let st = chain_starts(ng);
@@ -1310,7 +902,7 @@ macro_rules! entry_points {
 entry_points!(
     direct_z_vnni,
     tiled_z_vnni,
-    ZI,
+    Avx512i,
     GEMM_MR_Z,
     direct_z,
     true,
@@ -1319,14 +911,14 @@ entry_points!(
 entry_points!(
     direct_z_plain,
     tiled_z_plain,
-    ZI,
+    Avx512i,
     GEMM_MR_Z,
     direct_z,
     false,
     "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c"
 );
-entry_points!(direct_y_vnni, tiled_y_vnni, YI, GEMM_MR_Y, direct_y, true, "avx2,fma,f16c,avxvnni");
-entry_points!(direct_y_plain, tiled_y_plain, YI, GEMM_MR_Y, direct_y, false, "avx2,fma,f16c");
+entry_points!(direct_y_vnni, tiled_y_vnni, Avx2x2i, GEMM_MR_Y, direct_y, true, "avx2,fma,f16c,avxvnni");
+entry_points!(direct_y_plain, tiled_y_plain, Avx2x2i, GEMM_MR_Y, direct_y, false, "avx2,fma,f16c");
 
 /// Which of the four instantiations runs.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]

@@ -29,12 +29,12 @@ use std::arch::asm;
 use std::arch::x86_64::*;
 use std::cell::Cell;
 
-use super::int_dot::{IV, ZI};
 use super::panel_int_dot::{group_scales, put, tree, PJob, Scales, PF, PREFETCH_BYTES};
 use super::panel_pack::PANEL;
 use super::q8_activations::{ChainStarts, CHAINS, GROUP};
 use crate::gemm::gguf::with_block;
 use crate::simd::{Avx512, F32x16};
+use crate::simd::{Avx512i, I32x16};
 use crate::DType;
 
 /// Activation rows from which the packed Fast path uses AMX (below, the VNNI walk): a tile
@@ -148,7 +148,7 @@ unsafe fn product_store<F: PF>(t: usize, a: *const u8, sa: usize, b: *const u8, 
 #[inline(always)]
 unsafe fn unpack_group<F: PF>(q: *const u8, g: usize, dst: *mut Line) {
     let b = _mm512_set1_epi8(bias::<F>() as u8 as i8);
-    let w = F::quads::<ZI, true>(q.add(g * F::QB));
+    let w = F::quads::<Avx512i, true>(q.add(g * F::QB));
     for l in 0..8 {
         _mm512_store_si512(dst.add(l) as *mut _, _mm512_sub_epi8(w[l].0, b));
     }
@@ -163,7 +163,7 @@ unsafe fn unpack<F: PF>(q: *const u8, ng: usize, dst: *mut Line) {
     let mut order = ChainOrder::new(ng);
     for t in 0..ng {
         let (g, _, _) = order.next();
-        let w = F::quads::<ZI, true>(q.add(g * F::QB));
+        let w = F::quads::<Avx512i, true>(q.add(g * F::QB));
         for l in 0..8 {
             _mm512_store_si512(dst.add(8 * t + l) as *mut _, _mm512_sub_epi8(w[l].0, b));
         }
@@ -183,12 +183,12 @@ unsafe fn steps<F: PF>(
     xs: *const f32,
     ys: *const f32,
 ) {
-    let sc = group_scales::<ZI, F>(s, g);
+    let sc = group_scales::<Avx512i, F>(s, g);
     for i in 0..16 {
-        let mut d = ZI::load(c.add(i) as *const u8);
+        let mut d = Avx512i::load(c.add(i) as *const u8);
         if F::SCALES == Scales::K6 {
-            let d2 = ZI::load(c2.add(i) as *const u8);
-            d = ZI::add(ZI::mullo(d, sc.sc[0]), ZI::mullo(d2, sc.sc[1]));
+            let d2 = Avx512i::load(c2.add(i) as *const u8);
+            d = Avx512i::add(Avx512i::mullo(d, sc.sc[0]), Avx512i::mullo(d2, sc.sc[1]));
         }
         let v = Avx512::fma(d.cvt(), Avx512::mul(sc.a, Avx512::splat(*xs.add(i))), acc[i]);
         acc[i] = if F::SCALES == Scales::K4 { Avx512::fma(sc.neg_m, Avx512::splat(*ys.add(i)), v) } else { v };

@@ -1,5 +1,5 @@
 //! AVX-512 and AVX2 `Fast` kernels over packed panels (`panel_pack`'s layout), with and without
-//! VNNI, instantiated like `int_dot`'s (the same [`IV`] lane types).
+//! VNNI, instantiated like `int_dot`'s (the same [`I32x16`] lane types).
 //!
 //! Lane `r` of every integer and float vector is output row `r` of the panel; activation
 //! bytes are broadcast 4 at a time. So the integer dot product of a group is 8 `vpdpbusd`
@@ -18,12 +18,13 @@
 
 #![allow(clippy::needless_range_loop)]
 
-use super::int_dot::{by_level, not_a_block, Level, IV, YI, ZI};
+use super::int_dot::{by_level, not_a_block, Level};
 use super::panel_pack::{Geometry, PANEL};
-use super::q8_activations::{QAct, CHAINS, GROUP};
+use super::q8_activations::{ActRow, QAct, CHAINS, GROUP};
 use crate::gemm::gguf::{Q4K, Q4_0, Q5K, Q5_0, Q6K, Q8_0};
 pub(super) use crate::simd::chain_tree as tree;
 use crate::simd::{unroll16, F32x16, F32x16Bytes};
+use crate::simd::{Avx2x2i, Avx512i, I32x16};
 use crate::DType;
 
 /// How a format's group scales work (`panel_pack`'s layout doc).
@@ -51,7 +52,7 @@ pub(super) trait PF {
     const HIGH: u32 = 0;
     /// The group's 8 quads (values `4t..4t + 4` of the 16 rows in lanes) at `q`.
     #[inline(always)]
-    unsafe fn quads<I: IV, const VNNI: bool>(q: *const u8) -> [I; 8] {
+    unsafe fn quads<I: I32x16, const VNNI: bool>(q: *const u8) -> [I; 8] {
         let mut o = [I::zero(); 8];
         for l in 0..4 {
             let v = I::load(q.add(64 * l));
@@ -97,7 +98,7 @@ impl PF for Q8_0 {
     const OFF: u32 = 7;
     const SIGNED: bool = true;
     #[inline(always)]
-    unsafe fn quads<I: IV, const VNNI: bool>(q: *const u8) -> [I; 8] {
+    unsafe fn quads<I: I32x16, const VNNI: bool>(q: *const u8) -> [I; 8] {
         let mut o = [I::zero(); 8];
         for t in 0..8 {
             let v = I::load(q.add(64 * t));
@@ -127,40 +128,14 @@ impl PF for Q6K {
 /// Scale bytes per group of the `Scales::D` formats (16 f16).
 const SB: usize = 32;
 
-/// One activation row of a [`QAct`] (natural layout).
-#[derive(Clone, Copy)]
-pub(super) struct Row {
-    xq: *const u8,
-    xs: *const f32,
-    ys: *const f32,
-    s: *const i32,
-    h: *const i16,
-}
-
-impl Row {
-    pub(super) fn of(a: &QAct, i: usize) -> Row {
-        let g = i * a.ngp;
-        // SAFETY: row i exists (i < a.m), so these offsets stay inside the arrays.
-        unsafe {
-            Row {
-                xq: a.xq.as_ptr().add(g * GROUP) as *const u8,
-                xs: a.xs.as_ptr().add(g),
-                ys: a.ys.as_ptr().add(g),
-                s: a.s.as_ptr().add(g),
-                h: a.h.as_ptr().add(2 * g),
-            }
-        }
-    }
-}
-
 /// `v` in every lane.
 #[inline(always)]
-unsafe fn splat_i32<I: IV>(v: i32) -> I {
+unsafe fn splat_i32<I: I32x16>(v: i32) -> I {
     I::bcast32(&v as *const i32 as *const u8)
 }
 
 /// A group's scales for the float step (lanes = panel rows).
-pub(super) struct GroupScales<I: IV> {
+pub(super) struct GroupScales<I: I32x16> {
     /// `A`.
     pub a: I::F,
     /// `-M` (`Scales::K4`).
@@ -171,7 +146,7 @@ pub(super) struct GroupScales<I: IV> {
 
 /// The scales of group `g` of a panel whose scales start at `s`.
 #[inline(always)]
-pub(super) unsafe fn group_scales<I: IV, F: PF>(s: *const u8, g: usize) -> GroupScales<I> {
+pub(super) unsafe fn group_scales<I: I32x16, F: PF>(s: *const u8, g: usize) -> GroupScales<I> {
     use super::panel_pack::{K4, K6, SUPER};
     let block = if F::SCALES == Scales::K4 { K4::BYTES } else { K6::BYTES };
     let (sbk, j) = (s.add(g / SUPER * block), g % SUPER);
@@ -192,7 +167,7 @@ pub(super) unsafe fn group_scales<I: IV, F: PF>(s: *const u8, g: usize) -> Group
 
 /// `D_g` of row `x` against the unpacked group `w` (lanes = panel rows).
 #[inline(always)]
-unsafe fn group_dot<I: IV, F: PF, const VNNI: bool>(w: &[I; 8], sc: &GroupScales<I>, x: Row, g: usize) -> I {
+unsafe fn group_dot<I: I32x16, F: PF, const VNNI: bool>(w: &[I; 8], sc: &GroupScales<I>, x: ActRow, g: usize) -> I {
     let xq = x.xq.add(g * GROUP);
     let (mut d0, mut d1) = (I::zero(), I::zero());
     if F::SCALES == Scales::K6 {
@@ -245,7 +220,7 @@ unsafe fn group_dot<I: IV, F: PF, const VNNI: bool>(w: &[I; 8], sc: &GroupScales
 /// The float step of group `g` for row `x`: `acc` after `fma(D, A X, acc)` (and, with mins,
 /// `fma(-M, Y, .)`).
 #[inline(always)]
-pub(super) unsafe fn float_step<I: IV, F: PF>(acc: I::F, d: I, sc: &GroupScales<I>, x: Row, g: usize) -> I::F {
+pub(super) unsafe fn float_step<I: I32x16, F: PF>(acc: I::F, d: I, sc: &GroupScales<I>, x: ActRow, g: usize) -> I::F {
     let s = I::F::mul(sc.a, I::F::splat(*x.xs.add(g)));
     let v = I::F::fma(d.cvt(), s, acc);
     if F::SCALES == Scales::K4 {
@@ -258,11 +233,11 @@ pub(super) unsafe fn float_step<I: IV, F: PF>(acc: I::F, d: I, sc: &GroupScales<
 /// `acc` after group `g` of one activation row (a closure here would not inherit the
 /// caller's target features, and would not be inlined).
 #[inline(always)]
-unsafe fn group_step<I: IV, F: PF, const VNNI: bool, const PREFETCH: bool>(
+unsafe fn group_step<I: I32x16, F: PF, const VNNI: bool, const PREFETCH: bool>(
     acc: I::F,
     q: *const u8,
     s: *const u8,
-    x: Row,
+    x: ActRow,
     g: usize,
 ) -> I::F {
     if PREFETCH {
@@ -302,11 +277,11 @@ unsafe fn prefetch_ahead<F: PF>(q: *const u8, s: *const u8, g: usize) {
 /// One activation row against one panel (quants at `q`, scales at `s`), groups in natural
 /// order; `PREFETCH`: with software prefetch ahead of the walk.
 #[inline(always)]
-unsafe fn panel_one<I: IV, F: PF, const VNNI: bool, const PREFETCH: bool>(
+unsafe fn panel_one<I: I32x16, F: PF, const VNNI: bool, const PREFETCH: bool>(
     q: *const u8,
     s: *const u8,
     ng: usize,
-    x: Row,
+    x: ActRow,
 ) -> I::F {
     let mut acc = [I::F::zero(); CHAINS];
     // Whole rounds of 16 groups with no bounds test inside: with one per group the compiler
@@ -329,11 +304,11 @@ unsafe fn panel_one<I: IV, F: PF, const VNNI: bool, const PREFETCH: bool>(
 /// `MR` activation rows against one panel, chain by chain: the 16 chain accumulators of
 /// each row (zero for chains past `ng`), all written.
 #[inline(always)]
-unsafe fn panel_many<I: IV, F: PF, const VNNI: bool, const MR: usize>(
+unsafe fn panel_many<I: I32x16, F: PF, const VNNI: bool, const MR: usize>(
     q: *const u8,
     s: *const u8,
     ng: usize,
-    x: &[Row; MR],
+    x: &[ActRow; MR],
 ) -> [[I::F; CHAINS]; MR] {
     // Every element is written below: no zeroing first (a 4 KiB memset per panel and row
     // block is a visible share of a batched decode step).
@@ -390,11 +365,11 @@ pub(super) unsafe fn put<V: F32x16Bytes>(v: V, dst: *mut f32, rows: usize) {
 
 /// Rows `ib..ib + MR` of the job against panel `p` (rows `j0..j0 + rows`).
 #[inline(always)]
-unsafe fn tile<I: IV, F: PF, const VNNI: bool, const MR: usize>(job: &PJob<'_>, p: usize, ib: usize) {
+unsafe fn tile<I: I32x16, F: PF, const VNNI: bool, const MR: usize>(job: &PJob<'_>, p: usize, ib: usize) {
     let ng = job.act.ng;
-    let mut x = [Row::of(job.act, job.i0 + ib); MR];
+    let mut x = [ActRow::of(job.act, job.i0 + ib); MR];
     for t in 0..MR {
-        x[t] = Row::of(job.act, job.i0 + ib + t);
+        x[t] = ActRow::of(job.act, job.i0 + ib + t);
     }
     let (j0, rows) = (p * PANEL, (job.n - p * PANEL).min(PANEL));
     let (qo, so) = job.geo.offsets(job.p0 + p);
@@ -405,14 +380,14 @@ unsafe fn tile<I: IV, F: PF, const VNNI: bool, const MR: usize>(job: &PJob<'_>, 
 }
 
 #[inline(always)]
-unsafe fn run<I: IV, F: PF, const VNNI: bool, const MR: usize>(job: &PJob<'_>) {
+unsafe fn run<I: I32x16, F: PF, const VNNI: bool, const MR: usize>(job: &PJob<'_>) {
     let ng = job.act.ng;
     let np = job.n.div_ceil(PANEL);
     if job.m == 1 {
         for p in 0..np {
             let (j0, rows) = (p * PANEL, (job.n - p * PANEL).min(PANEL));
             let (qo, so) = job.geo.offsets(job.p0 + p);
-            let x = Row::of(job.act, job.i0);
+            let x = ActRow::of(job.act, job.i0);
             let y = if job.prefetch {
                 panel_one::<I, F, VNNI, true>(job.w.add(qo), job.w.add(so), ng, x)
             } else {
@@ -459,10 +434,10 @@ macro_rules! entry {
     };
 }
 
-entry!(z_vnni, ZI, 4, true, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c");
-entry!(z_plain, ZI, 4, false, "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c");
-entry!(y_vnni, YI, 4, true, "avx2,fma,f16c,avxvnni");
-entry!(y_plain, YI, 4, false, "avx2,fma,f16c");
+entry!(z_vnni, Avx512i, 4, true, "avx512f,avx512bw,avx512vl,avx512dq,avx512vnni,avx2,fma,f16c");
+entry!(z_plain, Avx512i, 4, false, "avx512f,avx512bw,avx512vl,avx512dq,avx2,fma,f16c");
+entry!(y_vnni, Avx2x2i, 4, true, "avx2,fma,f16c,avxvnni");
+entry!(y_plain, Avx2x2i, 4, false, "avx2,fma,f16c");
 
 /// Raw Fast dot products of `job` over packed panels of `dtype`.
 ///

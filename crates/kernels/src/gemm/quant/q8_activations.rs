@@ -327,6 +327,32 @@ pub(crate) fn dot_groups(groups: &[Group], mins: bool, act: &QAct, i: usize) -> 
     reference::hsum16(&acc)
 }
 
+/// One activation row of a [`QAct`] (natural layout): where its arrays start.
+#[derive(Clone, Copy)]
+pub(super) struct ActRow {
+    pub xq: *const u8,
+    pub xs: *const f32,
+    pub ys: *const f32,
+    pub s: *const i32,
+    pub h: *const i16,
+}
+
+impl ActRow {
+    pub(super) fn of(a: &QAct, i: usize) -> ActRow {
+        let g = i * a.ngp;
+        // SAFETY: row i exists (i < a.m), so these offsets stay inside the arrays.
+        unsafe {
+            ActRow {
+                xq: a.xq.as_ptr().add(g * GROUP) as *const u8,
+                xs: a.xs.as_ptr().add(g),
+                ys: a.ys.as_ptr().add(g),
+                s: a.s.as_ptr().add(g),
+                h: a.h.as_ptr().add(2 * g),
+            }
+        }
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
