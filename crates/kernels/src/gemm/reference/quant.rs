@@ -381,15 +381,22 @@ fn quantize_block_q3k(x: &[f32], out: &mut Vec<u8>) {
     out.extend_from_slice(&d.to_le_bytes());
 }
 
-/// Q2_K: 16 sub-blocks of 16, value = d*sc*q - dmin*m with 4-bit sc, m and 2-bit q.
-fn quantize_block_q2k(x: &[f32], out: &mut Vec<u8>) {
-    let lo: Vec<f32> = x.chunks_exact(16).map(|s| s.iter().fold(0f32, |a, &v| a.min(v))).collect();
-    let hi: Vec<f32> = x.chunks_exact(16).map(|s| s.iter().fold(f32::MIN, |a, &v| a.max(v))).collect();
-    let dmin = f16_at_least(lo.iter().fold(0f32, |a, &v| a.max(-v)) / 15.0);
+/// Per `n`-value run of `x`: an f16 super-min `dmin` (rounded up) and integer mins `m` in
+/// `0..=max` with `dmin * m >= -min(run, 0)`, those products, and the run's largest value.
+fn run_mins(x: &[f32], n: usize, max: i32) -> (f16, Vec<u8>, Vec<f32>, Vec<f32>) {
+    let lo: Vec<f32> = x.chunks_exact(n).map(|s| s.iter().fold(0f32, |a, &v| a.min(v))).collect();
+    let hi: Vec<f32> = x.chunks_exact(n).map(|s| s.iter().fold(f32::MIN, |a, &v| a.max(v))).collect();
+    let dmin = f16_at_least(lo.iter().fold(0f32, |a, &v| a.max(-v)) / max as f32);
     let dminv = dmin.to_f32();
     let m: Vec<u8> =
-        lo.iter().map(|&l| if dminv == 0.0 { 0 } else { ((-l / dminv).ceil() as i32).clamp(0, 15) as u8 }).collect();
+        lo.iter().map(|&l| if dminv == 0.0 { 0 } else { ((-l / dminv).ceil() as i32).clamp(0, max) as u8 }).collect();
     let mnq: Vec<f32> = m.iter().map(|&m| dminv * m as f32).collect();
+    (dmin, m, mnq, hi)
+}
+
+/// Q2_K: 16 sub-blocks of 16, value = d*sc*q - dmin*m with 4-bit sc, m and 2-bit q.
+fn quantize_block_q2k(x: &[f32], out: &mut Vec<u8>) {
+    let (dmin, m, mnq, hi) = run_mins(x, 16, 15);
     let need: Vec<f32> = (0..16).map(|s| ((hi[s] + mnq[s]) / 3.0).max(0.0)).collect();
     let (d, dv, sc) = sub_scales(&need, 15);
     let mut qs = [0u8; 64];
@@ -408,13 +415,7 @@ fn quantize_block_q2k(x: &[f32], out: &mut Vec<u8>) {
 /// Q4_K / Q5_K: 8 sub-blocks of 32, value = d*sc*q - dmin*m with 6-bit sc, m.
 fn quantize_block_k(dtype: DType, x: &[f32], out: &mut Vec<u8>) {
     let nmax: i32 = if dtype == DType::Q4K { 15 } else { 31 };
-    let lo: Vec<f32> = x.chunks_exact(32).map(|s| s.iter().fold(0f32, |a, &v| a.min(v))).collect();
-    let hi: Vec<f32> = x.chunks_exact(32).map(|s| s.iter().fold(f32::MIN, |a, &v| a.max(v))).collect();
-    let dmin = f16_at_least(lo.iter().fold(0f32, |a, &v| a.max(-v)) / 63.0);
-    let dminv = dmin.to_f32();
-    let m: Vec<u8> =
-        lo.iter().map(|&l| if dminv == 0.0 { 0 } else { ((-l / dminv).ceil() as i32).clamp(0, 63) as u8 }).collect();
-    let mnq: Vec<f32> = m.iter().map(|&m| dminv * m as f32).collect();
+    let (dmin, m, mnq, hi) = run_mins(x, 32, 63);
     let need: Vec<f32> = (0..8).map(|s| ((hi[s] + mnq[s]) / nmax as f32).max(0.0)).collect();
     let (d, dv, sc) = sub_scales(&need, 63);
     let sc: Vec<u8> = sc.iter().map(|&s| s as u8).collect();
