@@ -103,6 +103,21 @@ const FIXED: &[(&str, KeyType, &str, Option<&str>, &str)] = &[
         Some("TBOOST_ASCEND_KNOWN_BAD"),
         "CANN op versions to refuse on Ascend, `op@from..until` items separated by `;`",
     ),
+    ("tp", KeyType::Int { min: 1, max: 64 }, "1", Some("TBOOST_TP"), "tensor-parallel ranks the model is split over"),
+    (
+        "comm",
+        KeyType::Str,
+        "local",
+        Some("TBOOST_COMM"),
+        "how tensor-parallel ranks talk: local (threads of this process)",
+    ),
+    (
+        "comm_timeout_ms",
+        KeyType::Int { min: 1, max: 86_400_000 },
+        "60000",
+        Some("TBOOST_COMM_TIMEOUT_MS"),
+        "longest wait of a collective for the other ranks before the step fails naming the missing rank",
+    ),
 ];
 
 /// Every key: the fixed ones, then `tiling.matmul.*` and `tiling.moe.*`.
@@ -270,6 +285,9 @@ impl EngineConfig {
                     .map_err(|e| Error::invalid(key, format!("`{key}`: {e}")))?;
                 self.ascend_known_bad = s.trim().to_string()
             }
+            ("tp", Typed::Int(v)) => self.tp = usize_of(v)?,
+            ("comm", Typed::Str(c)) => self.comm = crate::comm::CommKind::parse(c).map_err(named)?,
+            ("comm_timeout_ms", Typed::Int(v)) => self.comm_timeout_ms = v as u64,
             (k, _) => return Err(Error::invalid(k, format!("config key `{k}` has no setter"))),
         }
         Ok(())
@@ -308,6 +326,9 @@ impl EngineConfig {
             "profile": self.profile,
             "weight_pages": match self.weight_pages { WeightPages::Huge => "huge", WeightPages::Small => "small" },
             "ascend_known_bad": self.ascend_known_bad,
+            "tp": self.tp,
+            "comm": self.comm.name(),
+            "comm_timeout_ms": self.comm_timeout_ms,
         });
         for (key, value) in self.tiling_settings() {
             v[key.as_str()] = auto(value);

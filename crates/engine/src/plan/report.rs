@@ -45,6 +45,9 @@ impl Plan {
             self.kv_dtype,
             self.block_size
         );
+        if let Some(tp) = &self.tp {
+            log::info!(target: "tboost::plan", "{}", tp.line());
+        }
         for (fallback, line) in self.grouped() {
             if fallback {
                 log::warn!(target: "tboost::plan", "{line}");

@@ -31,6 +31,10 @@ pub enum Slot {
     FfnNorm,
     MoeRouting,
     Mlp,
+    /// Sums the row-parallel partial results of the tensor-parallel ranks.
+    AllReduce,
+    /// Joins the ranks' vocabulary parts of the logits.
+    AllGather,
 }
 
 impl Slot {
@@ -50,6 +54,8 @@ impl Slot {
             Slot::FfnNorm => "ffn_norm",
             Slot::MoeRouting => "moe_routing",
             Slot::Mlp => "mlp",
+            Slot::AllReduce => "all_reduce",
+            Slot::AllGather => "all_gather",
         }
     }
 }
@@ -84,6 +90,13 @@ pub enum Choice {
     MoeTopkSoftmax,
     /// Gather the rows whose logits are wanted, then the output projection.
     GatherThenMatmul,
+    /// The row-parallel matmul and its all-reduce in one device op (Ascend MC2).
+    MatmulAllReduce,
+    /// The communicator's collective on device memory.
+    DeviceAllReduce,
+    /// Read to the host, reduce across ranks, write back.
+    HostAllReduce,
+    HostAllGather,
 }
 
 impl Choice {
@@ -108,6 +121,10 @@ impl Choice {
             Choice::MoePerExpert => "moe_per_expert",
             Choice::MoeTopkSoftmax => "moe_topk_softmax",
             Choice::GatherThenMatmul => "gather_then_matmul",
+            Choice::MatmulAllReduce => "matmul_all_reduce",
+            Choice::DeviceAllReduce => "device_all_reduce",
+            Choice::HostAllReduce => "host_all_reduce",
+            Choice::HostAllGather => "host_all_gather",
         }
     }
 
@@ -621,6 +638,7 @@ impl<'a> Planner<'a> {
             Slot::MoeRouting => h + 2 * c.experts_per_token,
             Slot::Mlp => 2 * h + 2 * c.experts_per_token,
             Slot::LmHead => h + c.vocab_size,
+            Slot::AllReduce | Slot::AllGather => 0,
         };
         elems * e + 4 // + the u32 index (id, position or slot) the slot reads
     }
@@ -748,6 +766,7 @@ impl<'a> Planner<'a> {
             model,
             layers,
             copy_bytes_per_token: 0,
+            tp: None,
         };
         plan.copy_bytes_per_token = plan.decisions().map(|d| d.copy_bytes_per_token).sum();
         if let Some(t) = self.opts.tile_kv {
@@ -842,11 +861,13 @@ fn matmul_detail(ts: &[&Tensor], act: DType) -> String {
     format!("{} weights, {act} activations", dtypes.join("/"))
 }
 
-fn tried_text(t: &Tried) -> String {
+pub(super) fn tried_text(t: &Tried) -> String {
     match &t.verdict {
         Verdict::Chosen => format!("{} on {}: chosen", t.candidate.name(), t.backend),
         Verdict::Disabled { name } => format!("{name} disabled by the user"),
-        Verdict::Rejected { why, .. } => format!("{} on {}: {why}", t.candidate.name(), t.backend),
+        Verdict::Rejected { why, .. } | Verdict::Unavailable { why } => {
+            format!("{} on {}: {why}", t.candidate.name(), t.backend)
+        }
     }
 }
 
