@@ -196,7 +196,9 @@ pub unsafe extern "C" fn tboost_config_set_int(
 ///   compiled in) fails `tboost_engine_new` / `tboost_model_info_json` with
 ///   `TBOOST_ERR_UNSUPPORTED`. Env `TBOOST_BACKEND` sets the default.
 /// - `kv_dtype`: KV cache element type, "auto" (default: the backend's choice, f32 on the
-///   CPU), "f32", "f16" or "bf16"
+///   CPU), "f32", "f16", "bf16" or "q8_0" (int8 with an f16 scale per 32 values, as
+///   llama.cpp's `-ctk q8_0`; a model whose head_dim is not a multiple of 32, or a backend
+///   without the path, gets f16 and the plan says why)
 /// - `precision`: matmul activation precision, "auto" (default: "fast" for GGUF
 ///   block-quantized weights, "exact" for float weights), "exact" (f32 activations) or
 ///   "fast" (8-bit activations with integer dot products where the backend has them)

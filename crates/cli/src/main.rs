@@ -83,7 +83,7 @@ pub(crate) struct EngineArgs {
     /// fuse_add_norm. Key `disabled_ops`; default from TBOOST_DISABLE.
     #[arg(long)]
     disable: Option<String>,
-    /// KV cache element type: auto, f32, f16 or bf16 (auto: the backend's choice).
+    /// KV cache element type: auto, f32, f16, bf16 or q8_0 (int8, 34 bytes per 32 values; auto: the backend's choice).
     #[arg(long)]
     kv_dtype: Option<String>,
     /// Matmul activation precision: exact (f32 activations), fast (8-bit activations with

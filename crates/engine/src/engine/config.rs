@@ -153,8 +153,8 @@ impl EngineConfig {
             return bad("queue_limit", "must be at least 1".into());
         }
         if let Some(d) = self.kv_dtype {
-            if !d.is_float() {
-                return bad("kv_dtype", format!("{d} is not one of f32, f16, bf16"));
+            if !d.is_float() && d != DType::Q8_0 {
+                return bad("kv_dtype", format!("{d} is not one of f32, f16, bf16, q8_0"));
             }
         }
         match self.kv_size {
@@ -278,7 +278,8 @@ pub fn parse_kv_dtype(s: &str) -> Result<Option<DType>> {
         "f32" => Ok(Some(DType::F32)),
         "f16" => Ok(Some(DType::F16)),
         "bf16" => Ok(Some(DType::BF16)),
-        other => Err(Error::invalid("kv_dtype", format!("`{other}` is not one of auto, f32, f16, bf16"))),
+        "q8_0" => Ok(Some(DType::Q8_0)),
+        other => Err(Error::invalid("kv_dtype", format!("`{other}` is not one of auto, f32, f16, bf16, q8_0"))),
     }
 }
 

@@ -59,7 +59,7 @@ const FIXED: &[(&str, KeyType, &str, Option<&str>, &str)] = &[
     ("kv_cache_bytes", KeyType::Int { min: 1, max: MAX }, "536870912", None, "KV cache memory"),
     ("kv_cache_blocks", KeyType::Int { min: 1, max: MAX }, "", None, "KV cache size in blocks instead of bytes"),
     ("block_size", KeyType::Int { min: 1, max: 1024 }, "auto", None, "tokens per KV block (auto: the backend's)"),
-    ("kv_dtype", KeyType::Str, "auto", None, "KV cache element type: auto, f32, f16 or bf16"),
+    ("kv_dtype", KeyType::Str, "auto", None, "KV cache element type: auto, f32, f16, bf16 or q8_0 (int8 with an f16 scale per 32 values; needs head_dim % 32 == 0, else f16 with a logged reason)"),
     ("precision", KeyType::Str, "auto", None, "matmul activation precision: auto, exact or fast"),
     (
         "finished_records",
@@ -245,7 +245,7 @@ impl EngineConfig {
             ("block_size", Typed::Int(v)) => self.block_size = Some(usize_of(v)?),
             ("kv_dtype", Typed::Str(d)) => {
                 self.kv_dtype = parse_kv_dtype(d).map_err(|_| {
-                    Error::invalid(key, format!("`kv_dtype` = `{d}` is not one of auto, f32, f16, bf16"))
+                    Error::invalid(key, format!("`kv_dtype` = `{d}` is not one of auto, f32, f16, bf16, q8_0"))
                 })?
             }
             ("precision", Typed::Str(p)) => {

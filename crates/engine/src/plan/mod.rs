@@ -245,6 +245,9 @@ pub struct Plan {
     pub disabled: Vec<String>,
     pub act_dtype: DType,
     pub kv_dtype: DType,
+    /// Why `kv_dtype` is not the type the config asked for (a logged fallback), if it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_dtype_reason: Option<String>,
     pub block_size: usize,
     /// The precision asked for (each matmul decision says what it got).
     pub precision: PrecisionPolicy,

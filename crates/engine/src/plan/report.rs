@@ -48,6 +48,9 @@ impl Plan {
         if let Some(tp) = &self.tp {
             log::info!(target: "tboost::plan", "{}", tp.line());
         }
+        if let Some(why) = &self.kv_dtype_reason {
+            log::warn!(target: "tboost::plan", "plan: {why}");
+        }
         for (fallback, line) in self.grouped() {
             if fallback {
                 log::warn!(target: "tboost::plan", "{line}");
@@ -96,6 +99,9 @@ impl Plan {
             self.block_size,
             self.precision.name()
         );
+        if let Some(why) = &self.kv_dtype_reason {
+            let _ = writeln!(s, "kv cache fallback: {why}");
+        }
         if !self.disabled.is_empty() {
             let _ = writeln!(s, "disabled: {}", self.disabled.join(", "));
         }

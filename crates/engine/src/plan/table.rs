@@ -177,6 +177,28 @@ enum SlotWeights<'w> {
     Router(&'w Tensor),
 }
 
+/// The KV cache type for an explicit `asked`: itself, or, for an int8 (q8_0) cache the model
+/// or backend cannot hold, f16 (else the backend's default) with the reason. Other types are
+/// taken as asked, and a backend without them refuses the KV slots with its own answer.
+fn kv_or_fallback(asked: DType, head_dim: usize, be: &dyn Backend) -> (DType, Option<String>) {
+    if asked != DType::Q8_0 {
+        return (asked, None);
+    }
+    let why = if !be.kv_dtypes().contains(&asked) {
+        format!("backend {} has no q8_0 KV cache path", be.name())
+    } else if asked.bytes_for(head_dim).is_none() {
+        format!("head_dim {head_dim} is not a multiple of 32, q8_0's block")
+    } else {
+        return (asked, None);
+    };
+    let to = if be.kv_dtypes().contains(&DType::F16) {
+        DType::F16
+    } else {
+        be.kv_dtypes().first().copied().unwrap_or(DType::F32)
+    };
+    (to, Some(format!("kv_dtype q8_0 asked, {to} used: {why}")))
+}
+
 /// What a backend is asked with: its activation and KV dtypes, the weight mode and the
 /// precision under evaluation.
 #[derive(Clone, Copy)]
@@ -220,6 +242,8 @@ pub(super) struct Planner<'a> {
     opts: &'a PlanOptions,
     act: DType,
     kv: DType,
+    /// Why the KV cache is not the type the options asked for, when it is not.
+    kv_reason: Option<String>,
 }
 
 impl<'a> Planner<'a> {
@@ -237,15 +261,15 @@ impl<'a> Planner<'a> {
                 .first()
                 .ok_or_else(|| Error::Unsupported(format!("backend {} names no activation dtype", primary.name())))?,
         };
-        let kv = match opts.kv_dtype {
-            Some(d) => d,
-            None => primary.kv_dtypes().first().copied().unwrap_or(DType::F32),
+        let (kv, kv_reason) = match opts.kv_dtype {
+            Some(d) => kv_or_fallback(d, cfg.head_dim, primary),
+            None => (primary.kv_dtypes().first().copied().unwrap_or(DType::F32), None),
         };
         let ranges = [("matmul", opts.matmul_tiling.check()), ("moe", opts.moe_tiling.check())];
         for (group, r) in ranges {
             r.map_err(|u| Error::config("engine config", format!("tiling.{group}.{}", u.param), u.to_string()))?;
         }
-        Ok(Planner { cfg, w, primary, cpu, opts, act, kv })
+        Ok(Planner { cfg, w, primary, cpu, opts, act, kv, kv_reason })
     }
 
     fn rope(&self) -> RopeParams {
@@ -758,6 +782,7 @@ impl<'a> Planner<'a> {
             disabled: self.opts.disabled.iter().cloned().collect(),
             act_dtype: self.act,
             kv_dtype: self.kv,
+            kv_dtype_reason: self.kv_reason.clone(),
             block_size: self.opts.block_size,
             precision: self.opts.precision,
             attention_tile_kv: self.opts.tile_kv.unwrap_or(DEFAULT_TILE_KV),
