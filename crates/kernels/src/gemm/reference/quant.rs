@@ -400,10 +400,10 @@ fn quantize_block_q2k(x: &[f32], out: &mut Vec<u8>) {
     let need: Vec<f32> = (0..16).map(|s| ((hi[s] + mnq[s]) / 3.0).max(0.0)).collect();
     let (d, dv, sc) = sub_scales(&need, 15);
     let mut qs = [0u8; 64];
-    for i in 0..256 {
+    for (i, &xi) in x.iter().enumerate().take(256) {
         let (s, j, l) = (i / 16, i / 32, i % 32);
         let dq = dv * sc[s] as f32;
-        let q = if dq == 0.0 { 0 } else { clamp_round((x[i] + mnq[s]) / dq, 0, 3) as u8 };
+        let q = if dq == 0.0 { 0 } else { clamp_round((xi + mnq[s]) / dq, 0, 3) as u8 };
         qs[32 * (j / 4) + l] |= q << (2 * (j % 4));
     }
     out.extend((0..16).map(|s| sc[s] as u8 | (m[s] << 4)));
