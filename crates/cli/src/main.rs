@@ -119,7 +119,6 @@ impl EngineArgs {
     /// The engine flags: each sets a key of the engine's configuration table (the C ABI's config
     /// keys), over the table's defaults and their `TBOOST_*` environment variables. A flag not
     /// given leaves its key at that default.
-
     pub(crate) fn engine_config(&self) -> Result<EngineConfig> {
         let mut c = EngineConfig::from_env()?;
         let flags = [

@@ -27,8 +27,21 @@ fn run_args(model: &Path) -> Vec<String> {
     // model's logits at tp = 2 differ from one rank's by up to 0.17 here, and this prompt's
     // sixth token is a near tie (margin 0.016), which then flips.
     [
-        "run", "--model", &m, "--tokens", PROMPT, "-n", "8", "--temp", "0", "--threads", "1", "--json", "--ignore-eos",
-        "--precision", "exact",
+        "run",
+        "--model",
+        &m,
+        "--tokens",
+        PROMPT,
+        "-n",
+        "8",
+        "--temp",
+        "0",
+        "--threads",
+        "1",
+        "--json",
+        "--ignore-eos",
+        "--precision",
+        "exact",
     ]
     .iter()
     .map(|s| s.to_string())
@@ -149,9 +162,9 @@ fn mpi_ranks(parent: u32) -> Vec<(usize, u32)> {
             continue;
         }
         let Ok(env) = std::fs::read(format!("/proc/{pid}/environ")) else { continue };
-        let rank = env.split(|&b| b == 0).find_map(|kv| {
-            std::str::from_utf8(kv).ok()?.strip_prefix("OMPI_COMM_WORLD_RANK=")?.parse::<usize>().ok()
-        });
+        let rank = env
+            .split(|&b| b == 0)
+            .find_map(|kv| std::str::from_utf8(kv).ok()?.strip_prefix("OMPI_COMM_WORLD_RANK=")?.parse::<usize>().ok());
         if let Some(r) = rank {
             out.push((r, pid));
         }
@@ -166,8 +179,22 @@ fn a_killed_mpi_follower_ends_the_leaders_request_with_an_error_naming_the_rank_
     let model = demo_model().display().to_string();
     // Long enough that the request is still decoding when the follower is killed.
     let args: Vec<String> = [
-        "run", "--model", &model, "--prompt", "Once upon a time", "-n", "2000", "--temp", "0", "--ignore-eos",
-        "--threads", "1", "--comm", "mpi", "--set", &format!("comm_timeout_ms={TIMEOUT_MS}"),
+        "run",
+        "--model",
+        &model,
+        "--prompt",
+        "Once upon a time",
+        "-n",
+        "2000",
+        "--temp",
+        "0",
+        "--ignore-eos",
+        "--threads",
+        "1",
+        "--comm",
+        "mpi",
+        "--set",
+        &format!("comm_timeout_ms={TIMEOUT_MS}"),
     ]
     .iter()
     .map(|s| s.to_string())
