@@ -145,7 +145,7 @@ impl Tensor {
             return Err(format!("columns {}..{} of shape {:?}", c.start, c.end, self.shape));
         }
         let block = self.dtype.block_elems();
-        if c.start % block != 0 || c.end % block != 0 {
+        if !c.start.is_multiple_of(block) || !c.end.is_multiple_of(block) {
             return Err(format!(
                 "columns {}..{} of shape {:?} do not fall on {} block boundaries ({block})",
                 c.start, c.end, self.shape, self.dtype

@@ -130,7 +130,7 @@ pub fn decide(cfg: &ModelConfig, w: &ModelWeights, world: usize, rank: usize) ->
     let vocab_splits = (0..world).map(|r| even(cfg.vocab_size, world, r)).collect();
     let ob = w.layers.iter().map(|l| l.o.dtype.block_elems()).max().unwrap_or(1);
     let hd = cfg.head_dim;
-    let o_proj_to_f32 = world > 1 && (heads.start * hd % ob != 0 || heads.end * hd % ob != 0);
+    let o_proj_to_f32 = world > 1 && (!(heads.start * hd).is_multiple_of(ob) || !(heads.end * hd).is_multiple_of(ob));
     Ok(ShardSpec { world, rank, heads, kv_heads, kv_replicated, intermediate, vocab_splits, o_proj_to_f32 })
 }
 
