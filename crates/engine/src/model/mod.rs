@@ -23,7 +23,7 @@ use std::sync::Arc;
 pub use arch::Arch;
 pub use config::ModelConfig;
 pub use tensor::{Storage, Tensor};
-pub use weights::{LayerWeights, Mlp, ModelWeights};
+pub use weights::{ExpertWeights, LayerWeights, Mlp, ModelWeights};
 
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 use crate::{Error, Result};

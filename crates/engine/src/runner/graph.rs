@@ -24,6 +24,8 @@ pub(super) struct Graph<'g> {
     pub layout: &'g StepLayout,
     pub tokens: usize,
     pub rows: usize,
+    /// The collectives of a tensor-parallel rank.
+    pub tp: Option<super::tp::StepComm<'g>>,
 }
 
 fn need(d: Option<&Decision>, s: Slot) -> Result<&Decision> {
@@ -46,7 +48,7 @@ fn phase_runs(layout: &StepLayout) -> Vec<(bool, usize, usize)> {
 impl Graph<'_> {
     /// Launches the ops; returns the view the f32 logits are in.
     pub fn launch(&self, ex: &mut Exec<'_>) -> Result<View> {
-        let Graph { c, plan, ids, bufs: a, caches, views, layout, tokens: t, rows: r } = *self;
+        let Graph { c, plan, ids, bufs: a, caches, views, layout, tokens: t, rows: r, .. } = *self;
         let (hid, hd) = (c.hidden_size, c.head_dim);
         let (qd, kvd) = (c.num_heads * hd, c.num_kv_heads * hd);
         let v = |buf: BufId, len: usize| View::new(buf, 0, len);
@@ -63,6 +65,9 @@ impl Graph<'_> {
 
         let d = model(Slot::Embed)?;
         ex.launch(d.placement, &Op::Embed { ids: views.ids, table: ids.embed, out: h })?;
+        if let Some(tp) = &self.tp {
+            tp.all_reduce(ex, h, Some(c.hidden_size))?;
+        }
         let d = model(Slot::RopeTables)?;
         ex.launch(d.placement, &Op::RopeTables { positions: views.positions, rope, cos, sin })?;
 
@@ -111,6 +116,9 @@ impl Graph<'_> {
             let dp = d(Slot::OProj)?;
             let seg = MatSegOp { w: lw.o, bias: None, out: o };
             ex.launch(dp.placement, &mm(attn, t, Segs::one(seg), dp.precision))?;
+            if let Some(tp) = &self.tp {
+                tp.all_reduce(ex, o, None)?;
+            }
 
             norm(ex, d(Slot::FfnNorm)?, lw.ffn_norm)?;
             match &lw.mlp {
@@ -156,6 +164,9 @@ impl Graph<'_> {
                         }
                     }
                 }
+            }
+            if let Some(tp) = &self.tp {
+                tp.all_reduce(ex, o, None)?;
             }
         }
         norm(ex, model(Slot::FinalNorm)?, ids.norm)?;
