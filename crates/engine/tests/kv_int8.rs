@@ -5,14 +5,14 @@
 use tboost_testkit::golden as common;
 
 use common::*;
+use tboost_engine::backend::DType;
+use tboost_engine::engine::keys::Raw;
 use tboost_engine::engine::{Engine, EngineConfig, KvSize};
 use tboost_engine::kv::KvPools;
 use tboost_engine::model::Model;
 use tboost_engine::plan::{PlanOptions, PrecisionPolicy};
 use tboost_engine::sched::Request;
 use tboost_engine::session::Session;
-use tboost_engine::backend::DType;
-use tboost_engine::engine::keys::Raw;
 
 /// Largest distance of the last-position logits from the float64 reference with a q8_0 cache,
 /// over the golden cases whose head_dim holds whole blocks. The f32 cache stays within 1e-3;
@@ -159,8 +159,12 @@ fn demo_model_greedy_ids_equal_the_f32_caches() {
     .unwrap();
     let reqs: Vec<Request> =
         g["prompts"].as_array().unwrap().iter().map(|p| Request::new(ids(&p["prompt_ids"]), 48)).collect();
-    let base =
-        EngineConfig { threads: 2, kv_size: KvSize::Blocks(64), precision: PrecisionPolicy::Exact, ..Default::default() };
+    let base = EngineConfig {
+        threads: 2,
+        kv_size: KvSize::Blocks(64),
+        precision: PrecisionPolicy::Exact,
+        ..Default::default()
+    };
     let (_, want) = gen(&demo_model(), EngineConfig { kv_dtype: Some(DType::F32), ..base.clone() }, &reqs);
     let (_, got) = gen(&demo_model(), EngineConfig { kv_dtype: Some(DType::Q8_0), ..base }, &reqs);
     let r = runner_with(&demo_model(), &q8(PlanOptions::default()), 1, 4);

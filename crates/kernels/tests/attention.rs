@@ -60,7 +60,8 @@ fn random_case(rng: &mut StdRng, hd: usize) -> Case {
         kv_heads,
         bs: [1, 16, 32][rng.random_range(0..3)],
         // q8_0 caches hold whole 32-value blocks per head row.
-        dtype: [DType::F32, DType::F16, DType::BF16, DType::Q8_0][rng.random_range(0..if hd % 32 == 0 { 4 } else { 3 })],
+        dtype: [DType::F32, DType::F16, DType::BF16, DType::Q8_0]
+            [rng.random_range(0..if hd % 32 == 0 { 4 } else { 3 })],
         lens: [rng.random_range(1..=1024), rng.random_range(1..=160), rng.random_range(1..=70)],
         q_amp: if rng.random_bool(0.3) { 12.0 } else { 1.0 },
     }

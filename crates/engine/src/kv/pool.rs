@@ -31,12 +31,19 @@ impl KvPools {
         dtype: DType,
     ) -> Result<KvPools> {
         if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0) {
-            return Err(Error::invalid("kv_dtype", format!("{dtype} is not a KV cache type (use f32, f16, bf16 or q8_0)")));
+            return Err(Error::invalid(
+                "kv_dtype",
+                format!("{dtype} is not a KV cache type (use f32, f16, bf16 or q8_0)"),
+            ));
         }
         if dtype.bytes_for(cfg.head_dim).is_none() {
             return Err(Error::invalid(
                 "kv_dtype",
-                format!("a {dtype} KV cache needs head_dim a multiple of {}, the model has {}", dtype.block_elems(), cfg.head_dim),
+                format!(
+                    "a {dtype} KV cache needs head_dim a multiple of {}, the model has {}",
+                    dtype.block_elems(),
+                    cfg.head_dim
+                ),
             ));
         }
         if block_size == 0 || num_blocks == 0 {

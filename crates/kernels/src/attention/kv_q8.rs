@@ -71,7 +71,10 @@ mod tests {
             let step = half::f16::from_f32(amax / 127.0).to_f32();
             for i in 0..32 {
                 let (a, b) = (xs[i], y[blk * 32 + i]);
-                assert!((a - b).abs() <= 0.5 * step + amax * 1e-3, "value {i} of block {blk}: {a} -> {b} (step {step})");
+                assert!(
+                    (a - b).abs() <= 0.5 * step + amax * 1e-3,
+                    "value {i} of block {blk}: {a} -> {b} (step {step})"
+                );
             }
             // The largest magnitude maps to +-127 quants.
             let imax = (0..32).max_by(|&a, &b| xs[a].abs().total_cmp(&xs[b].abs())).unwrap();

@@ -135,7 +135,9 @@ fn row_bytes(dtype: DType, head_dim: usize) -> usize {
         DType::F32 => 4 * head_dim,
         DType::F16 | DType::BF16 => 2 * head_dim,
         DType::Q8_0 if head_dim.is_multiple_of(kv_q8::BLOCK) => kv_q8::row_bytes(head_dim),
-        other => panic!("attention: kv cache dtype {other} with head_dim {head_dim} is not supported (f32, f16, bf16, q8_0)"),
+        other => {
+            panic!("attention: kv cache dtype {other} with head_dim {head_dim} is not supported (f32, f16, bf16, q8_0)")
+        }
     }
 }
 
