@@ -441,6 +441,12 @@ typedef struct tboost_model tboost_model;
 typedef struct tboost_op tboost_op;
 
 /**
+ * A model file's tokenizer loaded on its own, without weights (`tboost_tokenizer_load`).
+ * Immutable: may be shared by many threads.
+ */
+typedef struct tboost_tokenizer tboost_tokenizer;
+
+/**
  * Model-load progress in [0, 1], called on the loading thread, increasing, ending with 1.
  * Return false to abort the load (`TBOOST_ERR_CANCELLED`).
  */
@@ -1323,6 +1329,50 @@ tboost_status tboost_engine_detokenize(const struct tboost_engine *engine,
                                        char *buf,
                                        size_t cap,
                                        size_t *needed);
+
+/**
+ * Loads only the tokenizer of the model at `path` (a GGUF file, or a Hugging Face directory
+ * or a `.json` / `.safetensors` file in one); no weight is read, so a vocabulary-only GGUF
+ * file works. Returns `TBOOST_ERR_IO` for a missing file, `TBOOST_ERR_MODEL_FORMAT` for a
+ * corrupt one, `TBOOST_ERR_UNSUPPORTED` for a tokenizer kind or pre-tokenizer this build
+ * lacks, `TBOOST_ERR_NO_TOKENIZER` when the file has none; the last error names the file.
+ * On success `*out` is a new handle to free with `tboost_tokenizer_free`. Thread-safe.
+ */
+tboost_status tboost_tokenizer_load(const char *path, struct tboost_tokenizer **out);
+
+/**
+ * Frees a tokenizer. NULL is a no-op; a freed or unknown handle is
+ * `TBOOST_ERR_INVALID_HANDLE`. Must not race with other calls on this handle.
+ */
+tboost_status tboost_tokenizer_free(struct tboost_tokenizer *tokenizer);
+
+/**
+ * Text (`text_len` bytes of UTF-8, no NUL needed) to token ids. `add_special` adds BOS (and
+ * EOS) when the vocabulary asks for it; `parse_special` makes control tokens written in the
+ * text (`<|im_start|>`) single tokens, otherwise they are tokenized as plain text (llama.cpp's
+ * `parse_special`). `*n_out` receives the number of ids; `TBOOST_ERR_BUFFER_TOO_SMALL` and
+ * nothing written when `cap` is smaller. Thread-safe.
+ */
+tboost_status tboost_tokenizer_tokenize(const struct tboost_tokenizer *tokenizer,
+                                        const char *text,
+                                        size_t text_len,
+                                        bool add_special,
+                                        bool parse_special,
+                                        int32_t *tokens,
+                                        size_t cap,
+                                        size_t *n_out);
+
+/**
+ * Token ids to text, written NUL-terminated into `buf` (buffer rules as in
+ * `tboost_last_error`); control tokens are left out. `TBOOST_ERR_INVALID_ARGUMENT` for a
+ * negative id or one outside the vocabulary. Thread-safe.
+ */
+tboost_status tboost_tokenizer_detokenize(const struct tboost_tokenizer *tokenizer,
+                                          const int32_t *tokens,
+                                          size_t n_tokens,
+                                          char *buf,
+                                          size_t cap,
+                                          size_t *needed);
 
 /**
  * Sends tboost's log records at `max_level` (a `TBOOST_LOG_*`) or more severe to `cb`;
