@@ -110,9 +110,14 @@ fn synth_command_writes_a_loadable_file() {
     assert_eq!(m.weights.layers[0].q.dtype, DType::Q8_0);
     assert_eq!(m.weights.layers[0].attn_norm.dtype, DType::F32);
 
+    let o = run(&["synth", "--shape", "small", "--dtype", "iq2_xxs", "--out", out.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(!o.status.success() && err.contains("dtype") && err.contains("iq2_xxs"), "{err}");
+    // A type the shape cannot hold (small's intermediate 1408 is not whole 256-value K blocks)
+    // names the tensor, its shape and the type.
     let o = run(&["synth", "--shape", "small", "--dtype", "q3_k", "--out", out.to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
-    assert!(!o.status.success() && err.contains("dtype") && err.contains("q3_k"), "{err}");
+    assert!(!o.status.success() && err.contains("ffn_down") && err.contains("1408") && err.contains("q3_k"), "{err}");
     let o = run(&["synth", "--shape", "huge", "--dtype", "f16", "--out", dir.path().join("x.gguf").to_str().unwrap()]);
     let err = String::from_utf8_lossy(&o.stderr);
     assert!(!o.status.success() && err.contains("huge") && err.contains("tinyllama-1.1b"), "{err}");
