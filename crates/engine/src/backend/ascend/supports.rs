@@ -423,6 +423,16 @@ impl Caps {
                 if top_k == 0 || top_k > experts {
                     return no("top_k", top_k, format!("1..={experts}"));
                 }
+                for c in [&gate, &down] {
+                    if c.dtype.is_quantized() {
+                        // the grouped path stacks float experts for GroupedMatmulV4 (no antiquant inputs here)
+                        return no(
+                            "weight_dtype",
+                            c.dtype,
+                            format!("{} (aclnnGroupedMatmulV4 runs float experts; converted at upload)", c.act_dtype),
+                        );
+                    }
+                }
                 self.matmul(&gate)?;
                 self.matmul(&down)?;
                 self.ops(&GROUPED)
