@@ -107,3 +107,48 @@ fn q8_0_and_q4_0_ggufs_run_through_weight_quant_batch_matmul_within_tolerance_of
         );
     }
 }
+
+const CHILD: &str = "TBOOST_ASCEND_QUANT_CHILD";
+
+/// On Atlas inference (310P) the plan keeps no weight quantized: every matmul slot converts its Q8_0
+/// weights to f16 at upload and says why. The SoC is read at `aclInit`, so this runs in a child
+/// process of this test binary with `TBOOST_SIM_SOC` set.
+#[test]
+fn on_310p_q8_0_weights_fall_back_to_the_f16_conversion_with_the_reason() {
+    let name = "on_310p_q8_0_weights_fall_back_to_the_f16_conversion_with_the_reason";
+    if std::env::var_os(CHILD).is_none() {
+        let out = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([name, "--exact", "--nocapture", "--test-threads=1"])
+            .env(CHILD, "1")
+            .env("TBOOST_SIM_SOC", "Ascend310P3")
+            .output()
+            .expect("spawn the test child");
+        let (so, se) = (String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+        assert!(
+            out.status.success() && so.contains("test result: ok. 1 passed"),
+            "child on Ascend310P3 failed:\n{so}\n{se}"
+        );
+        return;
+    }
+    let sim = TestBackend { name: "ascend", kind: Kind::AscendSim, block_size: 128 };
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("small-q8_0.gguf");
+    gguf_write::write_synthetic("small", DType::Q8_0, 45, &path, &mut |_, _| {}).unwrap();
+    let model = Model::load(&path).unwrap();
+    let opts = PlanOptions { precision: PrecisionPolicy::Exact, block_size: sim.block_size, ..Default::default() };
+    let _turn = sim.exclusive();
+    let r = ModelRunner::new(&model, sim.open(2), &opts, 2).unwrap_or_else(|e| panic!("310P: {e}"));
+    let qkv = r.plan.layers[0].get(Slot::Qkv).expect("a qkv decision");
+    eprintln!("310P qkv: {:?} on {} ({:?}): {}", qkv.weights, qkv.backend, qkv.kernel, qkv.reason);
+    assert_eq!(qkv.weights, WeightMode::Convert(DType::F16), "{}", qkv.reason);
+    assert_eq!(qkv.kernel.as_deref(), Some("aclnnMm"));
+    assert!(
+        qkv.reason.contains("stored weights refused")
+            && qkv.reason.contains(WQBMM)
+            && qkv.reason.contains("Ascend310P3"),
+        "the reason names the op and the SoC: {}",
+        qkv.reason
+    );
+    let dev = r.device_weight_bytes();
+    assert!(dev.iter().all(|(d, _)| !d.is_quantized()), "nothing kept quantized on 310P: {dev:?}");
+}
