@@ -12,7 +12,7 @@ static int dtype_known(aclDataType t) {
     switch (t) {
     case ACL_FLOAT: case ACL_FLOAT16: case ACL_INT8: case ACL_INT32: case ACL_UINT8: case ACL_INT16:
     case ACL_UINT16: case ACL_UINT32: case ACL_INT64: case ACL_UINT64: case ACL_DOUBLE: case ACL_BOOL:
-    case ACL_BF16:
+    case ACL_BF16: case ACL_INT4:
         return 1;
     default:
         return 0;

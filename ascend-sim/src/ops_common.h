@@ -23,8 +23,12 @@ static inline size_t dsize(aclDataType t) {
     }
 }
 
+/* bits per element: INT4 packs two per byte (element 2i in the low nibble of byte i) */
+static inline size_t dbits(aclDataType t) { return t == ACL_INT4 ? 4 : 8 * dsize(t); }
+
 static inline const char *dname(aclDataType t) {
     switch (t) {
+    case ACL_INT4: return "INT4";
     case ACL_FLOAT: return "FLOAT";
     case ACL_FLOAT16: return "FLOAT16";
     case ACL_BF16: return "BFLOAT16";
@@ -107,6 +111,11 @@ static inline uint16_t f32_to_bf16(float f) {
 
 /* element at `off` elements from t->data (offsets already include t->offset) */
 static inline double ld(const aclTensor *t, int64_t off) {
+    if (t->dtype == ACL_INT4) { /* sign-extend the nibble */
+        uint8_t b = ((const uint8_t *)t->data)[off >> 1];
+        int v = (off & 1) ? b >> 4 : b & 0xf;
+        return v >= 8 ? v - 16 : v;
+    }
     const char *p = (const char *)t->data + off * (int64_t)dsize(t->dtype);
     switch (t->dtype) {
     case ACL_FLOAT: { float v; memcpy(&v, p, 4); return v; }
@@ -232,7 +241,7 @@ static inline aclnnStatus snap(SimExec *e, const char *op, const char *name, con
     if (n > 0) {
         int64_t maxOff = c.offset;
         for (int i = 0; i < c.ndim; i++) maxOff += (c.dims[i] - 1) * c.strides[i];
-        uint64_t begin = (uint64_t)c.offset * dsize(c.dtype), end = (uint64_t)(maxOff + 1) * dsize(c.dtype);
+        uint64_t begin = (uint64_t)c.offset * dbits(c.dtype) / 8, end = ((uint64_t)(maxOff + 1) * dbits(c.dtype) + 7) / 8;
         if (!c.data) INVALID("%s: %s has no data pointer", op, name);
         c.allocId = tboostSimInternal_findAlloc((const char *)c.data + begin, end - begin);
         if (c.allocId < 0)

@@ -237,6 +237,143 @@ aclnnStatus aclnnMmGetWorkspaceSize(const aclTensor *self, const aclTensor *mat2
 }
 SIM_EXECUTE(aclnnMm)
 
+/* ---------------------------------------------------------------- WeightQuantBatchMatmulV2 */
+/* y = x @ ((weight + antiquantOffset) * antiquantScale), the rules of hicann/ops-nn
+ * matmul/weight_quant_batch_matmul_v2/docs/aclnnWeightQuantBatchMatmulV2.md for Atlas A2/A3 ("约束说明"):
+ * x 2-D (m, k) FLOAT16/BFLOAT16; weight 2-D (k, n) INT8 or INT4 (INT4: the inner axis even), ND, contiguous
+ * or a transpose; antiquantScale FLOAT16/BFLOAT16 = x's dtype, shape per tensor (1,)/(1, 1), per channel
+ * (n,)/(1, n), per group (ceil(k/g), n); antiquantOffset scale's shape and dtype; antiquantGroupSize 0 or a
+ * multiple of 32 in [32, k-1]; k and n in [1, 65535]; y (m, n) in x's dtype. Simulated: the A16 path without
+ * output quantization (quantScale/quantOffset) or bias, which tboost does not pass. Product support: A2/A3 and
+ * 950 (the doc's table lists Atlas inference too, with INT8 FLOAT16 only and other shapes: not simulated, so
+ * 310P is refused here like 310B and the training series, which the table leaves out). */
+
+typedef struct {
+    int x, w, scale, offset, y;
+    int64_t m, k, n, group;
+    int perGroup;
+} WqbmmP;
+
+static aclnnStatus wqbmm_run(SimExec *e, void *ws, uint64_t wsSize) {
+    (void)ws, (void)wsSize;
+    WqbmmP *p = e->x.params;
+    const aclTensor *x = T(e, p->x), *w = T(e, p->w), *sc = T(e, p->scale), *y = T(e, p->y);
+    const aclTensor *of = p->offset >= 0 ? T(e, p->offset) : NULL;
+    int64_t sn = sc->ndim == 2 ? 1 : 0; /* the n axis of the scale */
+    for (int64_t i = 0; i < p->m; i++)
+        for (int64_t j = 0; j < p->n; j++) {
+            double s = 0;
+            for (int64_t kk = 0; kk < p->k; kk++) {
+                int64_t g = p->perGroup ? kk / p->group : 0;
+                int64_t gi = sc->ndim == 2 ? g : 0, ji = sc->dims[sn] == 1 ? 0 : j;
+                int64_t so = sc->offset + (sc->ndim == 2 ? gi * sc->strides[0] : 0) + ji * sc->strides[sn];
+                /* the dequantized weight is rounded to x's dtype before the cube multiplies it */
+                double wv = ld(w, off2(w, kk, j));
+                if (of) wv += ld(of, of->offset + (of->ndim == 2 ? gi * of->strides[0] : 0) + ji * of->strides[sn]);
+                wv *= ld(sc, so);
+                wv = x->dtype == ACL_BF16 ? bf16_to_f32(f32_to_bf16((float)wv)) : f16_to_f32(f32_to_f16((float)wv));
+                s += ld(x, off2(x, i, kk)) * wv;
+            }
+            st(y, off2(y, i, j), s);
+        }
+    return ACLNN_SUCCESS;
+}
+
+static int is_transpose_or_contig(const aclTensor *t) {
+    if (t->ndim != 2) return t->ndim == 1 && (t->dims[0] <= 1 || t->strides[0] == 1);
+    int contig = (t->dims[1] <= 1 || t->strides[1] == 1) && (t->dims[0] <= 1 || t->strides[0] == t->dims[1]);
+    int transp = (t->dims[0] <= 1 || t->strides[0] == 1) && (t->dims[1] <= 1 || t->strides[1] == t->dims[0]);
+    return contig || transp;
+}
+
+aclnnStatus aclnnWeightQuantBatchMatmulV2GetWorkspaceSize(const aclTensor *x, const aclTensor *weight,
+                                                          const aclTensor *antiquantScale,
+                                                          const aclTensor *antiquantOffsetOptional,
+                                                          const aclTensor *quantScaleOptional,
+                                                          const aclTensor *quantOffsetOptional,
+                                                          const aclTensor *biasOptional, int antiquantGroupSize,
+                                                          const aclTensor *y, uint64_t *workspaceSize,
+                                                          aclOpExecutor **executor) {
+    const char *OP = "aclnnWeightQuantBatchMatmulV2";
+    FAULT_GWS(OP);
+    OUTS_NULL(OP);
+    if (!soc_is_a2a3()) {
+        /* the doc's return table: 361001 (ACLNN_ERR_RUNTIME_ERROR) "产品型号不支持" */
+        sim_error("%s: %s is not supported (simulated for Atlas A2/A3 and Ascend950)", OP, sim_soc_name());
+        return ACLNN_ERR_RUNTIME_ERROR;
+    }
+    if (quantScaleOptional || quantOffsetOptional || biasOptional) {
+        sim_error("%s: quantScale, quantOffset and bias are not simulated (pass NULL)", OP);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    SimExec *se = tboostSimInternal_execNew(OP, wqbmm_run, sizeof(WqbmmP));
+    if (!se) return ACLNN_ERR_INNER;
+    WqbmmP *p = se->x.params;
+    SNAP("x", x, 1, &p->x);
+    SNAP("weight", weight, 1, &p->w);
+    SNAP("antiquantScale", antiquantScale, 1, &p->scale);
+    SNAP("antiquantOffsetOptional", antiquantOffsetOptional, 0, &p->offset);
+    SNAP("y", y, 1, &p->y);
+    const aclTensor *a = T(se, p->x), *w = T(se, p->w), *sc = T(se, p->scale), *o = T(se, p->y);
+    const aclTensor *of = p->offset >= 0 ? T(se, p->offset) : NULL;
+    aclnnStatus st = ACLNN_ERR_PARAM_INVALID;
+    if (a->ndim != 2 || w->ndim != 2 || o->ndim != 2) {
+        sim_error("%s: x %s, weight %s and y %s must be 2-D", OP, SHAPE(a), SHAPE(w), SHAPE(o));
+    } else if (a->dtype != ACL_FLOAT16 && a->dtype != ACL_BF16) {
+        sim_error("%s: x is %s (FLOAT16 or BFLOAT16)", OP, dname(a->dtype));
+    } else if (w->dtype != ACL_INT8 && w->dtype != ACL_INT4) {
+        sim_error("%s: weight is %s (INT8 or INT4; INT32 only as INT4Pack, not simulated)", OP, dname(w->dtype));
+    } else if (sc->dtype != a->dtype || o->dtype != a->dtype || (of && of->dtype != a->dtype)) {
+        sim_error("%s: antiquantScale %s, antiquantOffset %s and y %s must be x's dtype %s", OP, dname(sc->dtype),
+                  of ? dname(of->dtype) : "(none)", dname(o->dtype), dname(a->dtype));
+    } else if (!is_transpose_or_contig(a) || !is_transpose_or_contig(w) || !is_transpose_or_contig(sc) ||
+               (of && !is_transpose_or_contig(of)) || o->strides[1] != 1 || o->strides[0] != o->dims[1]) {
+        sim_error("%s: a non-contiguous tensor that is not a transpose (x %s, weight %s, scale %s, y %s)", OP,
+                  SHAPE(a), SHAPE(w), SHAPE(sc), SHAPE(o));
+    } else {
+        p->m = a->dims[0], p->k = a->dims[1], p->n = w->dims[1];
+        int64_t inner = w->strides[1] == 1 ? w->dims[1] : w->dims[0];
+        if (w->dims[0] != p->k) {
+            sim_error("%s: x %s and weight %s differ in k", OP, SHAPE(a), SHAPE(w));
+        } else if (p->k < 1 || p->k > 65535 || p->n < 1 || p->n > 65535) {
+            sim_error("%s: k %lld and n %lld must be in [1, 65535]", OP, (long long)p->k, (long long)p->n);
+        } else if (p->m < 1) {
+            sim_error("%s: m %lld (empty tensors are not supported)", OP, (long long)p->m);
+        } else if (w->dtype == ACL_INT4 && inner % 2) {
+            sim_error("%s: an INT4 weight's inner axis (%lld) must be even", OP, (long long)inner);
+        } else if (o->dims[0] != p->m || o->dims[1] != p->n) {
+            sim_error("%s: y %s must be [%lld, %lld]", OP, SHAPE(o), (long long)p->m, (long long)p->n);
+        } else if (of && !same_shape(of, sc)) {
+            sim_error("%s: antiquantOffset %s must have antiquantScale's shape %s", OP, SHAPE(of), SHAPE(sc));
+        } else if (antiquantGroupSize != 0 &&
+                   (antiquantGroupSize < 32 || antiquantGroupSize % 32 || antiquantGroupSize > p->k - 1)) {
+            sim_error("%s: antiquantGroupSize %d must be 0 or a multiple of 32 in [32, k-1 = %lld]", OP,
+                      antiquantGroupSize, (long long)(p->k - 1));
+        } else {
+            p->group = antiquantGroupSize, p->perGroup = antiquantGroupSize != 0;
+            int64_t groups = p->perGroup ? (p->k + p->group - 1) / p->group : 1;
+            int ok;
+            if (p->perGroup)
+                ok = sc->ndim == 2 && sc->dims[0] == groups && sc->dims[1] == p->n;
+            else /* per tensor (1,)/(1, 1) or per channel (n,)/(1, n) */
+                ok = (sc->ndim == 1 && (sc->dims[0] == 1 || sc->dims[0] == p->n)) ||
+                     (sc->ndim == 2 && sc->dims[0] == 1 && (sc->dims[1] == 1 || sc->dims[1] == p->n));
+            if (!ok)
+                sim_error("%s: antiquantScale %s does not fit %s (k %lld, n %lld, group %d)", OP, SHAPE(sc),
+                          p->perGroup ? "per group (ceil(k/group), n)" : "per tensor or per channel", (long long)p->k,
+                          (long long)p->n, antiquantGroupSize);
+            else
+                st = ACLNN_SUCCESS;
+        }
+    }
+    if (st) {
+        tboostSimInternal_execAbort(se);
+        return st;
+    }
+    return tboostSimInternal_execFinish(se, 0, workspaceSize, executor);
+}
+SIM_EXECUTE(aclnnWeightQuantBatchMatmulV2)
+
 /* ---------------------------------------------------------------- SwiGlu */
 
 typedef struct {

@@ -340,6 +340,18 @@ TBOOST_ACLNN_OP(aclnnMatmul, (const aclTensor *self, const aclTensor *mat2, aclT
 TBOOST_ACLNN_OP(aclnnMm, (const aclTensor *self, const aclTensor *mat2, aclTensor *out, int8_t cubeMathType,
                           uint64_t *workspaceSize, aclOpExecutor **executor))
 
+/* NN matmul/weight_quant_batch_matmul_v2/docs/aclnnWeightQuantBatchMatmulV2.md (hicann/ops-nn; the same
+ * signature in the CANN 8.0.0 API reference, https://hiascend.com/document/detail/zh/canncommercial/800/apiref/
+ * aolapi/context/aclnnWeightQuantBatchMatmulV2.md): y = x @ ((weight + antiquantOffset) * antiquantScale) + bias.
+ * A16W8/A16W4: x (m, k) f16/bf16, weight (k, n) INT8 or INT4 (ND; non-contiguous only as a transpose),
+ * antiquantScale/Offset in x's dtype, per group (ceil(k/g), n) with antiquantGroupSize in [32, k-1] and a
+ * multiple of 32 (0 for per-tensor/per-channel); k and n in [1, 65535]. */
+TBOOST_ACLNN_OP(aclnnWeightQuantBatchMatmulV2,
+                (const aclTensor *x, const aclTensor *weight, const aclTensor *antiquantScale,
+                 const aclTensor *antiquantOffsetOptional, const aclTensor *quantScaleOptional,
+                 const aclTensor *quantOffsetOptional, const aclTensor *biasOptional, int antiquantGroupSize,
+                 const aclTensor *y, uint64_t *workspaceSize, aclOpExecutor **executor))
+
 /* NN activation/swi_glu/docs/aclnnSwiGlu.md: out = Swish(A) * B, A/B the halves of x along dim. */
 TBOOST_ACLNN_OP(aclnnSwiGlu,
                 (const aclTensor *x, int64_t dim, const aclTensor *out, uint64_t *workspaceSize, aclOpExecutor **executor))

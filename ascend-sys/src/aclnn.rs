@@ -106,6 +106,32 @@ pub fn mm(ctx: &mut Context, a: &TensorRef, b: &TensorRef, out: &TensorRef, cube
     ctx.run(OP, |ws, ex| first_phase!(f, a.as_ptr(), b.as_ptr(), o.as_ptr(), cube as i8, ws, ex))
 }
 
+/// `aclnnWeightQuantBatchMatmulV2` (A16W8 / A16W4): `y = x @ ((weight + offset) * scale)`, `x` `[m, k]`
+/// f16/bf16, `weight` `[k, n]` INT8 or INT4 (a transposed view of an `[n, k]` store is allowed), `scale` and
+/// the optional `offset` in x's dtype, `[ceil(k / group), n]` per group (`group` a multiple of 32 in
+/// `[32, k - 1]`, or 0 with `[n]`/`[1, n]` per channel), `y` `[m, n]` in x's dtype. No output quantization
+/// and no bias here (quantScale/quantOffset/bias NULL). Rules: hicann/ops-nn
+/// `matmul/weight_quant_batch_matmul_v2/docs/aclnnWeightQuantBatchMatmulV2.md`.
+pub fn weight_quant_batch_matmul_v2(
+    ctx: &mut Context,
+    x: &TensorRef,
+    weight: &TensorRef,
+    scale: &TensorRef,
+    offset: Option<&TensorRef>,
+    group: i32,
+    y: &TensorRef,
+) -> Result<()> {
+    const OP: &str = "aclnnWeightQuantBatchMatmulV2";
+    // SAFETY: the type is this op's first phase in the header.
+    let f = unsafe { ctx.first_phase_fn::<raw::aclnnWeightQuantBatchMatmulV2GetWorkspaceSize_fn>(OP)? };
+    let (x, w, sc, y) = (acl(ctx, x)?, acl(ctx, weight)?, acl(ctx, scale)?, acl(ctx, y)?);
+    let off = acl_opt(ctx, offset)?;
+    let null = std::ptr::null_mut();
+    ctx.run(OP, |ws, ex| {
+        first_phase!(f, x.as_ptr(), w.as_ptr(), sc.as_ptr(), ptr(&off), null, null, null, group, y.as_ptr(), ws, ex)
+    })
+}
+
 /// `aclnnSwiGlu`: with `[a, b]` the halves of `x` along `dim`, `out = silu(a) * b` (Llama's
 /// `silu(gate) * up` when x is `[gate | up]`).
 pub fn swi_glu(ctx: &mut Context, x: &TensorRef, dim: i64, out: &TensorRef) -> Result<()> {

@@ -21,11 +21,16 @@ pub enum DType {
     I64,
     U64,
     Bool,
+    /// INT4, two per byte (the A16W4 weight of `aclnnWeightQuantBatchMatmulV2`); element `2i` in the
+    /// low nibble of byte `i` (an assumption no public doc states: on the README's "needs real hardware" list).
+    I4,
 }
 
 impl DType {
+    /// Bytes per element, rounded up (I4: 1); byte arithmetic on tensors uses [`DType::bits`].
     pub fn size(self) -> usize {
         match self {
+            DType::I4 => 1,
             DType::F64 | DType::I64 | DType::U64 => 8,
             DType::F32 | DType::I32 | DType::U32 => 4,
             DType::F16 | DType::Bf16 | DType::I16 | DType::U16 => 2,
@@ -33,8 +38,17 @@ impl DType {
         }
     }
 
+    /// Bits per element.
+    pub fn bits(self) -> usize {
+        match self {
+            DType::I4 => 4,
+            d => 8 * d.size(),
+        }
+    }
+
     pub fn to_acl(self) -> raw::aclDataType {
         match self {
+            DType::I4 => raw::aclDataType_ACL_INT4,
             DType::F32 => raw::aclDataType_ACL_FLOAT,
             DType::F16 => raw::aclDataType_ACL_FLOAT16,
             DType::Bf16 => raw::aclDataType_ACL_BF16,

@@ -531,6 +531,21 @@ pub type aclnnMmGetWorkspaceSize_fn = ::std::option::Option<
         executor: *mut *mut aclOpExecutor,
     ) -> aclnnStatus,
 >;
+pub type aclnnWeightQuantBatchMatmulV2GetWorkspaceSize_fn = ::std::option::Option<
+    unsafe extern "C" fn(
+        x: *const aclTensor,
+        weight: *const aclTensor,
+        antiquantScale: *const aclTensor,
+        antiquantOffsetOptional: *const aclTensor,
+        quantScaleOptional: *const aclTensor,
+        quantOffsetOptional: *const aclTensor,
+        biasOptional: *const aclTensor,
+        antiquantGroupSize: ::std::os::raw::c_int,
+        y: *const aclTensor,
+        workspaceSize: *mut u64,
+        executor: *mut *mut aclOpExecutor,
+    ) -> aclnnStatus,
+>;
 pub type aclnnSwiGluGetWorkspaceSize_fn = ::std::option::Option<
     unsafe extern "C" fn(
         x: *const aclTensor,

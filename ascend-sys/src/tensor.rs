@@ -101,7 +101,7 @@ impl<'a> TensorRef<'a> {
         if shape.iter().chain(strides).any(|&d| d < 0) {
             return Err(AclError::Invalid(format!("negative size or stride in shape {shape:?} strides {strides:?}")));
         }
-        if !byte_offset.is_multiple_of(dtype.size()) {
+        if !(byte_offset * 8).is_multiple_of(dtype.bits()) {
             return Err(AclError::Invalid(format!(
                 "byte offset {byte_offset} is not a multiple of the {dtype:?} element size {}",
                 dtype.size()
@@ -115,7 +115,7 @@ impl<'a> TensorRef<'a> {
             ndim: shape.len(),
             shape: [0; MAX_DIMS],
             strides: [0; MAX_DIMS],
-            offset: (byte_offset / dtype.size()) as i64,
+            offset: (byte_offset * 8 / dtype.bits()) as i64,
             _buf: PhantomData,
         };
         t.shape[..shape.len()].copy_from_slice(shape);
@@ -132,7 +132,7 @@ impl<'a> TensorRef<'a> {
         for i in 0..self.ndim {
             last += (self.shape[i] as i128 - 1) * self.strides[i] as i128;
         }
-        let end = (last + 1) * self.dtype.size() as i128;
+        let end = ((last + 1) * self.dtype.bits() as i128 + 7) / 8;
         if end > self.capacity as i128 {
             return Err(AclError::Invalid(format!(
                 "{self:?} reaches byte {end}, past the end of its {}-byte buffer",
@@ -209,7 +209,7 @@ impl<'a> TensorRef<'a> {
     /// Builds the aclTensor for this view: tensorData is the start of the allocation, the view's
     /// element offset is `offset`, the storage is the whole buffer as a 1-D array.
     pub fn to_acl(&self, cann: &Cann) -> Result<AclTensor> {
-        let storage = [(self.capacity / self.dtype.size()) as i64];
+        let storage = [(self.capacity * 8 / self.dtype.bits()) as i64];
         let api = cann.api();
         // SAFETY: shape/strides arrays hold ndim values; the storage pointer outlives the call.
         let p = unsafe {

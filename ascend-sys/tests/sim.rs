@@ -24,7 +24,7 @@ fn ok<T>(r: ascend_sys::Result<T>, what: &str) -> T {
     r.unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
-const ALL_OPS: [&str; 21] = [
+const ALL_OPS: [&str; 22] = [
     "aclnnFusedInferAttentionScoreV2",
     "aclnnFusedInferAttentionScoreV3",
     "aclnnFusedInferAttentionScoreV4",
@@ -35,6 +35,7 @@ const ALL_OPS: [&str; 21] = [
     "aclnnMatmul",
     "aclnnMm",
     "aclnnSwiGlu",
+    "aclnnWeightQuantBatchMatmulV2",
     "aclnnMoeGatingTopKSoftmax",
     "aclnnMoeInitRoutingV2",
     "aclnnGroupedMatmulV4",
@@ -493,6 +494,89 @@ fn matmul_with_fp16_and_bf16_transposed_weights_matches_the_reference() {
         drop((out, xb, wb, xb2, wb2, c, dev));
         assert_clean(&cann);
     });
+}
+
+/// A16W8 and A16W4 per-group (group 32) through aclnnWeightQuantBatchMatmulV2, the weight a transposed
+/// view of an `[n, k]` store and the scale `[k/32, n]` a transposed view of `[n, k/32]`; the documented
+/// argument rules and the product-support table come back as the op's status codes.
+#[test]
+fn weight_quant_batch_matmul_v2_int8_and_int4_per_group_match_the_reference() {
+    let name = "weight_quant_batch_matmul_v2_int8_and_int4_per_group_match_the_reference";
+    let (m, k, n, g) = (3usize, 64usize, 8usize, 32usize);
+    let q8: Vec<i8> = (0..n * k).map(|i| ((i * 37 + 11) % 255) as i8).collect(); // [n, k], all of -128..127
+    let q4: Vec<i8> = (0..n * k).map(|i| ((i * 7 + 3) % 16) as i8 - 8).collect(); // [n, k] in -8..7
+    let packed: Vec<u8> = q4.chunks(2).map(|p| (p[0] as u8 & 0xf) | ((p[1] as u8 & 0xf) << 4)).collect();
+    let scale: Vec<f16> = (0..n * (k / g)).map(|i| f16::from_f32(0.01 + 0.003 * i as f32)).collect(); // [n, k/g]
+    let offset: Vec<f16> = (0..n * (k / g)).map(|i| f16::from_f32(0.5 - 0.25 * (i % 3) as f32)).collect();
+    isolated_case(name, "910B", &[], || {
+        let (cann, dev) = device();
+        let mut c = ctx(&dev);
+        let x = to_f16(&rand_vec(m * k, 30));
+        let (xb, wb8, wb4) = (upload(&dev, &x), upload(&dev, &q8), upload(&dev, &packed));
+        let (sb, ob, out) = (upload(&dev, &scale), upload(&dev, &offset), alloc(&dev, m * n * 2));
+        let xt = ok(xb.view(DType::F16, &[m as i64, k as i64]), "x");
+        let yt = ok(out.view(DType::F16, &[m as i64, n as i64]), "y");
+        let sv = ok(ok(sb.view(DType::F16, &[n as i64, (k / g) as i64]), "s").transpose(0, 1), "sT");
+        let ov = ok(ok(ob.view(DType::F16, &[n as i64, (k / g) as i64]), "o").transpose(0, 1), "oT");
+        let dequant = |q: &[i8], off: bool| -> Vec<f64> {
+            (0..n * k)
+                .map(|i| {
+                    let (j, t) = (i / k, i % k);
+                    let s = scale[j * (k / g) + t / g].to_f64();
+                    let o = if off { offset[j * (k / g) + t / g].to_f64() } else { 0.0 };
+                    f16::from_f64((q[i] as f64 + o) * s).to_f64()
+                })
+                .collect()
+        };
+        for (what, w, dt, q, off) in
+            [("int8", &wb8, DType::I8, &q8, false), ("int4 + offset", &wb4, DType::I4, &q4, true)]
+        {
+            let wv = ok(ok(w.view(dt, &[n as i64, k as i64]), "w").transpose(0, 1), "wT");
+            ok(aclnn::weight_quant_batch_matmul_v2(&mut c, &xt, &wv, &sv, off.then_some(&ov), g as i32, &yt), what);
+            ok(c.synchronize(), "sync");
+            let want = matmul_ref(&f16_to_f64(&x), &dequant(q, off), m, k, n);
+            assert_close(what, &f16_to_f64(&read::<f16>(&out, m * n)), &round_f16(&want), 2e-3, 2e-3);
+        }
+        let w8 = ok(ok(wb8.view(DType::I8, &[n as i64, k as i64]), "w").transpose(0, 1), "wT");
+        // group 16 is not a multiple of 32; group k is outside [32, k-1]
+        for bad in [16, k as i32] {
+            let err = aclnn::weight_quant_batch_matmul_v2(&mut c, &xt, &w8, &sv, None, bad, &yt).expect_err("group");
+            assert_eq!(err.code(), Some(161002), "{err}");
+            assert!(err.message().contains("antiquantGroupSize"), "{err}");
+        }
+        // the scale must be x's dtype
+        let sf32 = upload(&dev, &vec![0.5f32; n * (k / g)]);
+        let s32 = ok(ok(sf32.view(DType::F32, &[n as i64, (k / g) as i64]), "s").transpose(0, 1), "sT");
+        let err = aclnn::weight_quant_batch_matmul_v2(&mut c, &xt, &w8, &s32, None, g as i32, &yt).expect_err("dtype");
+        assert_eq!(err.code(), Some(161002), "{err}");
+        drop((xb, wb8, wb4, sb, ob, out, sf32, c, dev));
+        assert_clean(&cann);
+    });
+    for soc in ["Ascend310P3", "Ascend310B1", "Ascend910A"] {
+        isolated_case(name, soc, &env(&[("TBOOST_SIM_SOC", soc)]), || {
+            let (cann, dev) = device();
+            let mut c = ctx(&dev);
+            let (xb, wb, sb, out) = (
+                upload(&dev, &to_f16(&rand_vec(m * k, 31))),
+                upload(&dev, &q8),
+                upload(&dev, &scale),
+                alloc(&dev, m * n * 2),
+            );
+            let err = aclnn::weight_quant_batch_matmul_v2(
+                &mut c,
+                &ok(xb.view(DType::F16, &[m as i64, k as i64]), "x"),
+                &ok(ok(wb.view(DType::I8, &[n as i64, k as i64]), "w").transpose(0, 1), "wT"),
+                &ok(ok(sb.view(DType::F16, &[n as i64, (k / g) as i64]), "s").transpose(0, 1), "sT"),
+                None,
+                g as i32,
+                &ok(out.view(DType::F16, &[m as i64, n as i64]), "y"),
+            )
+            .expect_err("no A16W8 per-group path on this SoC");
+            assert_eq!(err.code(), Some(361001), "{soc}: {err}");
+            drop((xb, wb, sb, out, c, dev));
+            assert_clean(&cann);
+        });
+    }
 }
 
 #[test]

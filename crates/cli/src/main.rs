@@ -233,11 +233,34 @@ fn print_json(v: &serde_json::Value) -> Result<()> {
 fn run(cmd: Cmd) -> Result<()> {
     match cmd {
         Cmd::Plan { m, json } => {
-            let (_, runner) = load(&m)?;
+            let (model, runner) = load(&m)?;
+            // Device bytes of the uploaded weights per dtype (a backend that counts them, e.g. Ascend,
+            // where Q8_0/Q4_0 stay quantized), next to the file's bytes of the tensors of that dtype.
+            let file = |d: tboost_ops::DType| -> usize {
+                model.weights.tensors().iter().filter(|t| t.dtype == d).map(|t| t.bytes().len()).sum()
+            };
+            let dev = runner.device_weight_bytes();
             if json {
-                print_json(&runner.plan.to_json())?;
+                let mut v = runner.plan.to_json();
+                if let Some(o) = v.as_object_mut() {
+                    let per: serde_json::Map<String, serde_json::Value> = dev
+                        .iter()
+                        .map(|(d, b)| (d.to_string(), serde_json::json!({ "device_bytes": b, "file_bytes": file(*d) })))
+                        .collect();
+                    o.insert("device_weight_bytes".into(), serde_json::Value::Object(per));
+                }
+                print_json(&v)?;
             } else {
                 print!("{}", runner.plan.to_text());
+                if !dev.is_empty() {
+                    let per: Vec<String> = dev.iter().map(|(d, b)| format!("{d} {b}")).collect();
+                    let total_file: usize = model.weights.tensors().iter().map(|t| t.bytes().len()).sum();
+                    println!(
+                        "device weight bytes: {}; total {} for {total_file} bytes of tensors in the file",
+                        per.join(", "),
+                        dev.iter().map(|x| x.1).sum::<usize>()
+                    );
+                }
             }
         }
         Cmd::Logits { m, tokens, all_positions } => {

@@ -703,3 +703,27 @@ fn buffers_weights_copies_events_and_interrupt_on_the_simulator() {
         assert_eq!(s.rule_violations, 0);
     });
 }
+
+/// `tboost plan --backend ascend` on Q4_0 and Q8_0 GGUFs: the matmul slots name
+/// aclnnWeightQuantBatchMatmulV2 and keep the weights as stored, and the report's device bytes of the
+/// kept dtype stay within 1.15x of the file's bytes of the same tensors (less: the converted embedding
+/// table is counted under f16) (issue 45).
+#[test]
+fn plan_keeps_q4_0_and_q8_0_weights_quantized_and_reports_device_weight_bytes() {
+    let dir = tempfile::tempdir().unwrap();
+    for dtype in ["q4_0", "q8_0"] {
+        let path = dir.path().join(format!("small-{dtype}.gguf"));
+        let p = path.to_str().unwrap();
+        let (ok, _, err) = tboost(&["synth", "--shape", "small", "--dtype", dtype, "--out", p], &[]);
+        assert!(ok, "synth {dtype}: {err}");
+        let (ok, out, err) = tboost(&["plan", "--json", "--backend", "ascend", "--model", p], &[]);
+        assert!(ok, "plan {dtype}: {err}");
+        let plan: Value = serde_json::from_str(&out).expect("plan JSON");
+        let qkv = decision(&plan, 0, "qkv");
+        assert_eq!(qkv["kernel"], "aclnnWeightQuantBatchMatmulV2", "{dtype}: {qkv}");
+        assert_eq!(qkv["weights"]["mode"], "native", "{dtype}: {qkv}");
+        let per = &plan["device_weight_bytes"][dtype];
+        let (dev, file) = (per["device_bytes"].as_u64().unwrap(), per["file_bytes"].as_u64().unwrap());
+        assert!(dev > 0 && dev as f64 <= 1.15 * file as f64, "{dtype}: {dev} device bytes for {file} in the file");
+    }
+}

@@ -143,6 +143,13 @@ pub trait Backend: Send {
     /// by their first id).
     fn upload_weight(&mut self, tensor: &Tensor) -> Result<WeightId>;
 
+    /// Device bytes of the weights uploaded so far, per dtype as stored in the model (a backend that
+    /// keeps block types quantized reports them under their GGUF type). Empty when the backend does
+    /// not count (the CPU's weights are the model's own memory).
+    fn weight_bytes_by_dtype(&self) -> Vec<(DType, usize)> {
+        Vec::new()
+    }
+
     /// Whether [`Backend::upload_packed`] keeps `dtype` matmul weights run at `precision` in
     /// a layout of the backend's own kernels (the CPU: 16-row panels for the `Fast` integer
     /// kernels). The plan asks it for matmul slots and records the answer.

@@ -331,6 +331,12 @@ impl ModelRunner {
         self.kv.as_ref().map(|k| (k.num_blocks, k.block_size))
     }
 
+    /// Device bytes of the primary backend's weights per model dtype (see
+    /// [`Backend::weight_bytes_by_dtype`]); empty for a backend that does not count them.
+    pub fn device_weight_bytes(&self) -> Vec<(tboost_ops::DType, usize)> {
+        self.primary.weight_bytes_by_dtype()
+    }
+
     /// Bytes allocated on the primary device for activations and the KV cache.
     pub fn device_bytes(&self) -> usize {
         self.primary.allocated_bytes()

@@ -12,7 +12,25 @@ use super::suite::{Dev, Suite};
 const TOL_MATMUL: &str = "(k + 4)·2⁻²⁴·(Σ|x·w| + |b|) per output: an f32 dot product over k terms in any order, \
                           plus the bias add; weights as stored (ggml dequantization). 16-bit activations \
                           (x rounded first): + 2u·(|want| + |b|) for the rounded product, the bias rounded to \
-                          the activation dtype and the rounded sum";
+                          the activation dtype and the rounded sum; a block-type weight with 16-bit activations: \
+                          + u·Σ|x·w| for the weight dequantized in the activation dtype (A16W8/A16W4 kernels: \
+                          Ascend's aclnnWeightQuantBatchMatmulV2 computes (w + offset)·scale in x's dtype)";
+
+/// `u·Σ_t |x[r, t]·w[j, t]|` per output `[m, rows]` for a block-type weight met by 16-bit activations
+/// (zero otherwise): what dequantizing each weight to the activation dtype may move the output by.
+fn dequant_rounding(act: DType, x: &[f32], m: usize, w: &Mat) -> Vec<f64> {
+    let (n, k, ua) = (w.rows, w.cols, u_act(act));
+    if !w.dtype.is_quantized() || ua == 0.0 {
+        return vec![0.0; m * n];
+    }
+    let mut e = vec![0.0; m * n];
+    for r in 0..m {
+        for j in 0..n {
+            e[r * n + j] = ua * (0..k).map(|t| (x[r * k + t] as f64 * w.vals[j * k + t] as f64).abs()).sum::<f64>();
+        }
+    }
+    e
+}
 
 /// One projection of a (possibly fused) matmul case.
 struct Seg {
@@ -47,9 +65,10 @@ fn run_matmul(d: &mut Dev<'_>, act: DType, x: &[f32], m: usize, segs: &[Seg], pr
         let got = d.read_act(o.out)?;
         let (want, mut bound) = matmul_ref(x, m, &s.w, s.bias.as_ref().map(|b| b.1.as_slice()));
         let n = s.w.rows;
+        let dq = dequant_rounding(act, x, m, &s.w);
         for (j, b) in bound.iter_mut().enumerate() {
             let bias = s.bias.as_ref().map_or(0.0, |bs| bs.1[j % n].abs() as f64);
-            *b += 2.0 * ua * (want[j].abs() + bias) + tiny;
+            *b += 2.0 * ua * (want[j].abs() + bias) + tiny + dq[j];
         }
         if precision == Precision::Fast {
             // Fast may quantize x to 8 bits per 32-value block: each x moves by up to
@@ -192,7 +211,8 @@ pub fn fused_qkv(s: &mut Suite<'_>, rng: &mut Rng) {
     }
 }
 
-const TOL_SWIGLU_MM: &str = "gate/up bounds as matmul, carried through |silu'| ≤ 1.1 and |silu(g)|, \
+const TOL_SWIGLU_MM: &str =
+    "gate/up bounds as matmul (with its dequantization term), carried through |silu'| ≤ 1.1 and |silu(g)|, \
                              plus 8·2⁻²⁴ relative for the f32 silu and product. 16-bit activations: gate and \
                              up rounded (u·|g|, u·|u| carried the same way) and the output rounded (u·|want|)";
 
@@ -213,9 +233,10 @@ pub fn matmul_swiglu(s: &mut Suite<'_>, rng: &mut Rng) {
                 d.sync()?;
                 let got = d.read_act(out)?;
                 let ((gr, mut eg), (ur, mut eu)) = (matmul_ref(&x, m, &g, None), matmul_ref(&x, m, &u, None));
+                let (dg, du) = (dequant_rounding(act, &x, m, &g), dequant_rounding(act, &x, m, &u));
                 for i in 0..gr.len() {
-                    eg[i] += ua * gr[i].abs();
-                    eu[i] += ua * ur[i].abs();
+                    eg[i] += ua * gr[i].abs() + dg[i];
+                    eu[i] += ua * ur[i].abs() + du[i];
                 }
                 let (want, bound) = swiglu_ref(&gr, &eg, &ur, &eu);
                 let mut meas = Measured::default();

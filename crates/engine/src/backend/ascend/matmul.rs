@@ -3,7 +3,9 @@
 //!
 //! Layout: `x` `[m, k]`, each weight `[n, k]` as stored (HF layout) passed as its transposed view
 //! `[k, n]` (no copy), out `[m, n]`; cubeMathType KEEP_DTYPE. Weights must be in the activation
-//! dtype (f16/bf16: the plan converts f32 and GGUF block types at upload). A bias (stored as in the
+//! dtype (f16/bf16: the plan converts f32 and GGUF block types at upload), except Q8_0 / Q4_0 weights the
+//! plan keeps quantized: those run through `aclnnWeightQuantBatchMatmulV2` (INT8 / INT4 weight, per-32
+//! scales in the activation dtype, antiquantGroupSize 32; see `supports.rs`). A bias (stored as in the
 //! file, often f32) is cast once on the device to the activation dtype and added with a broadcast
 //! `aclnnInplaceAdd`.
 //!
@@ -13,9 +15,11 @@
 //! in `SwiGlu`.
 
 use ascend_sys::aclnn::{self, CubeMathType};
+use ascend_sys::TensorRef;
 use tboost_ops::{DType, Precision};
 
-use super::memory::{Const, Scratch};
+use super::memory::{Const, Memory, Scratch};
+use super::supports::{QUANT_GROUP, WQBMM};
 use super::{acl_err, be_err, AscendBackend};
 use crate::backend::{Segs, View, WeightId};
 use crate::Result;
@@ -39,6 +43,9 @@ impl AscendBackend {
                 x.len, out.len, wt.name
             )));
         }
+        if self.mem.dtype(out)? == act && wt.scales.is_some() {
+            return self.quant_mm(w, act, |mem| Ok((mem.tensor(x, &[m, k])?, mem.tensor(out, &[m, n])?)));
+        }
         if wt.dtype != act || self.mem.dtype(out)? != act {
             return Err(be_err(format!(
                 "{what}: weight `{}` is {}, activations {act} (the plan converts weights at upload)",
@@ -49,6 +56,22 @@ impl AscendBackend {
         let wv = mem.weight_tensor(&wt, &[n, k])?.transpose(0, 1).map_err(|e| acl_err(what, e))?;
         let (xt, ot) = (mem.tensor(x, &[m, k])?, mem.tensor(out, &[m, n])?);
         aclnn::mm(ctx, &xt, &wv, &ot, CubeMathType::KeepDtype).map_err(|e| acl_err("aclnnMm", e))
+    }
+
+    /// `out = x · wᵀ` for a weight kept quantized (A16W8 / A16W4 per group of 32), queued; `x` `[m, k]`
+    /// and `out` `[m, n]` are made by `views` from the memory.
+    fn quant_mm(
+        &mut self,
+        w: WeightId,
+        act: DType,
+        views: impl for<'m> FnOnce(&'m Memory) -> Result<(TensorRef<'m>, TensorRef<'m>)>,
+    ) -> Result<()> {
+        self.mem.ensure_quant_scales(&mut self.ctx, w, act)?;
+        let (ctx, mem) = (&mut self.ctx, &self.mem);
+        let (wv, sv) = mem.quant_operands(w, act)?;
+        let (xt, ot) = views(mem)?;
+        aclnn::weight_quant_batch_matmul_v2(ctx, &xt, &wv, &sv, None, QUANT_GROUP as i32, &ot)
+            .map_err(|e| acl_err(WQBMM, e))
     }
 
     pub(super) fn matmul(&mut self, x: View, m: usize, segs: &Segs, precision: Precision) -> Result<()> {
@@ -110,10 +133,17 @@ impl AscendBackend {
         self.mem.ensure(Scratch::GateUp, 2 * n * act.block_bytes())?;
         for (i, w) in [gate, up].into_iter().enumerate() {
             let wt = self.mem.weight(w)?.clone();
-            let (ctx, mem) = (&mut self.ctx, &self.mem);
-            if x.len != m * wt.cols || wt.dtype != act {
+            if x.len != m * wt.cols || (wt.dtype != act && wt.scales.is_none()) {
                 return Err(be_err(format!("matmul_swiglu: x of {} values for weight `{}`", x.len, wt.name)));
             }
+            if wt.scales.is_some() {
+                let at = i * n * act.block_bytes();
+                self.quant_mm(w, act, |mem| {
+                    Ok((mem.tensor(x, &[m, wt.cols])?, mem.scratch(Scratch::GateUp, act, at, &[m, inter])?))
+                })?;
+                continue;
+            }
+            let (ctx, mem) = (&mut self.ctx, &self.mem);
             let wv =
                 mem.weight_tensor(&wt, &[inter, wt.cols])?.transpose(0, 1).map_err(|e| acl_err("matmul_swiglu", e))?;
             let half = mem.scratch(Scratch::GateUp, act, i * n * act.block_bytes(), &[m, inter])?;

@@ -23,6 +23,7 @@ use std::collections::HashMap;
 use ascend_sys::{aclnn, Context, DType as Acl, Device, DeviceBuffer, TensorRef};
 use tboost_ops::DType;
 
+use super::supports::{quant_kept, QUANT_GROUP};
 use super::{acl_err, be_err};
 use crate::backend::{BufId, View, WeightId};
 use crate::model::Tensor;
@@ -60,6 +61,45 @@ pub(super) struct Weight {
     pub cols: usize,
     pub numel: usize,
     pub name: String,
+    /// A GGUF block type kept quantized (Q8_0 as INT8, Q4_0 as INT4 `[rows, cols]`, see [`repack_quant`]):
+    /// the byte offset in the same store of its f16 scales `[rows, cols / 32]`.
+    pub scales: Option<usize>,
+}
+
+/// Repacks Q8_0 / Q4_0 rows for aclnnWeightQuantBatchMatmulV2: the values as INT8 (Q8_0's `qs`) or INT4
+/// (Q4_0's `q - 8`, already in -8..7, so no antiquant offset; element 2i in the low nibble of byte i), then
+/// the blocks' f16 scales in block order, which is `[rows, cols / 32]`. The same byte count as the file.
+pub(super) fn repack_quant(dtype: DType, bytes: &[u8], numel: usize) -> Result<(Vec<u8>, usize)> {
+    let blocks = numel / 32;
+    let bb = dtype.block_bytes();
+    if !numel.is_multiple_of(32) || bytes.len() != blocks * bb {
+        return Err(be_err(format!("repack {dtype}: {} bytes for {numel} values", bytes.len())));
+    }
+    let qbytes = match dtype {
+        DType::Q8_0 => numel,
+        DType::Q4_0 => numel / 2,
+        d => return Err(be_err(format!("repack: {d} is not kept quantized on Ascend"))),
+    };
+    let mut out = vec![0u8; qbytes + 2 * blocks];
+    let (q, sc) = out.split_at_mut(qbytes);
+    for (b, blk) in bytes.chunks_exact(bb).enumerate() {
+        sc[2 * b..2 * b + 2].copy_from_slice(&blk[..2]);
+        let qs = &blk[2..];
+        match dtype {
+            DType::Q8_0 => q[32 * b..32 * b + 32].copy_from_slice(qs),
+            _ => {
+                // GGUF Q4_0: element j < 16 is qs[j] & 0xf, element j + 16 is qs[j] >> 4, both minus 8
+                let val = |e: usize| {
+                    let n = if e < 16 { qs[e] & 0xf } else { qs[e - 16] >> 4 };
+                    (n as i8 - 8) as u8 & 0xf
+                };
+                for i in 0..16 {
+                    q[16 * b + i] = val(2 * i) | (val(2 * i + 1) << 4);
+                }
+            }
+        }
+    }
+    Ok((out, qbytes))
 }
 
 /// An MoE layer's experts stacked for GroupedMatmul: `gate_up` is `[experts, 2·inter, hidden]`
@@ -122,6 +162,10 @@ pub(super) struct Memory {
     /// Weights in another dtype, made once on the device (`aclnnCast`): biases as stored in the
     /// file meeting f16/bf16 activations.
     casts: HashMap<(u32, DType), Weight>,
+    /// The bf16 copy (a store) of a quantized weight's f16 scales, made at its first bf16 use.
+    scale_casts: HashMap<u32, usize>,
+    /// Device bytes of the uploaded weights per stored dtype, in first-upload order.
+    weight_bytes: Vec<(DType, usize)>,
     stacks: HashMap<u32, MoeStack>,
     scratch: HashMap<Scratch, DeviceBuffer>,
     consts: HashMap<Const, DeviceBuffer>,
@@ -139,6 +183,8 @@ impl Memory {
             weights: Vec::new(),
             stores: Vec::new(),
             casts: HashMap::new(),
+            scale_casts: HashMap::new(),
+            weight_bytes: Vec::new(),
             stacks: HashMap::new(),
             scratch: HashMap::new(),
             consts: HashMap::new(),
@@ -226,9 +272,17 @@ impl Memory {
     // ------------------------------------------------------------------ weights
 
     pub fn upload_weight(&mut self, t: &Tensor) -> Result<WeightId> {
-        let bytes = t.bytes();
         let numel = t.numel();
+        let (repacked, scales) = if quant_kept(t.dtype) && t.rows_cols().1.is_multiple_of(32) {
+            let (b, at) =
+                repack_quant(t.dtype, t.bytes(), numel).map_err(|e| be_err(format!("weight `{}`: {e}", t.name)))?;
+            (Some(b), Some(at))
+        } else {
+            (None, None)
+        };
+        let bytes = repacked.as_deref().unwrap_or(t.bytes());
         if t.dtype.bytes_for(numel) != Some(bytes.len()) {
+            // (a repack keeps the byte count)
             return Err(be_err(format!(
                 "weight `{}`: {} bytes do not hold {numel} x {}",
                 t.name,
@@ -248,7 +302,12 @@ impl Memory {
             cols,
             numel,
             name: t.name.clone(),
+            scales,
         });
+        match self.weight_bytes.iter_mut().find(|(d, _)| *d == t.dtype) {
+            Some((_, b)) => *b += bytes.len(),
+            None => self.weight_bytes.push((t.dtype, bytes.len())),
+        }
         Ok(WeightId((self.weights.len() - 1) as u32))
     }
 
@@ -267,6 +326,63 @@ impl Memory {
         }
         TensorRef::new(self.store(w.store)?, w.offset, acl_dtype(w.dtype)?, &i64s(shape))
             .map_err(|e| acl_err(&format!("weight `{}`", w.name), e))
+    }
+
+    /// Device bytes of the uploaded weights per stored dtype (Q8_0 / Q4_0 kept quantized count their
+    /// INT8 / INT4 values and scales; one-time casts of biases or scales are not counted).
+    pub fn weight_bytes(&self) -> Vec<(DType, usize)> {
+        self.weight_bytes.clone()
+    }
+
+    /// Makes the scales of quantized weight `id` available in `act`: the stored f16 ones, or a bf16 copy
+    /// cast on the device once (queued on `ctx`).
+    pub fn ensure_quant_scales(&mut self, ctx: &mut ascend_sys::Context, id: WeightId, act: DType) -> Result<()> {
+        let w = self.weight(id)?.clone();
+        let at = w.scales.ok_or_else(|| be_err(format!("weight `{}` is not kept quantized", w.name)))?;
+        match act {
+            DType::F16 => Ok(()),
+            DType::BF16 if self.scale_casts.contains_key(&id.0) => Ok(()),
+            DType::BF16 => {
+                let len = (w.rows * (w.cols / QUANT_GROUP)) as i64;
+                let buf = self.malloc(&format!("weight `{}` scales as bf16", w.name), 2 * len as usize)?;
+                self.stores.push(Some(buf));
+                let s = self.stores.len() - 1;
+                let what = format!("weight `{}` scales", w.name);
+                let src = TensorRef::new(self.store(w.store)?, at, Acl::F16, &[len]).map_err(|e| acl_err(&what, e))?;
+                let dst = TensorRef::new(self.store(s)?, 0, Acl::Bf16, &[len]).map_err(|e| acl_err(&what, e))?;
+                aclnn::cast(ctx, &src, &dst).map_err(|e| acl_err(&format!("{what} cast"), e))?;
+                self.scale_casts.insert(id.0, s);
+                Ok(())
+            }
+            other => Err(be_err(format!("weight `{}`: activations {other} (f16 or bf16)", w.name))),
+        }
+    }
+
+    /// A weight kept quantized as aclnnWeightQuantBatchMatmulV2 takes it: the weight `[cols, rows]` (a
+    /// transposed view of the `[rows, cols]` store, INT8 or INT4) and its per-group scales
+    /// `[cols / 32, rows]` in `act` (a transposed view; [`Memory::ensure_quant_scales`] first).
+    pub fn quant_operands(&self, id: WeightId, act: DType) -> Result<(TensorRef<'_>, TensorRef<'_>)> {
+        let w = self.weight(id)?;
+        let at = w.scales.ok_or_else(|| be_err(format!("weight `{}` is not kept quantized", w.name)))?;
+        let (n, k, groups) = (w.rows as i64, w.cols as i64, (w.cols / QUANT_GROUP) as i64);
+        let (store, at) = match act {
+            DType::BF16 => {
+                let s = self.scale_casts.get(&id.0).ok_or_else(|| {
+                    be_err(format!("weight `{}`: bf16 scales not made (a bug in the caller)", w.name))
+                })?;
+                (*s, 0)
+            }
+            _ => (w.store, at),
+        };
+        let qt = if w.dtype == DType::Q4_0 { Acl::I4 } else { Acl::I8 };
+        let what = format!("weight `{}`", w.name);
+        let wt = TensorRef::new(self.store(w.store)?, w.offset, qt, &[n, k])
+            .and_then(|t| t.transpose(0, 1))
+            .map_err(|e| acl_err(&what, e))?;
+        let st = TensorRef::new(self.store(store)?, at, acl_dtype(act)?, &[n, groups])
+            .and_then(|t| t.transpose(0, 1))
+            .map_err(|e| acl_err(&what, e))?;
+        Ok((wt, st))
     }
 
     /// `id` in `dtype`: itself, or a copy cast on the device once (queued on `ctx`).

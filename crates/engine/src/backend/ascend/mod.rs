@@ -252,6 +252,10 @@ impl Backend for AscendBackend {
         self.mem.upload_weight(tensor)
     }
 
+    fn weight_bytes_by_dtype(&self) -> Vec<(DType, usize)> {
+        self.mem.weight_bytes()
+    }
+
     fn write(&mut self, dst: View, src: &[u8]) -> Result<()> {
         // Staged: `src` may be reused as soon as this returns.
         self.write_async(dst, src)

@@ -21,8 +21,15 @@
 //! - Mm (NN `matmul/mat_mul_v3/docs/aclnnMm.md`): absent on 310B; bf16 only on A2/A3. self and mat2
 //!   follow CANN's dtype promotion (互推导关系: f32 with f16/bf16 promotes to f32, which the simulator
 //!   implements); tboost converts weights to the activation dtype at upload instead, because a promoted
-//!   f32 matmul would keep f32 weights (twice the device memory) and f32 outputs. GGUF block types and
-//!   int8 activations have no declared op (`aclnnWeightQuantBatchMatmulV2` is not declared).
+//!   f32 matmul would keep f32 weights (twice the device memory) and f32 outputs. Int8 activations have
+//!   no declared op.
+//! - WeightQuantBatchMatmulV2 (NN `matmul/weight_quant_batch_matmul_v2/docs/aclnnWeightQuantBatchMatmulV2.md`):
+//!   Q8_0 and Q4_0 weights stay quantized as A16W8/A16W4 per group of 32 (an f16/bf16 scale per block;
+//!   Q4_0's `q - 8` fits INT4, so no offset). The doc: x f16/bf16, weight INT8/INT4, scale in x's dtype,
+//!   antiquantGroupSize a multiple of 32 in [32, k-1] (so k > 32), k and n in [1, 65535]. tboost uses it on
+//!   A2/A3 (and 950) only: Atlas inference (310P) takes INT8 with FLOAT16 and other scale layouts (not
+//!   built), 310B and the training series are not in its product table. Elsewhere the plan converts the
+//!   weights to f16 at upload and reports why.
 //! - MoeGatingTopKSoftmax (YC doc): k ≤ 1024, A2/A3 only; it does not renormalise (tboost adds
 //!   `aclnnMm` with ones + `aclnnDiv`). GroupedMatmulV4 (OT `gmm/grouped_matmul/docs/
 //!   aclnnGroupedMatmulV4.md`): at most 1024 groups (the simulator's bound); on 310P only FLOAT16 with
@@ -106,6 +113,15 @@ fn no(param: &'static str, value: impl std::fmt::Display, need: impl Into<String
     Err(Unsupported::new(param, value, need))
 }
 
+pub(super) const WQBMM: &str = "aclnnWeightQuantBatchMatmulV2";
+/// The antiquant group: one GGUF block.
+pub(super) const QUANT_GROUP: usize = 32;
+
+/// The block types kept quantized on the device (A16W8 / A16W4 per 32-value group).
+pub(super) fn quant_kept(d: DType) -> bool {
+    matches!(d, DType::Q8_0 | DType::Q4_0)
+}
+
 const GROUPED: [&str; 5] =
     ["aclnnMoeInitRoutingV2", "aclnnGroupedMatmulV4", "aclnnSwiGlu", "aclnnMoeFinalizeRoutingV2", "aclnnCast"];
 const ROUTE: [&str; 4] = ["aclnnCast", "aclnnMoeGatingTopKSoftmax", "aclnnMm", "aclnnDiv"];
@@ -168,6 +184,13 @@ impl Caps {
             | "aclnnFusedInferAttentionScoreV3"
             | "aclnnFusedInferAttentionScoreV4"
             | "aclnnFusedInferAttentionScoreV5" => self.a2a3(op)?,
+            WQBMM if !self.soc.is_a2_or_a3() => {
+                return no(
+                    "soc",
+                    &self.soc_name,
+                    format!("Atlas A2/A3 for {WQBMM} (A16W8/A16W4 per group; tboost has no 310P layout)"),
+                )
+            }
             "aclnnRmsNorm" | "aclnnSwiGlu" | "aclnnMm" if soc == Ascend310B => {
                 return no("soc", &self.soc_name, format!("a SoC that has the {op} kernel (200I/500 A2 has none)"))
             }
@@ -216,15 +239,7 @@ impl Caps {
             );
         }
         if c.dtype.is_quantized() {
-            return no(
-                "weight_dtype",
-                c.dtype,
-                format!(
-                    "{} (GGUF block types have no declared aclnn op: aclnnWeightQuantBatchMatmulV2 is not \
-                     declared; the plan converts them at upload)",
-                    c.act_dtype
-                ),
-            );
+            return self.quant_matmul(c);
         }
         if c.dtype != c.act_dtype {
             return no(
@@ -238,6 +253,29 @@ impl Caps {
             );
         }
         self.ops(&["aclnnMm", "aclnnInplaceAdd", "aclnnCast"])
+    }
+
+    /// A GGUF block-type weight through aclnnWeightQuantBatchMatmulV2 (rules in the module docs).
+    fn quant_matmul(&self, c: &MatMulCase) -> Result<(), Unsupported> {
+        if !quant_kept(c.dtype) {
+            return no(
+                "weight_dtype",
+                c.dtype,
+                format!("q8_0 or q4_0 for aclnnWeightQuantBatchMatmulV2, or {} (converted at upload)", c.act_dtype),
+            );
+        }
+        self.op(WQBMM)?;
+        if c.cols <= QUANT_GROUP || !c.cols.is_multiple_of(QUANT_GROUP) || c.cols > 65535 {
+            return no(
+                "cols",
+                c.cols,
+                "a multiple of 32 above 32 and at most 65535 (antiquantGroupSize 32 must lie in [32, k-1])",
+            );
+        }
+        if c.rows > 65535 {
+            return no("rows", c.rows, "at most 65535 (n of aclnnWeightQuantBatchMatmulV2)");
+        }
+        self.ops(&["aclnnInplaceAdd", "aclnnCast"])
     }
 
     fn attention(&self, kind: AttnKind, c: &AttentionCase) -> Result<(), Unsupported> {
@@ -385,6 +423,16 @@ impl Caps {
                 if top_k == 0 || top_k > experts {
                     return no("top_k", top_k, format!("1..={experts}"));
                 }
+                for c in [&gate, &down] {
+                    if c.dtype.is_quantized() {
+                        // the grouped path stacks float experts for GroupedMatmulV4 (no antiquant inputs here)
+                        return no(
+                            "weight_dtype",
+                            c.dtype,
+                            format!("{} (aclnnGroupedMatmulV4 runs float experts; converted at upload)", c.act_dtype),
+                        );
+                    }
+                }
                 self.matmul(&gate)?;
                 self.matmul(&down)?;
                 self.ops(&GROUPED)
@@ -422,7 +470,10 @@ impl Caps {
             OpQuery::RmsNorm { fused_add: true, .. } => s("aclnnAddRmsNorm"),
             OpQuery::RmsNorm { .. } => s("aclnnRmsNorm"),
             OpQuery::Add { .. } => s("aclnnInplaceAdd"),
+            OpQuery::MatMul(c) if c.dtype.is_quantized() => s(WQBMM),
+            OpQuery::MatMulFused { cases } if cases.iter().flatten().any(|c| c.dtype.is_quantized()) => s(WQBMM),
             OpQuery::MatMul(_) | OpQuery::MatMulFused { .. } => s("aclnnMm"),
+            OpQuery::MatMulSwiGlu { gate, .. } if gate.dtype.is_quantized() => Some(format!("{WQBMM}+aclnnSwiGlu")),
             OpQuery::MatMulSwiGlu { .. } => s("aclnnMm+aclnnSwiGlu"),
             OpQuery::SwiGlu { .. } => s("aclnnSwiGlu"),
             OpQuery::RopeTables { .. } => None,
