@@ -424,7 +424,10 @@ fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
             (DType::BF16, PrecisionPolicy::Fast) => {
                 tboost_kernels::gemm::dense::bf16_pair_panels::applies() || amx_tiles
             }
-            (DType::F16, PrecisionPolicy::Fast) => tboost_kernels::gemm::dense::amx_pair_panels::applies(),
+            // Without AMX, fast f16 falls back to the exact kernel, which packs where it pays.
+            (DType::F16, PrecisionPolicy::Fast) => {
+                amx_tiles || tboost_kernels::gemm::dense::exact_panels::pays(DType::F16)
+            }
             _ if dtype.is_float() => tboost_kernels::gemm::dense::exact_panels::pays(dtype),
             _ => true,
         };
