@@ -74,7 +74,8 @@ impl ModelRunner {
         if !plan.uses_cpu_fallback() {
             cpu = None;
         }
-        let ids = WeightIds::upload(&plan, w, primary.as_mut(), cpu.as_mut())?;
+        let mut ids = WeightIds::upload(&plan, w, primary.as_mut(), cpu.as_mut())?;
+        ids.embed_scale = plan::embed_scale(&cfg, w.embed.dtype);
         Ok(ModelRunner {
             weight_bytes: w.total_bytes(),
             cfg,
@@ -225,7 +226,14 @@ impl ModelRunner {
                     format!("sequence {i} [{q_start}, {q_len}, {ctx_len}] does not follow row {covered}"),
                 ));
             }
-            if let Some(&b) = table[..used].iter().find(|&&b| b as usize >= blocks) {
+            // With one sliding window in every layer, blocks behind the first row's window may
+            // have been given back (`KvManager::set_window`): they are never read.
+            let first = (ctx_len - q_len) as usize;
+            let skip = match self.cfg.features.uniform_window() {
+                Some(w) => ((first + 1).saturating_sub(w) / bs).min(used),
+                None => 0,
+            };
+            if let Some(&b) = table[skip..used].iter().find(|&&b| b as usize >= blocks) {
                 return Err(Error::invalid("block_tables", format!("sequence {i} names block {b} of {blocks}")));
             }
             covered += q_len;
