@@ -30,6 +30,11 @@
 #                              the memory the previous process freed is reported to the host for
 #                              a few seconds after, and a run inside that window is slower
 #   --no-concurrency           skip the concurrent-request rows
+#   --depth N                  also the long-context rows on the first model: prefill N tokens
+#                              (llama-bench -p N -n 0) and decode 64 tokens at depth N
+#                              (llama-bench -n 64 -d N), once per --kv-dtype
+#   --kv-dtype LIST            tboost KV cache types for the --depth rows, comma-separated
+#                              (default f16, llama.cpp's own; e.g. f16,q8_0)
 #   --quick                    a smoke run: the `small` shape as Q8_0 and BF16 plus the demo
 #                              model if cached, pp64/tg16, concurrency 1,4, one alternation
 #   --out FILE                 also write the report to FILE; when FILE already holds machine sections
@@ -44,7 +49,7 @@ note() { echo "bench-vs-llamacpp: $*" >&2; }
 
 LLAMA_BENCH="${LLAMA_BENCH:-}"
 LLAMA_BATCHED_BENCH="${LLAMA_BATCHED_BENCH:-}"
-TBOOST="" PRECISION=fast THREADS=2 RUNS=3 IDLE=90 WAIT=120 SETTLE=5 QUICK=0 CONC=1 OUT="" KEEP=""
+TBOOST="" PRECISION=fast THREADS=2 RUNS=3 IDLE=90 WAIT=120 SETTLE=5 QUICK=0 CONC=1 OUT="" KEEP="" DEPTH=0 KVS=f16
 CACHE="${TBOOST_BENCH_CACHE:-$HOME/.cache/tboost/bench}"
 MODELS=()
 while [ $# -gt 0 ]; do
@@ -60,6 +65,8 @@ while [ $# -gt 0 ]; do
     --wait) WAIT="$2"; shift 2 ;;
     --settle) SETTLE="$2"; shift 2 ;;
     --no-concurrency) CONC=0; shift ;;
+    --depth) DEPTH="$2"; shift 2 ;;
+    --kv-dtype) KVS="$2"; shift 2 ;;
     --quick) QUICK=1; shift ;;
     --out) OUT="$2"; shift 2 ;;
     --raw) KEEP="$2"; shift 2 ;;
@@ -82,6 +89,7 @@ fi
 command -v python3 >/dev/null || die "python3 is needed to read the engines' JSON and tables"
 case "$RUNS" in ''|*[!0-9]*) die "--runs must be a number, got '$RUNS'" ;; esac
 case "$THREADS" in ''|*[!0-9]*|0) die "--threads must be a positive number, got '$THREADS'" ;; esac
+case "$DEPTH" in ''|*[!0-9]*) die "--depth must be a number of tokens, got '$DEPTH'" ;; esac
 
 if [ -z "$TBOOST" ]; then
   TBOOST=target/release/tboost
@@ -92,7 +100,7 @@ if [ -z "$TBOOST" ]; then
 fi
 [ -x "$TBOOST" ] || die "--tboost $TBOOST is not an executable file"
 
-PP=512 TG=128 NPL=1,4,16 NPP=32 NTG=64 SHAPE=tinyllama-1.1b DTYPES="q4_0 q8_0 bf16 f16"
+DTG=64 PP=512 TG=128 NPL=1,4,16 NPP=32 NTG=64 SHAPE=tinyllama-1.1b DTYPES="q4_0 q8_0 bf16 f16"
 if [ "$QUICK" = 1 ]; then
   PP=64 TG=16 NPL=1,4 RUNS=1 SHAPE=small DTYPES="q8_0 bf16" WAIT=10
 fi
@@ -225,6 +233,34 @@ for m in "${MODELS[@]}"; do
     run_llama "$m" "$r"
   done
 done
+# Long-context rows: prefill DEPTH tokens, and decode at depth DEPTH (tboost decodes right
+# after its DEPTH-token prefill; llama-bench -d fills the context first), per KV type.
+run_tboost_depth() { # model kv run-index
+  local m="$1" kv="$2" r="$3"
+  wait_idle "tboost depth $DEPTH kv $kv $(basename "$m") #$r"
+  settle
+  "$TBOOST" bench --model "$m" --prefill "$DEPTH" --decode "$DTG" --threads "$THREADS" --repeat 1 --precision "$PRECISION" \
+    --kv-dtype "$kv" --json > "$RAW/tbd.$kv.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "tboost bench --kv-dtype $kv failed on $m"
+}
+run_llama_depth() {
+  local m="$1" r="$2"
+  wait_idle "llama-bench depth $DEPTH $(basename "$m") #$r"
+  settle
+  "$LLAMA_BENCH" -m "$m" -t "$THREADS" -p "$DEPTH" -n 0 -r 1 -o json \
+    > "$RAW/lbdp.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "llama-bench -p $DEPTH failed on $m"
+  settle
+  "$LLAMA_BENCH" -m "$m" -t "$THREADS" -p 0 -n "$DTG" -d "$DEPTH" -r 1 -o json \
+    > "$RAW/lbdg.$(basename "$m").$r.json" 2>> "$RAW/stderr.log" || die "llama-bench -d $DEPTH failed on $m"
+}
+if [ "$DEPTH" -gt 0 ]; then
+  dm="${MODELS[0]}"
+  for r in $(seq 1 "$RUNS"); do
+    note "$(basename "$dm"): depth $DEPTH alternation $r/$RUNS"
+    for kv in ${KVS//,/ }; do run_tboost_depth "$dm" "$kv" "$r"; done
+    run_llama_depth "$dm" "$r"
+  done
+fi
+
 # Concurrency rows: the demo model (the issue's target) or, with explicit files, the first.
 if [ "$CONC" = 1 ]; then
   cm="${MODELS[0]}"
@@ -239,6 +275,22 @@ CPU="$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2- | sed 's/^ *//')"
 # The instruction sets the kernels choose between; with the CPU model, the key of the machine's
 # section in docs/perf/BENCHMARKS.md.
 FLAGS=" $(grep -m1 '^flags' /proc/cpuinfo | cut -d: -f2-) "
+# The CPU kind (a microarchitecture name) from the vendor, family and model numbers: the model
+# name alone ("AMD EPYC" on many VMs) cannot tell Zen 2 from Zen 3.
+cpu_kind() {
+  local vendor fam model
+  vendor="$(grep -m1 '^vendor_id' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')"
+  fam="$(grep -m1 '^cpu family' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')"
+  model="$(grep -m1 '^model[[:space:]]*:' /proc/cpuinfo | cut -d: -f2 | tr -d ' ')"
+  case "$vendor:$fam" in
+    AuthenticAMD:23) if [ "$model" -ge 48 ]; then echo "Zen 2"; else echo "Zen/Zen+"; fi ;;
+    AuthenticAMD:25) if { [ "$model" -ge 16 ] && [ "$model" -le 31 ]; } || { [ "$model" -ge 96 ] && [ "$model" -le 127 ]; } || { [ "$model" -ge 160 ] && [ "$model" -le 175 ]; }; then echo "Zen 4"; else echo "Zen 3"; fi ;;
+    AuthenticAMD:26) echo "Zen 5" ;;
+    GenuineIntel:6) if [[ "$FLAGS" == *" amx_tile "* ]]; then echo "Intel family 6 model $model, AMX"; else echo "Intel family 6 model $model"; fi ;;
+    *) echo "$vendor family $fam model $model" ;;
+  esac
+}
+CPU="$CPU, $(cpu_kind)"
 has_flag() { [[ "$FLAGS" == *" $1 "* ]]; }
 if has_flag avx512f; then
   ISA="AVX-512"
@@ -251,10 +303,11 @@ elif has_flag avx2; then
 else
   ISA="no AVX2"
 fi
-python3 - "$RAW" "$RUNS" "$THREADS" "$PP" "$TG" "$NPP" "$NTG" "$NPL" "$CPU" "$BUSY_RUNS" "$CONC" "$PRECISION" "$ISA" "${MODELS[@]}" <<'PY' | tee "$RAW/report.md"
+python3 - "$RAW" "$RUNS" "$THREADS" "$PP" "$TG" "$NPP" "$NTG" "$NPL" "$CPU" "$BUSY_RUNS" "$CONC" "$PRECISION" "$ISA" "$DEPTH" "$DTG" "$KVS" "${MODELS[@]}" <<'PY' | tee "$RAW/report.md"
 import json, os, re, statistics, sys, datetime
-raw, runs, threads, pp, tg, npp, ntg, npl, cpu, busy, conc, precision, isa = sys.argv[1:14]
-models = sys.argv[14:]
+raw, runs, threads, pp, tg, npp, ntg, npl, cpu, busy, conc, precision, isa, depth, dtg, kvs = sys.argv[1:17]
+models = sys.argv[17:]
+depth, dtg, kvs = int(depth), int(dtg), kvs.split(',')
 runs, pp, tg = int(runs), int(pp), int(tg)
 npl = [int(v) for v in npl.split(',')]
 
@@ -281,6 +334,15 @@ def batched(path):
             out[int(cells[2])] = float(cells[7])
     return out
 
+def llama_depth(path, which):
+    text = open(path).read()
+    try:
+        recs = json.loads(text)
+    except json.JSONDecodeError:
+        recs = [json.loads(l) for l in text.splitlines() if l.strip().startswith('{')]
+    v = [rec['avg_ts'] for rec in recs if (rec.get('n_gen') == 0) == (which == 'p')]
+    return v[0] if v else float('nan')
+
 def r(a, b):
     return f"{a / b:.2f}×" if b and b == b and a == a else "n/a"
 
@@ -293,6 +355,7 @@ print()
 print(f"| model | tboost pp{pp} | llama.cpp pp{pp} | pp ratio | tboost pp spread | llama.cpp pp spread | tboost tg{tg} | llama.cpp tg{tg} | tg ratio | tg roof | tboost / roof | llama.cpp / roof | 1.3× llama.cpp / roof |")
 print("|---|---|---|---|---|---|---|---|---|---|---|---|---|")
 per_run = []
+kernels = set()
 for m in models:
     b = os.path.basename(m)
     tp, td, lp, ld, roof, lroof = [], [], [], [], [], []
@@ -313,6 +376,7 @@ for m in models:
     lspread = (max(lp) - min(lp)) / c if c == c and c else float('nan')
     print(f"| {b} | {a:.1f} | {c:.1f} | {r(a, c)} | {spread:.0%} | {lspread:.0%} | {e:.2f} | {f:.2f} | {r(e, f)} | {med(roof):.1f} | {e / med(roof):.0%} | {f / med(roof):.0%} | {1.3 * f / med(roof):.0%} |")
     per_run.append((b, td, ld, roof, lroof))
+    kernels.add(json.load(open(f"{raw}/tb.{b}.1.json")).get('backend', '?'))
 print()
 print("Decode at each run's own bandwidth: the same probe taken just before every llama-bench run, "
       "so each engine's tg is set against the read bandwidth of its own minute. Per alternation, "
@@ -324,6 +388,25 @@ for b, td, ld, roof, lroof in per_run:
     norm = [(t / rt) / (l / rl) for t, rt, l, rl in zip(td, roof, ld, lroof) if l == l and l]
     fmt = lambda v, rf: ", ".join(f"{x:.1f} ({x / y:.0%})" for x, y in zip(v, rf))
     print(f"| {b} | {fmt(td, roof)} | {fmt(ld, lroof)} | {med(norm):.2f}× |")
+print()
+print("tboost kernels (as `tboost bench` names its backend): " + ", ".join(sorted(kernels)))
+if depth > 0:
+    b = os.path.basename(models[0])
+    print()
+    print(f"Long context, {b}: prefill {depth} tokens, and decode {dtg} tokens at depth {depth} "
+          f"(llama.cpp: llama-bench -p {depth} -n 0 and -n {dtg} -d {depth}, its f16 KV cache):")
+    print()
+    print("| engine | KV cache | prefill tokens/s | ratio | decode tokens/s at depth | ratio | peak RSS MiB |")
+    print("|---|---|---|---|---|---|---|")
+    lp = med([llama_depth(f"{raw}/lbdp.{b}.{i}.json", 'p') for i in range(1, runs + 1)])
+    lg = med([llama_depth(f"{raw}/lbdg.{b}.{i}.json", 'g') for i in range(1, runs + 1)])
+    for kv in kvs:
+        js = [json.load(open(f"{raw}/tbd.{kv}.{b}.{i}.json")) for i in range(1, runs + 1)]
+        p = med([j['prefill_tokens_per_s'] for j in js])
+        g = med([j['decode_tokens_per_s'] for j in js])
+        rss = med([j['peak_rss_bytes'] for j in js]) / 2**20
+        print(f"| tboost | {kv} | {p:.1f} | {r(p, lp)} | {g:.2f} | {r(g, lg)} | {rss:.0f} |")
+    print(f"| llama.cpp | f16 | {lp:.1f} | | {lg:.2f} | | |")
 if conc == '1':
     b = os.path.basename(models[0])
     print()

@@ -35,6 +35,10 @@ APT_PACKAGES=(
   # (above) builds the CANN simulator.
   "libclang-dev|run:compgen -G '/usr/lib/llvm-*/lib/libclang.so'"
   "clang|cmd:clang"
+  # Tensor parallelism over MPI (engine key comm=mpi): mpirun, and libmpi.so.40 that the
+  # engine loads at run time.
+  "openmpi-bin|cmd:mpirun"
+  "libopenmpi-dev|run:ldconfig -p | grep -q libmpi.so.40"
   # More packages go here, one per line.
 )
 

@@ -271,7 +271,12 @@ static int remove_alloc_locked(void *base, int host, uint64_t *sizeOut) {
 /* ------------------------------------------------------------------ init, devices */
 
 static int g_inited, g_finalized;
-static int32_t g_device = -1;
+/* aclrtSetDevice "sets the compute device in the current thread" (CANN runtime API reference,
+ * aclcppdevg_03_0038): the current device is per thread; each SetDevice adds a reference to the device
+ * that aclrtResetDevice drops (aclcppdevg_03_0040). */
+#define SIM_MAX_DEVICES 64
+static _Thread_local int32_t t_device = -1;
+static int64_t g_deviceRefs[SIM_MAX_DEVICES];
 
 aclError aclInit(const char *configPath) {
     (void)configPath;
@@ -301,9 +306,10 @@ static int require_init(const char *fn) {
 #define REQUIRE_DEVICE(fn)                                                              \
     do {                                                                                \
         REQUIRE_INIT(fn);                                                               \
-        if (g_device < 0) {                                                             \
-            sim_error("%s: no device is set: call aclrtSetDevice first", fn);          \
-            return ACL_ERROR_INVALID_DEVICE;                                            \
+        if (t_device < 0) {                                                             \
+            sim_error("%s: this thread has no current device (context is null): call "  \
+                      "aclrtSetDevice on this thread first", fn);                      \
+            return ACL_ERROR_RT_CONTEXT_NULL;                                           \
         }                                                                               \
     } while (0)
 
@@ -321,12 +327,13 @@ aclError aclFinalize(void) {
     fprintf(stderr,
             SIM_TAG " aclFinalize: outstanding %lld device allocations (%lld bytes), %lld host allocations, "
                     "%lld executors, %lld tensors, %lld int arrays, %lld tensor lists, %lld scalars, %lld streams, "
-                    "%lld events, %lld pending tasks; %llu ops launched, %llu run, %llu rule violations\n",
+                    "%lld events, %lld pending tasks; %llu ops launched, %llu run, %llu rule violations, %llu executor "
+                    "double frees\n",
             (long long)s.deviceAllocations, (long long)s.deviceBytes, (long long)s.hostAllocations,
             (long long)s.liveExecutors, (long long)s.liveTensors, (long long)s.liveIntArrays,
             (long long)s.liveTensorLists, (long long)s.liveScalars, (long long)s.liveStreams, (long long)s.liveEvents,
             (long long)s.pendingTasks, (unsigned long long)s.opLaunches, (unsigned long long)s.opsRun,
-            (unsigned long long)s.ruleViolations);
+            (unsigned long long)s.ruleViolations, (unsigned long long)s.executorDoubleFrees);
     return ACL_SUCCESS;
 }
 
@@ -374,17 +381,42 @@ aclError aclrtSetDevice(int32_t deviceId) {
                   cfg()->deviceCount);
         return ACL_ERROR_INVALID_DEVICE;
     }
-    g_device = deviceId;
+    if (deviceId >= SIM_MAX_DEVICES) {
+        sim_error("aclrtSetDevice: the SIMULATOR has at most %d devices", SIM_MAX_DEVICES);
+        return ACL_ERROR_INVALID_DEVICE;
+    }
+    LOCK();
+    g_deviceRefs[deviceId]++;
+    UNLOCK();
+    t_device = deviceId;
+    return ACL_SUCCESS;
+}
+
+aclError aclrtGetDevice(int32_t *deviceId) {
+    REQUIRE_INIT("aclrtGetDevice");
+    if (!deviceId) {
+        sim_error("aclrtGetDevice: deviceId is NULL");
+        return ACL_ERROR_INVALID_PARAM;
+    }
+    if (t_device < 0) {
+        sim_error("aclrtGetDevice: this thread has no current device (context is null)");
+        return ACL_ERROR_RT_CONTEXT_NULL;
+    }
+    *deviceId = t_device;
     return ACL_SUCCESS;
 }
 
 aclError aclrtResetDevice(int32_t deviceId) {
     REQUIRE_INIT("aclrtResetDevice");
-    if (deviceId != g_device) {
-        sim_error("aclrtResetDevice: device %d is not the current device (%d)", deviceId, g_device);
+    LOCK();
+    if (deviceId < 0 || deviceId >= SIM_MAX_DEVICES || g_deviceRefs[deviceId] == 0) {
+        UNLOCK();
+        sim_error("aclrtResetDevice: device %d was not set (no aclrtSetDevice reference left)", deviceId);
         return ACL_ERROR_INVALID_DEVICE;
     }
-    g_device = -1;
+    g_deviceRefs[deviceId]--;
+    UNLOCK();
+    if (t_device == deviceId) t_device = -1;
     return ACL_SUCCESS;
 }
 
@@ -433,7 +465,7 @@ aclError aclrtMalloc(void **devPtr, size_t size, aclrtMemMallocPolicy policy) {
 }
 
 aclError aclrtFree(void *devPtr) {
-    REQUIRE_INIT("aclrtFree");
+    REQUIRE_DEVICE("aclrtFree");
     uint64_t size = 0;
     LOCK();
     int ok = devPtr && remove_alloc_locked(devPtr, 0, &size);
@@ -533,7 +565,7 @@ static aclError check_copy(const char *fn, void *dst, size_t destMax, const void
 }
 
 aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind) {
-    REQUIRE_INIT("aclrtMemcpy");
+    REQUIRE_DEVICE("aclrtMemcpy");
     int64_t d, s;
     aclError rc = check_copy("aclrtMemcpy", dst, destMax, src, count, kind, 0, &d, &s);
     if (rc) return rc;
@@ -542,7 +574,7 @@ aclError aclrtMemcpy(void *dst, size_t destMax, const void *src, size_t count, a
 }
 
 aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count) {
-    REQUIRE_INIT("aclrtMemset");
+    REQUIRE_DEVICE("aclrtMemset");
     if (count > maxCount || tboostSimInternal_findAlloc(devPtr, count) < 0) {
         sim_error("aclrtMemset: %p..+%zu is not inside one live device allocation (or count > maxCount %zu)", devPtr,
                   count, maxCount);
@@ -780,7 +812,7 @@ static aclError finish_sync(SimStream *s, const char *fn) {
 }
 
 aclError aclrtSynchronizeStream(aclrtStream stream) {
-    REQUIRE_INIT("aclrtSynchronizeStream");
+    REQUIRE_DEVICE("aclrtSynchronizeStream");
     LOCK();
     SimStream *s = stream_of(stream);
     if (!s) {
@@ -793,7 +825,7 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
 }
 
 aclError aclrtSynchronizeDevice(void) {
-    REQUIRE_INIT("aclrtSynchronizeDevice");
+    REQUIRE_DEVICE("aclrtSynchronizeDevice");
     LOCK();
     for (size_t i = 0; i < g_streams.n; i++) {
         SimStream *s = (SimStream *)g_streams.items[i];
@@ -812,7 +844,7 @@ aclError aclrtSynchronizeDevice(void) {
 }
 
 aclError aclrtDestroyStream(aclrtStream stream) {
-    REQUIRE_INIT("aclrtDestroyStream");
+    REQUIRE_DEVICE("aclrtDestroyStream");
     LOCK();
     SimStream *s = stream ? stream_of(stream) : NULL;
     if (!s) {
@@ -842,11 +874,21 @@ aclError aclrtDestroyStream(aclrtStream stream) {
 
 aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind,
                           aclrtStream stream) {
-    REQUIRE_INIT("aclrtMemcpyAsync");
+    REQUIRE_DEVICE("aclrtMemcpyAsync");
     Task t;
     memset(&t, 0, sizeof t);
     aclError rc = check_copy("aclrtMemcpyAsync", dst, destMax, src, count, kind, 1, &t.dstId, &t.srcId);
     if (rc) return rc;
+    /* "The source address and destination address passed to this call must be 64-byte aligned."
+     * (aclrtMemcpyAsync, CANN 8.0.0 API reference aclcppdevg_03_0106). Enforced for on-chip copies, the
+     * ones tboost issues between its own buffers. */
+    if (kind == ACL_MEMCPY_DEVICE_TO_DEVICE && (((uintptr_t)dst % 64) || ((uintptr_t)src % 64))) {
+        LOCK();
+        g_stats.ruleViolations++;
+        UNLOCK();
+        sim_error("aclrtMemcpyAsync: device-to-device copy %p <- %p: both addresses must be 64-byte aligned", dst, src);
+        return ACL_ERROR_INVALID_PARAM;
+    }
     LOCK();
     SimStream *s = stream_of(stream);
     if (!s) {
@@ -861,7 +903,7 @@ aclError aclrtMemcpyAsync(void *dst, size_t destMax, const void *src, size_t cou
 }
 
 aclError aclrtMemsetAsync(void *devPtr, size_t maxCount, int32_t value, size_t count, aclrtStream stream) {
-    REQUIRE_INIT("aclrtMemsetAsync");
+    REQUIRE_DEVICE("aclrtMemsetAsync");
     int64_t id = tboostSimInternal_findAlloc(devPtr, count);
     if (count > maxCount || id < 0) {
         sim_error("aclrtMemsetAsync: %p..+%zu is not inside one live device allocation (or count > maxCount %zu)",
@@ -884,7 +926,7 @@ aclError aclrtMemsetAsync(void *devPtr, size_t maxCount, int32_t value, size_t c
 }
 
 aclError aclrtCreateEvent(aclrtEvent *event) {
-    REQUIRE_INIT("aclrtCreateEvent");
+    REQUIRE_DEVICE("aclrtCreateEvent");
     if (!event) return ACL_ERROR_INVALID_PARAM;
     SimEvent *ev = calloc(1, sizeof *ev);
     if (!ev) return ACL_ERROR_BAD_ALLOC;
@@ -898,7 +940,7 @@ aclError aclrtCreateEvent(aclrtEvent *event) {
 }
 
 aclError aclrtDestroyEvent(aclrtEvent event) {
-    REQUIRE_INIT("aclrtDestroyEvent");
+    REQUIRE_DEVICE("aclrtDestroyEvent");
     LOCK();
     if (!event || !ps_remove(&g_events, event)) {
         UNLOCK();
@@ -920,7 +962,7 @@ aclError aclrtDestroyEvent(aclrtEvent event) {
 }
 
 aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
-    REQUIRE_INIT("aclrtRecordEvent");
+    REQUIRE_DEVICE("aclrtRecordEvent");
     LOCK();
     SimStream *s = stream_of(stream);
     if (!event || ps_find(&g_events, event) < 0 || !s) {
@@ -940,7 +982,7 @@ aclError aclrtRecordEvent(aclrtEvent event, aclrtStream stream) {
 }
 
 aclError aclrtStreamWaitEvent(aclrtStream stream, aclrtEvent event) {
-    REQUIRE_INIT("aclrtStreamWaitEvent");
+    REQUIRE_DEVICE("aclrtStreamWaitEvent");
     LOCK();
     SimStream *s = stream_of(stream);
     if (!event || ps_find(&g_events, event) < 0 || !s) {
@@ -978,7 +1020,7 @@ aclError aclrtEventElapsedTime(float *ms, aclrtEvent startEvent, aclrtEvent endE
 }
 
 aclError aclrtSynchronizeEvent(aclrtEvent event) {
-    REQUIRE_INIT("aclrtSynchronizeEvent");
+    REQUIRE_DEVICE("aclrtSynchronizeEvent");
     LOCK();
     if (!event || ps_find(&g_events, event) < 0) {
         UNLOCK();
@@ -1061,6 +1103,32 @@ SIM_API aclnnStatus tboostSimInternal_execFinish(SimExec *se, uint64_t workspace
     return ACLNN_SUCCESS;
 }
 
+/* The execute phase consumes a one-shot executor whatever it returns: opbase's CommonOpExecutorRun
+ * (hicann/opbase src/nnopbase/composite_op/aclnn_engine/op_executor.cpp) deletes a non-repeatable
+ * executor after Run() returned, success or not, and DeleteExecutorForError deletes any executor (even a
+ * repeatable one) when workspaceSize > 0 comes with a NULL workspace. Only a repeatable executor is left
+ * for aclDestroyAclOpExecutor. */
+static void consume_locked(aclOpExecutor *e, int evenRepeatable) {
+    if (e->repeatable && !evenRepeatable) return;
+    if (e->pending > 0) { /* queued launches of a repeatable executor: released when they ran */
+        e->destroyed = 1;
+        e->repeatable = 0;
+        return;
+    }
+    if (g_consumed.n >= 4096) g_consumed.n = 0;
+    ps_add(&g_consumed, e);
+    free_exec_locked(e);
+}
+
+/* Fails the launch of a live executor: it is consumed as CANN would, then the message is set. */
+#define LAUNCH_FAIL(code, evenRepeatable, ...) \
+    do {                                       \
+        consume_locked(e, (evenRepeatable));   \
+        UNLOCK();                              \
+        sim_error(__VA_ARGS__);                \
+        return (code);                         \
+    } while (0)
+
 SIM_API aclnnStatus tboostSimInternal_launch(const char *op, void *workspace, uint64_t workspaceSize,
                                              aclOpExecutor *e, aclrtStream stream) {
     if (!e) {
@@ -1073,19 +1141,13 @@ SIM_API aclnnStatus tboostSimInternal_launch(const char *op, void *workspace, ui
         g_stats.ruleViolations++;
         UNLOCK();
         if (consumed)
-            sim_error("%s: executor %p already ran and was released; call aclSetAclOpExecutorRepeatable before the "
-                      "first launch to run it again",
+            sim_error("%s: executor %p already ran (or failed) and was released; call "
+                      "aclSetAclOpExecutorRepeatable before the first launch to run it again",
                       op, (void *)e);
         else
             sim_error("%s: executor %p was not returned by %sGetWorkspaceSize (or was destroyed): run the first "
                       "phase before the second",
                       op, (void *)e, op);
-        return ACLNN_ERR_PARAM_INVALID;
-    }
-    if (strcmp(e->op, op) != 0) {
-        g_stats.ruleViolations++;
-        UNLOCK();
-        sim_error("%s: executor %p belongs to %s", op, (void *)e, e->op);
         return ACLNN_ERR_PARAM_INVALID;
     }
     if (e->destroyed || (!e->repeatable && e->launches > 0)) {
@@ -1095,34 +1157,41 @@ SIM_API aclnnStatus tboostSimInternal_launch(const char *op, void *workspace, ui
                   (void *)e);
         return ACLNN_ERR_PARAM_INVALID;
     }
+    if (workspaceSize > 0 && !workspace)
+        LAUNCH_FAIL(ACLNN_ERR_PARAM_NULLPTR, 1, "%s: the workspace is NULL with workspaceSize %llu (the executor is "
+                    "deleted)", op, (unsigned long long)workspaceSize);
+    if (strcmp(e->op, op) != 0) {
+        g_stats.ruleViolations++;
+        LAUNCH_FAIL(ACLNN_ERR_PARAM_INVALID, 0, "%s: executor %p belongs to %s", op, (void *)e, e->op);
+    }
     if (workspaceSize < e->workspaceSize) {
         g_stats.ruleViolations++;
-        UNLOCK();
-        sim_error("%s: workspaceSize %llu is smaller than the %llu bytes GetWorkspaceSize asked for", op,
-                  (unsigned long long)workspaceSize, (unsigned long long)e->workspaceSize);
-        return ACLNN_ERR_PARAM_INVALID;
+        LAUNCH_FAIL(ACLNN_ERR_PARAM_INVALID, 0, "%s: workspaceSize %llu is smaller than the %llu bytes "
+                    "GetWorkspaceSize asked for", op, (unsigned long long)workspaceSize,
+                    (unsigned long long)e->workspaceSize);
     }
     int64_t wsId = -1;
     if (e->workspaceSize > 0) {
         wsId = workspace ? find_alloc_locked(workspace, workspaceSize, 0) : -1;
         if (wsId < 0) {
             g_stats.ruleViolations++;
-            UNLOCK();
-            sim_error("%s: workspace %p..+%llu is not inside one live device allocation", op, workspace,
-                      (unsigned long long)workspaceSize);
-            return ACLNN_ERR_PARAM_INVALID;
+            LAUNCH_FAIL(ACLNN_ERR_PARAM_INVALID, 0, "%s: workspace %p..+%llu is not inside one live device "
+                        "allocation", op, workspace, (unsigned long long)workspaceSize);
         }
     }
+    if (t_device < 0)
+        LAUNCH_FAIL(ACL_ERROR_RT_CONTEXT_NULL, 0, "%s: this thread has no current device (context is null): call "
+                    "aclrtSetDevice on this thread first", op);
     SimStream *s = stream_of(stream);
-    if (!s) {
-        UNLOCK();
-        sim_error("%s: stream %p is not a live stream", op, stream);
-        return ACLNN_ERR_PARAM_INVALID;
-    }
+    if (!s) LAUNCH_FAIL(ACLNN_ERR_PARAM_INVALID, 0, "%s: stream %p is not a live stream", op, stream);
     UNLOCK();
     aclnnStatus fault = tboostSimInternal_opFault(op, 1);
-    if (fault) return fault;
     LOCK();
+    if (fault) {
+        consume_locked(e, 0);
+        UNLOCK();
+        return fault; /* the message is set by opFault */
+    }
     e->launches++;
     e->pending++;
     g_stats.opLaunches++;
@@ -1153,6 +1222,15 @@ SIM_API aclnnStatus tboostSimInternal_setRepeatable(aclOpExecutor *e) {
 
 SIM_API aclnnStatus tboostSimInternal_destroyExec(aclOpExecutor *e) {
     LOCK();
+    if (e && ps_find(&g_objs[SIM_OBJ_EXEC], e) < 0 && ps_find(&g_consumed, e) >= 0) {
+        g_stats.ruleViolations++;
+        g_stats.executorDoubleFrees++;
+        UNLOCK();
+        sim_error("aclDestroyAclOpExecutor: executor %p was already deleted by its execute phase (a one-shot "
+                  "executor is consumed whatever the execute returned): double free",
+                  (void *)e);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
     if (!e || ps_find(&g_objs[SIM_OBJ_EXEC], e) < 0 || e->destroyed) {
         g_stats.ruleViolations++;
         UNLOCK();

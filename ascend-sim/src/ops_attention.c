@@ -1,5 +1,5 @@
 /*
- * ascend-sim ops_attention.c -- CANN SIMULATOR: aclnnFusedInferAttentionScoreV2/V3/V4 (one reference
+ * ascend-sim ops_attention.c -- CANN SIMULATOR: aclnnFusedInferAttentionScoreV2/V3/V4/V5 (one reference
  * implementation behind the three signatures) and aclnnScatterPaKvCache. Semantics and checks follow
  * OT attention/fused_infer_attention_score/docs/aclnnFusedInferAttentionScoreV2.md (and V3/V4) and
  * OT-EN attention/scatter_pa_kv_cache/docs/aclnnScatterPaKvCache_en.md. Simulated subset:
@@ -191,6 +191,12 @@ static aclnnStatus fia_gws(const char *OP, const aclTensor *query, const aclTens
     if (!soc_is_a2a3()) {
         sim_error("%s: no kernel for %s: the op supports Atlas A2/A3 only", OP, sim_soc_name());
         return ACLNN_ERR_INNER_FIND_KERNEL_ERROR;
+    }
+    /* On Ascend950 (DAV_3510) V1..V4 refuse at the first phase (ops-transformer
+     * attention/fused_infer_attention_score/op_api/aclnn_fused_infer_attention_score_v4.cpp and its V2/V3 twins) */
+    if (sim_soc() == SIM_SOC_950 && strcmp(OP, "aclnnFusedInferAttentionScoreV5") != 0) {
+        sim_error("Interface aclnnFusedInferAttentionScore versions V1 to V4 are no longer supported on Ascend950 (%s)", OP);
+        return ACLNN_ERR_RUNTIME_ERROR;
     }
     SimExec *se = tboostSimInternal_execNew(OP, fia_run, sizeof(FiaP));
     if (!se) return ACLNN_ERR_INNER;
@@ -422,6 +428,45 @@ aclnnStatus aclnnFusedInferAttentionScoreV4GetWorkspaceSize(
                    softmaxLse, workspaceSize, executor);
 }
 SIM_EXECUTE(aclnnFusedInferAttentionScoreV4)
+
+aclnnStatus aclnnFusedInferAttentionScoreV5GetWorkspaceSize(
+    const aclTensor *query, const aclTensorList *key, const aclTensorList *value, const aclTensor *pseShiftOptional,
+    const aclTensor *attenMaskOptional, const aclIntArray *actualSeqLengthsOptional,
+    const aclIntArray *actualSeqLengthsKvOptional, const aclTensor *deqScale1Optional,
+    const aclTensor *quantScale1Optional, const aclTensor *deqScale2Optional, const aclTensor *quantScale2Optional,
+    const aclTensor *quantOffset2Optional, const aclTensor *antiquantScaleOptional,
+    const aclTensor *antiquantOffsetOptional, const aclTensor *blockTableOptional,
+    const aclTensor *queryPaddingSizeOptional, const aclTensor *kvPaddingSizeOptional,
+    const aclTensor *keyAntiquantScaleOptional, const aclTensor *keyAntiquantOffsetOptional,
+    const aclTensor *valueAntiquantScaleOptional, const aclTensor *valueAntiquantOffsetOptional,
+    const aclTensor *keySharedPrefixOptional, const aclTensor *valueSharedPrefixOptional,
+    const aclIntArray *actualSharedPrefixLenOptional, const aclTensor *queryRopeOptional,
+    const aclTensor *keyRopeOptional, const aclTensor *keyRopeAntiquantScaleOptional,
+    const aclTensor *dequantScaleQueryOptional, const aclTensor *learnableSinkOptional,
+    const aclIntArray *qStartIdxOptional, const aclIntArray *kvStartIdxOptional, int64_t numHeads, double scaleValue,
+    int64_t preTokens, int64_t nextTokens, char *inputLayout, int64_t numKeyValueHeads, int64_t sparseMode,
+    int64_t innerPrecise, int64_t blockSize, int64_t antiquantMode, bool softmaxLseFlag, int64_t keyAntiquantMode,
+    int64_t valueAntiquantMode, int64_t queryQuantMode, int64_t pseType, const aclTensor *attentionOut,
+    const aclTensor *softmaxLse, uint64_t *workspaceSize, aclOpExecutor **executor) {
+    static const char *OP = "aclnnFusedInferAttentionScoreV5";
+    (void)antiquantMode, (void)keyAntiquantMode, (void)valueAntiquantMode, (void)queryQuantMode, (void)pseType;
+    if (qStartIdxOptional || kvStartIdxOptional) {
+        sim_error("%sGetWorkspaceSize: qStartIdx / kvStartIdx are not simulated (pass NULL)", OP);
+        return ACLNN_ERR_PARAM_INVALID;
+    }
+    const aclTensor *un[] = {deqScale1Optional, quantScale1Optional, deqScale2Optional, quantScale2Optional,
+                             quantOffset2Optional, antiquantScaleOptional, antiquantOffsetOptional,
+                             queryPaddingSizeOptional, kvPaddingSizeOptional, keyAntiquantScaleOptional,
+                             keyAntiquantOffsetOptional, valueAntiquantScaleOptional, valueAntiquantOffsetOptional,
+                             keySharedPrefixOptional, valueSharedPrefixOptional, queryRopeOptional, keyRopeOptional,
+                             keyRopeAntiquantScaleOptional, dequantScaleQueryOptional, learnableSinkOptional};
+    return fia_gws(OP, query, key, value, pseShiftOptional, attenMaskOptional, actualSeqLengthsOptional,
+                   actualSeqLengthsKvOptional, un, (int)(sizeof un / sizeof un[0]), actualSharedPrefixLenOptional,
+                   blockTableOptional, numHeads, scaleValue, preTokens, nextTokens, inputLayout, numKeyValueHeads,
+                   sparseMode, innerPrecise, blockSize, softmaxLseFlag, attentionOut, softmaxLse, workspaceSize,
+                   executor);
+}
+SIM_EXECUTE(aclnnFusedInferAttentionScoreV5)
 
 /* ---------------------------------------------------------------- ScatterPaKvCache (scenario 2, "Norm") */
 

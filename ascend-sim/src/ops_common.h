@@ -265,14 +265,48 @@ static inline aclnnStatus snap(SimExec *e, const char *op, const char *name, con
 
 #define T(e, i) (&(e)->x.tensors[(i)])
 
-static inline int soc_has_bf16(void) { return sim_soc() != SIM_SOC_310P; }
+/* bf16: none on Atlas inference (310P: ATB include/atb/types.h), training (910A) or 200I/500 A2 (310B)
+ * (the aclnnMm / aclnnRmsNorm docs list BFLOAT16 for Atlas A2/A3 only: ops-nn matmul/mat_mul_v3/docs/aclnnMm.md,
+ * norm/rms_norm/docs/aclnnRmsNorm.md). */
+static inline int soc_has_bf16(void) {
+    return sim_soc() != SIM_SOC_310P && sim_soc() != SIM_SOC_910A && sim_soc() != SIM_SOC_310B;
+}
 static inline int soc_is_a2a3(void) { return sim_soc() == SIM_SOC_910B || sim_soc() == SIM_SOC_910_93 || sim_soc() == SIM_SOC_950; }
 
 static inline aclnnStatus check_bf16(const char *op, const char *name, const aclTensor *t) {
     if (t && t->dtype == ACL_BF16 && !soc_has_bf16())
-        INVALID("%s: %s is BFLOAT16, which %s (Atlas inference series) does not support", op, name, sim_soc_name());
+        INVALID("%s: %s is BFLOAT16, which %s does not support (bf16 only on Atlas A2/A3)", op, name, sim_soc_name());
     return ACLNN_SUCCESS;
 }
+
+/* SoC profiles: which ops have kernels where, from each op doc's product-support table ("产品支持情况"):
+ * - RotaryPositionEmbedding: A2/A3 (and 950) only, not Atlas inference (310P), training (910A) or
+ *   200I/500 A2 (310B) (ops-transformer posembedding/rotary_position_embedding/docs/aclnnRotaryPositionEmbedding.md);
+ * - RmsNorm, SwiGlu, Mm: not on 200I/500 A2 (310B) (ops-nn norm/rms_norm/docs/aclnnRmsNorm.md,
+ *   activation/swi_glu/docs/aclnnSwiGlu.md, matmul/mat_mul_v3/docs/aclnnMm.md);
+ * - MoeInitRoutingV2, MoeFinalizeRoutingV2: not on training (910A) or 200I/500 A2 (310B)
+ *   (ops-transformer moe/moe_init_routing_v2/docs/aclnnMoeInitRoutingV2.md,
+ *   moe/moe_finalize_routing_v2/docs/aclnnMoeFinalizeRoutingV2.md).
+ * A missing kernel is what CANN reports for it: 561003 (ACLNN_ERR_INNER_FIND_KERNEL_ERROR). */
+static inline aclnnStatus soc_kernel(const char *op) {
+    SimSocFamily f = sim_soc();
+    int absent = 0;
+    if (strcmp(op, "aclnnRotaryPositionEmbedding") == 0) absent = !soc_is_a2a3();
+    else if (strcmp(op, "aclnnRmsNorm") == 0 || strcmp(op, "aclnnSwiGlu") == 0 || strcmp(op, "aclnnMm") == 0)
+        absent = f == SIM_SOC_310B;
+    else if (strcmp(op, "aclnnMoeInitRoutingV2") == 0 || strcmp(op, "aclnnMoeFinalizeRoutingV2") == 0)
+        absent = f == SIM_SOC_910A || f == SIM_SOC_310B;
+    if (absent) {
+        sim_error("%s: no kernel for %s (the op's product-support table does not list it)", op, sim_soc_name());
+        return ACLNN_ERR_INNER_FIND_KERNEL_ERROR;
+    }
+    return ACLNN_SUCCESS;
+}
+#define SOC_KERNEL(opname)                       \
+    do {                                         \
+        aclnnStatus _k = soc_kernel(opname);     \
+        if (_k) return _k;                       \
+    } while (0)
 
 /* the execute twin shared by every op */
 #define SIM_EXECUTE(opname)                                                                                  \

@@ -61,6 +61,7 @@ aclnnStatus aclnnRotaryPositionEmbeddingGetWorkspaceSize(const aclTensor *x, con
                                                          aclOpExecutor **executor) {
     static const char *OP = "aclnnRotaryPositionEmbedding";
     FAULT_GWS(OP);
+    SOC_KERNEL(OP);
     OUTS_NULL(OP);
     SimExec *se = tboostSimInternal_execNew(OP, rope_run, sizeof(RopeP));
     if (!se) return ACLNN_ERR_INNER;
@@ -238,6 +239,7 @@ aclnnStatus aclnnMoeInitRoutingV2GetWorkspaceSize(const aclTensor *x, const aclT
                                                   uint64_t *workspaceSize, aclOpExecutor **executor) {
     static const char *OP = "aclnnMoeInitRoutingV2";
     FAULT_GWS(OP);
+    SOC_KERNEL(OP);
     OUTS_NULL(OP);
     SimExec *se = tboostSimInternal_execNew(OP, init_run, sizeof(InitP));
     if (!se) return ACLNN_ERR_INNER;
@@ -260,6 +262,8 @@ aclnnStatus aclnnMoeInitRoutingV2GetWorkspaceSize(const aclTensor *x, const aclT
     if (dropPadMode < 0 || dropPadMode > 1 || expertTokensCountOrCumsumFlag < 0 || expertTokensCountOrCumsumFlag > 2)
         FAIL(ACLNN_ERR_INNER_TILING_ERROR, "%s: dropPadMode %lld (0/1) or expertTokensCountOrCumsumFlag %lld (0/1/2) unsupported", OP, (long long)dropPadMode, (long long)expertTokensCountOrCumsumFlag);
     if (sim_soc() == SIM_SOC_310P && dropPadMode != 0) FAIL(ACLNN_ERR_PARAM_INVALID, "%s: %s supports dropPadMode 0 only", OP, sim_soc_name());
+    /* Atlas inference (310P): H % 32 == 0 (ops-transformer moe/moe_init_routing_v2/docs/aclnnMoeInitRoutingV2.md) */
+    if (sim_soc() == SIM_SOC_310P && a->dims[1] % 32 != 0) FAIL(ACLNN_ERR_PARAM_INVALID, "%s: on %s H (%lld) must be a multiple of 32", OP, sim_soc_name(), (long long)a->dims[1]);
     p->N = a->dims[0], p->H = a->dims[1], p->K = ei->dims[1];
     p->active = activeNum, p->cap = expertCapacity, p->E = expertNum, p->drop = dropPadMode, p->cntFlag = expertTokensCountOrCumsumFlag;
     int64_t NK = p->N * p->K;
@@ -389,6 +393,11 @@ aclnnStatus aclnnGroupedMatmulV4GetWorkspaceSize(
             FAIL(ACLNN_ERR_PARAM_INVALID, "%s: bias must be %s for %s inputs", OP, a->dtype == ACL_FLOAT16 ? "FLOAT16" : "FLOAT32", dname(a->dtype));
         if (check_bf16(OP, "x", a)) FAIL(ACLNN_ERR_PARAM_INVALID, "%s: BFLOAT16 on %s", OP, sim_soc_name());
         int wNd = groupType == 0 ? 3 : 2;
+        /* Atlas inference (310P): FLOAT16 only, weight in FRACTAL_NZ, N a multiple of 16
+         * (ops-transformer gmm/grouped_matmul/docs/aclnnGroupedMatmulV4.md, product constraints) */
+        if (sim_soc() == SIM_SOC_310P && (a->dtype != ACL_FLOAT16 || w->format != ACL_FORMAT_FRACTAL_NZ || w->dims[wNd - 1] % 16 != 0))
+            FAIL(ACLNN_ERR_PARAM_INVALID, "%s: on %s x must be FLOAT16 (%s), weight FRACTAL_NZ (format %d) and N %% 16 == 0 (N %lld)", OP,
+                 sim_soc_name(), dname(a->dtype), (int)w->format, (long long)w->dims[wNd - 1]);
         if (a->ndim != 2 || w->ndim != wNd || o->ndim != 2 || w->dims[wNd - 2] != a->dims[1] || o->dims[0] != a->dims[0] || o->dims[1] != w->dims[wNd - 1])
             FAIL(ACLNN_ERR_PARAM_INVALID, "%s: x %s, weight %s, out %s do not fit (x [m,k], weight %s, out [m,n])", OP, SHAPE(a), SHAPE(w), SHAPE(o), wNd == 3 ? "[e,k,n]" : "[k,n]");
         if (a->strides[1] != 1 && a->dims[1] > 1) FAIL(ACLNN_ERR_PARAM_INVALID, "%s: x cannot be transposed", OP);
@@ -461,6 +470,7 @@ aclnnStatus aclnnMoeFinalizeRoutingV2GetWorkspaceSize(const aclTensor *expandedX
                                                       aclOpExecutor **executor) {
     static const char *OP = "aclnnMoeFinalizeRoutingV2";
     FAULT_GWS(OP);
+    SOC_KERNEL(OP);
     OUTS_NULL(OP);
     SimExec *se = tboostSimInternal_execNew(OP, fin_run, sizeof(FinP));
     if (!se) return ACLNN_ERR_INNER;
@@ -475,6 +485,10 @@ aclnnStatus aclnnMoeFinalizeRoutingV2GetWorkspaceSize(const aclTensor *expandedX
     SNAP("out", out, 1, &p->out);
     const aclTensor *ex = T(se, p->ex), *er = T(se, p->erow), *o = T(se, p->out);
     if (dropPadMode < 0 || dropPadMode > 3) FAIL(ACLNN_ERR_INNER_TILING_ERROR, "%s: dropPadMode %lld is not 0..3", OP, (long long)dropPadMode);
+    /* Atlas inference (310P): x1, x2, bias and expertIdx NULL and dropPadMode 2
+     * (ops-transformer moe/moe_finalize_routing_v2/docs/aclnnMoeFinalizeRoutingV2.md) */
+    if (sim_soc() == SIM_SOC_310P && (p->x1 >= 0 || p->x2 >= 0 || p->bias >= 0 || p->eidx >= 0 || dropPadMode != 2))
+        FAIL(ACLNN_ERR_PARAM_INVALID, "%s: on %s x1, x2, bias and expertIdx must be NULL and dropPadMode 2 (got %lld)", OP, sim_soc_name(), (long long)dropPadMode);
     if (!is_float(ex->dtype) || o->dtype != ex->dtype) FAIL(ACLNN_ERR_PARAM_INVALID, "%s: expandedX and out must share FLOAT16, BFLOAT16 or FLOAT32", OP);
     if (er->dtype != ACL_INT32 || er->ndim != 1) FAIL(ACLNN_ERR_PARAM_INVALID, "%s: expandedRowIdx must be INT32 1-D", OP);
     if (check_bf16(OP, "expandedX", ex)) FAIL(ACLNN_ERR_PARAM_INVALID, "%s: BFLOAT16 on %s", OP, sim_soc_name());

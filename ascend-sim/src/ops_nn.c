@@ -85,6 +85,7 @@ aclnnStatus aclnnRmsNormGetWorkspaceSize(const aclTensor *x, const aclTensor *ga
                                          aclOpExecutor **executor) {
     static const char *OP = "aclnnRmsNorm";
     FAULT_GWS(OP);
+    SOC_KERNEL(OP);
     OUTS_NULL(OP);
     SimExec *se = tboostSimInternal_execNew(OP, norm_run, sizeof(NormP));
     if (!se) return ACLNN_ERR_INNER;
@@ -166,9 +167,14 @@ static aclnnStatus mm_run(SimExec *e, void *ws, uint64_t wsSize) {
     return ACLNN_SUCCESS;
 }
 
+/* The promotion table of the aclnn docs (互推导关系): equal dtypes stay; any mix of FLOAT16, BFLOAT16
+ * and FLOAT promotes to FLOAT. */
+static aclDataType mm_promote(aclDataType a, aclDataType b) { return a == b ? a : ACL_FLOAT; }
+
 static aclnnStatus mm_gws(const char *OP, int allowBatch, const aclTensor *self, const aclTensor *mat2, aclTensor *out,
                           int8_t cubeMathType, uint64_t *workspaceSize, aclOpExecutor **executor) {
     FAULT_GWS(OP);
+    SOC_KERNEL(OP);
     OUTS_NULL(OP);
     SimExec *se = tboostSimInternal_execNew(OP, mm_run, sizeof(MmP));
     if (!se) return ACLNN_ERR_INNER;
@@ -181,11 +187,17 @@ static aclnnStatus mm_gws(const char *OP, int allowBatch, const aclTensor *self,
     if (cubeMathType < 0 || cubeMathType > 3) {
         sim_error("%s: cubeMathType %d is not one of KEEP_DTYPE 0, ALLOW_FP32_DOWN_PRECISION 1, USE_FP16 2, USE_HF32 3", OP, cubeMathType);
         st = ACLNN_ERR_PARAM_INVALID;
-    } else if (!is_float(a->dtype) || a->dtype != b->dtype || o->dtype != a->dtype) {
-        sim_error("%s: self %s, mat2 %s and out %s must share one float dtype (SIMULATOR: no type promotion)", OP,
-                  dname(a->dtype), dname(b->dtype), dname(o->dtype));
+    } else if (!is_float(a->dtype) || !is_float(b->dtype) || !is_float(o->dtype)) {
+        sim_error("%s: self %s, mat2 %s and out %s must be FLOAT, FLOAT16 or BFLOAT16", OP, dname(a->dtype),
+                  dname(b->dtype), dname(o->dtype));
         st = ACLNN_ERR_PARAM_INVALID;
-    } else if (check_bf16(OP, "self", a)) {
+    } else if (o->dtype != mm_promote(a->dtype, b->dtype) && o->dtype != a->dtype) {
+        /* "self and mat2 follow the dtype promotion rules (互推导关系)"; out takes the promoted dtype (or,
+         * under cubeMathType, self's): ops-nn matmul/mat_mul_v3/docs/aclnnMm.md */
+        sim_error("%s: out %s is neither the promoted dtype %s of self %s and mat2 %s nor self's", OP, dname(o->dtype),
+                  dname(mm_promote(a->dtype, b->dtype)), dname(a->dtype), dname(b->dtype));
+        st = ACLNN_ERR_PARAM_INVALID;
+    } else if (check_bf16(OP, "self", a) || check_bf16(OP, "mat2", b) || check_bf16(OP, "out", o)) {
         st = ACLNN_ERR_PARAM_INVALID;
     } else if (!(a->ndim == 2 || (allowBatch && a->ndim == 3)) || !(b->ndim == 2 || (allowBatch && b->ndim == 3))) {
         sim_error("%s: self %s and mat2 %s must be 2-D%s", OP, SHAPE(a), SHAPE(b), allowBatch ? " or 3-D (batched)" : "");
@@ -257,6 +269,7 @@ aclnnStatus aclnnSwiGluGetWorkspaceSize(const aclTensor *x, int64_t dim, const a
                                         aclOpExecutor **executor) {
     static const char *OP = "aclnnSwiGlu";
     FAULT_GWS(OP);
+    SOC_KERNEL(OP);
     OUTS_NULL(OP);
     SimExec *se = tboostSimInternal_execNew(OP, swiglu_run, sizeof(SwiGluP));
     if (!se) return ACLNN_ERR_INNER;

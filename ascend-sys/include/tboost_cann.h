@@ -50,6 +50,8 @@ static const int ACL_ERROR_REPEAT_FINALIZE = 100037;
 static const int ACL_ERROR_BAD_ALLOC = 200000;
 static const int ACL_ERROR_API_NOT_SUPPORT = 200001;
 static const int ACL_ERROR_INVALID_DEVICE = 200002;
+/* "context is null": a runtime call on a thread with no current device/context (acl_base_rt.h). */
+static const int ACL_ERROR_RT_CONTEXT_NULL = 107002;
 static const int ACL_ERROR_INTERNAL_ERROR = 500000;
 static const int ACL_ERROR_FAILURE = 500001;
 static const int ACL_ERROR_RT_FAILURE = 500003;
@@ -135,7 +137,13 @@ TBOOST_CANN_FN(aclError, aclsysGetVersionStr, (char *pkgName, char *versionStr))
 /* Deprecated in RT ("use aclSysGetVersion instead"); the AscendCL API version, not the CANN version. */
 TBOOST_CANN_FN(aclError, aclrtGetVersion, (int32_t *majorVersion, int32_t *minorVersion, int32_t *patchVersion))
 
+/* "Sets the compute device in the current thread." Each call adds one reference that aclrtResetDevice
+ * drops (aclrtSetDevice / aclrtResetDevice, CANN runtime API reference,
+ * https://www.hiascend.com/document/detail/en/CANNCommunityEdition/910/API/runtimeapi/aclcppdevg_03_0038.html,
+ * https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_0040.html). */
 TBOOST_CANN_FN(aclError, aclrtSetDevice, (int32_t deviceId))
+/* The calling thread's device; fails on a thread that has none. */
+TBOOST_CANN_FN(aclError, aclrtGetDevice, (int32_t *deviceId))
 TBOOST_CANN_FN(aclError, aclrtResetDevice, (int32_t deviceId))
 TBOOST_CANN_FN(aclError, aclrtGetDeviceCount, (uint32_t *count))
 TBOOST_CANN_FN(aclError, aclrtSynchronizeDevice, (void))
@@ -160,7 +168,9 @@ TBOOST_CANN_FN(aclError, aclrtMallocHost, (void **hostPtr, size_t size))
 TBOOST_CANN_FN(aclError, aclrtFreeHost, (void *hostPtr))
 TBOOST_CANN_FN(aclError, aclrtMemcpy, (void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind))
 /* "After calling this interface, be sure to call the aclrtSynchronizeStream interface to ensure that
- * the task of memory replication has been completed." */
+ * the task of memory replication has been completed." "The source address and destination address
+ * passed to this call must be 64-byte aligned." (aclrtMemcpyAsync, CANN 8.0.0 API reference,
+ * https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_0106.html) */
 TBOOST_CANN_FN(aclError, aclrtMemcpyAsync,
                (void *dst, size_t destMax, const void *src, size_t count, aclrtMemcpyKind kind, aclrtStream stream))
 TBOOST_CANN_FN(aclError, aclrtMemset, (void *devPtr, size_t maxCount, int32_t value, size_t count))
@@ -281,6 +291,32 @@ TBOOST_ACLNN_OP(aclnnFusedInferAttentionScoreV4,
                  int64_t antiquantMode, bool softmaxLseFlag, int64_t keyAntiquantMode, int64_t valueAntiquantMode,
                  int64_t queryQuantMode, const aclTensor *attentionOut, const aclTensor *softmaxLse,
                  uint64_t *workspaceSize, aclOpExecutor **executor))
+
+/* OT attention/fused_infer_attention_score/docs/aclnnFusedInferAttentionScoreV5.md
+ * (op_api/aclnn_fused_infer_attention_score_v5.cpp): V4 plus qStartIdx, kvStartIdx (after learnableSink)
+ * and pseType (after queryQuantMode). On Ascend950 (DAV_3510) V1..V4 refuse with 361001 ("versions V1 to
+ * V4 are no longer supported on Ascend950"); V5 is what torch_npu/op-plugin and ATB call there. */
+TBOOST_ACLNN_OP(aclnnFusedInferAttentionScoreV5,
+                (const aclTensor *query, const aclTensorList *key, const aclTensorList *value,
+                 const aclTensor *pseShiftOptional, const aclTensor *attenMaskOptional,
+                 const aclIntArray *actualSeqLengthsOptional, const aclIntArray *actualSeqLengthsKvOptional,
+                 const aclTensor *deqScale1Optional, const aclTensor *quantScale1Optional,
+                 const aclTensor *deqScale2Optional, const aclTensor *quantScale2Optional,
+                 const aclTensor *quantOffset2Optional, const aclTensor *antiquantScaleOptional,
+                 const aclTensor *antiquantOffsetOptional, const aclTensor *blockTableOptional,
+                 const aclTensor *queryPaddingSizeOptional, const aclTensor *kvPaddingSizeOptional,
+                 const aclTensor *keyAntiquantScaleOptional, const aclTensor *keyAntiquantOffsetOptional,
+                 const aclTensor *valueAntiquantScaleOptional, const aclTensor *valueAntiquantOffsetOptional,
+                 const aclTensor *keySharedPrefixOptional, const aclTensor *valueSharedPrefixOptional,
+                 const aclIntArray *actualSharedPrefixLenOptional, const aclTensor *queryRopeOptional,
+                 const aclTensor *keyRopeOptional, const aclTensor *keyRopeAntiquantScaleOptional,
+                 const aclTensor *dequantScaleQueryOptional, const aclTensor *learnableSinkOptional,
+                 const aclIntArray *qStartIdxOptional, const aclIntArray *kvStartIdxOptional, int64_t numHeads,
+                 double scaleValue, int64_t preTokens, int64_t nextTokens, char *inputLayout,
+                 int64_t numKeyValueHeads, int64_t sparseMode, int64_t innerPrecise, int64_t blockSize,
+                 int64_t antiquantMode, bool softmaxLseFlag, int64_t keyAntiquantMode, int64_t valueAntiquantMode,
+                 int64_t queryQuantMode, int64_t pseType, const aclTensor *attentionOut,
+                 const aclTensor *softmaxLse, uint64_t *workspaceSize, aclOpExecutor **executor))
 
 /* OT posembedding/rotary_position_embedding/op_host/op_api/aclnn_rotary_position_embedding.h
  * mode: 0 half, 1 interleave, 2 quarter, 3 interleave-half (A2/A3: 0 and 1). */
@@ -406,6 +442,7 @@ typedef struct tboostSimStats {
     uint64_t opsRun;              /* op tasks run by a synchronize */
     uint64_t syncCalls;
     uint64_t ruleViolations;      /* two-phase / lifetime rule violations detected */
+    uint64_t executorDoubleFrees; /* aclDestroyAclOpExecutor on an executor an execute phase already consumed */
 } tboostSimStats;
 TBOOST_CANN_FN(aclError, tboostSimGetStats, (tboostSimStats *stats))
 

@@ -438,6 +438,8 @@ pub enum FiaVersion {
     V2,
     V3,
     V4,
+    /// The only version Ascend950 runs.
+    V5,
 }
 
 impl FiaVersion {
@@ -446,13 +448,27 @@ impl FiaVersion {
             FiaVersion::V2 => "aclnnFusedInferAttentionScoreV2",
             FiaVersion::V3 => "aclnnFusedInferAttentionScoreV3",
             FiaVersion::V4 => "aclnnFusedInferAttentionScoreV4",
+            FiaVersion::V5 => "aclnnFusedInferAttentionScoreV5",
         }
     }
 }
 
-/// The newest FusedInferAttentionScore the installation has (V4, V3, V2), if any.
+/// The FusedInferAttentionScore version to call, if the installation has one: V5 on Ascend950, where V1..V4
+/// refuse with 361001 ("versions V1 to V4 are no longer supported on Ascend950": ops-transformer
+/// `attention/fused_infer_attention_score/op_api/aclnn_fused_infer_attention_score_v4.cpp`; torch_npu's
+/// op-plugin and ATB call V5 there); elsewhere the newest of V4, V3, V2, as torch_npu does.
 pub fn fused_infer_attention_version(cann: &crate::Cann) -> Option<FiaVersion> {
-    [FiaVersion::V4, FiaVersion::V3, FiaVersion::V2].into_iter().find(|v| cann.has_op(v.op_name()))
+    fia_version_for(cann.soc(), |op| cann.has_op(op))
+}
+
+/// [`fused_infer_attention_version`] for a SoC family and a symbol test.
+pub fn fia_version_for(soc: crate::SocFamily, has: impl Fn(&str) -> bool) -> Option<FiaVersion> {
+    let order: &[FiaVersion] = if soc == crate::SocFamily::Ascend950 {
+        &[FiaVersion::V5]
+    } else {
+        &[FiaVersion::V4, FiaVersion::V3, FiaVersion::V2]
+    };
+    order.iter().copied().find(|v| has(v.op_name()))
 }
 
 /// `inputLayout` of FusedInferAttentionScore.
@@ -544,14 +560,15 @@ impl<'a> FusedInferAttention<'a> {
     }
 }
 
-/// `aclnnFusedInferAttentionScoreV4/V3/V2` (the newest present unless `a.version` pins one): Q_S == 1 is
+/// `aclnnFusedInferAttentionScoreV5` on Ascend950, else V4/V3/V2 (the newest present unless `a.version`
+/// pins one): Q_S == 1 is
 /// the decode (IncreFlashAttention) branch, Q_S > 1 the prefill branch; `block_table` + `block_size` make
 /// it paged attention. Returns the version that ran.
 pub fn fused_infer_attention_score(ctx: &mut Context, a: &FusedInferAttention) -> Result<FiaVersion> {
     let version = match a.version {
         Some(v) => v,
         None => fused_infer_attention_version(ctx.cann()).ok_or_else(|| AclError::OpUnavailable {
-            op: "aclnnFusedInferAttentionScoreV4/V3/V2".into(),
+            op: "aclnnFusedInferAttentionScoreV5 (Ascend950) or V4/V3/V2".into(),
             libraries: ctx.cann().op_libraries(),
         })?,
     };
@@ -730,6 +747,67 @@ pub fn fused_infer_attention_score(ctx: &mut Context, a: &FusedInferAttention) -
                     a.block_size,
                     0,
                     lse_flag,
+                    0,
+                    0,
+                    0,
+                    op,
+                    lsep,
+                    ws,
+                    ex
+                )
+            })?
+        }
+        FiaVersion::V5 => {
+            // SAFETY: the type is this op's first phase in the header.
+            let f = unsafe {
+                ctx.first_phase_fn::<raw::aclnnFusedInferAttentionScoreV5GetWorkspaceSize_fn>(version.op_name())?
+            };
+            ctx.run(version.op_name(), |ws, ex| {
+                first_phase!(
+                    f,
+                    qp,
+                    kp,
+                    vp,
+                    n,
+                    mp,
+                    sqp,
+                    skvp,
+                    n,
+                    n,
+                    n,
+                    n,
+                    n,
+                    n,
+                    n,
+                    btp,
+                    n,
+                    n,
+                    n,
+                    n,
+                    n,
+                    n,
+                    n,
+                    n,
+                    na,
+                    n,
+                    n,
+                    n,
+                    n,
+                    n,
+                    na,
+                    na,
+                    a.num_heads,
+                    a.scale,
+                    a.pre_tokens,
+                    a.next_tokens,
+                    lp,
+                    a.num_kv_heads,
+                    a.sparse_mode,
+                    a.inner_precise,
+                    a.block_size,
+                    0,
+                    lse_flag,
+                    0,
                     0,
                     0,
                     0,

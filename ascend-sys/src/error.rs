@@ -100,6 +100,7 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         100002 => "ACL_ERROR_REPEAT_INITIALIZE",
         100003 => "ACL_ERROR_INVALID_FILE",
         100037 => "ACL_ERROR_REPEAT_FINALIZE",
+        107002 => "ACL_ERROR_RT_CONTEXT_NULL: no current device on this thread (aclrtSetDevice)",
         200000 => "ACL_ERROR_BAD_ALLOC",
         200001 => "ACL_ERROR_API_NOT_SUPPORT",
         200002 => "ACL_ERROR_INVALID_DEVICE",

@@ -5,11 +5,15 @@
 //! grows the context's workspace only when it is too small, and launches on the context's stream.
 //!
 //! Ownership:
-//! - An executor from a successful first phase is owned by an [`Executor`] until the launch succeeds;
-//!   a one-shot executor then belongs to CANN (it releases it after running), so it is not destroyed
-//!   here. If the launch is never made (workspace allocation failed) or fails, the executor is
-//!   destroyed with `aclDestroyAclOpExecutor`. A repeatable executor ([`Context::prepare`]) stays owned
-//!   by its [`PreparedOp`] and is destroyed on drop, which must come after the stream finished with it.
+//! - An executor from a successful first phase is owned by an [`Executor`] until its execute phase is
+//!   called. A one-shot executor then belongs to CANN *whatever the execute returned*: opbase's
+//!   `CommonOpExecutorRun` deletes a non-repeatable executor after `Run()` (success or failure) and
+//!   `DeleteExecutorForError` deletes it on a NULL workspace (hicann/opbase
+//!   `src/nnopbase/composite_op/aclnn_engine/op_executor.cpp`), so destroying it here would be a double
+//!   free. Only an executor whose execute phase was never called (the workspace allocation failed) is
+//!   destroyed with `aclDestroyAclOpExecutor`, which deletes any executor (`acl_op_api.cpp`). A
+//!   repeatable executor ([`Context::prepare`]) stays owned by its [`PreparedOp`] and is destroyed on
+//!   drop, which must come after the stream finished with it.
 //! - A workspace that is replaced by a larger one may still be in use by queued work: it is kept in a
 //!   retired list and freed at the next successful [`Context::synchronize`] (or when the context drops).
 //! - Staging buffers used by [`Context::upload`] are recycled the same way.
@@ -217,6 +221,9 @@ impl Context {
         };
         // SAFETY: a live executor from this op's first phase, a workspace of at least `ws` bytes, our stream.
         let st = unsafe { f(wsp, ws, exec.as_ptr(), self.stream.as_raw()) };
+        if !exec.repeatable {
+            exec.owned = false; // consumed by the execute phase, whatever it returned (see the module doc)
+        }
         if st != 0 {
             return Err(AclError::Op {
                 op: exec.op,
@@ -224,9 +231,6 @@ impl Context {
                 status: st,
                 message: self.cann().recent_error().unwrap_or_default(),
             });
-        }
-        if !exec.repeatable {
-            exec.owned = false; // CANN releases a one-shot executor after running it
         }
         self.stats.launches += 1;
         Ok(())

@@ -13,6 +13,7 @@ pub const ACL_ERROR_REPEAT_FINALIZE: ::std::os::raw::c_int = 100037;
 pub const ACL_ERROR_BAD_ALLOC: ::std::os::raw::c_int = 200000;
 pub const ACL_ERROR_API_NOT_SUPPORT: ::std::os::raw::c_int = 200001;
 pub const ACL_ERROR_INVALID_DEVICE: ::std::os::raw::c_int = 200002;
+pub const ACL_ERROR_RT_CONTEXT_NULL: ::std::os::raw::c_int = 107002;
 pub const ACL_ERROR_INTERNAL_ERROR: ::std::os::raw::c_int = 500000;
 pub const ACL_ERROR_FAILURE: ::std::os::raw::c_int = 500001;
 pub const ACL_ERROR_RT_FAILURE: ::std::os::raw::c_int = 500003;
@@ -93,6 +94,9 @@ pub type aclrtGetVersion_fn = ::std::option::Option<
 >;
 pub type aclrtSetDevice_fn = ::std::option::Option<
     unsafe extern "C" fn(deviceId: i32) -> aclError,
+>;
+pub type aclrtGetDevice_fn = ::std::option::Option<
+    unsafe extern "C" fn(deviceId: *mut i32) -> aclError,
 >;
 pub type aclrtResetDevice_fn = ::std::option::Option<
     unsafe extern "C" fn(deviceId: i32) -> aclError,
@@ -418,6 +422,60 @@ pub type aclnnFusedInferAttentionScoreV4GetWorkspaceSize_fn = ::std::option::Opt
         executor: *mut *mut aclOpExecutor,
     ) -> aclnnStatus,
 >;
+pub type aclnnFusedInferAttentionScoreV5GetWorkspaceSize_fn = ::std::option::Option<
+    unsafe extern "C" fn(
+        query: *const aclTensor,
+        key: *const aclTensorList,
+        value: *const aclTensorList,
+        pseShiftOptional: *const aclTensor,
+        attenMaskOptional: *const aclTensor,
+        actualSeqLengthsOptional: *const aclIntArray,
+        actualSeqLengthsKvOptional: *const aclIntArray,
+        deqScale1Optional: *const aclTensor,
+        quantScale1Optional: *const aclTensor,
+        deqScale2Optional: *const aclTensor,
+        quantScale2Optional: *const aclTensor,
+        quantOffset2Optional: *const aclTensor,
+        antiquantScaleOptional: *const aclTensor,
+        antiquantOffsetOptional: *const aclTensor,
+        blockTableOptional: *const aclTensor,
+        queryPaddingSizeOptional: *const aclTensor,
+        kvPaddingSizeOptional: *const aclTensor,
+        keyAntiquantScaleOptional: *const aclTensor,
+        keyAntiquantOffsetOptional: *const aclTensor,
+        valueAntiquantScaleOptional: *const aclTensor,
+        valueAntiquantOffsetOptional: *const aclTensor,
+        keySharedPrefixOptional: *const aclTensor,
+        valueSharedPrefixOptional: *const aclTensor,
+        actualSharedPrefixLenOptional: *const aclIntArray,
+        queryRopeOptional: *const aclTensor,
+        keyRopeOptional: *const aclTensor,
+        keyRopeAntiquantScaleOptional: *const aclTensor,
+        dequantScaleQueryOptional: *const aclTensor,
+        learnableSinkOptional: *const aclTensor,
+        qStartIdxOptional: *const aclIntArray,
+        kvStartIdxOptional: *const aclIntArray,
+        numHeads: i64,
+        scaleValue: f64,
+        preTokens: i64,
+        nextTokens: i64,
+        inputLayout: *mut ::std::os::raw::c_char,
+        numKeyValueHeads: i64,
+        sparseMode: i64,
+        innerPrecise: i64,
+        blockSize: i64,
+        antiquantMode: i64,
+        softmaxLseFlag: bool,
+        keyAntiquantMode: i64,
+        valueAntiquantMode: i64,
+        queryQuantMode: i64,
+        pseType: i64,
+        attentionOut: *const aclTensor,
+        softmaxLse: *const aclTensor,
+        workspaceSize: *mut u64,
+        executor: *mut *mut aclOpExecutor,
+    ) -> aclnnStatus,
+>;
 pub type aclnnRotaryPositionEmbeddingGetWorkspaceSize_fn = ::std::option::Option<
     unsafe extern "C" fn(
         x: *const aclTensor,
@@ -652,10 +710,11 @@ pub struct tboostSimStats {
     pub opsRun: u64,
     pub syncCalls: u64,
     pub ruleViolations: u64,
+    pub executorDoubleFrees: u64,
 }
 #[allow(clippy::unnecessary_operation, clippy::identity_op)]
 const _: () = {
-    ["Size of tboostSimStats"][::std::mem::size_of::<tboostSimStats>() - 136usize];
+    ["Size of tboostSimStats"][::std::mem::size_of::<tboostSimStats>() - 144usize];
     ["Alignment of tboostSimStats"][::std::mem::align_of::<tboostSimStats>() - 8usize];
     [
         "Offset of field: tboostSimStats::structSize",
@@ -708,6 +767,9 @@ const _: () = {
     [
         "Offset of field: tboostSimStats::ruleViolations",
     ][::std::mem::offset_of!(tboostSimStats, ruleViolations) - 128usize];
+    [
+        "Offset of field: tboostSimStats::executorDoubleFrees",
+    ][::std::mem::offset_of!(tboostSimStats, executorDoubleFrees) - 136usize];
 };
 pub type tboostSimGetStats_fn = ::std::option::Option<
     unsafe extern "C" fn(stats: *mut tboostSimStats) -> aclError,

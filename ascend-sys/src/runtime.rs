@@ -3,9 +3,12 @@
 //! Ownership:
 //! - [`Cann`] is a cheap handle (an `Arc`) to the loaded libraries and their resolved functions. One
 //!   instance exists per `libascendcl.so` path per process and lives until the process exits: CANN allows
-//!   one `aclInit` per process, so the handle calls `aclInit` once and never `aclFinalize` on its own
-//!   (call [`Cann::finalize`] at the very end if the host wants it).
-//! - [`Device`] sets the device (`aclrtSetDevice`) and resets it when its last clone is dropped. Every
+//!   one `aclInit` per process, so the handle calls `aclInit` once and `aclFinalize` once, at process exit
+//!   (an `atexit` handler, after every engine and device is gone; a host may call [`Cann::finalize`]
+//!   earlier itself, and then the exit handler does nothing). When the host had initialised AscendCL
+//!   before us, the host finalises it.
+//! - [`Device`] sets the device (`aclrtSetDevice`, which binds the *calling thread*) and resets it when
+//!   its last clone is dropped; [`Device::make_current`] binds another thread (callers do it on entry). Every
 //!   stream, event and buffer holds a `Device` clone, so the device outlives them.
 //! - [`DeviceBuffer`] (`aclrtMalloc`) and [`HostBuffer`] (`aclrtMallocHost`) free on drop. Work queued on a
 //!   stream that uses a buffer must be synchronized before the buffer is dropped.
@@ -52,6 +55,7 @@ pub(crate) struct Api {
     pub aclrtGetVersion: raw::aclrtGetVersion_fn,
     pub aclrtGetSocName: raw::aclrtGetSocName_fn,
     pub aclrtSetDevice: raw::aclrtSetDevice_fn,
+    pub aclrtGetDevice: raw::aclrtGetDevice_fn,
     pub aclrtResetDevice: raw::aclrtResetDevice_fn,
     pub aclrtGetDeviceCount: raw::aclrtGetDeviceCount_fn,
     pub aclrtSynchronizeDevice: raw::aclrtSynchronizeDevice_fn,
@@ -133,6 +137,7 @@ impl Api {
             aclrtGetVersion: cast(rt("aclrtGetVersion")),
             aclrtGetSocName: cast(rt("aclrtGetSocName")),
             aclrtSetDevice: cast(rt("aclrtSetDevice")),
+            aclrtGetDevice: cast(rt("aclrtGetDevice")),
             aclrtResetDevice: cast(rt("aclrtResetDevice")),
             aclrtGetDeviceCount: cast(rt("aclrtGetDeviceCount")),
             aclrtSynchronizeDevice: cast(rt("aclrtSynchronizeDevice")),
@@ -172,6 +177,30 @@ struct Inner {
     libs: Libraries,
     api: Api,
     dir: PathBuf,
+    /// `aclInit` was ours (not the host's), so `aclFinalize` is ours too.
+    owns_init: bool,
+    finalized: std::sync::atomic::AtomicBool,
+}
+
+extern "C" {
+    fn atexit(cb: extern "C" fn()) -> std::os::raw::c_int;
+}
+
+/// Calls `aclFinalize` once per runtime we initialised, at process exit: "aclFinalize ... must be called
+/// before the process exits" and after it the runtime cannot be used again (acl_rt.h), so no earlier
+/// point is safe while another engine in the process may still open the device.
+extern "C" fn finalize_at_exit() {
+    let instances = match INSTANCES.try_lock() {
+        Ok(g) => g.iter().map(|(_, c)| c.clone()).collect::<Vec<_>>(),
+        Err(_) => return, // exiting while another thread loads CANN: leave it to the OS
+    };
+    for c in instances {
+        if c.inner.owns_init {
+            if let Err(e) = c.finalize() {
+                log::warn!("ascend: aclFinalize at exit failed: {e}");
+            }
+        }
+    }
 }
 
 /// A handle to one loaded CANN installation (or the CANN SIMULATOR). Cheap to clone.
@@ -206,8 +235,28 @@ impl Cann {
         let libs = Libraries::load(order)?;
         let api = Api::resolve(&libs)?;
         let dir = libs.runtime.path.parent().map(Path::to_path_buf).unwrap_or_default();
-        let cann = Cann { inner: Arc::new(Inner { libs, api, dir }) };
-        cann.init()?;
+        let mut cann = Cann {
+            inner: Arc::new(Inner {
+                libs,
+                api,
+                dir,
+                owns_init: false,
+                finalized: std::sync::atomic::AtomicBool::new(false),
+            }),
+        };
+        let owns_init = cann.init()?;
+        if let Some(inner) = Arc::get_mut(&mut cann.inner) {
+            inner.owns_init = owns_init;
+        }
+        if owns_init {
+            static REGISTER: std::sync::Once = std::sync::Once::new();
+            REGISTER.call_once(|| {
+                // SAFETY: registers a plain extern "C" function.
+                if unsafe { atexit(finalize_at_exit) } != 0 {
+                    log::warn!("ascend: could not register aclFinalize at exit");
+                }
+            });
+        }
         let facts = cann.facts();
         log::info!(
             "ascend: {} loaded from {} (SoC {}, CANN {}, operator libraries {})",
@@ -221,17 +270,18 @@ impl Cann {
         Ok(cann)
     }
 
-    fn init(&self) -> Result<()> {
+    /// `aclInit`; true when this call initialised the runtime (so we finalise it).
+    fn init(&self) -> Result<bool> {
         let f = call_fn!(self.api().aclInit, "aclInit", self);
         // SAFETY: NULL config path is documented as allowed.
         let rc = unsafe { f(std::ptr::null()) };
         match rc {
-            0 => Ok(()),
+            0 => Ok(true),
             raw::ACL_ERROR_REPEAT_INITIALIZE => {
                 // the host (or another component) initialised AscendCL already: fine, it is per process
                 let _ = self.recent_error();
                 log::info!("ascend: aclInit reports the process is already initialised; using it");
-                Ok(())
+                Ok(false)
             }
             code => Err(self.runtime_error("aclInit", code)),
         }
@@ -239,6 +289,9 @@ impl Cann {
 
     /// `aclFinalize`. After it the runtime cannot be used again in this process (acl_rt.h).
     pub fn finalize(&self) -> Result<()> {
+        if self.inner.finalized.swap(true, std::sync::atomic::Ordering::SeqCst) {
+            return Ok(()); // once per process
+        }
         let f = call_fn!(self.api().aclFinalize, "aclFinalize", self);
         // SAFETY: plain call.
         self.check("aclFinalize", unsafe { f() })
@@ -315,6 +368,19 @@ impl Cann {
         } else {
             Err(self.runtime_error(call, code))
         }
+    }
+
+    /// The SoC family (`aclrtGetSocName`).
+    pub fn soc(&self) -> SocFamily {
+        self.api()
+            .aclrtGetSocName
+            .and_then(|f| {
+                // SAFETY: returns NULL or a static NUL-terminated string.
+                c_string(unsafe { f() })
+            })
+            .as_deref()
+            .map(SocFamily::classify)
+            .unwrap_or(SocFamily::Unknown)
     }
 
     /// What the runtime says about itself and the SoC.
@@ -396,6 +462,7 @@ impl Cann {
             ops_run: s.opsRun,
             sync_calls: s.syncCalls,
             rule_violations: s.ruleViolations,
+            executor_double_frees: s.executorDoubleFrees,
         })
     }
 }
@@ -442,9 +509,12 @@ impl SocFamily {
         }
     }
 
-    /// bf16 tensors exist (310P has none: ATB types.h, NN aclnnRmsNorm.md).
+    /// bf16 tensors exist: only on Atlas A2/A3 and 950. The Atlas inference series (310P: ATB
+    /// `include/atb/types.h`), the training series (910A) and 200I/500 A2 (310B) have none (ops-nn
+    /// `matmul/mat_mul_v3/docs/aclnnMm.md` and `norm/rms_norm/docs/aclnnRmsNorm.md` list BFLOAT16 for
+    /// A2/A3 only).
     pub fn supports_bf16(self) -> bool {
-        !matches!(self, SocFamily::Ascend310P)
+        !matches!(self, SocFamily::Ascend310P | SocFamily::Ascend910A | SocFamily::Ascend310B)
     }
 
     /// Atlas A2/A3 (and 950): where FusedInferAttentionScore, MoeGatingTopKSoftmax and ScatterPaKvCache exist.
@@ -488,6 +558,8 @@ pub struct SimStats {
     pub ops_run: u64,
     pub sync_calls: u64,
     pub rule_violations: u64,
+    /// `aclDestroyAclOpExecutor` on an executor its execute phase had already consumed.
+    pub executor_double_frees: u64,
 }
 
 impl SimStats {
@@ -546,9 +618,20 @@ impl Device {
         &self.inner.cann
     }
 
-    /// Sets this device as the current one of the calling thread (CANN's current device is per thread).
+    /// Makes this device the calling thread's current one ("aclrtSetDevice sets the compute device in the
+    /// current thread"), calling `aclrtSetDevice` only when the thread has another device or none: each
+    /// call adds a reference that only `aclrtResetDevice` drops, and CANN releases what is left at
+    /// process exit ("no functional error", aclrtResetDevice doc).
     pub fn make_current(&self) -> Result<()> {
         let c = self.cann();
+        if let Some(get) = c.api().aclrtGetDevice {
+            let mut cur = -1i32;
+            // SAFETY: valid out pointer.
+            if unsafe { get(&mut cur) } == 0 && cur == self.inner.id {
+                return Ok(());
+            }
+            let _ = c.recent_error(); // "no current device" is the expected answer on a new thread
+        }
         let f = call_fn!(c.api().aclrtSetDevice, "aclrtSetDevice", c);
         // SAFETY: plain call.
         c.check("aclrtSetDevice", unsafe { f(self.inner.id) })
@@ -870,6 +953,8 @@ impl Stream {
     }
 
     /// Queues a device → device copy of `n` bytes from byte `src_at` of `src` to byte `at` of `dst`.
+    /// Both addresses must be 64-byte aligned ("The source address and destination address passed to
+    /// this call must be 64-byte aligned": aclrtMemcpyAsync, CANN API reference aclcppdevg_03_0106).
     ///
     /// # Safety
     /// Both buffers must stay alive until the stream is synchronized.

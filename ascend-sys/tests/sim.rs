@@ -24,10 +24,11 @@ fn ok<T>(r: ascend_sys::Result<T>, what: &str) -> T {
     r.unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
-const ALL_OPS: [&str; 20] = [
+const ALL_OPS: [&str; 21] = [
     "aclnnFusedInferAttentionScoreV2",
     "aclnnFusedInferAttentionScoreV3",
     "aclnnFusedInferAttentionScoreV4",
+    "aclnnFusedInferAttentionScoreV5",
     "aclnnRotaryPositionEmbedding",
     "aclnnRmsNorm",
     "aclnnAddRmsNorm",
@@ -86,14 +87,30 @@ fn finalize_prints_the_simulator_summary_and_ends_the_runtime() {
         ok(cann.finalize(), "finalize");
         let err = cann.device(0).expect_err("after aclFinalize");
         assert_eq!(err.code(), Some(100001), "{err}");
-        let err = cann.finalize().expect_err("twice");
-        assert_eq!(err.code(), Some(100037), "{err}");
+        ok(cann.finalize(), "a second finalize is a no-op (aclFinalize once per process)");
         std::mem::forget((kept, dev)); // the runtime is gone: nothing to free through it
     });
     assert!(
         in_child()
-            || stderr.contains("[ascend-sim SIMULATOR] aclFinalize: outstanding 1 device allocations (100 bytes)"),
-        "summary line missing from:\n{stderr}"
+            || (stderr.contains("[ascend-sim SIMULATOR] aclFinalize: outstanding 1 device allocations (100 bytes)")
+                && stderr.matches("aclFinalize: outstanding").count() == 1),
+        "one summary line expected (the exit handler must not finalize again) in:\n{stderr}"
+    );
+}
+
+/// `aclFinalize` "must be called before the process exits": ascend-sys calls it once, at exit, after
+/// everything was freed, for a runtime it initialised (the simulator prints its summary then).
+#[test]
+fn acl_finalize_runs_once_at_process_exit() {
+    let stderr = isolated_output("acl_finalize_runs_once_at_process_exit", "main", &[], || {
+        let (cann, dev) = device();
+        let b = alloc(&dev, 64);
+        drop((b, dev));
+        assert_clean(&cann);
+    });
+    assert!(
+        in_child() || stderr.matches("aclFinalize: outstanding 0 device allocations (0 bytes)").count() == 1,
+        "aclFinalize at exit, once, with nothing outstanding, expected in:\n{stderr}"
     );
 }
 
@@ -738,7 +755,7 @@ fn paged_decode_attention_reads_through_a_block_table_with_holes_gqa() {
         let scale = 1.0 / (d as f64).sqrt();
         let cache3 = [blocks as i64, bs as i64, (kvh * d) as i64];
         let mut outs = Vec::new();
-        for version in [FiaVersion::V2, FiaVersion::V3, FiaVersion::V4] {
+        for version in [FiaVersion::V2, FiaVersion::V3, FiaVersion::V4, FiaVersion::V5] {
             let mut a = FusedInferAttention::new(
                 ok(qb.view(DType::F16, &[b as i64, 1, nh as i64, d as i64]), "q"),
                 ok(kc.view(DType::F16, &cache3), "kc"),
@@ -1164,7 +1181,8 @@ fn op_status_faults_come_back_with_the_op_name_status_and_message() {
                 matches!(err, AclError::Op { op: "aclnnRmsNorm", phase: Phase::Execute, status: 561003, .. }),
                 "{err}"
             );
-            assert_eq!(stats(&cann).live_executors, 0, "the unlaunched executor was destroyed");
+            assert_eq!(stats(&cann).live_executors, 0, "the failed execute consumed the executor");
+            assert_eq!(stats(&cann).executor_double_frees, 0, "and nothing destroyed it again");
             // call 2: first-phase 161002
             let err = run_norm(&mut c, &b).expect_err("gws fault");
             assert!(
@@ -1185,6 +1203,226 @@ fn op_status_faults_come_back_with_the_op_name_status_and_message() {
             assert_clean(&cann);
         },
     );
+}
+
+/// The execute phase consumes a one-shot executor whatever it returns (opbase's CommonOpExecutorRun
+/// deletes it after Run(), success or not): after an injected execute failure nothing may destroy it
+/// again. The simulator consumes it on any execute result and counts a later destroy as a double free.
+#[test]
+fn an_execute_failure_consumes_the_executor_and_nothing_frees_it_twice() {
+    isolated(
+        "an_execute_failure_consumes_the_executor_and_nothing_frees_it_twice",
+        &env(&[(
+            "TBOOST_SIM_FAIL_OP",
+            "aclnnRmsNorm:1:561003:exec,aclnnRmsNorm:2:361001:exec,aclnnRmsNorm:4:561000:exec",
+        )]),
+        || {
+            let (cann, dev) = device();
+            let b = norm_args(&dev);
+            let mut c = ctx(&dev);
+            for call in 1..=2 {
+                let err = run_norm(&mut c, &b).expect_err("exec fault");
+                assert!(matches!(err, AclError::Op { phase: Phase::Execute, .. }), "call {call}: {err}");
+                let s = stats(&cann);
+                assert_eq!(s.live_executors, 0, "call {call}: the failed execute consumed the executor");
+                assert_eq!(s.executor_double_frees, 0, "call {call}: destroyed again after a failed execute");
+                assert_eq!(s.rule_violations, 0, "call {call}: {s:?}");
+            }
+            ok(run_norm(&mut c, &b), "call 3 runs");
+            ok(c.synchronize(), "sync");
+            // what the simulator reports when a caller does destroy a consumed executor (the old bug)
+            let raw_op = cann.raw_op("aclnnRmsNorm").expect("present");
+            // SAFETY: the header's type for this op.
+            let gws: ascend_sys::raw::aclnnRmsNormGetWorkspaceSize_fn =
+                unsafe { std::mem::transmute(raw_op.first_phase) };
+            let exec = raw_op.execute.expect("execute twin");
+            let ts = [
+                ok(b[0].view(DType::F32, &[1, 32]), "x"),
+                ok(b[1].view(DType::F32, &[32]), "g"),
+                ok(b[2].view(DType::F32, &[1, 32]), "y"),
+                ok(b[3].view(DType::F32, &[1, 1]), "r"),
+            ];
+            let acl: Vec<_> = ts.iter().map(|t| ok(t.to_acl(&cann), "acl")).collect();
+            let (mut ws, mut ex) = (0u64, std::ptr::null_mut());
+            // SAFETY: live handles and out pointers.
+            let st = unsafe {
+                gws.expect("gws")(
+                    acl[0].as_ptr(),
+                    acl[1].as_ptr(),
+                    1e-6,
+                    acl[2].as_ptr(),
+                    acl[3].as_ptr(),
+                    &mut ws,
+                    &mut ex,
+                )
+            };
+            assert_eq!(st, 0);
+            // SAFETY: a live one-shot executor; fault #4 fails its execute.
+            assert_eq!(unsafe { exec(std::ptr::null_mut(), 0, ex, c.stream().as_raw()) }, 561000);
+            // SAFETY: the simulator looks the pointer up before touching it.
+            let guard = unsafe { Executor::from_raw(&cann, "aclnnRmsNorm", ex) }.expect("executor");
+            drop(guard); // aclDestroyAclOpExecutor on the consumed executor
+            let s = stats(&cann);
+            assert_eq!((s.executor_double_frees, s.rule_violations), (1, 1), "{s:?}");
+            assert!(s.is_clean() || s.device_allocations > 0, "{s:?}");
+            drop((acl, b, c, dev));
+            let s = stats(&cann);
+            assert!(s.is_clean(), "{s:?}");
+        },
+    );
+}
+
+/// One decode-shaped FIA call over contiguous KV (`[1, 1, 1, 16]` each), pinned to `version`.
+fn tiny_fia(c: &mut Context, dev: &ascend_sys::Device, version: Option<FiaVersion>) -> ascend_sys::Result<FiaVersion> {
+    let (q, k, v, o) = (
+        upload(dev, &to_f16(&rand_vec(16, 1))),
+        upload(dev, &to_f16(&rand_vec(16, 2))),
+        upload(dev, &to_f16(&rand_vec(16, 3))),
+        alloc(dev, 32),
+    );
+    let shape = [1i64, 1, 1, 16];
+    let mut a = FusedInferAttention::new(
+        q.view(DType::F16, &shape)?,
+        k.view(DType::F16, &shape)?,
+        v.view(DType::F16, &shape)?,
+        o.view(DType::F16, &shape)?,
+        1,
+        1,
+        0.25,
+    );
+    a.version = version;
+    let r = aclnn::fused_infer_attention_score(c, &a);
+    c.synchronize()?;
+    r
+}
+
+/// The SoC profiles of the simulator (each rule cites its op doc in ascend-sim/src/ops_common.h):
+/// Ascend950 refuses FIA V1..V4 with 361001 and runs V5; 200I/500 A2 (310B) has no RmsNorm kernel
+/// (561003); bf16 exists only on A2/A3 and 950.
+#[test]
+fn soc_profiles_gate_kernels_fia_versions_and_bf16() {
+    let name = "soc_profiles_gate_kernels_fia_versions_and_bf16";
+    isolated_case(name, "950", &env(&[("TBOOST_SIM_SOC", "Ascend950PR")]), || {
+        let (cann, dev) = device();
+        assert_eq!(cann.soc(), SocFamily::Ascend950);
+        assert!(cann.soc().supports_bf16());
+        assert_eq!(aclnn::fused_infer_attention_version(&cann), Some(FiaVersion::V5));
+        let mut c = ctx(&dev);
+        let err = tiny_fia(&mut c, &dev, Some(FiaVersion::V4)).expect_err("V4 on 950");
+        assert_eq!(err.code(), Some(361001), "{err}");
+        assert!(err.message().contains("no longer supported on Ascend950"), "{err}");
+        assert_eq!(ok(tiny_fia(&mut c, &dev, None), "V5 on 950"), FiaVersion::V5);
+        drop((c, dev));
+        assert_clean(&cann);
+    });
+    isolated_case(name, "310B", &env(&[("TBOOST_SIM_SOC", "Ascend310B1")]), || {
+        let (cann, dev) = device();
+        assert!(!cann.soc().supports_bf16());
+        assert_eq!(aclnn::fused_infer_attention_version(&cann), Some(FiaVersion::V4));
+        let b = norm_args(&dev);
+        let mut c = ctx(&dev);
+        let err = run_norm(&mut c, &b).expect_err("no RmsNorm kernel on 310B");
+        assert_eq!(err.code(), Some(561003), "{err}");
+        assert!(err.message().contains("Ascend310B1"), "{err}");
+        drop((b, c, dev));
+        assert_clean(&cann);
+    });
+    for soc in ["Ascend910A", "Ascend910ProA", "Ascend310P3"] {
+        isolated_case(name, soc, &env(&[("TBOOST_SIM_SOC", soc)]), || {
+            let (cann, dev) = device();
+            assert!(!cann.soc().supports_bf16(), "{soc}");
+            let (x, o) = (upload(&dev, &to_bf16(&rand_vec(4, 1))), alloc(&dev, 8));
+            let mut c = ctx(&dev);
+            let err = aclnn::matmul(
+                &mut c,
+                &ok(x.view(DType::Bf16, &[2, 2]), "x"),
+                &ok(x.view(DType::Bf16, &[2, 2]), "w"),
+                &ok(o.view(DType::Bf16, &[2, 2]), "o"),
+                CubeMathType::KeepDtype,
+            )
+            .expect_err("bf16 matmul");
+            assert_eq!(err.code(), Some(161002), "{soc}: {err}");
+            drop((x, o, c, dev));
+            assert_clean(&cann);
+        });
+    }
+}
+
+/// aclnnMm follows CANN's dtype promotion (互推导关系): f16 x f32 promotes to f32, and out may take
+/// the promoted dtype; the simulator is not stricter than CANN.
+#[test]
+fn matmul_promotes_mixed_float_operands_like_cann() {
+    isolated("matmul_promotes_mixed_float_operands_like_cann", &[], || {
+        let (cann, dev) = device();
+        let xs = rand_vec(4, 7);
+        let (x, w, o) = (upload(&dev, &to_f16(&xs)), upload(&dev, &[1.0f32, 0.0, 0.0, 1.0]), alloc(&dev, 16));
+        let mut c = ctx(&dev);
+        ok(
+            aclnn::mm(
+                &mut c,
+                &ok(x.view(DType::F16, &[2, 2]), "x"),
+                &ok(w.view(DType::F32, &[2, 2]), "w"),
+                &ok(o.view(DType::F32, &[2, 2]), "o"),
+                CubeMathType::KeepDtype,
+            ),
+            "f16 x f32 -> f32",
+        );
+        ok(c.synchronize(), "sync");
+        let got = f32_to_f64(&read::<f32>(&o, 4));
+        assert_close("identity", &got, &f16_to_f64(&to_f16(&xs)), 1e-6, 1e-6);
+        drop((x, w, o, c, dev));
+        assert_clean(&cann);
+    });
+}
+
+/// aclrtMemcpyAsync: "The source address and destination address passed to this call must be 64-byte
+/// aligned." The simulator refuses an on-chip copy at any other address, as a rule violation.
+#[test]
+fn device_to_device_async_copies_need_64_byte_aligned_addresses() {
+    isolated("device_to_device_async_copies_need_64_byte_aligned_addresses", &[], || {
+        let (cann, dev) = device();
+        let (a, b) = (upload(&dev, &[7u8; 256]), alloc(&dev, 256));
+        let c = ctx(&dev);
+        // SAFETY: both buffers outlive the synchronize below.
+        ok(unsafe { c.stream().copy_device_async(&a, 64, &b, 128, 64) }, "aligned copy");
+        for (src_at, dst_at) in [(2, 0), (0, 32), (96, 130)] {
+            // SAFETY: refused before anything is queued.
+            let err = unsafe { c.stream().copy_device_async(&a, src_at, &b, dst_at, 64) }.expect_err("misaligned");
+            assert_eq!(err.code(), Some(100000), "{src_at}->{dst_at}: {err}");
+            assert!(err.message().contains("64-byte aligned"), "{err}");
+        }
+        ok(c.stream().synchronize(), "sync");
+        assert_eq!(read::<u8>(&b, 256)[128..192], [7u8; 64]);
+        assert_eq!(stats(&cann).rule_violations, 3);
+        drop((a, b, c, dev));
+        assert!(stats(&cann).is_clean());
+    });
+}
+
+/// aclrtSetDevice "sets the compute device in the current thread": a thread that never set one gets
+/// 107002 (context is null) from the runtime; `Device::make_current` binds it.
+#[test]
+fn the_current_device_belongs_to_the_thread_that_set_it() {
+    isolated("the_current_device_belongs_to_the_thread_that_set_it", &[], || {
+        let (cann, dev) = device();
+        std::thread::scope(|s| {
+            s.spawn(|| {
+                let err = dev.alloc(64).expect_err("no device on this thread");
+                assert_eq!(err.code(), Some(107002), "{err}");
+                assert!(err.to_string().contains("ACL_ERROR_RT_CONTEXT_NULL"), "{err}");
+                ok(dev.make_current(), "bind this thread");
+                ok(dev.make_current(), "already current: no second aclrtSetDevice");
+                let b = ok(dev.alloc(64), "alloc after binding");
+                let mut c = ctx(&dev);
+                let bb = norm_args(&dev);
+                ok(run_norm(&mut c, &bb), "an op on the second thread");
+                ok(c.synchronize(), "sync");
+                drop((b, bb, c));
+            });
+        });
+        drop(dev);
+        assert_clean(&cann);
+    });
 }
 
 #[test]
@@ -1310,8 +1548,9 @@ fn executor_rules_repeatable_reuse_second_launch_foreign_and_small_workspace() {
         // SAFETY: refused by the simulator (wrong op).
         assert_eq!(unsafe { mm(std::ptr::null_mut(), 0, guard.as_ptr(), stream) }, 161002);
         assert!(cann.recent_error().unwrap_or_default().contains("belongs to aclnnRmsNorm"));
-        drop(guard); // never launched: destroyed
-                     // a workspace smaller than the first phase asked for
+        // the execute phase consumed the one-shot executor although it failed: not ours to destroy
+        let _ = guard.release();
+        // a workspace smaller than the first phase asked for
         let mmf = cann.raw_op("aclnnMatmul").expect("matmul");
         // SAFETY: the header's type.
         let mgws: ascend_sys::raw::aclnnMatmulGetWorkspaceSize_fn = unsafe { std::mem::transmute(mmf.first_phase) };
@@ -1322,13 +1561,13 @@ fn executor_rules_repeatable_reuse_second_launch_foreign_and_small_workspace() {
         assert_eq!(unsafe { mgws.expect("gws")(a2.as_ptr(), a2.as_ptr(), o2.as_ptr(), 0, &mut mws, &mut mex) }, 0);
         assert!(mws > 0);
         let small = alloc(&dev, mws as usize);
-        // SAFETY: refused (too small), the executor stays ours.
+        // SAFETY: refused (too small); the failed execute consumed the executor.
         assert_eq!(unsafe { mm(small.as_ptr(), mws - 1, mex, stream) }, 161002);
         assert!(cann.recent_error().unwrap_or_default().contains("smaller than"));
-        // SAFETY: ownership to the guard; dropped unlaunched.
-        drop(unsafe { Executor::from_raw(&cann, "aclnnMatmul", mex) });
         ok(c.synchronize(), "sync");
         assert_eq!(stats(&cann).rule_violations, 4);
+        assert_eq!(stats(&cann).executor_double_frees, 0);
+        assert_eq!(stats(&cann).live_executors, 0, "failed executes consumed their executors");
         drop((acl, a2, o2, small, b, c, dev));
         let s = stats(&cann);
         assert!(s.is_clean(), "{s:?}");

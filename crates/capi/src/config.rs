@@ -155,6 +155,12 @@ pub extern "C" fn tboost_config_free(cfg: *mut tboost_config) -> tboost_status {
 /// - `tiling.moe.expert_batch_tokens` [1, 65536]: most tokens in one expert batch of the grouped
 ///   MoE (default: all of an expert's tokens)
 /// - `tiling.moe.parallel_expert_batches` [1, 64]: expert batches run at once (default 1)
+/// - `tp` [1, 64]: tensor-parallel ranks the model is split over (default 1; env `TBOOST_TP`).
+///   With `comm` "local" the ranks are threads of this engine and `threads` is shared between
+///   them; under `mpirun` (`comm` "mpi") leave it unset: the ranks are the MPI processes
+/// - `comm_timeout_ms` [1, 86400000]: longest wait of a collective for the other ranks
+///   (default 60000; env `TBOOST_COMM_TIMEOUT_MS`); past it the step's requests end with
+///   `TBOOST_FINISH_ERROR` naming the missing rank and the engine must be re-created
 ///
 ///   Unset tiling keys are the op's defaults; none changes a result, only speed. The plan
 ///   reports them (`matmul_tiling`, `moe_tiling`), and a set one on a backend whose kernels
@@ -190,7 +196,9 @@ pub unsafe extern "C" fn tboost_config_set_int(
 ///   compiled in) fails `tboost_engine_new` / `tboost_model_info_json` with
 ///   `TBOOST_ERR_UNSUPPORTED`. Env `TBOOST_BACKEND` sets the default.
 /// - `kv_dtype`: KV cache element type, "auto" (default: the backend's choice, f32 on the
-///   CPU), "f32", "f16" or "bf16"
+///   CPU), "f32", "f16", "bf16" or "q8_0" (int8 with an f16 scale per 32 values, as
+///   llama.cpp's `-ctk q8_0`; a model whose head_dim is not a multiple of 32, or a backend
+///   without the path, gets f16 and the plan says why)
 /// - `precision`: matmul activation precision, "auto" (default: "fast" for GGUF
 ///   block-quantized weights, "exact" for float weights), "exact" (f32 activations) or
 ///   "fast" (8-bit activations with integer dot products where the backend has them)
@@ -204,6 +212,12 @@ pub unsafe extern "C" fn tboost_config_set_int(
 /// - `ascend_known_bad`: CANN op versions the Ascend backend refuses beside its built-in table,
 ///   `op@from..until` items separated by `;` (e.g. `aclnnRmsNorm@8.0.RC1..8.0.RC3`); env
 ///   `TBOOST_ASCEND_KNOWN_BAD`
+/// - `comm`: how tensor-parallel ranks talk: "local" (default: threads of this process) or
+///   "mpi" (one rank per process under `mpirun`, Open MPI's libmpi.so.40 loaded at run time;
+///   rank and world from MPI_COMM_WORLD). On a rank other than 0 the engine is a follower:
+///   `tboost_engine_enqueue` fails with `TBOOST_ERR_INVALID_ARGUMENT` and
+///   `tboost_engine_step` runs the leader's steps until rank 0's engine is freed. Env
+///   `TBOOST_COMM`
 ///
 /// Errors as for `tboost_config_set_int`.
 #[no_mangle]

@@ -54,6 +54,12 @@ pub enum tboost_dtype {
     TBOOST_DTYPE_Q4_K = 11,
     TBOOST_DTYPE_Q5_K = 12,
     TBOOST_DTYPE_Q6_K = 13,
+    TBOOST_DTYPE_Q4_1 = 14,
+    TBOOST_DTYPE_Q5_1 = 15,
+    TBOOST_DTYPE_IQ4_NL = 16,
+    TBOOST_DTYPE_IQ4_XS = 17,
+    TBOOST_DTYPE_Q2_K = 18,
+    TBOOST_DTYPE_Q3_K = 19,
 }
 
 /// The operators `tboost_op_create` makes, each with its parameter struct.
@@ -369,7 +375,7 @@ static BUFFERS: Registry<BufferInner> = Registry::new("buffer");
 pub(super) static OPS: Registry<OpInner> = Registry::new("op");
 
 /// `tboost_dtype` values are indices into `DType::ALL` (append only: the C enum is frozen).
-const DTYPES: [DType; 14] = DType::ALL;
+const DTYPES: [DType; 20] = DType::ALL;
 
 pub(super) fn dtype_of(v: i32, param: &str) -> FfiResult<DType> {
     usize::try_from(v)

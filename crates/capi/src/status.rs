@@ -117,7 +117,8 @@ impl From<Error> for Failure {
             // Work stopped because the host is freeing the engine.
             Error::Interrupted => Status::TBOOST_ERR_CANCELLED,
             Error::Poisoned => Status::TBOOST_ERR_POISONED,
-            Error::Backend { .. } => Status::TBOOST_ERR_BACKEND,
+            // A collective between tensor-parallel ranks: the ranks are the engine's devices.
+            Error::Backend { .. } | Error::Comm { .. } => Status::TBOOST_ERR_BACKEND,
         };
         Failure { status, msg: e.to_string() }
     }

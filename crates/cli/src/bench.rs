@@ -25,7 +25,7 @@ pub(crate) struct BenchArgs {
     /// A model file or directory instead of a synthetic shape.
     #[arg(long)]
     model: Option<std::path::PathBuf>,
-    /// Weight type of a synthetic model: f32, f16, bf16, q4_0, q5_0, q8_0, q4_k, q5_k, q6_k.
+    /// Weight type of a synthetic model: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, iq4_xs, q2_k, q3_k, q4_k, q5_k, q6_k.
     #[arg(long, default_value = "f32")]
     dtype: String,
     /// Prompt tokens to prefill.

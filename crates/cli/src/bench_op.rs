@@ -48,7 +48,7 @@ pub(crate) struct BenchOpArgs {
     /// Matmul: activation rows (tokens).
     #[arg(long, default_value_t = 1)]
     m: usize,
-    /// Matmul: weight type (f32, f16, bf16, q4_0, q5_0, q8_0, q4_k, q5_k, q6_k).
+    /// Matmul: weight type (f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, iq4_xs, q2_k, q3_k, q4_k, q5_k, q6_k).
     #[arg(long, default_value = "f32")]
     dtype: String,
     /// Matmul: exact or fast.
@@ -195,9 +195,14 @@ fn matmul_row(a: &BenchOpArgs, be: &OpBackend, dtype: DType, m: usize, tiling: M
 }
 
 fn parse_dtype(s: &str) -> Result<DType> {
-    DType::parse(s)
-        .filter(|d| d.is_float() || d.is_quantized())
-        .ok_or_else(|| Error::invalid("dtype", format!("`{s}`: f32, f16, bf16, q4_0, q5_0, q8_0, q4_k, q5_k or q6_k")))
+    DType::parse(s).filter(|d| d.is_float() || d.is_quantized()).ok_or_else(|| {
+        Error::invalid(
+            "dtype",
+            format!(
+                "`{s}`: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, iq4_xs, q2_k, q3_k, q4_k, q5_k or q6_k"
+            ),
+        )
+    })
 }
 
 pub(crate) fn run(a: BenchOpArgs) -> Result<()> {

@@ -83,7 +83,7 @@ pub(crate) struct EngineArgs {
     /// fuse_add_norm. Key `disabled_ops`; default from TBOOST_DISABLE.
     #[arg(long)]
     disable: Option<String>,
-    /// KV cache element type: auto, f32, f16 or bf16 (auto: the backend's choice).
+    /// KV cache element type: auto, f32, f16, bf16 or q8_0 (int8, 34 bytes per 32 values; auto: the backend's choice).
     #[arg(long)]
     kv_dtype: Option<String>,
     /// Matmul activation precision: exact (f32 activations), fast (8-bit activations with
@@ -101,6 +101,13 @@ pub(crate) struct EngineArgs {
     /// tunables are the op's defaults; none changes a result, only speed.
     #[arg(long, default_value = "")]
     tiling: String,
+    /// Tensor-parallel ranks to split the model over (key `tp`; default from TBOOST_TP, else
+    /// 1). `--threads` is shared between the ranks of this process.
+    #[arg(long)]
+    tp: Option<usize>,
+    /// How the ranks talk: local (threads of this process). Key `comm`.
+    #[arg(long)]
+    comm: Option<String>,
     /// Any engine key, KEY=VALUE (repeatable): e.g. pin_threads=1, profile=1,
     /// weight_pages=small, ascend_known_bad=aclnnRmsNorm@8.0.RC1..8.0.RC3, max_seqs=8.
     #[arg(long = "set", value_name = "KEY=VALUE")]
@@ -126,6 +133,12 @@ impl EngineArgs {
             }
         }
         c.set("threads", Raw::Int(self.threads as i64))?;
+        if let Some(tp) = self.tp {
+            c.set("tp", Raw::Int(tp as i64))?;
+        }
+        if let Some(comm) = &self.comm {
+            c.set("comm", Raw::Str(comm))?;
+        }
         if let Some(t) = self.tile_kv {
             c.set("tiling.attention.tile_kv", Raw::Int(t as i64))?;
         }
@@ -199,7 +212,7 @@ fn load(m: &ModelArgs) -> Result<(Model, ModelRunner)> {
     let backend = m.engine.open_backend()?;
     let model = Model::load(&m.model)?;
     let opts = c.plan_options(backend.as_ref())?;
-    let runner = ModelRunner::new(&model, backend, &opts, c.threads)?;
+    let runner = c.runner(&model, backend, &opts)?;
     Ok((model, runner))
 }
 
@@ -249,7 +262,10 @@ fn run(cmd: Cmd) -> Result<()> {
 pub fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).format_timestamp(None).init();
     let cli = Cli::parse();
-    if let Err(e) = run(cli.cmd) {
+    let res = run(cli.cmd);
+    // Under `mpirun` (comm mpi) every rank ends MPI; a no-op otherwise.
+    tboost_engine::comm::mpi::finalize();
+    if let Err(e) = res {
         eprintln!("error: {e}");
         std::process::exit(1);
     }

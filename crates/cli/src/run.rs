@@ -86,6 +86,11 @@ pub(crate) fn run(a: RunArgs) -> Result<()> {
         ..a.m.engine.engine_config()?
     })?;
     engine.load_model(&model)?;
+    if engine.follower_rank()?.is_some() {
+        // A tensor-parallel follower (comm mpi): runs the leader's steps until it stops.
+        engine.step()?;
+        return Ok(());
+    }
     let id = engine.enqueue(Request { sampling, ignore_eos: a.ignore_eos, ..Request::new(prompt.clone(), a.n) })?;
 
     let stream = !a.json && tok.is_some();

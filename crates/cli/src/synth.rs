@@ -14,7 +14,7 @@ pub(crate) struct SynthArgs {
     /// A synthetic model shape: tinyllama-1.1b or small (dense llama shapes).
     #[arg(long)]
     shape: String,
-    /// Weight type of the matrices: f32, f16, bf16, q4_0, q5_0, q8_0, q4_k, q5_k or q6_k
+    /// Weight type of the matrices: f32, f16, bf16, q4_0, q4_1, q5_0, q5_1, q8_0, iq4_nl, iq4_xs, q2_k, q3_k, q4_k, q5_k or q6_k
     /// (norm gains stay f32).
     #[arg(long)]
     dtype: String,

@@ -379,6 +379,114 @@ fn the_plan_names_fused_infer_attention_and_every_fallback_with_its_reason() {
     assert!(d["kernel"].as_str().unwrap().contains("aclnnGroupedMatmulV4"));
 }
 
+/// The SoC profiles (each rule cites its op doc in supports.rs and the simulator): Ascend950 runs
+/// FusedInferAttentionScoreV5 (V1..V4 return 361001 there); the Atlas inference series (310P) has
+/// no RotaryPositionEmbedding, FIA or ScatterPaKvCache kernels; 200I/500 A2 (310B) has no RmsNorm,
+/// SwiGlu or Mm; the training series (910A) has no bf16. Each op falls back on its own and says why.
+#[test]
+fn soc_profiles_put_each_op_where_its_kernel_exists_and_say_why() {
+    let soc = |name: &str| vec![("TBOOST_SIM_SOC", name.to_string())];
+
+    let p = plan_json("llama_gqa", &[], &soc("Ascend950PR"));
+    for slot in ["attention_prefill", "attention_decode"] {
+        let d = decision(&p, 0, slot);
+        assert_eq!((d["backend"].as_str(), d["placement"].as_str()), (Some("ascend"), Some("primary")), "{d}");
+        assert_eq!(d["kernel"], "aclnnFusedInferAttentionScoreV5", "{d}");
+    }
+    assert_eq!(p["act_dtype"], "f16");
+
+    let (ok, _, log) = tboost(
+        &["plan", "--backend", "ascend", "--model", golden_dir("llama_gqa").to_str().unwrap()],
+        &[("TBOOST_SIM_SOC", "Ascend310P3".into()), ("RUST_LOG", "info".into())],
+    );
+    assert!(ok, "{log}");
+    let p = plan_json("llama_gqa", &[], &soc("Ascend310P3"));
+    for slot in ["rope", "attention_prefill", "kv_write"] {
+        let d = decision(&p, 0, slot);
+        assert_eq!(d["placement"], "cpu", "{slot}: {d}");
+        assert_eq!(ascend_rejection(d), ("soc".into(), "Ascend310P3".into()), "{slot}: {d}");
+    }
+    let r = decision(&p, 0, "rope");
+    assert!(r["reason"].as_str().unwrap().contains("soc=Ascend310P3"), "{r}");
+    assert!(log.contains("soc=Ascend310P3") && log.contains("aclnnRotaryPositionEmbedding"), "{log}");
+    for slot in ["attn_norm", "qkv", "mlp"] {
+        assert_eq!(decision(&p, 0, slot)["backend"], "ascend", "{slot} has its kernels on 310P");
+    }
+
+    let p = plan_json("llama_gqa", &[], &soc("Ascend310B1"));
+    assert_eq!(p["act_dtype"], "f16", "no bf16 on 310B");
+    for slot in ["attn_norm", "qkv", "mlp", "rope"] {
+        let d = decision(&p, 0, slot);
+        assert_eq!((d["placement"].as_str(), d["fallback"].as_bool()), (Some("cpu"), Some(true)), "{slot}: {d}");
+        assert_eq!(ascend_rejection(d), ("soc".into(), "Ascend310B1".into()), "{slot}: {d}");
+    }
+    assert!(decision(&p, 0, "mlp")["reason"].as_str().unwrap().contains("aclnnMm"), "the reason names the op");
+
+    let p = plan_json("llama_gqa_bf16", &[], &soc("Ascend910A"));
+    assert_eq!(p["act_dtype"], "f16", "no bf16 on the training series");
+    let d = decision(&p, 0, "rope");
+    assert_eq!(ascend_rejection(d), ("soc".into(), "Ascend910A".into()), "{d}");
+    assert_eq!(decision(&p, 0, "qkv")["backend"], "ascend");
+}
+
+/// `aclrtSetDevice` binds the *calling thread*, and hosts drive the engine from any thread
+/// (`Backend: Send`): the backend makes its device current on every entry. The simulator keeps
+/// the current device per thread, so a thread that never set one gets CANN's "context is null".
+#[test]
+fn steps_driven_from_another_host_thread_run_on_the_device() {
+    isolated("steps_driven_from_another_host_thread_run_on_the_device", &[], || {
+        let g = golden("llama_gqa");
+        let prompt = ids(&g["prompts"][0]["token_ids"]);
+        let mut r = ascend_runner(&golden_dir("llama_gqa"), &ascend_opts(), 8);
+        let here = Session::new(&mut r, prompt.len() + 4).unwrap().feed(&prompt, false).unwrap();
+        let p2 = prompt.clone();
+        let (r, there) = std::thread::spawn(move || {
+            let logits = Session::new(&mut r, p2.len() + 4)
+                .unwrap()
+                .feed(&p2, false)
+                .unwrap_or_else(|e| panic!("a step on a second host thread: {e}"));
+            (r, logits)
+        })
+        .join()
+        .expect("the second thread");
+        assert_eq!(here, there, "the same step on another thread gives the same logits");
+        drop(r);
+        let s = stats();
+        assert!(s.is_clean(), "{s:?}");
+        assert_eq!(s.rule_violations, 0);
+    });
+}
+
+/// `aclrtMemcpyAsync` wants both addresses 64-byte aligned, and the simulator refuses an on-chip
+/// copy that is not. Views sit at any element offset: the backend copies those with a kernel
+/// (here the SwiGLU staging of gate/up views 4 bytes off alignment), never with a misaligned memcpy.
+#[test]
+fn unaligned_views_are_copied_by_a_kernel_never_by_a_misaligned_memcpy() {
+    use tboost_engine::backend::{BackendExt, DType, Op, View};
+    isolated("unaligned_views_are_copied_by_a_kernel_never_by_a_misaligned_memcpy", &[], || {
+        let mut be = AscendBackend::open(0).unwrap();
+        let n = 40;
+        let (a, o) = (be.alloc(DType::F32, 1 + 2 * n).unwrap(), be.alloc(DType::F32, n).unwrap());
+        let vals: Vec<f32> = (0..2 * n).map(|i| (i as f32 - 40.0) / 16.0).collect();
+        be.write_typed_async(View::new(a, 1, 2 * n), &vals).unwrap();
+        be.launch(&Op::SwiGlu { gate: View::new(a, 1, n), up: View::new(a, 1 + n, n), out: View::new(o, 0, n) })
+            .unwrap_or_else(|e| panic!("swiglu over unaligned views: {e}"));
+        let mut got = vec![0f32; n];
+        be.read_typed(View::new(o, 0, n), &mut got).unwrap();
+        for i in 0..n {
+            let (g, u) = (vals[i] as f64, vals[n + i] as f64);
+            let want = g / (1.0 + (-g).exp()) * u;
+            assert!((got[i] as f64 - want).abs() < 1e-5, "element {i}: {} vs {want}", got[i]);
+        }
+        be.free(a);
+        be.free(o);
+        drop(be);
+        let s = stats();
+        assert!(s.is_clean(), "{s:?}");
+        assert_eq!(s.rule_violations, 0, "no misaligned aclrtMemcpyAsync was issued");
+    });
+}
+
 /// The CPU kernels' work-split tunables do not apply to aclnn ops: the plan refuses them on a
 /// slot the device runs, naming the key, the slot and the backend, instead of dropping them.
 #[test]

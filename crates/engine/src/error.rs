@@ -64,6 +64,10 @@ pub enum Error {
 
     #[error("backend {backend}: {msg}")]
     Backend { backend: String, msg: String },
+
+    /// A collective between tensor-parallel ranks failed (timeout, a rank that left).
+    #[error("tensor-parallel rank {rank}: {op}: {msg}")]
+    Comm { rank: usize, op: String, msg: String },
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

@@ -7,6 +7,7 @@
 //! one. See docs/architecture.md for the picture.
 
 pub mod backend;
+pub mod comm;
 pub mod engine;
 pub mod error;
 pub mod formats;

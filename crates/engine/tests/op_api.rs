@@ -173,8 +173,23 @@ fn close(what: &str, got: &[f32], want: &[f64], bound: impl Fn(usize) -> f64) {
     eprintln!("op_api {what}: {} values within bound (worst {:.3} of the bound at {})", got.len(), worst.0, worst.1);
 }
 
-const WEIGHT_TYPES: [DType; 9] =
-    [DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];
+const WEIGHT_TYPES: [DType; 15] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::IQ4NL,
+    DType::IQ4XS,
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+];
 
 #[test]
 fn matmul_every_weight_dtype_and_precision_equals_the_reference() {

@@ -38,7 +38,8 @@ fn max_err(w: &World, parts: &[(usize, usize, usize)], got: &[Vec<f32>]) -> f64 
 /// V rows, so absolute error is the right measure) and scores up to ~12 sqrt(head_dim/3)
 /// in magnitude. Measured maxima: ~1.3e-6 for the SIMD paths, ~3e-6 for scalar and
 /// standard (one long sequential f32 sum per dot product); the bound leaves ~3x. f16/bf16
-/// caches use the same bound because the reference reads the same rounded cache values.
+/// and q8_0 caches use the same bound because the reference reads the same rounded cache
+/// values.
 const TOL_FLASH: f64 = 1e-5;
 const TOL_STANDARD: f64 = 1e-5;
 
@@ -58,7 +59,9 @@ fn random_case(rng: &mut StdRng, hd: usize) -> Case {
         group,
         kv_heads,
         bs: [1, 16, 32][rng.random_range(0..3)],
-        dtype: [DType::F32, DType::F16, DType::BF16][rng.random_range(0..3)],
+        // q8_0 caches hold whole 32-value blocks per head row.
+        dtype: [DType::F32, DType::F16, DType::BF16, DType::Q8_0]
+            [rng.random_range(0..if hd.is_multiple_of(32) { 4 } else { 3 })],
         lens: [rng.random_range(1..=1024), rng.random_range(1..=160), rng.random_range(1..=70)],
         q_amp: if rng.random_bool(0.3) { 12.0 } else { 1.0 },
     }
@@ -202,9 +205,40 @@ fn capability_checks_say_why() {
     assert_eq!(flash_supports(&case(128, 32, 8, DType::BF16)), Ok(()));
     assert_eq!(standard_supports(&case(24, 8, 2, DType::F16)), Ok(()));
     assert_eq!(why(standard_supports(&case(64, 6, 4, DType::F32))), Err(("n_heads".into(), "6".into())));
-    assert_eq!(why(flash_supports(&case(64, 8, 8, DType::Q8_0))), Err(("kv_dtype".into(), "q8_0".into())));
+    // An int8 (q8_0) cache: whole 32-value blocks per head row, on both kernels.
+    assert_eq!(flash_supports(&case(64, 8, 8, DType::Q8_0)), Ok(()));
+    assert_eq!(standard_supports(&case(32, 8, 8, DType::Q8_0)), Ok(()));
+    assert_eq!(why(flash_supports(&case(48, 8, 8, DType::Q8_0))), Err(("head_dim".into(), "48".into())));
+    assert_eq!(why(standard_supports(&case(24, 8, 2, DType::Q8_0))), Err(("head_dim".into(), "24".into())));
+    assert_eq!(why(flash_supports(&case(64, 8, 8, DType::Q4_0))), Err(("kv_dtype".into(), "q4_0".into())));
     let f16_act = AttentionCase { act_dtype: DType::F16, ..case(64, 8, 8, DType::F16) };
     assert_eq!(why(flash_supports(&f16_act)), Err(("act_dtype".into(), "f16".into())));
+}
+
+/// The int8 cache holds each value to within half a quantization step of its block (plus the
+/// f16 rounding of the stored scale, at most 127 quants x 2^-11 of a step), and the reference
+/// decodes the bytes on its own.
+#[test]
+fn q8_0_cache_keeps_values_within_half_a_step() {
+    let w = World::new(5, DType::Q8_0, 16, 4, 2, 64, &[37], 1.0);
+    let pool = w.pool();
+    let s = &w.seqs[0];
+    for pos in 0..s.len {
+        for g in 0..2 {
+            let row = &s.k[(pos * 2 + g) * 64..(pos * 2 + g + 1) * 64];
+            for blk in row.chunks(32).enumerate() {
+                let amax = blk.1.iter().fold(0f32, |m, v| m.max(v.abs())) as f64;
+                for (i, &x) in blk.1.iter().enumerate() {
+                    let got = reference::pool_value(&pool, false, &s.table, pos, g, blk.0 * 32 + i);
+                    assert!(
+                        (got - x as f64).abs() <= amax / 127.0 * (0.5 + 127.0 / 2048.0) + 1e-7,
+                        "pos {pos} head {g} value {}: wrote {x}, cache holds {got}",
+                        blk.0 * 32 + i
+                    );
+                }
+            }
+        }
+    }
 }
 
 #[test]

@@ -7,7 +7,12 @@ use rand::{Rng, SeedableRng};
 use tboost_kernels::gemm::quant::{dequantize_row, quantize_row_reference};
 use tboost_kernels::DType;
 
-const QUANT: [DType; 6] = [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];
+mod quant_util;
+use quant_util::QUANT;
+
+/// The 16 IQ4 levels, as ggml-common.h lists them (`kvalues_iq4nl`).
+const LEVELS: [f32; 16] =
+    [-127.0, -104.0, -83.0, -65.0, -49.0, -35.0, -22.0, -10.0, 1.0, 13.0, 25.0, 38.0, 53.0, 69.0, 89.0, 113.0];
 
 fn h(v: f32) -> [u8; 2] {
     let x = f16::from_f32(v);
@@ -67,6 +72,126 @@ fn q5_0_hand_built() {
     let mut want = vec![16f32; 32]; // 0 - 16 = -16, times d = -1
     (want[0], want[16], want[1], want[17], want[15], want[31]) = (-15.0, 14.0, 6.0, -3.0, 16.0, -15.0);
     assert_values(&deq(DType::Q5_0, &b), &want, "q5_0");
+}
+
+#[test]
+fn q4_1_hand_built() {
+    // Layout d, m (f16), qs[16]; value j = low nibble of qs[j] * d + m, value j+16 the high one.
+    let mut b = [h(0.5), h(-2.0)].concat();
+    let mut qs = [0u8; 16];
+    qs[0] = 0xF0; // y[0] = 0*0.5 - 2 = -2, y[16] = 15*0.5 - 2 = 5.5
+    qs[3] = 0x37; // y[3] = 7*0.5 - 2 = 1.5, y[19] = 3*0.5 - 2 = -0.5
+    b.extend_from_slice(&qs);
+    let mut want = vec![-2f32; 32];
+    (want[16], want[3], want[19]) = (5.5, 1.5, -0.5);
+    assert_values(&deq(DType::Q4_1, &b), &want, "q4_1");
+}
+
+#[test]
+fn q5_1_hand_built() {
+    // Layout d, m (f16), qh (u32), qs[16]; bit j of qh is the fifth bit of value j; value = q*d + m.
+    let mut b = [h(0.25), h(1.0)].concat();
+    let qh: u32 = (1 << 2) | (1 << 20);
+    b.extend_from_slice(&qh.to_le_bytes());
+    let mut qs = [0u8; 16];
+    qs[2] = 0x4A; // y[2] = (10|16)*0.25 + 1 = 7.5, y[18] = 4*0.25 + 1 = 2
+    qs[4] = 0x1F; // y[4] = 15*0.25 + 1 = 4.75, y[20] = (1|16)*0.25 + 1 = 5.25
+    b.extend_from_slice(&qs);
+    let mut want = vec![1f32; 32];
+    (want[2], want[18], want[4], want[20]) = (7.5, 2.0, 4.75, 5.25);
+    assert_values(&deq(DType::Q5_1, &b), &want, "q5_1");
+}
+
+#[test]
+fn iq4_nl_hand_built() {
+    // Layout d (f16), qs[16]; value j = d * LEVELS[low nibble of qs[j]], j+16 the high nibble.
+    let mut b = h(-2.0).to_vec();
+    b.extend((0..16u8).map(|j| j | ((15 - j) << 4)));
+    let want: Vec<f32> = (0..32).map(|i| -2.0 * if i < 16 { LEVELS[i] } else { LEVELS[31 - i] }).collect();
+    assert_eq!((want[0], want[15], want[16]), (254.0, -226.0, -226.0));
+    assert_values(&deq(DType::IQ4NL, &b), &want, "iq4_nl");
+}
+
+#[test]
+fn iq4_xs_hand_built() {
+    // Layout d (f16), scales_h (u16), scales_l[4], qs[128]. Group j (32 values) has the 6-bit
+    // scale ls = nibble j%2 of scales_l[j/2] | bits 2j..2j+2 of scales_h << 4, value =
+    // d * (ls - 32) * LEVELS[nibble] with the nibbles of qs[16j..16j+16] as in IQ4_NL.
+    let ls: [u16; 8] = [0, 63, 32, 33, 31, 40, 16, 48];
+    let mut b = h(0.5).to_vec();
+    let sh: u16 = (0..8).map(|j| (ls[j] >> 4) << (2 * j)).sum();
+    b.extend_from_slice(&sh.to_le_bytes());
+    b.extend((0..4).map(|i| ((ls[2 * i] & 0xF) | ((ls[2 * i + 1] & 0xF) << 4)) as u8));
+    for _ in 0..8 {
+        b.extend((0..16u8).map(|l| l | ((15 - l) << 4)));
+    }
+    assert_eq!(b.len(), 136);
+    let want: Vec<f32> = (0..256)
+        .map(|i| {
+            let (j, l) = (i / 32, i % 32);
+            let lv = if l < 16 { LEVELS[l] } else { LEVELS[31 - l] };
+            0.5 * (ls[j] as f32 - 32.0) * lv
+        })
+        .collect();
+    // Group 0: scale -32; group 1: scale 31; group 2: scale 0.
+    assert_eq!((want[0], want[32 + 15], want[64]), (2032.0, 1751.5, 0.0));
+    assert_values(&deq(DType::IQ4XS, &b), &want, "iq4_xs");
+}
+
+#[test]
+fn q3_k_hand_built() {
+    // Layout hmask[32], qs[64], scales[12], d (f16). Group j (0..8, 32 values, l = 0..32):
+    // q = bits 2(j%4) of qs[32(j/4) + l], minus 4 unless bit j of hmask[l] is set; scale of
+    // values 16s..16s+16 is the 6-bit s_s - 32, its low 4 bits in scales[s%8] (low nibble for
+    // s < 8, high for s >= 8), its top 2 bits at 2(s/4) of scales[8 + s%4]; value = d*(s-32)*q.
+    let s6: [u8; 16] = [0, 63, 32, 33, 40, 20, 1, 62, 34, 35, 36, 37, 38, 39, 44, 50];
+    let hm: Vec<u8> = (0..32u8).map(|l| l.wrapping_mul(37)).collect();
+    let qs: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(151).wrapping_add(7)).collect();
+    let mut sc = [0u8; 12];
+    for (s, &v) in s6.iter().enumerate() {
+        sc[s % 8] |= (v & 0xF) << (4 * (s / 8));
+        sc[8 + s % 4] |= (v >> 4) << (2 * (s / 4));
+    }
+    let mut b = hm.clone();
+    b.extend_from_slice(&qs);
+    b.extend_from_slice(&sc);
+    b.extend_from_slice(&h(0.25));
+    let want: Vec<f32> = (0..256)
+        .map(|i| {
+            let (j, l) = (i / 32, i % 32);
+            let q = ((qs[32 * (j / 4) + l] >> (2 * (j % 4))) & 3) as i32;
+            let q = if hm[l] >> j & 1 == 1 { q } else { q - 4 };
+            0.25 * (s6[i / 16] as f32 - 32.0) * q as f32
+        })
+        .collect();
+    // Value 0: qs[0] = 7 -> 3, hmask[0] = 0 -> 3 - 4 = -1, scale 0 - 32: 0.25 * -32 * -1 = 8.
+    // Value 16: qs[16] = 16*151+7 = 2423 = 0x977 -> 0x77 & 3 = 3; hmask[16] = 592 = 0x250 -> 0x50,
+    // bit 0 clear: -1; scale 63 - 32 = 31: -7.75.
+    assert_eq!((want[0], want[16]), (8.0, -7.75));
+    assert_values(&deq(DType::Q3K, &b), &want, "q3_k");
+}
+
+#[test]
+fn q2_k_hand_built() {
+    // Layout scales[16], qs[64], d, dmin (f16). Sub-block s (16 values) has scale = low nibble,
+    // min = high nibble of scales[s]; value 32j + l (group j, l = 0..32) has q = bits 2(j%4) of
+    // qs[32(j/4) + l]; value = d*scale*q - dmin*min.
+    let scales: Vec<u8> = (0..16u8).map(|s| s.wrapping_mul(7) ^ (s << 4)).collect();
+    let qs: Vec<u8> = (0..64u8).map(|i| i.wrapping_mul(173).wrapping_add(29)).collect();
+    let mut b = scales.clone();
+    b.extend_from_slice(&qs);
+    b.extend_from_slice(&[h(0.5), h(-0.25)].concat());
+    let want: Vec<f32> = (0..256)
+        .map(|i| {
+            let (j, l, s) = (i / 32, i % 32, scales[i / 16]);
+            let q = (qs[32 * (j / 4) + l] >> (2 * (j % 4))) & 3;
+            0.5 * (s & 0xF) as f32 * q as f32 - -0.25 * (s >> 4) as f32
+        })
+        .collect();
+    // Value 0: scales[0] = 0 -> 0*q + 0.25*0 = 0. Value 255: group 7, l = 31: qs[63] =
+    // 63*173+29 = 10928 -> 0xB0, bits 6-7 = 2; scales[15] = 105 ^ 240 = 0x99: 0.5*9*2 + 0.25*9 = 11.25.
+    assert_eq!((want[0], want[255]), (0.0, 11.25));
+    assert_values(&deq(DType::Q2K, &b), &want, "q2_k");
 }
 
 /// 12 packed bytes for 8 (scale, min) 6-bit pairs, packed by hand for the two layouts.
@@ -198,15 +323,27 @@ fn bound(dt: DType, x: &[f32]) -> f32 {
     // Scales below the smallest f16 subnormal (2^-24) are rounded up to it: an absolute term.
     let slack = 1.0 + 1.0 / 512.0;
     let tiny = 2f32.powi(-24);
+    // IQ4: at the smallest scale, half the widest gap between levels.
+    let tiny = if matches!(dt, DType::IQ4NL | DType::IQ4XS) { 12.0 * tiny * slack } else { tiny };
     tiny + match dt {
         DType::Q8_0 => amax / 254.0 * slack,
         DType::Q4_0 => amax / 14.0 * slack,
         DType::Q5_0 => amax / 30.0 * slack,
         DType::Q6K => amax / 31.0 * slack,
-        DType::Q4K | DType::Q5K => {
+        // Half the widest gap between levels (24) of a scale that puts the top level (113) at
+        // most at amax; IQ4_XS: the group scale within a 31st of the block's largest.
+        DType::IQ4NL => amax * 12.0 / 113.0 * slack,
+        DType::IQ4XS => amax * 12.0 / 113.0 * (1.0 + 1.0 / 31.0) * slack,
+        // Half a step of amax / 3 (levels -4..=3), the scale within a 31st of the largest.
+        DType::Q3K => amax / 6.0 * (1.0 + 1.0 / 31.0) * slack,
+        DType::Q2K | DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => {
             let lo = x.iter().fold(0f32, |a, &v| a.min(v));
             let hi = x.iter().fold(f32::MIN, |a, &v| a.max(v));
-            let nmax = if dt == DType::Q4K { 15.0 } else { 31.0 };
+            let nmax = match dt {
+                DType::Q2K => 3.0,
+                DType::Q4K | DType::Q4_1 => 15.0,
+                _ => 31.0,
+            };
             (hi - lo) / nmax * slack
         }
         _ => unreachable!(),
@@ -253,7 +390,9 @@ fn round_trip_is_tight_for_smooth_data() {
         let limit = match dt {
             DType::Q8_0 => 0.005,
             DType::Q6K => 0.02,
-            DType::Q5_0 | DType::Q5K => 0.03,
+            DType::Q5_0 | DType::Q5_1 | DType::Q5K => 0.03,
+            DType::Q3K => 0.15,
+            DType::Q2K => 0.25,
             _ => 0.06,
         };
         assert!(rms < limit, "{dt}: rms error {rms} above {limit}");

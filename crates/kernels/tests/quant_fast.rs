@@ -347,8 +347,8 @@ fn pack(w: &WeightMat<'_>) -> Vec<u8> {
 #[test]
 fn packed_panels_give_the_row_layouts_bits_on_every_level_batch_and_split() {
     let mut rng = StdRng::seed_from_u64(21);
-    for dt in QUANT {
-        assert!(panel_pack::packable(dt), "{dt} has a packed layout");
+    // The formats without a packed layout keep the row layout (the engine packs only these).
+    for dt in QUANT.into_iter().filter(|&d| panel_pack::packable(d)) {
         // Rows: a partial panel, exactly one, several with a partial last one. Groups: 1, a
         // short chunk (28), whole chunks (48), one super-block (8) for the K types. The last
         // shape's panels (74-139 KiB at k = 8192) fill several of the many-row walk's L2

@@ -23,6 +23,12 @@ pub enum DType {
     Q4K,
     Q5K,
     Q6K,
+    Q4_1,
+    Q5_1,
+    IQ4NL,
+    IQ4XS,
+    Q2K,
+    Q3K,
 }
 
 impl From<DType> for &'static str {
@@ -32,7 +38,7 @@ impl From<DType> for &'static str {
 }
 
 impl DType {
-    pub const ALL: [DType; 14] = [
+    pub const ALL: [DType; 20] = [
         DType::F32,
         DType::F16,
         DType::BF16,
@@ -47,6 +53,13 @@ impl DType {
         DType::Q4K,
         DType::Q5K,
         DType::Q6K,
+        // Appended: the C ABI's `tboost_dtype` numbers are indices into this list.
+        DType::Q4_1,
+        DType::Q5_1,
+        DType::IQ4NL,
+        DType::IQ4XS,
+        DType::Q2K,
+        DType::Q3K,
     ];
 
     pub fn name(self) -> &'static str {
@@ -60,8 +73,14 @@ impl DType {
             DType::I8 => "i8",
             DType::U8 => "u8",
             DType::Q4_0 => "q4_0",
+            DType::Q4_1 => "q4_1",
             DType::Q5_0 => "q5_0",
+            DType::Q5_1 => "q5_1",
             DType::Q8_0 => "q8_0",
+            DType::IQ4NL => "iq4_nl",
+            DType::IQ4XS => "iq4_xs",
+            DType::Q2K => "q2_k",
+            DType::Q3K => "q3_k",
             DType::Q4K => "q4_k",
             DType::Q5K => "q5_k",
             DType::Q6K => "q6_k",
@@ -76,8 +95,8 @@ impl DType {
     /// Number of values stored in one block.
     pub fn block_elems(self) -> usize {
         match self {
-            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => 32,
-            DType::Q4K | DType::Q5K | DType::Q6K => 256,
+            DType::Q4_0 | DType::Q4_1 | DType::Q5_0 | DType::Q5_1 | DType::Q8_0 | DType::IQ4NL => 32,
+            DType::IQ4XS | DType::Q2K | DType::Q3K | DType::Q4K | DType::Q5K | DType::Q6K => 256,
             _ => 1,
         }
     }
@@ -90,8 +109,14 @@ impl DType {
             DType::F16 | DType::BF16 => 2,
             DType::I8 | DType::U8 => 1,
             DType::Q4_0 => 2 + 16,
+            DType::Q4_1 => 2 + 2 + 16,
             DType::Q5_0 => 2 + 4 + 16,
+            DType::Q5_1 => 2 + 2 + 4 + 16,
             DType::Q8_0 => 2 + 32,
+            DType::IQ4NL => 2 + 16,
+            DType::IQ4XS => 2 + 2 + 4 + 128,
+            DType::Q2K => 16 + 64 + 2 + 2,
+            DType::Q3K => 32 + 64 + 12 + 2,
             DType::Q4K => 2 + 2 + 12 + 128,
             DType::Q5K => 2 + 2 + 12 + 32 + 128,
             DType::Q6K => 128 + 64 + 16 + 2,

@@ -17,6 +17,7 @@ use tboost_engine::{Error, Result};
 pub const SHAPES: &[(&str, &str)] = &[
     ("tinyllama-1.1b", "hidden 2048, 22 layers, 32 heads / 4 KV heads, ffn 5632, vocab 32000"),
     ("small", "hidden 512, 4 layers, 8 heads / 2 KV heads, ffn 1408, vocab 4096 (quick runs)"),
+    ("small-k", "hidden 512, 2 layers, 8 heads / 2 KV heads, ffn 1536, vocab 2048 (whole 256-value K blocks)"),
     ("tiny-moe", "hidden 256, 2 layers, 8 heads / 2 KV heads, 4 experts top-2 of ffn 512, vocab 1024"),
 ];
 
@@ -48,6 +49,7 @@ pub fn config(name: &str) -> Result<ModelConfig> {
     match name {
         "tinyllama-1.1b" => Ok(base(2048, 22, 32, 4, 5632, 32000)),
         "small" => Ok(base(512, 4, 8, 2, 1408, 4096)),
+        "small-k" => Ok(base(512, 2, 8, 2, 1536, 2048)),
         "tiny-moe" => Ok(ModelConfig {
             arch: Arch::Mixtral,
             num_experts: 4,
@@ -106,7 +108,10 @@ fn tensor(name: String, shape: Vec<usize>, dtype: DType, rng: &mut Rng, center: 
 }
 
 /// The weight types a synthetic model can be built with (`--dtype` of `bench` and `synth`).
-pub const DTYPES: &[&str] = &["f32", "f16", "bf16", "q4_0", "q5_0", "q8_0", "q4_k", "q5_k", "q6_k"];
+pub const DTYPES: &[&str] = &[
+    "f32", "f16", "bf16", "q4_0", "q4_1", "q5_0", "q5_1", "q8_0", "iq4_nl", "iq4_xs", "q2_k", "q3_k", "q4_k", "q5_k",
+    "q6_k",
+];
 
 /// Parses a `--dtype` value (one of `DTYPES`); the error names the parameter.
 pub fn parse_dtype(s: &str) -> Result<DType> {

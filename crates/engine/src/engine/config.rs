@@ -4,8 +4,14 @@ use std::collections::BTreeSet;
 
 use tboost_ops::{check_tile_kv, DType, MatMulTiling, MoeTiling, Tiling, Tunable};
 
+use std::sync::Arc;
+use std::time::Duration;
+
 use crate::backend::{self, Backend, BackendKind, BackendOptions, BackendSpec};
+use crate::comm::{CommKind, Communicator};
+use crate::model::Model;
 use crate::plan::{PlanOptions, PrecisionPolicy};
+use crate::runner::{ModelRunner, OpenBackend};
 use crate::{Error, Result};
 
 /// How much memory the KV cache gets.
@@ -78,6 +84,12 @@ pub struct EngineConfig {
     /// CANN op versions the Ascend backend refuses beside its built-in table
     /// (`ascend_known_bad`, `TBOOST_ASCEND_KNOWN_BAD`: `op@from..until` items separated by `;`).
     pub ascend_known_bad: String,
+    /// Tensor-parallel ranks (`tp`); 1 = the whole model on one backend.
+    pub tp: usize,
+    /// How the ranks talk (`comm`).
+    pub comm: crate::comm::CommKind,
+    /// A collective's longest wait for the other ranks (`comm_timeout_ms`).
+    pub comm_timeout_ms: u64,
 }
 
 impl Default for EngineConfig {
@@ -102,6 +114,9 @@ impl Default for EngineConfig {
             profile: false,
             weight_pages: WeightPages::Huge,
             ascend_known_bad: String::new(),
+            tp: 1,
+            comm: CommKind::Local,
+            comm_timeout_ms: 60_000,
         }
     }
 }
@@ -131,12 +146,15 @@ impl EngineConfig {
                 format!("{} is above the {cap} every shape bound is derived from", self.max_batched_tokens),
             );
         }
+        if self.tp == 0 {
+            return bad("tp", "must be at least 1".into());
+        }
         if self.queue_limit == 0 {
             return bad("queue_limit", "must be at least 1".into());
         }
         if let Some(d) = self.kv_dtype {
-            if !d.is_float() {
-                return bad("kv_dtype", format!("{d} is not one of f32, f16, bf16"));
+            if !d.is_float() && d != DType::Q8_0 {
+                return bad("kv_dtype", format!("{d} is not one of f32, f16, bf16, q8_0"));
             }
         }
         match self.kv_size {
@@ -172,9 +190,47 @@ impl EngineConfig {
         }
     }
 
-    /// Opens the backend this config names, with its options.
+    /// Opens the backend this config names, with its options. With `tp` ranks in this
+    /// process, each rank's backend gets its share of the threads.
     pub fn open_backend(&self) -> Result<Box<dyn Backend>> {
-        backend::open_with(BackendSpec { kind: self.backend, threads: self.threads }, &self.backend_options())
+        backend::open_with(BackendSpec { kind: self.backend, threads: self.rank_threads() }, &self.backend_options())
+    }
+
+    /// Plans `model` on `be` and makes its weights resident: the whole model, or with `tp`
+    /// ranks the leader's shard (its `local` followers started beside it), or under `comm`
+    /// mpi this process's rank.
+    pub fn runner(&self, model: &Model, be: Box<dyn Backend>, opts: &PlanOptions) -> Result<ModelRunner> {
+        let timeout = Duration::from_millis(self.comm_timeout_ms);
+        match (self.comm, self.tp) {
+            (CommKind::Mpi, want) => {
+                let comm = crate::comm::mpi::MpiComm::join_world(timeout)?;
+                if want > 1 && want != comm.world() {
+                    return Err(Error::invalid(
+                        "tp",
+                        format!("tp = {want} but mpirun started {} ranks (leave tp unset under mpirun)", comm.world()),
+                    ));
+                }
+                ModelRunner::new_rank(&model.config, &model.weights, be, opts, self.threads, Arc::new(comm))
+            }
+            (CommKind::Local, 1) => ModelRunner::new(model, be, opts, self.threads),
+            (CommKind::Local, world) => {
+                let c = self.clone();
+                let open: OpenBackend = Arc::new(move || c.open_backend());
+                ModelRunner::new_local_group(model, be, opts, self.rank_threads(), world, timeout, open)
+            }
+        }
+    }
+
+    /// CPU threads of one rank: `threads` (0: one per core) shared by the `tp` ranks.
+    pub fn rank_threads(&self) -> usize {
+        if self.tp <= 1 || self.comm != CommKind::Local {
+            return self.threads;
+        }
+        let total = match self.threads {
+            0 => std::thread::available_parallelism().map_or(1, |n| n.get()),
+            n => n,
+        };
+        (total / self.tp).max(1)
     }
 }
 
@@ -222,7 +278,8 @@ pub fn parse_kv_dtype(s: &str) -> Result<Option<DType>> {
         "f32" => Ok(Some(DType::F32)),
         "f16" => Ok(Some(DType::F16)),
         "bf16" => Ok(Some(DType::BF16)),
-        other => Err(Error::invalid("kv_dtype", format!("`{other}` is not one of auto, f32, f16, bf16"))),
+        "q8_0" => Ok(Some(DType::Q8_0)),
+        other => Err(Error::invalid("kv_dtype", format!("`{other}` is not one of auto, f32, f16, bf16, q8_0"))),
     }
 }
 

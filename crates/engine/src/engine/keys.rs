@@ -59,7 +59,7 @@ const FIXED: &[(&str, KeyType, &str, Option<&str>, &str)] = &[
     ("kv_cache_bytes", KeyType::Int { min: 1, max: MAX }, "536870912", None, "KV cache memory"),
     ("kv_cache_blocks", KeyType::Int { min: 1, max: MAX }, "", None, "KV cache size in blocks instead of bytes"),
     ("block_size", KeyType::Int { min: 1, max: 1024 }, "auto", None, "tokens per KV block (auto: the backend's)"),
-    ("kv_dtype", KeyType::Str, "auto", None, "KV cache element type: auto, f32, f16 or bf16"),
+    ("kv_dtype", KeyType::Str, "auto", None, "KV cache element type: auto, f32, f16, bf16 or q8_0 (int8 with an f16 scale per 32 values; needs head_dim % 32 == 0, else f16 with a logged reason)"),
     ("precision", KeyType::Str, "auto", None, "matmul activation precision: auto, exact or fast"),
     (
         "finished_records",
@@ -102,6 +102,21 @@ const FIXED: &[(&str, KeyType, &str, Option<&str>, &str)] = &[
         "",
         Some("TBOOST_ASCEND_KNOWN_BAD"),
         "CANN op versions to refuse on Ascend, `op@from..until` items separated by `;`",
+    ),
+    ("tp", KeyType::Int { min: 1, max: 64 }, "1", Some("TBOOST_TP"), "tensor-parallel ranks the model is split over"),
+    (
+        "comm",
+        KeyType::Str,
+        "local",
+        Some("TBOOST_COMM"),
+        "how tensor-parallel ranks talk: local (threads of this process)",
+    ),
+    (
+        "comm_timeout_ms",
+        KeyType::Int { min: 1, max: 86_400_000 },
+        "60000",
+        Some("TBOOST_COMM_TIMEOUT_MS"),
+        "longest wait of a collective for the other ranks before the step fails naming the missing rank",
     ),
 ];
 
@@ -230,7 +245,7 @@ impl EngineConfig {
             ("block_size", Typed::Int(v)) => self.block_size = Some(usize_of(v)?),
             ("kv_dtype", Typed::Str(d)) => {
                 self.kv_dtype = parse_kv_dtype(d).map_err(|_| {
-                    Error::invalid(key, format!("`kv_dtype` = `{d}` is not one of auto, f32, f16, bf16"))
+                    Error::invalid(key, format!("`kv_dtype` = `{d}` is not one of auto, f32, f16, bf16, q8_0"))
                 })?
             }
             ("precision", Typed::Str(p)) => {
@@ -270,6 +285,9 @@ impl EngineConfig {
                     .map_err(|e| Error::invalid(key, format!("`{key}`: {e}")))?;
                 self.ascend_known_bad = s.trim().to_string()
             }
+            ("tp", Typed::Int(v)) => self.tp = usize_of(v)?,
+            ("comm", Typed::Str(c)) => self.comm = crate::comm::CommKind::parse(c).map_err(named)?,
+            ("comm_timeout_ms", Typed::Int(v)) => self.comm_timeout_ms = v as u64,
             (k, _) => return Err(Error::invalid(k, format!("config key `{k}` has no setter"))),
         }
         Ok(())
@@ -308,6 +326,9 @@ impl EngineConfig {
             "profile": self.profile,
             "weight_pages": match self.weight_pages { WeightPages::Huge => "huge", WeightPages::Small => "small" },
             "ascend_known_bad": self.ascend_known_bad,
+            "tp": self.tp,
+            "comm": self.comm.name(),
+            "comm_timeout_ms": self.comm_timeout_ms,
         });
         for (key, value) in self.tiling_settings() {
             v[key.as_str()] = auto(value);

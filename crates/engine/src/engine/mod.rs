@@ -36,7 +36,6 @@ use crate::backend;
 use crate::kv::{KvManager, KvPools};
 use crate::model::{Model, ModelConfig};
 use crate::plan::Plan;
-use crate::runner::ModelRunner;
 use crate::sample::{FinishReason, Sampler, StopCriteria};
 use crate::sched::{Request, RequestId, SchedLimits, Seq};
 use crate::{Error, Result};
@@ -110,6 +109,8 @@ struct ModelFacts {
     eos_ids: Vec<u32>,
     kv_blocks: usize,
     block_size: usize,
+    /// This process's rank when it follows a tensor-parallel leader (takes no requests).
+    follower: Option<usize>,
 }
 
 #[derive(Default)]
@@ -193,7 +194,7 @@ impl Engine {
         let cfg = &model.config;
         let opts = self.config.plan_options(be.as_ref())?;
         let bs = opts.block_size;
-        let mut runner = ModelRunner::new(model, be, &opts, self.config.threads)?;
+        let mut runner = self.config.runner(model, be, &opts)?;
         runner.set_interrupt(self.interrupted.clone());
         let kv_dtype = runner.plan.kv_dtype;
         let per_token = KvPools::bytes_per_token(cfg, kv_dtype);
@@ -225,6 +226,7 @@ impl Engine {
             eos_ids: cfg.eos_token_ids.clone(),
             kv_blocks: blocks,
             block_size: bs,
+            follower: runner.follower_rank(),
         };
         let mut kv = KvManager::new(blocks, bs, self.config.prefix_caching);
         // One sliding window in every layer (Mistral-style): blocks behind it go back to the pool.
@@ -270,10 +272,23 @@ impl Engine {
         f.tokenizer.clone().ok_or_else(|| Error::NoTokenizer(f.name.clone()))
     }
 
+    /// This engine's rank when it is a tensor-parallel follower (`None` on the leader and
+    /// without tensor parallelism). A follower takes no requests; its `step` runs the
+    /// leader's steps until the leader's engine is dropped.
+    pub fn follower_rank(&self) -> Result<Option<usize>> {
+        self.facts(|f| f.follower)
+    }
+
     /// Validates and queues a request; returns its id.
     pub fn enqueue(&self, req: Request) -> Result<RequestId> {
         let mut sh = self.shared()?;
         let f = sh.facts.as_ref().ok_or(Error::NoModel)?;
+        if let Some(rank) = f.follower {
+            return Err(Error::invalid(
+                "enqueue",
+                format!("this engine is tensor-parallel rank {rank}, a follower: requests go to rank 0"),
+            ));
+        }
         let vocab = f.config.vocab_size;
         if req.prompt.is_empty() {
             return Err(Error::invalid("prompt", "is empty"));
@@ -452,6 +467,11 @@ impl Engine {
         };
         first();
         let c = guard.as_mut().ok_or(Error::NoModel)?;
+        if c.runner.follower_rank().is_some() {
+            // A follower's step runs the leader's steps until the leader stops.
+            c.runner.follow()?;
+            return Ok(StepOutput::default());
+        }
         let t0 = Instant::now();
         let mut out = StepOutput::default();
         let (incoming, cancels) = {

@@ -16,8 +16,11 @@ pub struct KvPools {
 
 impl KvPools {
     /// Bytes one token occupies in the cache across all layers (K and V).
+    /// K and V bytes of one token over all layers (a q8_0 row whose head_dim is not whole
+    /// blocks counts as f16, the type the plan falls back to).
     pub fn bytes_per_token(cfg: &ModelConfig, dtype: DType) -> usize {
-        2 * cfg.num_layers * cfg.num_kv_heads * cfg.head_dim * dtype.block_bytes()
+        let row = dtype.bytes_for(cfg.head_dim).unwrap_or(2 * cfg.head_dim);
+        2 * cfg.num_layers * cfg.num_kv_heads * row
     }
 
     pub fn new(
@@ -27,8 +30,21 @@ impl KvPools {
         block_size: usize,
         dtype: DType,
     ) -> Result<KvPools> {
-        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16) {
-            return Err(Error::invalid("kv_dtype", format!("{dtype} is not a KV cache type (use f32, f16 or bf16)")));
+        if !matches!(dtype, DType::F32 | DType::F16 | DType::BF16 | DType::Q8_0) {
+            return Err(Error::invalid(
+                "kv_dtype",
+                format!("{dtype} is not a KV cache type (use f32, f16, bf16 or q8_0)"),
+            ));
+        }
+        if dtype.bytes_for(cfg.head_dim).is_none() {
+            return Err(Error::invalid(
+                "kv_dtype",
+                format!(
+                    "a {dtype} KV cache needs head_dim a multiple of {}, the model has {}",
+                    dtype.block_elems(),
+                    cfg.head_dim
+                ),
+            ));
         }
         if block_size == 0 || num_blocks == 0 {
             return Err(Error::invalid("kv cache", format!("{num_blocks} blocks of {block_size} tokens is empty")));
@@ -92,6 +108,8 @@ mod tests {
         assert_eq!(KvPools::bytes_per_token(&tiny, DType::F32), 45_056);
         assert_eq!(KvPools::bytes_per_token(&tiny, DType::F16), 22_528);
         assert_eq!(KvPools::bytes_per_token(&tiny, DType::BF16), 22_528);
+        // 64 values per head row: two Q8_0 blocks of 34 bytes.
+        assert_eq!(KvPools::bytes_per_token(&tiny, DType::Q8_0), 11_968);
         assert_eq!((1usize << 30) / 45_056, 23_831);
     }
 }

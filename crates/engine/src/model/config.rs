@@ -198,6 +198,41 @@ impl ModelConfig {
     }
 }
 
+/// A Llama-architecture config of the given shape, for unit tests.
+#[cfg(test)]
+pub(crate) fn llama_shape(
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    inter: usize,
+    vocab: usize,
+) -> ModelConfig {
+    ModelConfig {
+        arch: crate::model::Arch::Llama,
+        vocab_size: vocab,
+        hidden_size: hidden,
+        intermediate_size: inter,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim: hidden / heads,
+        rope_dim: hidden / heads,
+        rope_theta: 10000.0,
+        rope_scaling: None,
+        rope_style: tboost_ops::RopeStyle::HalfSplit,
+        rms_eps: 1e-5,
+        tie_word_embeddings: false,
+        qkv_bias: false,
+        num_experts: 0,
+        experts_per_token: 0,
+        max_position_embeddings: 2048,
+        bos_token_id: Some(1),
+        eos_token_ids: vec![2],
+        features: Default::default(),
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -269,40 +304,5 @@ mod tests {
         c.max_position_embeddings = 0;
         let e = c.validate("config.json").unwrap_err().to_string();
         assert!(e.contains("max_position_embeddings") && e.contains("must be > 0"), "{e}");
-    }
-}
-
-/// A Llama-architecture config of the given shape, for unit tests.
-#[cfg(test)]
-pub(crate) fn llama_shape(
-    hidden: usize,
-    layers: usize,
-    heads: usize,
-    kv_heads: usize,
-    inter: usize,
-    vocab: usize,
-) -> ModelConfig {
-    ModelConfig {
-        arch: crate::model::Arch::Llama,
-        vocab_size: vocab,
-        hidden_size: hidden,
-        intermediate_size: inter,
-        num_layers: layers,
-        num_heads: heads,
-        num_kv_heads: kv_heads,
-        head_dim: hidden / heads,
-        rope_dim: hidden / heads,
-        rope_theta: 10000.0,
-        rope_scaling: None,
-        rope_style: tboost_ops::RopeStyle::HalfSplit,
-        rms_eps: 1e-5,
-        tie_word_embeddings: false,
-        qkv_bias: false,
-        num_experts: 0,
-        experts_per_token: 0,
-        max_position_embeddings: 2048,
-        bos_token_id: Some(1),
-        eos_token_ids: vec![2],
-        features: Default::default(),
     }
 }

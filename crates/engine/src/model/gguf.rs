@@ -167,7 +167,7 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
         None | Some("none") => None,
         Some("linear") => match k.f64(&key("rope.scaling.factor"))? {
             None => None,
-            Some(f) if f == 1.0 => None,
+            Some(1.0) => None,
             Some(factor) => Some(RopeScaling::Linear { factor }),
         },
         Some("llama3") => Some(RopeScaling::Llama3(Llama3Scaling {

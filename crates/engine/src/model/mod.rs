@@ -24,7 +24,7 @@ use std::sync::Arc;
 pub use arch::{Arch, ArchFeatures, MlpAct};
 pub use config::ModelConfig;
 pub use tensor::{Storage, Tensor};
-pub use weights::{LayerExtras, LayerWeights, Mlp, ModelWeights, RopeFactors};
+pub use weights::{ExpertWeights, LayerExtras, LayerWeights, Mlp, ModelWeights, RopeFactors};
 
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 use crate::{Error, Result};

@@ -162,6 +162,47 @@ impl Tensor {
         Tensor::owned(self.name.clone(), DType::F32, self.shape.clone(), bytes)
     }
 
+    /// Rows `r` of a matrix (elements `r` of a vector), sharing the same storage: no copy,
+    /// so only the pages of those rows are ever read (a tensor-parallel rank's shard).
+    pub fn rows(&self, r: std::ops::Range<usize>) -> Result<Tensor, String> {
+        let (rows, cols) = self.rows_cols();
+        let (n, unit, shape) = match self.shape.len() {
+            1 => (cols, 1, vec![r.len()]),
+            2 => (rows, cols, vec![r.len(), cols]),
+            _ => return Err(format!("rows of a tensor of shape {:?}", self.shape)),
+        };
+        if r.start > r.end || r.end > n {
+            return Err(format!("rows {}..{} of shape {:?}", r.start, r.end, self.shape));
+        }
+        let bytes = |k: usize| self.dtype.bytes_for(k * unit).ok_or_else(|| format!("{k} rows of {}", self.dtype));
+        let name = format!("{}[{}..{}]", self.name, r.start, r.end);
+        Tensor::new(name, self.dtype, shape, self.storage.clone(), self.offset + bytes(r.start)?, bytes(r.len())?)
+    }
+
+    /// Columns `c` of a matrix, copied into an owned tensor. Block-quantized columns must
+    /// start and end on block boundaries.
+    pub fn cols(&self, c: std::ops::Range<usize>) -> Result<Tensor, String> {
+        let (rows, cols) = self.rows_cols();
+        if self.shape.len() != 2 || c.start > c.end || c.end > cols {
+            return Err(format!("columns {}..{} of shape {:?}", c.start, c.end, self.shape));
+        }
+        let block = self.dtype.block_elems();
+        if !c.start.is_multiple_of(block) || !c.end.is_multiple_of(block) {
+            return Err(format!(
+                "columns {}..{} of shape {:?} do not fall on {} block boundaries ({block})",
+                c.start, c.end, self.shape, self.dtype
+            ));
+        }
+        let at = |k: usize| self.dtype.bytes_for(k).ok_or_else(|| format!("{k} values of {}", self.dtype));
+        let (row_bytes, from, len) = (at(cols)?, at(c.start)?, at(c.len())?);
+        let src = self.bytes();
+        let mut out = Vec::with_capacity(rows * len);
+        for i in 0..rows {
+            out.extend_from_slice(&src[i * row_bytes + from..i * row_bytes + from + len]);
+        }
+        Tensor::owned(format!("{}[:, {}..{}]", self.name, c.start, c.end), self.dtype, vec![rows, c.len()], out)
+    }
+
     /// True when the bytes are a map of the model file (not yet in memory until touched).
     pub fn is_mapped(&self) -> bool {
         matches!(self.storage, Storage::Mmap(_))

@@ -16,6 +16,7 @@
 
 pub mod query;
 mod report;
+pub mod shard;
 mod table;
 
 use std::collections::BTreeSet;
@@ -27,6 +28,7 @@ use crate::backend::{Backend, DeviceInfo, OpQuery};
 use crate::model::{ModelConfig, ModelWeights};
 use crate::{Error, Result};
 
+pub use shard::{ShardSpec, TpReport};
 pub use table::{embed_scale, global_rope, local_rope, Choice, Slot};
 
 /// Every name `PlanOptions::disabled` accepts: ops, then fusions.
@@ -183,6 +185,10 @@ pub enum Verdict {
     Disabled {
         name: &'static str,
     },
+    /// Not offered here at all (no such op on this device or communicator), so not asked.
+    Unavailable {
+        why: Unsupported,
+    },
 }
 
 /// One candidate asked on one backend.
@@ -239,6 +245,9 @@ pub struct Plan {
     pub disabled: Vec<String>,
     pub act_dtype: DType,
     pub kv_dtype: DType,
+    /// Why `kv_dtype` is not the type the config asked for (a logged fallback), if it is not.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub kv_dtype_reason: Option<String>,
     pub block_size: usize,
     /// The precision asked for (each matmul decision says what it got).
     pub precision: PrecisionPolicy,
@@ -254,6 +263,9 @@ pub struct Plan {
     pub layers: Vec<LayerPlan>,
     /// Bytes copied between backends per token, over every decision placed on the CPU.
     pub copy_bytes_per_token: usize,
+    /// This rank's part of a tensor-parallel model (`None`: one rank holds it all). The
+    /// collectives are decisions in `model` (`all_reduce`, `all_gather`).
+    pub tp: Option<TpReport>,
 }
 
 impl Plan {

@@ -45,6 +45,12 @@ impl Plan {
             self.kv_dtype,
             self.block_size
         );
+        if let Some(tp) = &self.tp {
+            log::info!(target: "tboost::plan", "{}", tp.line());
+        }
+        if let Some(why) = &self.kv_dtype_reason {
+            log::warn!(target: "tboost::plan", "plan: {why}");
+        }
         for (fallback, line) in self.grouped() {
             if fallback {
                 log::warn!(target: "tboost::plan", "{line}");
@@ -93,6 +99,9 @@ impl Plan {
             self.block_size,
             self.precision.name()
         );
+        if let Some(why) = &self.kv_dtype_reason {
+            let _ = writeln!(s, "kv cache fallback: {why}");
+        }
         if !self.disabled.is_empty() {
             let _ = writeln!(s, "disabled: {}", self.disabled.join(", "));
         }

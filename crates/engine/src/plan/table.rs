@@ -40,6 +40,10 @@ pub enum Slot {
     Mlp,
     /// RMSNorm of the MLP output before the residual add (Gemma 3).
     PostFfnNorm,
+    /// Sums the row-parallel partial results of the tensor-parallel ranks.
+    AllReduce,
+    /// Joins the ranks' vocabulary parts of the logits.
+    AllGather,
 }
 
 impl Slot {
@@ -63,6 +67,8 @@ impl Slot {
             Slot::FfnNorm => "ffn_norm",
             Slot::MoeRouting => "moe_routing",
             Slot::Mlp => "mlp",
+            Slot::AllReduce => "all_reduce",
+            Slot::AllGather => "all_gather",
         }
     }
 }
@@ -103,6 +109,13 @@ pub enum Choice {
     MoeTopkSoftmax,
     /// Gather the rows whose logits are wanted, then the output projection.
     GatherThenMatmul,
+    /// The row-parallel matmul and its all-reduce in one device op (Ascend MC2).
+    MatmulAllReduce,
+    /// The communicator's collective on device memory.
+    DeviceAllReduce,
+    /// Read to the host, reduce across ranks, write back.
+    HostAllReduce,
+    HostAllGather,
 }
 
 impl Choice {
@@ -130,6 +143,10 @@ impl Choice {
             Choice::MoePerExpert => "moe_per_expert",
             Choice::MoeTopkSoftmax => "moe_topk_softmax",
             Choice::GatherThenMatmul => "gather_then_matmul",
+            Choice::MatmulAllReduce => "matmul_all_reduce",
+            Choice::DeviceAllReduce => "device_all_reduce",
+            Choice::HostAllReduce => "host_all_reduce",
+            Choice::HostAllGather => "host_all_gather",
         }
     }
 
@@ -186,6 +203,28 @@ enum SlotWeights<'w> {
     LocalRope,
 }
 
+/// The KV cache type for an explicit `asked`: itself, or, for an int8 (q8_0) cache the model
+/// or backend cannot hold, f16 (else the backend's default) with the reason. Other types are
+/// taken as asked, and a backend without them refuses the KV slots with its own answer.
+fn kv_or_fallback(asked: DType, head_dim: usize, be: &dyn Backend) -> (DType, Option<String>) {
+    if asked != DType::Q8_0 {
+        return (asked, None);
+    }
+    let why = if !be.kv_dtypes().contains(&asked) {
+        format!("backend {} has no q8_0 KV cache path", be.name())
+    } else if asked.bytes_for(head_dim).is_none() {
+        format!("head_dim {head_dim} is not a multiple of 32, q8_0's block")
+    } else {
+        return (asked, None);
+    };
+    let to = if be.kv_dtypes().contains(&DType::F16) {
+        DType::F16
+    } else {
+        be.kv_dtypes().first().copied().unwrap_or(DType::F32)
+    };
+    (to, Some(format!("kv_dtype q8_0 asked, {to} used: {why}")))
+}
+
 /// What a backend is asked with: its activation and KV dtypes, the weight mode and the
 /// precision under evaluation.
 #[derive(Clone, Copy)]
@@ -229,6 +268,8 @@ pub(super) struct Planner<'a> {
     opts: &'a PlanOptions,
     act: DType,
     kv: DType,
+    /// Why the KV cache is not the type the options asked for, when it is not.
+    kv_reason: Option<String>,
 }
 
 impl<'a> Planner<'a> {
@@ -246,15 +287,15 @@ impl<'a> Planner<'a> {
                 .first()
                 .ok_or_else(|| Error::Unsupported(format!("backend {} names no activation dtype", primary.name())))?,
         };
-        let kv = match opts.kv_dtype {
-            Some(d) => d,
-            None => primary.kv_dtypes().first().copied().unwrap_or(DType::F32),
+        let (kv, kv_reason) = match opts.kv_dtype {
+            Some(d) => kv_or_fallback(d, cfg.head_dim, primary),
+            None => (primary.kv_dtypes().first().copied().unwrap_or(DType::F32), None),
         };
         let ranges = [("matmul", opts.matmul_tiling.check()), ("moe", opts.moe_tiling.check())];
         for (group, r) in ranges {
             r.map_err(|u| Error::config("engine config", format!("tiling.{group}.{}", u.param), u.to_string()))?;
         }
-        Ok(Planner { cfg, w, primary, cpu, opts, act, kv })
+        Ok(Planner { cfg, w, primary, cpu, opts, act, kv, kv_reason })
     }
 
     fn rope(&self) -> RopeParams {
@@ -664,6 +705,7 @@ impl<'a> Planner<'a> {
             Slot::MoeRouting => h + 2 * c.experts_per_token,
             Slot::Mlp => 2 * h + 2 * c.experts_per_token,
             Slot::LmHead => h + c.vocab_size,
+            Slot::AllReduce | Slot::AllGather => 0,
         };
         elems * e + 4 // + the u32 index (id, position or slot) the slot reads
     }
@@ -813,6 +855,7 @@ impl<'a> Planner<'a> {
             disabled: self.opts.disabled.iter().cloned().collect(),
             act_dtype: self.act,
             kv_dtype: self.kv,
+            kv_dtype_reason: self.kv_reason.clone(),
             block_size: self.opts.block_size,
             precision: self.opts.precision,
             attention_tile_kv: self.opts.tile_kv.unwrap_or(DEFAULT_TILE_KV),
@@ -821,6 +864,7 @@ impl<'a> Planner<'a> {
             model,
             layers,
             copy_bytes_per_token: 0,
+            tp: None,
         };
         plan.copy_bytes_per_token = plan.decisions().map(|d| d.copy_bytes_per_token).sum();
         if let Some(t) = self.opts.tile_kv {
@@ -945,11 +989,13 @@ fn matmul_detail(ts: &[&Tensor], act: DType) -> String {
     format!("{} weights, {act} activations", dtypes.join("/"))
 }
 
-fn tried_text(t: &Tried) -> String {
+pub(super) fn tried_text(t: &Tried) -> String {
     match &t.verdict {
         Verdict::Chosen => format!("{} on {}: chosen", t.candidate.name(), t.backend),
         Verdict::Disabled { name } => format!("{name} disabled by the user"),
-        Verdict::Rejected { why, .. } => format!("{} on {}: {why}", t.candidate.name(), t.backend),
+        Verdict::Rejected { why, .. } | Verdict::Unavailable { why } => {
+            format!("{} on {}: {why}", t.candidate.name(), t.backend)
+        }
     }
 }
 

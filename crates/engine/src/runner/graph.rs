@@ -25,6 +25,8 @@ pub(super) struct Graph<'g> {
     pub layout: &'g StepLayout,
     pub tokens: usize,
     pub rows: usize,
+    /// The collectives of a tensor-parallel rank.
+    pub tp: Option<super::tp::StepComm<'g>>,
 }
 
 fn need(d: Option<&Decision>, s: Slot) -> Result<&Decision> {
@@ -47,7 +49,7 @@ fn phase_runs(layout: &StepLayout) -> Vec<(bool, usize, usize)> {
 impl Graph<'_> {
     /// Launches the ops; returns the view the f32 logits are in.
     pub fn launch(&self, ex: &mut Exec<'_>) -> Result<View> {
-        let Graph { c, plan, ids, bufs: a, caches, views, layout, tokens: t, rows: r } = *self;
+        let Graph { c, plan, ids, bufs: a, caches, views, layout, tokens: t, rows: r, .. } = *self;
         let (hid, hd) = (c.hidden_size, c.head_dim);
         let (qd, kvd) = (c.num_heads * hd, c.num_kv_heads * hd);
         let v = |buf: BufId, len: usize| View::new(buf, 0, len);
@@ -64,6 +66,9 @@ impl Graph<'_> {
 
         let d = model(Slot::Embed)?;
         ex.launch(d.placement, &Op::Embed { ids: views.ids, table: ids.embed, out: h })?;
+        if let Some(tp) = &self.tp {
+            tp.all_reduce(ex, h, Some(c.hidden_size))?;
+        }
         if d.choice == Choice::EmbedThenScale {
             let s = ids.embed_scale.ok_or_else(|| Error::invalid("plan", "embed_then_scale without a scale"))?;
             ex.launch(d.placement, &Op::Scale { x: h, s })?;
@@ -142,6 +147,9 @@ impl Graph<'_> {
             let dp = d(Slot::OProj)?;
             let seg = MatSegOp { w: lw.o, bias: None, out: o };
             ex.launch(dp.placement, &mm(attn, t, Segs::one(seg), dp.precision))?;
+            if let Some(tp) = &self.tp {
+                tp.all_reduce(ex, o, None)?;
+            }
             pending = post_norm(ex, lp.get(Slot::PostAttnNorm), lw.post_attn_norm)?;
 
             norm(ex, d(Slot::FfnNorm)?, lw.ffn_norm, pending)?;
@@ -188,6 +196,9 @@ impl Graph<'_> {
                         }
                     }
                 }
+            }
+            if let Some(tp) = &self.tp {
+                tp.all_reduce(ex, o, None)?;
             }
             pending = post_norm(ex, lp.get(Slot::PostFfnNorm), lw.post_ffn_norm)?;
         }

@@ -7,18 +7,28 @@
 //! - `exec`: per-op placement (primary, or the CPU beside it with counted copies).
 //! - `graph`: the op sequence of the decoder.
 //! - `weights`: weights made resident per slot, converted where the plan says.
+//! - `shard`, `tp`: a tensor-parallel rank's weights, collectives and commands.
 
 mod buffers;
 mod exec;
 mod graph;
+mod shard;
+mod tp;
 mod weights;
+
+use std::borrow::Cow;
+use std::sync::Arc;
+use std::time::Duration;
 
 use crate::backend::cpu::CpuBackend;
 use crate::backend::{Backend, BackendExt, KvLayer, StepHost};
+use crate::comm::{Communicator, LocalGroup};
 use crate::kv::{KvPools, StepLayout};
-use crate::model::{Model, ModelConfig};
-use crate::plan::{self, Placement, Plan, PlanOptions, Slot};
+use crate::model::{Model, ModelConfig, ModelWeights};
+use crate::plan::{self, Placement, Plan, PlanOptions, Slot, TpReport};
 use crate::{Error, Result};
+
+pub use tp::OpenBackend;
 
 use buffers::{Buffers, Capacity};
 use exec::{Exec, Fallback};
@@ -45,7 +55,10 @@ struct KvSet {
 }
 
 pub struct ModelRunner {
+    /// The model's config (a tensor-parallel rank's own part is `local`).
     pub cfg: ModelConfig,
+    /// What this rank holds: `cfg` itself, or its heads, intermediate part and vocabulary.
+    local: ModelConfig,
     pub plan: Plan,
     primary: Box<dyn Backend>,
     /// The CPU backend beside a device, when the plan put any slot on it.
@@ -55,6 +68,10 @@ pub struct ModelRunner {
     /// KV pools per layer, on the backend the layer's attention runs on.
     kv: Option<KvSet>,
     weight_bytes: usize,
+    tp: Option<tp::TpLink>,
+    /// A rank's logits before the all-gather, and after it.
+    part: Vec<f32>,
+    gathered: Vec<f32>,
 }
 
 impl ModelRunner {
@@ -62,30 +79,177 @@ impl ModelRunner {
     /// with `cpu_threads`) and makes its weights resident.
     pub fn new(
         model: &Model,
-        mut primary: Box<dyn Backend>,
+        primary: Box<dyn Backend>,
         opts: &PlanOptions,
         cpu_threads: usize,
     ) -> Result<ModelRunner> {
-        let cfg = model.config.clone();
-        let w = &model.weights;
+        Self::build(&model.config, &model.weights, primary, opts, cpu_threads, None)
+    }
+
+    /// Rank `comm.rank()` of a tensor-parallel group: plans and makes resident only its
+    /// shard. Rank 0 (the leader) is driven like any runner and drives the others; the
+    /// others run [`ModelRunner::follow`].
+    pub fn new_rank(
+        cfg: &ModelConfig,
+        w: &ModelWeights,
+        primary: Box<dyn Backend>,
+        opts: &PlanOptions,
+        cpu_threads: usize,
+        comm: Arc<dyn Communicator>,
+    ) -> Result<ModelRunner> {
+        Self::build(cfg, w, primary, opts, cpu_threads, Some(comm))
+    }
+
+    /// The leader of a `local` group of `world` ranks (threads of this process, each on a
+    /// backend `open` makes) whose collectives wait at most `timeout`.
+    pub fn new_local_group(
+        model: &Model,
+        primary: Box<dyn Backend>,
+        opts: &PlanOptions,
+        cpu_threads: usize,
+        world: usize,
+        timeout: Duration,
+        open: OpenBackend,
+    ) -> Result<ModelRunner> {
+        let mut comms = LocalGroup::new(world, timeout);
+        let followers = comms.split_off(1);
+        let leader: Arc<dyn Communicator> = Arc::new(comms.remove(0));
+        let (cfg, w) = (&model.config, &model.weights);
+        // The followers load while the leader does; a failure on either side reaches the
+        // other through the group (a rank that left).
+        let (handles, ended) = tp::spawn_followers(cfg, w, opts, cpu_threads, open, followers)?;
+        let made = Self::build(cfg, w, primary, opts, cpu_threads, Some(leader.clone()));
+        let mut runner = match made {
+            Ok(r) => r,
+            Err(e) => {
+                leader.abandon(&e.to_string());
+                return Err(e);
+            }
+        };
+        if let Some(link) = runner.tp.as_mut() {
+            link.followers = handles;
+            link.ended = Some(ended);
+        }
+        Ok(runner)
+    }
+
+    /// Bytes of the weights rank `rank` of `world` holds (its shards and the replicated
+    /// tensors), without loading anything onto a backend.
+    pub fn shard_weight_bytes(cfg: &ModelConfig, w: &ModelWeights, world: usize, rank: usize) -> Result<usize> {
+        let spec = plan::shard::decide(cfg, w, world, rank)?;
+        Ok(shard::shard(cfg, w, &spec)?.1.total_bytes())
+    }
+
+    fn build(
+        cfg: &ModelConfig,
+        w: &ModelWeights,
+        mut primary: Box<dyn Backend>,
+        opts: &PlanOptions,
+        cpu_threads: usize,
+        comm: Option<Arc<dyn Communicator>>,
+    ) -> Result<ModelRunner> {
+        let (spec, local, lw) = match &comm {
+            Some(c) => {
+                let spec = plan::shard::decide(cfg, w, c.world(), c.rank())?;
+                let (local, lw) = shard::shard(cfg, w, &spec)?;
+                (Some(spec), local, Cow::Owned(lw))
+            }
+            None => (None, cfg.clone(), Cow::Borrowed(w)),
+        };
         // A CPU primary has nothing to fall back to but itself.
         let mut cpu = if primary.name() == "cpu" { None } else { Some(CpuBackend::new(cpu_threads)?) };
-        let plan = plan::build(&cfg, w, primary.as_ref(), cpu.as_ref().map(|c| c as &dyn Backend), opts)?;
+        let mut plan = plan::build(&local, &lw, primary.as_ref(), cpu.as_ref().map(|c| c as &dyn Backend), opts)?;
         if !plan.uses_cpu_fallback() {
             cpu = None;
         }
-        let mut ids = WeightIds::upload(&plan, w, primary.as_mut(), cpu.as_mut())?;
-        ids.embed_scale = plan::embed_scale(&cfg, w.embed.dtype);
+        let tp = match (comm, spec) {
+            (Some(comm), Some(spec)) => {
+                if plan.act_dtype != tboost_ops::DType::F32 {
+                    return Err(Error::Unsupported(format!(
+                        "tensor parallelism on {} with {} activations: the host collectives take f32",
+                        primary.name(),
+                        plan.act_dtype
+                    )));
+                }
+                let collectives = plan::shard::collective_decisions(primary.name(), comm.name(), cfg, comm.world());
+                let report = TpReport {
+                    comm: comm.name().to_string(),
+                    resident_weight_bytes: lw.total_bytes(),
+                    model_weight_bytes: w.total_bytes(),
+                    all_reduce_bytes_per_token: 4 * cfg.hidden_size * (1 + 2 * cfg.num_layers),
+                    all_gather_bytes_per_row: 4 * spec.vocab_max(),
+                    shard: spec.clone(),
+                };
+                log::info!(target: "tboost::plan", "{}", report.line());
+                for d in &collectives {
+                    log::info!(target: "tboost::plan", "model: {}", d.line());
+                }
+                plan.model.extend(collectives);
+                plan.tp = Some(report);
+                Some(tp::TpLink { comm, spec, followers: Vec::new(), ended: None })
+            }
+            _ => None,
+        };
+        let mut ids = WeightIds::upload(&plan, &lw, primary.as_mut(), cpu.as_mut())?;
+        ids.embed_scale = plan::embed_scale(cfg, lw.embed.dtype);
         Ok(ModelRunner {
-            weight_bytes: w.total_bytes(),
-            cfg,
+            weight_bytes: lw.total_bytes(),
+            cfg: cfg.clone(),
+            local,
             plan,
             primary,
             fallback: cpu.map(Fallback::new),
             ids,
             bufs: None,
             kv: None,
+            tp,
+            part: Vec::new(),
+            gathered: Vec::new(),
         })
+    }
+
+    /// Sends `cmd` to the followers when this runner leads a group; a follower refuses to
+    /// be driven by anyone but its leader.
+    fn lead(&self, cmd: impl FnOnce() -> tp::Cmd) -> Result<()> {
+        match &self.tp {
+            Some(t) if t.comm.rank() == 0 => t.send(&cmd()),
+            Some(t) => Err(Error::invalid(
+                "rank",
+                format!("rank {} is a tensor-parallel follower: only the leader (rank 0) takes work", t.comm.rank()),
+            )),
+            None => Ok(()),
+        }
+    }
+
+    /// This runner's rank when it is a tensor-parallel follower (rank > 0).
+    pub fn follower_rank(&self) -> Option<usize> {
+        self.tp.as_ref().map(|t| t.comm.rank()).filter(|&r| r != 0)
+    }
+
+    /// A follower's loop: runs every command the leader broadcasts until it says stop. An
+    /// error (a failed step, a collective that timed out) ends it.
+    pub fn follow(&mut self) -> Result<()> {
+        let comm = match &self.tp {
+            Some(t) if t.comm.rank() != 0 => t.comm.clone(),
+            _ => return Err(Error::invalid("rank", "only a tensor-parallel follower (rank > 0) follows")),
+        };
+        let mut logits = Vec::new();
+        loop {
+            let mut bytes = Vec::new();
+            comm.broadcast(0, &mut bytes)?;
+            match tp::Cmd::decode(&bytes)? {
+                tp::Cmd::Stop => return Ok(()),
+                tp::Cmd::AllocKv { blocks, block_size } => self.alloc_kv_local(blocks, block_size)?,
+                tp::Cmd::Reserve { tokens, rows, seqs, max_blocks } => {
+                    self.ensure_buffers(Capacity { tokens, rows, seqs, max_blocks })?
+                }
+                tp::Cmd::Forward { tokens, layout, logit_rows } => {
+                    let b = StepBatch { tokens: &tokens, layout: &layout, logit_rows: &logit_rows };
+                    self.validate(&b)?;
+                    self.forward_local(&b, &mut logits)?;
+                }
+            }
+        }
     }
 
     /// Stops work in progress on every backend of this runner when `flag` is set.
@@ -113,6 +277,11 @@ impl ModelRunner {
     /// Allocates the KV pools (replacing any previous ones) in the plan's KV dtype, each
     /// layer's on the backend its attention runs on.
     pub fn alloc_kv(&mut self, num_blocks: usize, block_size: usize) -> Result<()> {
+        self.lead(|| tp::Cmd::AllocKv { blocks: num_blocks, block_size })?;
+        self.alloc_kv_local(num_blocks, block_size)
+    }
+
+    fn alloc_kv_local(&mut self, num_blocks: usize, block_size: usize) -> Result<()> {
         if block_size != self.plan.block_size {
             return Err(Error::invalid(
                 "block_size",
@@ -125,11 +294,11 @@ impl ModelRunner {
             self.plan.layers.iter().map(|l| l.get(Slot::KvWrite).map_or(Placement::Primary, |d| d.placement)).collect();
         let wants = |p| placements.contains(&p);
         let primary = match wants(Placement::Primary) {
-            true => Some(KvPools::new(self.primary.as_mut(), &self.cfg, num_blocks, block_size, dtype)?),
+            true => Some(KvPools::new(self.primary.as_mut(), &self.local, num_blocks, block_size, dtype)?),
             false => None,
         };
         let cpu = match (&mut self.fallback, wants(Placement::Cpu)) {
-            (Some(f), true) => match KvPools::new(&mut f.be, &self.cfg, num_blocks, block_size, dtype) {
+            (Some(f), true) => match KvPools::new(&mut f.be, &self.local, num_blocks, block_size, dtype) {
                 Ok(p) => Some(p),
                 Err(e) => {
                     if let Some(mut p) = primary {
@@ -249,6 +418,7 @@ impl ModelRunner {
     /// than in the first step that needs them: allocating faults their memory in (on the CPU,
     /// see `HostBuf`), which in a step would count against that step's time.
     pub fn reserve(&mut self, tokens: usize, rows: usize, seqs: usize, max_blocks: usize) -> Result<()> {
+        self.lead(|| tp::Cmd::Reserve { tokens, rows, seqs, max_blocks })?;
         self.ensure_buffers(Capacity { tokens, rows, seqs, max_blocks })
     }
 
@@ -266,22 +436,44 @@ impl ModelRunner {
             f.forget();
         }
         self.bufs =
-            Some(Buffers::alloc(self.primary.as_mut(), &self.cfg, self.plan.act_dtype, want, old_cap.as_ref())?);
+            Some(Buffers::alloc(self.primary.as_mut(), &self.local, self.plan.act_dtype, want, old_cap.as_ref())?);
         Ok(())
     }
 
-    /// Runs the model on a batch; `logits` receives `[logit_rows.len(), vocab]` in f32.
+    /// Runs the model on a batch; `logits` receives `[logit_rows.len(), vocab]` in f32. The
+    /// leader of a tensor-parallel group sends the batch to every rank first.
     pub fn forward(&mut self, b: &StepBatch<'_>, logits: &mut Vec<f32>) -> Result<()> {
         self.validate(b)?;
+        self.lead(|| tp::Cmd::Forward {
+            tokens: b.tokens.to_vec(),
+            layout: b.layout.clone(),
+            logit_rows: b.logit_rows.to_vec(),
+        })?;
+        self.forward_local(b, logits)
+    }
+
+    /// This rank's part of a forward pass (the whole pass without tensor parallelism).
+    fn forward_local(&mut self, b: &StepBatch<'_>, logits: &mut Vec<f32>) -> Result<()> {
         let caches = self.layer_caches()?;
         let l = b.layout;
         let (t, r) = (b.tokens.len(), b.logit_rows.len());
         self.ensure_buffers(Capacity { tokens: t, rows: r, seqs: l.seqs.len(), max_blocks: l.max_blocks })?;
-        let ModelRunner { cfg, plan, primary, fallback, ids, bufs, .. } = self;
+        let ModelRunner { cfg, local, plan, primary, fallback, ids, bufs, tp, part, gathered, .. } = self;
         let bufs = bufs.as_ref().ok_or_else(|| Error::invalid("buffers", "activation buffers missing"))?;
         let views = bufs.step_views(t, l.seqs.len(), l.max_blocks, r);
+        // A rank embeds the tokens of its vocabulary part; the others read its row 0 and are
+        // zeroed before the all-reduce.
+        let (local_ids, held): (Cow<'_, [u32]>, Vec<bool>) = match tp {
+            Some(link) => {
+                let v = link.spec.vocab();
+                let held: Vec<bool> = b.tokens.iter().map(|&id| v.contains(&(id as usize))).collect();
+                let ids = b.tokens.iter().zip(&held).map(|(&id, &h)| if h { id - v.start as u32 } else { 0 }).collect();
+                (Cow::Owned(ids), held)
+            }
+            None => (Cow::Borrowed(b.tokens), Vec::new()),
+        };
         let host = StepHost {
-            ids: b.tokens,
+            ids: &local_ids,
             positions: &l.positions,
             slots: &l.slots,
             seqs: &l.seqs,
@@ -290,12 +482,46 @@ impl ModelRunner {
         };
         primary.set_step(&host, &views)?;
         let mut ex = Exec { primary: primary.as_mut(), cpu: fallback.as_mut() };
-        let g = graph::Graph { c: cfg, plan, ids, bufs, caches: &caches, views: &views, layout: l, tokens: t, rows: r };
+        let step_comm = tp.as_ref().map(|link| tp::StepComm { comm: link.comm.as_ref(), held: &held });
+        let g = graph::Graph {
+            c: local,
+            plan,
+            ids,
+            bufs,
+            caches: &caches,
+            views: &views,
+            layout: l,
+            tokens: t,
+            rows: r,
+            tp: step_comm,
+        };
         let out = g.launch(&mut ex)?;
         primary.synchronize()?;
-        logits.resize(r * cfg.vocab_size, 0.0);
+        let Some(link) = tp else {
+            logits.resize(r * cfg.vocab_size, 0.0);
+            if r > 0 {
+                primary.read_typed(out, logits)?;
+            }
+            return Ok(());
+        };
+        // Every rank's vocabulary part of every row, padded to the longest part.
+        let (vloc, vmax, world) = (local.vocab_size, link.spec.vocab_max(), link.spec.world);
+        part.resize(r * vloc, 0.0);
         if r > 0 {
-            primary.read_typed(out, logits)?;
+            primary.read_typed(out, part)?;
+        }
+        let mut padded = vec![0f32; r * vmax];
+        for (dst, src) in padded.chunks_mut(vmax).zip(part.chunks(vloc.max(1))) {
+            dst[..vloc].copy_from_slice(src);
+        }
+        gathered.resize(world * r * vmax, 0.0);
+        link.comm.all_gather(&padded, gathered)?;
+        logits.resize(r * cfg.vocab_size, 0.0);
+        for (k, range) in link.spec.vocab_splits.iter().enumerate() {
+            for row in 0..r {
+                let src = &gathered[(k * r + row) * vmax..][..range.len()];
+                logits[row * cfg.vocab_size + range.start..][..range.len()].copy_from_slice(src);
+            }
         }
         Ok(())
     }
@@ -303,6 +529,9 @@ impl ModelRunner {
 
 impl Drop for ModelRunner {
     fn drop(&mut self) {
+        if let Some(link) = self.tp.as_mut() {
+            link.stop();
+        }
         if let Some(b) = self.bufs.take() {
             b.free(self.primary.as_mut());
         }

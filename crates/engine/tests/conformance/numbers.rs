@@ -68,8 +68,23 @@ pub fn round_to(dtype: DType, v: &[f32]) -> Vec<f32> {
     decode(dtype, &encode(dtype, v), v.len())
 }
 
-pub const WEIGHT_TYPES: [DType; 9] =
-    [DType::F32, DType::F16, DType::BF16, DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];
+pub const WEIGHT_TYPES: [DType; 15] = [
+    DType::F32,
+    DType::F16,
+    DType::BF16,
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::IQ4NL,
+    DType::IQ4XS,
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+];
 
 /// A weight matrix `[rows, cols]`: its bytes, and the values they stand for.
 pub struct Mat {
@@ -90,9 +105,12 @@ impl Mat {
             // blocks really carry the source values (within two quantization steps), so the
             // suite compares against real numbers and not, say, all zeros.
             let levels = match dtype {
+                DType::Q2K | DType::Q3K => 3.0,
                 DType::Q4_0 => 7.0,
-                DType::Q5_0 | DType::Q4K => 15.0,
-                DType::Q5K | DType::Q6K => 31.0,
+                // Levels up to 24/127 of the scale apart.
+                DType::IQ4NL | DType::IQ4XS => 10.0,
+                DType::Q4_1 | DType::Q5_0 | DType::Q4K => 15.0,
+                DType::Q5_1 | DType::Q5K | DType::Q6K => 31.0,
                 _ => 127.0,
             };
             for r in 0..rows {

@@ -6,7 +6,7 @@
 use rayon::prelude::*;
 use std::cell::Cell;
 
-use super::{elem_bytes, row_offset, AttnParams, KvPool, OutPtr, SeqSpan};
+use super::{kv_q8, row_bytes, row_offset, AttnParams, KvPool, OutPtr, SeqSpan};
 use crate::isa::Isa;
 use crate::simd::{Native, Scalar, MASK};
 use crate::DType;
@@ -37,7 +37,8 @@ struct Ctx<'a> {
     scale: f32,
     /// Sliding window (0: none), see `AttnParams::window`.
     window: usize,
-    esz: usize,
+    /// Bytes of one head row in the pool.
+    rb: usize,
     out: OutPtr,
 }
 
@@ -54,7 +55,7 @@ pub(super) fn run(isa: Isa, q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], 
         hd: p.head_dim,
         scale: p.scale,
         window: p.window,
-        esz: elem_bytes(pool.dtype),
+        rb: row_bytes(pool.dtype, p.head_dim),
         out: OutPtr(out.as_mut_ptr()),
     };
     let item: ItemFn = match p.tile_kv {
@@ -262,7 +263,7 @@ unsafe fn stage<S: Native, const T: usize>(
             vp[j] = zero;
             continue;
         }
-        let off = row_offset(c.pool, table, t0 + j, g, c.esz);
+        let off = row_offset(c.pool, table, t0 + j, g, c.rb);
         match c.pool.dtype {
             DType::F32 => {
                 kp[j] = kb.add(off) as *const f32;
@@ -274,9 +275,17 @@ unsafe fn stage<S: Native, const T: usize>(
                 kp[j] = kst.as_ptr().add(j * hd);
                 vp[j] = vst.as_ptr().add(j * hd);
             }
-            _ => {
+            DType::BF16 => {
                 S::bf16_to_f32(kb.add(off), kst.as_mut_ptr().add(j * hd), hd);
                 S::bf16_to_f32(vb.add(off), vst.as_mut_ptr().add(j * hd), hd);
+                kp[j] = kst.as_ptr().add(j * hd);
+                vp[j] = vst.as_ptr().add(j * hd);
+            }
+            // Q8_0 (`check_call` admitted nothing else): dequantized into the stage, so the
+            // cache is read as int8 and the arithmetic after it is the f32 path's.
+            _ => {
+                kv_q8::dequantize_row(kb.add(off), kst.as_mut_ptr().add(j * hd), hd);
+                kv_q8::dequantize_row(vb.add(off), vst.as_mut_ptr().add(j * hd), hd);
                 kp[j] = kst.as_ptr().add(j * hd);
                 vp[j] = vst.as_ptr().add(j * hd);
             }
@@ -287,10 +296,10 @@ unsafe fn stage<S: Native, const T: usize>(
 /// Prefetches the K/V rows of positions `t0..min(t0 + T, end)` (`T`: the tile).
 #[inline(always)]
 unsafe fn prefetch_tile<S: Native, const T: usize>(c: &Ctx<'_>, table: &[u32], g: usize, t0: usize, end: usize) {
-    let row_bytes = c.hd * c.esz;
+    let row_bytes = c.rb;
     let (kb, vb) = (c.pool.k.as_ptr(), c.pool.v.as_ptr());
     for pos in t0..end.min(t0 + T) {
-        let off = row_offset(c.pool, table, pos, g, c.esz);
+        let off = row_offset(c.pool, table, pos, g, c.rb);
         let mut b = 0;
         while b < row_bytes {
             S::prefetch(kb.add(off + b));

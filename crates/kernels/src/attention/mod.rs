@@ -3,7 +3,8 @@
 //!
 //! CONTRACT:
 //! - Layout of one layer's cache pool (K and V each): `[num_blocks, block_size, kv_heads,
-//!   head_dim]` in `KvPool::dtype` (f32, f16 or bf16). A sequence's position `p` lives in
+//!   head_dim]` in `KvPool::dtype` (f32, f16, bf16, or q8_0: each head row as `head_dim / 32`
+//!   GGUF Q8_0 blocks, an f16 scale and 32 signed bytes, see [`kv_q8`]). A sequence's position `p` lives in
 //!   block `block_table[p / block_size]`, row `p % block_size`. The block table is just an
 //!   index array here: kernels know nothing of allocation.
 //! - `q` is `[tokens, n_heads, head_dim]` f32 (rope already applied); `out` likewise.
@@ -35,6 +36,7 @@
 //! order. Results may differ between ISAs, never between batches or thread counts.
 
 mod flash;
+pub mod kv_q8;
 pub mod reference;
 mod standard;
 
@@ -120,23 +122,29 @@ fn shape_supports(head_dim: usize, n_heads: usize, kv_heads: usize, kv_dtype: DT
     }
     match kv_dtype {
         DType::F32 | DType::F16 | DType::BF16 => Ok(()),
-        other => Err(Unsupported::new("kv_dtype", other, "f32, f16 or bf16")),
+        // Q8_0 blocks must not straddle two heads' rows.
+        DType::Q8_0 if head_dim.is_multiple_of(kv_q8::BLOCK) => Ok(()),
+        DType::Q8_0 => Err(Unsupported::new("head_dim", head_dim, "a multiple of 32 for a q8_0 KV cache")),
+        other => Err(Unsupported::new("kv_dtype", other, "f32, f16, bf16 or q8_0")),
     }
 }
 
-/// Bytes of one element of a cache pool.
-fn elem_bytes(dtype: DType) -> usize {
+/// Bytes of one head's row (`head_dim` values) in a cache pool of `dtype`.
+fn row_bytes(dtype: DType, head_dim: usize) -> usize {
     match dtype {
-        DType::F32 => 4,
-        DType::F16 | DType::BF16 => 2,
-        other => panic!("attention: kv cache dtype {other} is not supported (f32, f16, bf16)"),
+        DType::F32 => 4 * head_dim,
+        DType::F16 | DType::BF16 => 2 * head_dim,
+        DType::Q8_0 if head_dim.is_multiple_of(kv_q8::BLOCK) => kv_q8::row_bytes(head_dim),
+        other => {
+            panic!("attention: kv cache dtype {other} with head_dim {head_dim} is not supported (f32, f16, bf16, q8_0)")
+        }
     }
 }
 
 /// Number of blocks in a pool of `bytes`, checking that the size is whole.
 fn pool_blocks(what: &str, dtype: DType, block_size: usize, kv_heads: usize, head_dim: usize, bytes: usize) -> usize {
     assert!(block_size > 0 && kv_heads > 0 && head_dim > 0, "{what}: block_size, kv_heads and head_dim must be > 0");
-    let block_bytes = block_size * kv_heads * head_dim * elem_bytes(dtype);
+    let block_bytes = block_size * kv_heads * row_bytes(dtype, head_dim);
     assert!(
         bytes.is_multiple_of(block_bytes),
         "{what}: pool of {bytes} bytes is not a whole number of {block_bytes}-byte blocks \
@@ -162,11 +170,11 @@ pub fn write_kv(k: &[f32], v: &[f32], slots: &[u32], pool: &mut KvPoolMut<'_>) {
         k.len(),
         v.len()
     );
-    let esz = elem_bytes(pool.dtype);
+    let slot_bytes = pool.kv_heads * row_bytes(pool.dtype, pool.head_dim);
     for (t, &slot) in slots.iter().enumerate() {
         let slot = slot as usize;
         assert!(slot < n_slots, "write_kv: slot {slot} is outside the pool ({n_slots} slots)");
-        let dst = slot * row * esz..(slot + 1) * row * esz;
+        let dst = slot * slot_bytes..(slot + 1) * slot_bytes;
         let src = t * row..(t + 1) * row;
         store_row(pool.dtype, &k[src.clone()], &mut pool.k[dst.clone()]);
         store_row(pool.dtype, &v[src], &mut pool.v[dst]);
@@ -191,7 +199,9 @@ fn store_row(dtype: DType, src: &[f32], dst: &mut [u8]) {
                 d.copy_from_slice(&half::bf16::from_f32(*x).to_le_bytes());
             }
         }
-        other => unreachable!("elem_bytes rejected {other}"),
+        // Whole rows of all kv heads: blocks never straddle heads (head_dim % 32 == 0).
+        DType::Q8_0 => kv_q8::quantize_row(src, dst),
+        other => unreachable!("row_bytes rejected {other}"),
     }
 }
 
@@ -315,10 +325,11 @@ struct OutPtr(*mut f32);
 unsafe impl Send for OutPtr {}
 unsafe impl Sync for OutPtr {}
 
-/// Where a sequence's position `pos` of kv head `g` starts in a pool, in bytes.
+/// Where a sequence's position `pos` of kv head `g` starts in a pool, in bytes (`rb`: one
+/// head row's bytes, [`row_bytes`]).
 #[inline(always)]
-fn row_offset(pool: &KvPool<'_>, table: &[u32], pos: usize, g: usize, esz: usize) -> usize {
+fn row_offset(pool: &KvPool<'_>, table: &[u32], pos: usize, g: usize, rb: usize) -> usize {
     let bs = pool.block_size;
     let slot = table[pos / bs] as usize * bs + pos % bs;
-    (slot * pool.kv_heads + g) * pool.head_dim * esz
+    (slot * pool.kv_heads + g) * rb
 }

@@ -8,6 +8,12 @@ pub fn pool_value(pool: &KvPool<'_>, v: bool, table: &[u32], pos: usize, g: usiz
     let bytes = if v { pool.v } else { pool.k };
     let slot = table[pos / pool.block_size] as usize * pool.block_size + pos % pool.block_size;
     let i = (slot * pool.kv_heads + g) * pool.head_dim + d;
+    if pool.dtype == DType::Q8_0 {
+        // Block `i / 32` of the row-major Q8_0 stream: f16 scale, then 32 signed bytes.
+        let b = i / 32 * 34;
+        let scale = half::f16::from_le_bytes([bytes[b], bytes[b + 1]]).to_f64();
+        return scale * (bytes[b + 2 + i % 32] as i8) as f64;
+    }
     match pool.dtype {
         DType::F32 => f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap()) as f64,
         DType::F16 => half::f16::from_le_bytes([bytes[2 * i], bytes[2 * i + 1]]).to_f64(),

@@ -3,7 +3,7 @@
 
 use rayon::prelude::*;
 
-use super::{elem_bytes, row_offset, AttnParams, KvPool, OutPtr, SeqSpan};
+use super::{kv_q8, row_bytes, row_offset, AttnParams, KvPool, OutPtr, SeqSpan};
 use crate::DType;
 
 pub(super) fn run(q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], p: &AttnParams, out: &mut [f32]) {
@@ -49,11 +49,14 @@ fn load_row(dtype: DType, bytes: &[u8], dst: &mut [f32]) {
                 *d = half::f16::from_le_bytes([b[0], b[1]]).to_f32();
             }
         }
-        _ => {
+        DType::BF16 => {
             for (d, b) in dst.iter_mut().zip(bytes.chunks_exact(2)) {
                 *d = half::bf16::from_le_bytes([b[0], b[1]]).to_f32();
             }
         }
+        // Q8_0, the only other type `check_call` admits.
+        // SAFETY: `bytes` holds one head row of `dst.len()` values (the caller sliced it).
+        _ => unsafe { kv_q8::dequantize_row(bytes.as_ptr(), dst.as_mut_ptr(), dst.len()) },
     }
 }
 
@@ -69,7 +72,7 @@ const SCORE_BLOCK_FLOATS: usize = 1 << 22;
 unsafe fn head(q: &[f32], pool: &KvPool<'_>, seq: &SeqSpan<'_>, p: &AttnParams, h: usize, out: OutPtr) {
     let hd = p.head_dim;
     let g = h / (p.n_heads / p.kv_heads);
-    let esz = elem_bytes(pool.dtype);
+    let rb = row_bytes(pool.dtype, hd);
     let (q_len, ctx) = (seq.q_len, seq.ctx_len);
     let first = ctx - q_len;
     let qrow = |r: usize| &q[((seq.q_start + r) * p.n_heads + h) * hd..][..hd];
@@ -94,8 +97,8 @@ unsafe fn head(q: &[f32], pool: &KvPool<'_>, seq: &SeqSpan<'_>, p: &AttnParams, 
         // Loop over positions outside so each K/V row is converted once per block; each row
         // still sums in position order.
         for j in start..end {
-            let off = row_offset(pool, seq.block_table, j, g, esz);
-            load_row(pool.dtype, &pool.k[off..off + hd * esz], &mut kv);
+            let off = row_offset(pool, seq.block_table, j, g, rb);
+            load_row(pool.dtype, &pool.k[off..off + rb], &mut kv);
             for r in rows_of(j, r0, r1) {
                 scores[(r - r0) * ctx + j] = dot(qrow(r), &kv) * p.scale;
             }
@@ -115,8 +118,8 @@ unsafe fn head(q: &[f32], pool: &KvPool<'_>, seq: &SeqSpan<'_>, p: &AttnParams, 
         }
         acc[..(r1 - r0) * hd].fill(0.0);
         for j in start..end {
-            let off = row_offset(pool, seq.block_table, j, g, esz);
-            load_row(pool.dtype, &pool.v[off..off + hd * esz], &mut kv);
+            let off = row_offset(pool, seq.block_table, j, g, rb);
+            load_row(pool.dtype, &pool.v[off..off + rb], &mut kv);
             for r in rows_of(j, r0, r1) {
                 let pj = scores[(r - r0) * ctx + j];
                 for (a, v) in acc[(r - r0) * hd..(r - r0 + 1) * hd].iter_mut().zip(&kv) {

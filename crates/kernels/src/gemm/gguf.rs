@@ -25,42 +25,36 @@ macro_rules! blocks {
 
 blocks! {
     Q4_0: 32, 18;
+    Q4_1: 32, 20;
     Q5_0: 32, 22;
+    Q5_1: 32, 24;
     Q8_0: 32, 34;
+    IQ4NL: 32, 18;
+    IQ4XS: 256, 136;
+    Q2K: 256, 84;
+    Q3K: 256, 110;
     Q4K: 256, 144;
     Q5K: 256, 176;
     Q6K: 256, 210;
 }
 
 /// `$body` with `$F` the [`Block`] type of `$dtype`, or `$other` for a dtype that is not a
-/// block format the kernels read.
+/// block format the kernels read (`packed:` first: not one `panel_pack` has a layout for).
 macro_rules! with_block {
+    (packed: $dtype:expr, $F:ident => $body:expr, _ => $other:expr) => {
+        $crate::gemm::gguf::with_block!(@ [Q4_0 Q5_0 Q8_0 Q4K Q5K Q6K] $dtype, $F => $body, _ => $other)
+    };
     ($dtype:expr, $F:ident => $body:expr, _ => $other:expr) => {
+        $crate::gemm::gguf::with_block!(
+            @ [Q4_0 Q4_1 Q5_0 Q5_1 Q8_0 IQ4NL IQ4XS Q2K Q3K Q4K Q5K Q6K] $dtype, $F => $body, _ => $other
+        )
+    };
+    (@ [$($t:ident)*] $dtype:expr, $F:ident => $body:expr, _ => $other:expr) => {
         match $dtype {
-            $crate::DType::Q4_0 => {
-                type $F = $crate::gemm::gguf::Q4_0;
+            $($crate::DType::$t => {
+                type $F = $crate::gemm::gguf::$t;
                 $body
-            }
-            $crate::DType::Q5_0 => {
-                type $F = $crate::gemm::gguf::Q5_0;
-                $body
-            }
-            $crate::DType::Q8_0 => {
-                type $F = $crate::gemm::gguf::Q8_0;
-                $body
-            }
-            $crate::DType::Q4K => {
-                type $F = $crate::gemm::gguf::Q4K;
-                $body
-            }
-            $crate::DType::Q5K => {
-                type $F = $crate::gemm::gguf::Q5K;
-                $body
-            }
-            $crate::DType::Q6K => {
-                type $F = $crate::gemm::gguf::Q6K;
-                $body
-            }
+            })*
             _ => $other,
         }
     };
@@ -77,12 +71,49 @@ pub(crate) fn scale_min_k4(j: usize, q: &[u8]) -> (u8, u8) {
     }
 }
 
+/// The 16 signed levels a 4-bit IQ4_NL / IQ4_XS index selects (ggml's `kvalues_iq4nl`).
+pub(crate) const IQ4_LEVELS: [i8; 16] = [-127, -104, -83, -65, -49, -35, -22, -10, 1, 13, 25, 38, 53, 69, 89, 113];
+
+/// Bytes of an IQ4_XS super-block before its quants: d (f16), scales_h (u16), scales_l (4 bytes).
+pub(crate) const IQ4XS_QS: usize = 8;
+
+/// The signed scale `ls - 32` of group `j` (0..8) of an IQ4_XS super-block `b`: 4 low bits
+/// from `scales_l`, 2 high bits from `scales_h`.
+#[inline]
+pub(crate) fn iq4xs_scale(b: &[u8], j: usize) -> i32 {
+    let hi = (u16::from_le_bytes([b[2], b[3]]) >> (2 * j)) & 3;
+    let lo = (b[4 + j / 2] >> (4 * (j % 2))) & 0xF;
+    (lo as i32 | (hi as i32) << 4) - 32
+}
+
+/// Q2_K byte offsets: 16 bytes of 4-bit scale and min pairs (scale low), `qs` (64 bytes, two
+/// bits each, as Q3_K's), then d and dmin (f16).
+pub(crate) const Q2K_QS: usize = 16;
+pub(crate) const Q2K_D: usize = 80;
+
+/// Q3_K byte offsets: `hmask` (32 bytes, the third bit), `qs` (64, two bits each), 12 bytes of
+/// packed 6-bit scales, then d (f16).
+pub(crate) const Q3K_QS: usize = 32;
+pub(crate) const Q3K_SCALES: usize = 96;
+pub(crate) const Q3K_D: usize = 108;
+
+/// The signed scale `s - 32` of sub-block `j` (0..16, 16 values each) of a Q3_K super-block `b`:
+/// 4 low bits from bytes 0..8 (low nibbles for j < 8, high for j >= 8), 2 high bits from byte
+/// `8 + j % 4`, bits `2 (j / 4)`.
+#[inline]
+pub(crate) fn q3k_scale(b: &[u8], j: usize) -> i32 {
+    let sc = &b[Q3K_SCALES..Q3K_SCALES + 12];
+    let lo = (sc[j % 8] >> (4 * (j / 8))) & 0xF;
+    let hi = (sc[8 + j % 4] >> (2 * (j / 4))) & 3;
+    (lo as i32 | (hi as i32) << 4) - 32
+}
+
 /// Values per activation and weight group.
 pub(crate) const GROUP: usize = 32;
 
 /// Whether the format subtracts per-group mins (the `-M_g * Y_g` term).
 pub(crate) fn has_mins(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4K | DType::Q5K)
+    matches!(dtype, DType::Q4_1 | DType::Q5_1 | DType::Q2K | DType::Q4K | DType::Q5K)
 }
 
 /// One 32-value group of a weight row in the integer form (see the module doc).
@@ -92,6 +123,8 @@ pub(crate) struct Group {
     pub sc: [i32; 2],
     pub a: f32,
     pub m: f32,
+    /// Integer multiples of `m` per 16-value half: `[1, 1]` except Q2_K (its 4-bit mins).
+    pub ms: [i32; 2],
 }
 
 fn f16_at(b: &[u8], i: usize) -> f32 {
@@ -104,7 +137,7 @@ pub(crate) fn group(dtype: DType, row: &[u8], g: usize) -> Group {
     let b = &row[(g * GROUP / qk) * bb..][..bb];
     let j = (g * GROUP % qk) / GROUP;
     let mut w = [0i8; GROUP];
-    let (mut sc, mut m) = ([1, 1], 0f32);
+    let (mut sc, mut m, mut ms) = ([1, 1], 0f32, [1, 1]);
     let a;
     match dtype {
         DType::Q4_0 => {
@@ -114,14 +147,40 @@ pub(crate) fn group(dtype: DType, row: &[u8], g: usize) -> Group {
                 w[l + 16] = (b[2 + l] >> 4) as i8 - 8;
             }
         }
-        DType::Q5_0 => {
+        DType::Q4_1 => {
+            // value = d q + min: w = q, A = d, M = -min.
+            (a, m) = (f16_at(b, 0), -f16_at(b, 2));
+            for l in 0..16 {
+                w[l] = (b[4 + l] & 0xF) as i8;
+                w[l + 16] = (b[4 + l] >> 4) as i8;
+            }
+        }
+        DType::Q5_0 | DType::Q5_1 => {
+            // Q5_1: value = d q + min, its d and min before qh; Q5_0: value = d (q - 16).
+            let (o, off) = if dtype == DType::Q5_1 { (4, 0) } else { (2, 16) };
             a = f16_at(b, 0);
-            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
+            if dtype == DType::Q5_1 {
+                m = -f16_at(b, 2);
+            }
+            let qh = u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
             for l in 0..16 {
                 let hi0 = ((qh >> l) & 1) as u8;
                 let hi1 = ((qh >> (l + 16)) & 1) as u8;
-                w[l] = ((b[6 + l] & 0xF) | (hi0 << 4)) as i8 - 16;
-                w[l + 16] = ((b[6 + l] >> 4) | (hi1 << 4)) as i8 - 16;
+                w[l] = ((b[o + 4 + l] & 0xF) | (hi0 << 4)) as i8 - off;
+                w[l + 16] = ((b[o + 4 + l] >> 4) | (hi1 << 4)) as i8 - off;
+            }
+        }
+        DType::IQ4NL | DType::IQ4XS => {
+            // value = A * level[nibble]; IQ4_XS: A = d (ls - 32) per 32-value group.
+            let (qs, aa) = if dtype == DType::IQ4NL {
+                (&b[2..18], f16_at(b, 0))
+            } else {
+                (&b[IQ4XS_QS + 16 * j..IQ4XS_QS + 16 * j + 16], f16_at(b, 0) * iq4xs_scale(b, j) as f32)
+            };
+            a = aa;
+            for l in 0..16 {
+                w[l] = IQ4_LEVELS[(qs[l] & 0xF) as usize];
+                w[l + 16] = IQ4_LEVELS[(qs[l] >> 4) as usize];
             }
         }
         DType::Q8_0 => {
@@ -143,6 +202,27 @@ pub(crate) fn group(dtype: DType, row: &[u8], g: usize) -> Group {
                 w[l] = (lo | hi) as i8;
             }
         }
+        DType::Q2K => {
+            // Group j: bits 2 (j % 4) of qs[32 (j / 4) + l]; value = d sc q - dmin m per half.
+            (a, m) = (f16_at(b, Q2K_D), f16_at(b, Q2K_D + 2));
+            let qs = &b[Q2K_QS + 32 * (j / 4)..];
+            for l in 0..GROUP {
+                w[l] = ((qs[l] >> (2 * (j % 4))) & 3) as i8;
+            }
+            sc = [(b[2 * j] & 0xF) as i32, (b[2 * j + 1] & 0xF) as i32];
+            ms = [(b[2 * j] >> 4) as i32, (b[2 * j + 1] >> 4) as i32];
+        }
+        DType::Q3K => {
+            // Group j: bits 2 (j % 4) of qs[32 (j / 4) + l], bit j of hmask[l]; w = q - 4.
+            a = f16_at(b, Q3K_D);
+            let qs = &b[Q3K_QS + 32 * (j / 4)..];
+            for l in 0..GROUP {
+                let lo = (qs[l] >> (2 * (j % 4))) & 3;
+                let hi = (b[l] >> j) & 1;
+                w[l] = (lo | (hi << 2)) as i8 - 4;
+            }
+            sc = [q3k_scale(b, 2 * j), q3k_scale(b, 2 * j + 1)];
+        }
         DType::Q6K => {
             a = f16_at(b, 208);
             // Group j: half n = j / 4 of the super-block, quarter gq = j % 4 (ggml's q1..q4).
@@ -158,5 +238,5 @@ pub(crate) fn group(dtype: DType, row: &[u8], g: usize) -> Group {
         }
         _ => unreachable!("group is only called for block types"),
     }
-    Group { w, sc, a, m }
+    Group { w, sc, a, m, ms }
 }

@@ -8,11 +8,9 @@ use rand::{Rng, SeedableRng};
 use tboost_kernels::attention::{write_kv, AttnParams, KvPool, KvPoolMut, SeqSpan};
 use tboost_kernels::DType;
 
-pub fn elem_bytes(dtype: DType) -> usize {
-    match dtype {
-        DType::F32 => 4,
-        _ => 2,
-    }
+/// Bytes of one head row of `head_dim` values in a `dtype` pool (q8_0: 34 per 32 values).
+pub fn row_bytes(dtype: DType, head_dim: usize) -> usize {
+    dtype.bytes_for(head_dim).expect("a head_dim the cache dtype can hold")
 }
 
 /// One sequence: its block table and the f32 Q/K/V of every position.
@@ -54,7 +52,7 @@ impl World {
         let num_blocks = blocks_needed + 3;
         let mut free: Vec<u32> = (0..num_blocks as u32).collect();
         free.shuffle(&mut rng);
-        let pool_bytes = num_blocks * block_size * kv_heads * head_dim * elem_bytes(dtype);
+        let pool_bytes = num_blocks * block_size * kv_heads * row_bytes(dtype, head_dim);
         let p = AttnParams::new(n_heads, kv_heads, head_dim, 1.0 / (head_dim as f32).sqrt());
         let mut w = World { dtype, block_size, p, k: vec![0u8; pool_bytes], v: vec![0u8; pool_bytes], seqs: vec![] };
         for &len in lens {

@@ -8,7 +8,20 @@ use rand::Rng;
 use tboost_kernels::isa::{self, Isa};
 use tboost_kernels::DType;
 
-pub const QUANT: [DType; 6] = [DType::Q4_0, DType::Q5_0, DType::Q8_0, DType::Q4K, DType::Q5K, DType::Q6K];
+pub const QUANT: [DType; 12] = [
+    DType::Q4_0,
+    DType::Q4_1,
+    DType::Q5_0,
+    DType::Q5_1,
+    DType::Q8_0,
+    DType::IQ4NL,
+    DType::IQ4XS,
+    DType::Q2K,
+    DType::Q3K,
+    DType::Q4K,
+    DType::Q5K,
+    DType::Q6K,
+];
 
 pub fn isas() -> Vec<Isa> {
     [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|&i| i <= isa::detected()).collect()
@@ -41,8 +54,13 @@ pub fn random_weights(dt: DType, rows: usize, k: usize, rng: &mut StdRng) -> Vec
             _ => {}
         }
         match dt {
-            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => put_f16(b, 0, scale(rng)),
-            DType::Q4K | DType::Q5K => {
+            DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::IQ4NL | DType::IQ4XS => put_f16(b, 0, scale(rng)),
+            DType::Q3K => put_f16(b, 108, scale(rng)),
+            DType::Q2K => {
+                put_f16(b, 80, scale(rng));
+                put_f16(b, 82, scale(rng));
+            }
+            DType::Q4_1 | DType::Q5_1 | DType::Q4K | DType::Q5K => {
                 put_f16(b, 0, scale(rng));
                 put_f16(b, 2, scale(rng));
             }

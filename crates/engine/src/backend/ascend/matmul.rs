@@ -15,7 +15,7 @@
 use ascend_sys::aclnn::{self, CubeMathType};
 use tboost_ops::{DType, Precision};
 
-use super::memory::Scratch;
+use super::memory::{Const, Scratch};
 use super::{acl_err, be_err, AscendBackend};
 use crate::backend::{Segs, View, WeightId};
 use crate::Result;
@@ -131,14 +131,14 @@ impl AscendBackend {
         }
         let esz = act.block_bytes();
         self.mem.ensure(Scratch::GateUp, 2 * n * esz)?;
+        self.mem.ensure_const(Const::Zeros)?;
         {
             let (ctx, mem) = (&mut self.ctx, &self.mem);
             let h = mem.scratch_buf(Scratch::GateUp)?;
             for (i, v) in [gate, up].into_iter().enumerate() {
                 let (src, at, bytes) = mem.bytes_of(v)?;
-                // SAFETY: both buffers are freed only after a synchronize.
-                unsafe { ctx.stream().copy_device_async(src, at, h, i * n * esz, bytes) }
-                    .map_err(|e| acl_err("swiglu: staging gate/up", e))?;
+                // both buffers are freed only after a synchronize
+                mem.copy(ctx, act, (src, at), (h, i * n * esz), bytes, "swiglu: staging gate/up")?;
             }
         }
         self.swiglu_halves(n, act, out)

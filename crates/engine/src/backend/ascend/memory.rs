@@ -11,10 +11,16 @@
 //! logit rows, expert ids) are handed to aclnn as `INT32` tensors — the same bytes for every id
 //! below 2^31, which `set_step` checks for the step arrays. `u32::MAX` (an unused block-table
 //! entry) reads as -1, ATB's "no block" marker.
+//!
+//! Copies between device buffers go through [`Memory::copy`]: `aclrtMemcpyAsync` requires both
+//! addresses 64-byte aligned ("The source address and destination address passed to this call must
+//! be 64-byte aligned", aclrtMemcpyAsync in the CANN 8.0.0 API reference,
+//! https://www.hiascend.com/document/detail/en/canncommercial/800/apiref/appdevgapi/aclcppdevg_03_0106.html),
+//! and views sit at any element offset, so a copy at an unaligned address runs as a kernel instead.
 
 use std::collections::HashMap;
 
-use ascend_sys::{DType as Acl, Device, DeviceBuffer, TensorRef};
+use ascend_sys::{aclnn, Context, DType as Acl, Device, DeviceBuffer, TensorRef};
 use tboost_ops::DType;
 
 use super::{acl_err, be_err};
@@ -102,6 +108,8 @@ pub(super) enum Const {
 
 pub(super) const MASK_SIDE: usize = 2048;
 const ZEROS_BYTES: usize = 64;
+/// aclrtMemcpyAsync's address alignment (see the module docs).
+pub(super) const D2D_ALIGN: usize = 64;
 const ONES: usize = 1024;
 
 pub(super) struct Memory {
@@ -319,6 +327,7 @@ impl Memory {
             }
         }
         let mat = inter * hidden * esz;
+        self.ensure_const(Const::Zeros)?;
         let gu = self.malloc("moe gate/up stack", count * 2 * mat)?;
         let dn = self.malloc("moe down stack", count * mat)?;
         for e in 0..count {
@@ -326,9 +335,8 @@ impl Memory {
             for (i, dst, at) in [(g, &gu, 2 * e * mat), (u, &gu, (2 * e + 1) * mat), (d, &dn, e * mat)] {
                 let w = &self.weights[i];
                 let src = self.store(w.store)?;
-                // SAFETY: every store lives until after the next synchronize (retired, not dropped).
-                unsafe { ctx.stream().copy_device_async(src, w.offset, dst, at, mat) }
-                    .map_err(|e| acl_err("moe: stacking expert weights", e))?;
+                // every store lives until after the next synchronize (retired, not dropped)
+                self.copy(ctx, dtype, (src, w.offset), (dst, at), mat, "moe: stacking expert weights")?;
             }
         }
         self.stores.push(Some(gu));
@@ -413,6 +421,39 @@ impl Memory {
     pub fn constant(&self, c: Const, dtype: DType, shape: &[usize]) -> Result<TensorRef<'_>> {
         let b = self.consts.get(&c).ok_or_else(|| be_err(format!("constant {c:?} was not made")))?;
         TensorRef::new(b, 0, acl_dtype(dtype)?, &i64s(shape)).map_err(|e| acl_err(&format!("constant {c:?}"), e))
+    }
+
+    /// Queues a copy of `bytes` bytes of `dtype` (a float type) from `src` to `dst` (buffer, byte
+    /// offset): `aclrtMemcpyAsync` when both addresses are 64-byte aligned, else `aclnnAdd(src, 0)`,
+    /// which copies exactly (x + 0 = x; only -0 becomes +0) at any element offset. Needs
+    /// `ensure_const(Const::Zeros)` first. Both buffers must outlive the queued work.
+    pub fn copy(
+        &self,
+        ctx: &mut Context,
+        dtype: DType,
+        src: (&DeviceBuffer, usize),
+        dst: (&DeviceBuffer, usize),
+        bytes: usize,
+        what: &str,
+    ) -> Result<()> {
+        if bytes == 0 {
+            return Ok(());
+        }
+        let aligned = |b: &DeviceBuffer, at: usize| (b.as_ptr() as usize).wrapping_add(at).is_multiple_of(D2D_ALIGN);
+        if aligned(src.0, src.1) && aligned(dst.0, dst.1) {
+            // SAFETY: the caller keeps both buffers alive until the stream ran the copy.
+            return unsafe { ctx.stream().copy_device_async(src.0, src.1, dst.0, dst.1, bytes) }
+                .map_err(|e| acl_err(what, e));
+        }
+        let esz = dtype.block_bytes();
+        if !dtype.is_float() || esz == 0 || !bytes.is_multiple_of(esz) {
+            return Err(be_err(format!("{what}: {bytes} bytes of {dtype} cannot be copied by a kernel")));
+        }
+        let (n, adt) = ([(bytes / esz) as i64], acl_dtype(dtype)?);
+        let s = TensorRef::new(src.0, src.1, adt, &n).map_err(|e| acl_err(what, e))?;
+        let d = TensorRef::new(dst.0, dst.1, adt, &n).map_err(|e| acl_err(what, e))?;
+        let z = self.constant(Const::Zeros, dtype, &[1])?;
+        aclnn::add(ctx, &s, &z, 1.0, &d).map_err(|e| acl_err(&format!("{what} (aclnnAdd copy)"), e))
     }
 
     /// Drops what waited for the stream (call after a synchronize returned, whatever it returned:

@@ -133,6 +133,13 @@ impl AscendBackend {
         self.interrupt.as_ref().is_some_and(|f| f.load(Ordering::Relaxed))
     }
 
+    /// Makes the device current on the calling thread: `aclrtSetDevice` binds a *thread*, and hosts
+    /// drive the engine (`Backend: Send`) from whichever thread they like. Cheap when it already is
+    /// (`aclrtGetDevice`).
+    fn bind(&self) -> Result<()> {
+        self.dev.make_current().map_err(|e| acl_err("making the device current on this thread", e))
+    }
+
     /// After a failed launch: let the stream finish what this step queued (its errors belong to
     /// the failed step, which already has one), so nothing of it surfaces in the next step.
     fn drain(&mut self) {
@@ -228,6 +235,7 @@ impl Backend for AscendBackend {
     }
 
     fn alloc(&mut self, dtype: DType, len: usize) -> Result<BufId> {
+        self.bind()?;
         self.mem.alloc(dtype, len)
     }
 
@@ -244,6 +252,7 @@ impl Backend for AscendBackend {
     }
 
     fn upload_weight(&mut self, tensor: &Tensor) -> Result<WeightId> {
+        self.bind()?;
         self.mem.upload_weight(tensor)
     }
 
@@ -253,6 +262,7 @@ impl Backend for AscendBackend {
     }
 
     fn write_async(&mut self, dst: View, src: &[u8]) -> Result<()> {
+        self.bind()?;
         let (buf, at, n) = self.mem.bytes_of(dst)?;
         if n != src.len() {
             return Err(be_err(format!("write of {} bytes into a view of {n} bytes", src.len())));
@@ -270,11 +280,13 @@ impl Backend for AscendBackend {
     }
 
     fn read_async(&mut self, src: View) -> Result<PendingRead> {
+        self.bind()?;
         let (buf, at, n) = self.mem.bytes_of(src)?;
         self.st.read_async(&self.dev, &self.ctx, buf, at, n)
     }
 
     fn finish_read(&mut self, read: PendingRead, dst: &mut [u8]) -> Result<()> {
+        self.bind()?;
         let r = self.st.finish_read(read, dst);
         if r.is_err() {
             self.mem.release_retired();
@@ -283,6 +295,7 @@ impl Backend for AscendBackend {
     }
 
     fn set_step(&mut self, host: &StepHost<'_>, views: &StepViews) -> Result<()> {
+        self.bind()?;
         let r = self.upload_step(host, views);
         if r.is_err() {
             self.drain();
@@ -291,6 +304,7 @@ impl Backend for AscendBackend {
     }
 
     fn launch(&mut self, op: &Op) -> Result<()> {
+        self.bind()?;
         if self.interrupted() {
             self.drain();
             return Err(Error::Interrupted);
@@ -311,10 +325,12 @@ impl Backend for AscendBackend {
     }
 
     fn record_event(&mut self) -> Result<EventId> {
+        self.bind()?;
         self.st.record_event(&self.dev, &self.ctx)
     }
 
     fn wait_event(&mut self, event: EventId) -> Result<()> {
+        self.bind()?;
         let r = self.st.wait_event(event);
         if r.is_err() {
             self.mem.release_retired();
@@ -323,6 +339,7 @@ impl Backend for AscendBackend {
     }
 
     fn synchronize(&mut self) -> Result<()> {
+        self.bind()?;
         let r = self.ctx.synchronize().map_err(|e| acl_err("synchronize", e));
         // Whatever the answer, the stream ran (or abandoned) every task: freed buffers may go.
         self.mem.release_retired();
@@ -337,6 +354,10 @@ impl Backend for AscendBackend {
 
 impl Drop for AscendBackend {
     fn drop(&mut self) {
+        // the buffers, events and stream are freed on the dropping thread: it needs the device too
+        if let Err(e) = self.bind() {
+            log::warn!("ascend: at shutdown: {e}");
+        }
         if let Err(e) = self.synchronize() {
             log::warn!("ascend: synchronize at shutdown failed: {e}");
         }

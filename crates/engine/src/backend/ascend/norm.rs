@@ -9,7 +9,7 @@
 use ascend_sys::aclnn;
 use tboost_ops::DType;
 
-use super::memory::Scratch;
+use super::memory::{Const, Scratch};
 use super::{acl_err, be_err, AscendBackend};
 use crate::backend::{View, WeightId};
 use crate::Result;
@@ -34,6 +34,7 @@ impl AscendBackend {
         self.mem.ensure(Scratch::Rstd, rows.max(1) * 4)?;
         if residual.is_some() {
             self.mem.ensure(Scratch::NormOut, x.len * act.block_bytes())?;
+            self.mem.ensure_const(Const::Zeros)?;
         }
         let (ctx, m) = (&mut self.ctx, &self.mem);
         let gamma = m.weight_tensor(&g, &[n])?;
@@ -47,9 +48,8 @@ impl AscendBackend {
                 aclnn::add_rms_norm(ctx, &rt, &xt, &gamma, eps as f64, &yt, Some(&rstd), Some(&sum))
                     .map_err(|e| acl_err("aclnnAddRmsNorm", e))?;
                 let (dst, at, bytes) = m.bytes_of(r)?;
-                // SAFETY: scratch and orchestrator buffers are freed only after a synchronize.
-                unsafe { ctx.stream().copy_device_async(m.scratch_buf(Scratch::NormOut)?, 0, dst, at, bytes) }
-                    .map_err(|e| acl_err("add_rmsnorm: residual copy", e))
+                // scratch and orchestrator buffers are freed only after a synchronize
+                m.copy(ctx, act, (m.scratch_buf(Scratch::NormOut)?, 0), (dst, at), bytes, "add_rmsnorm: residual copy")
             }
         }
     }

@@ -115,8 +115,7 @@ impl AscendBackend {
         aclnn::rotary_position_embedding(ctx, &xt, &c, &s, mode, &out)
             .map_err(|e| acl_err("aclnnRotaryPositionEmbedding", e))?;
         let (dst, at, bytes) = m.bytes_of(x)?;
-        // SAFETY: scratch and orchestrator buffers are freed only after a synchronize.
-        unsafe { ctx.stream().copy_device_async(m.scratch_buf(Scratch::RopeOut)?, 0, dst, at, bytes) }
-            .map_err(|e| acl_err("rope: copy back", e))
+        // scratch and orchestrator buffers are freed only after a synchronize
+        m.copy(ctx, act, (m.scratch_buf(Scratch::RopeOut)?, 0), (dst, at), bytes, "rope: copy back")
     }
 }

@@ -1,21 +1,37 @@
 //! The Ascend capability table: for every `OpQuery`, the aclnn ops that would run it and the
 //! documented constraints they impose, answered as `Unsupported { param, value, need }`.
 //!
-//! Sources (shared/research/ascend-api.md; OT = hicann/ops-transformer, NN = hicann/ops-nn):
-//! - FusedInferAttentionScore (research §2.4, OT `aclnnFusedInferAttentionScoreV2.md`): Atlas A2/A3 only;
-//!   fp16/bf16 query/key/value of one dtype; `numHeads % numKeyValueHeads == 0`, ratio ≤ 64; N ≤ 256;
-//!   D ≤ 512 and 16-aligned for fp16/bf16; paged KV: Q_S > 1 needs a block size in 128..512 that is a
-//!   multiple of 128, Q_S == 1 a 16-aligned one ≤ 512 (IFA V4 doc); BnBsH caches reject KV_N·D > 65535.
+//! Sources (shared/research/ascend-api.md; OT = hicann/ops-transformer, NN = hicann/ops-nn, all at
+//! https://github.com/hicann/<repo>; the op docs are `<family>/<op>/docs/aclnn<Op>.md` there):
+//! - FusedInferAttentionScore (research §2.4, OT `attention/fused_infer_attention_score/docs/
+//!   aclnnFusedInferAttentionScoreV2.md`): Atlas A2/A3 only; fp16/bf16 query/key/value of one dtype;
+//!   `numHeads % numKeyValueHeads == 0`, ratio ≤ 64; N ≤ 256; D ≤ 512 and 16-aligned for fp16/bf16;
+//!   paged KV: Q_S > 1 needs a block size in 128..512 that is a multiple of 128, Q_S == 1 a 16-aligned
+//!   one ≤ 512 (IFA V4 doc); BnBsH caches reject KV_N·D > 65535. On Ascend950 only V5 runs (V1..V4
+//!   return 361001 there: OT `attention/fused_infer_attention_score/op_api/
+//!   aclnn_fused_infer_attention_score_v4.cpp`; V5's signature: `docs/aclnnFusedInferAttentionScoreV5.md`).
 //! - ScatterPaKvCache (OT-EN `aclnnScatterPaKvCache_en.md`): A2/A3; key and caches of one dtype.
-//! - RotaryPositionEmbedding (research §2.4): D even and < 896; modes 0 (half) and 1 (interleave) on
-//!   A2/A3; it rotates the whole head (no partial rotary in the doc).
-//! - RmsNorm / AddRmsNorm (NN `aclnnRmsNorm.md`): gamma in x's dtype (or f32; tboost takes the
-//!   activation dtype so the plan converts gains at upload); no bf16 on 310P.
-//! - Mm (NN `aclnn_mm.h`): one dtype for both operands (what the simulator checks as well); GGUF block
-//!   types and int8 activations have no declared op (`aclnnWeightQuantBatchMatmulV2` is not declared).
+//! - RotaryPositionEmbedding (research §2.4; OT `posembedding/rotary_position_embedding/docs/
+//!   aclnnRotaryPositionEmbedding.md`): A2/A3 only (no kernel on Atlas inference 310P, the training
+//!   series 910A or 200I/500 A2 310B); D even and < 896; modes 0 (half) and 1 (interleave); it rotates
+//!   the whole head (no partial rotary in the doc).
+//! - RmsNorm / AddRmsNorm (NN `norm/rms_norm/docs/aclnnRmsNorm.md`): gamma in x's dtype (or f32; tboost
+//!   takes the activation dtype so the plan converts gains at upload); RmsNorm absent on 310B.
+//! - SwiGlu (NN `activation/swi_glu/docs/aclnnSwiGlu.md`): absent on 310B.
+//! - Mm (NN `matmul/mat_mul_v3/docs/aclnnMm.md`): absent on 310B; bf16 only on A2/A3. self and mat2
+//!   follow CANN's dtype promotion (互推导关系: f32 with f16/bf16 promotes to f32, which the simulator
+//!   implements); tboost converts weights to the activation dtype at upload instead, because a promoted
+//!   f32 matmul would keep f32 weights (twice the device memory) and f32 outputs. GGUF block types and
+//!   int8 activations have no declared op (`aclnnWeightQuantBatchMatmulV2` is not declared).
 //! - MoeGatingTopKSoftmax (YC doc): k ≤ 1024, A2/A3 only; it does not renormalise (tboost adds
-//!   `aclnnMm` with ones + `aclnnDiv`). GroupedMatmulV4: at most 1024 groups (the simulator's bound).
-//! - SoC (research §1.5, ATB `types.h`): 310P has no bf16.
+//!   `aclnnMm` with ones + `aclnnDiv`). GroupedMatmulV4 (OT `gmm/grouped_matmul/docs/
+//!   aclnnGroupedMatmulV4.md`): at most 1024 groups (the simulator's bound); on 310P only FLOAT16 with
+//!   FRACTAL_NZ weights and N % 16 == 0 (tboost keeps ND weights, so the grouped path falls back there).
+//! - MoeInitRoutingV2 / MoeFinalizeRoutingV2 (OT `moe/moe_init_routing_v2/docs/aclnnMoeInitRoutingV2.md`,
+//!   `moe/moe_finalize_routing_v2/docs/aclnnMoeFinalizeRoutingV2.md`): absent on 910A and 310B; on 310P
+//!   H % 32 == 0, and Finalize wants x1/x2/bias/expertIdx NULL with dropPadMode 2.
+//! - SoC (research §1.5, ATB `include/atb/types.h`, the Mm/RmsNorm docs): bf16 only on A2/A3 and 950
+//!   (none on 310P, 910A, 310B).
 //! - Missing symbols (`Cann::has_op`) and CANN versions in a known-bad range (`KNOWN_BAD`, plus
 //!   `TBOOST_ASCEND_KNOWN_BAD`) reject the op that needs them, as ATB gates runners on versions.
 
@@ -109,11 +125,12 @@ impl Caps {
         })
     }
 
-    /// The op is exported and its CANN version is not in a known-bad range.
+    /// The op is exported, its CANN version is not in a known-bad range and the SoC has its kernel.
     fn op(&self, name: &str) -> Result<(), Unsupported> {
         if !self.cann.has_op(name) {
             return no("symbol", name, "present in libopapi");
         }
+        self.kernel(name)?;
         if let Some(v) = &self.version {
             if let Some(k) = self.known_bad.iter().find(|k| name.starts_with(&k.op) && v.in_range(&k.from, &k.until)) {
                 return no(
@@ -138,11 +155,53 @@ impl Caps {
         Ok(())
     }
 
+    /// The SoC profile: ops whose doc's product-support table leaves this SoC out (sources in the
+    /// module docs), answered like a missing kernel (`aclnn` would return 561003).
+    fn kernel(&self, op: &str) -> Result<(), Unsupported> {
+        use SocFamily::*;
+        let soc = self.soc;
+        match op {
+            "aclnnRotaryPositionEmbedding"
+            | "aclnnScatterPaKvCache"
+            | "aclnnMoeGatingTopKSoftmax"
+            | "aclnnFusedInferAttentionScoreV2"
+            | "aclnnFusedInferAttentionScoreV3"
+            | "aclnnFusedInferAttentionScoreV4"
+            | "aclnnFusedInferAttentionScoreV5" => self.a2a3(op)?,
+            "aclnnRmsNorm" | "aclnnSwiGlu" | "aclnnMm" if soc == Ascend310B => {
+                return no("soc", &self.soc_name, format!("a SoC that has the {op} kernel (200I/500 A2 has none)"))
+            }
+            "aclnnMoeInitRoutingV2" | "aclnnMoeFinalizeRoutingV2" if matches!(soc, Ascend910A | Ascend310B) => {
+                return no(
+                    "soc",
+                    &self.soc_name,
+                    format!("a SoC that has the {op} kernel (the training series and 200I/500 A2 have none)"),
+                )
+            }
+            "aclnnGroupedMatmulV4" if soc == Ascend310P => {
+                return no(
+                    "soc",
+                    &self.soc_name,
+                    "a SoC whose aclnnGroupedMatmulV4 takes ND weights (Atlas inference wants FRACTAL_NZ f16 weights \
+                     with N % 16 == 0; tboost keeps ND)",
+                )
+            }
+            _ => {}
+        }
+        if soc == Ascend950
+            && op.starts_with("aclnnFusedInferAttentionScore")
+            && op != "aclnnFusedInferAttentionScoreV5"
+        {
+            return no("soc", &self.soc_name, format!("not Ascend950 for {op} (V1..V4 return 361001 there; V5 runs)"));
+        }
+        Ok(())
+    }
+
     fn act(&self, act: DType) -> Result<(), Unsupported> {
         match act {
             DType::F16 => Ok(()),
             DType::BF16 if self.soc.supports_bf16() => Ok(()),
-            DType::BF16 => no("soc", &self.soc_name, "a SoC with bf16 (Atlas inference series 310P has none)"),
+            DType::BF16 => no("soc", &self.soc_name, "a SoC with bf16 (Atlas A2/A3; 310P, 910A and 310B have none)"),
             other => no("act_dtype", other, "f16 or bf16"),
         }
     }
@@ -171,7 +230,11 @@ impl Caps {
             return no(
                 "weight_dtype",
                 c.dtype,
-                format!("{} like the activations (aclnnMm takes one dtype for both operands)", c.act_dtype),
+                format!(
+                    "{} like the activations (the plan converts weights at upload: aclnnMm would promote a mixed \
+                     pair to f32)",
+                    c.act_dtype
+                ),
             );
         }
         self.ops(&["aclnnMm", "aclnnInplaceAdd", "aclnnCast"])
@@ -193,11 +256,12 @@ impl Caps {
             _ => {}
         }
         let Some(fia) = fused_infer_attention_version(&self.cann) else {
-            return no(
-                "symbol",
-                "aclnnFusedInferAttentionScoreV4/V3/V2",
-                "present in libopapi (FusedInferAttentionScore is the attention op)",
-            );
+            let want = if self.soc == SocFamily::Ascend950 {
+                "aclnnFusedInferAttentionScoreV5"
+            } else {
+                "aclnnFusedInferAttentionScoreV4/V3/V2"
+            };
+            return no("symbol", want, "present in libopapi (FusedInferAttentionScore is the attention op)");
         };
         self.op(fia.op_name())?;
         self.a2a3(fia.op_name())?;
@@ -349,7 +413,11 @@ impl Caps {
                         return no("dtype", d, "f32, f16 or bf16 (aclnnCast)");
                     }
                     if d == DType::BF16 && !self.soc.supports_bf16() {
-                        return no("soc", &self.soc_name, "a SoC with bf16 (Atlas inference series 310P has none)");
+                        return no(
+                            "soc",
+                            &self.soc_name,
+                            "a SoC with bf16 (Atlas A2/A3; 310P, 910A and 310B have none)",
+                        );
                     }
                 }
                 self.op("aclnnCast")

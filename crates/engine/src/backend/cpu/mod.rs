@@ -436,10 +436,14 @@ impl Backend for CpuBackend {
                 Ok(())
             }
             OpQuery::Rope { head_dim, rot_dim, act, .. } => f32_act(act).and(rope::supports(head_dim, rot_dim)),
-            OpQuery::WriteKv { act, kv_dtype, .. } => {
+            OpQuery::WriteKv { act, kv_dtype, head_dim, .. } => {
                 f32_act(act)?;
-                if !kv_dtype.is_float() {
-                    return Err(Unsupported::new("kv_dtype", kv_dtype, "f32, f16 or bf16"));
+                if kv_dtype == DType::Q8_0 {
+                    if !head_dim.is_multiple_of(32) {
+                        return Err(Unsupported::new("head_dim", head_dim, "a multiple of 32 for a q8_0 KV cache"));
+                    }
+                } else if !kv_dtype.is_float() {
+                    return Err(Unsupported::new("kv_dtype", kv_dtype, "f32, f16, bf16 or q8_0"));
                 }
                 Ok(())
             }
@@ -498,7 +502,7 @@ impl Backend for CpuBackend {
     }
 
     fn kv_dtypes(&self) -> &'static [DType] {
-        &[DType::F32, DType::F16, DType::BF16]
+        &[DType::F32, DType::F16, DType::BF16, DType::Q8_0]
     }
 
     fn alloc(&mut self, dtype: DType, len: usize) -> Result<BufId> {

@@ -30,7 +30,10 @@
 use std::arch::x86_64::*;
 use std::ptr;
 
-use crate::gemm::gguf::{with_block, Block, Q4K, Q4_0, Q5K, Q5_0, Q6K, Q8_0};
+use crate::gemm::gguf::{
+    iq4xs_scale, q3k_scale, with_block, Block, IQ4NL, IQ4XS, IQ4XS_QS, IQ4_LEVELS, Q2K, Q2K_D, Q2K_QS, Q3K, Q3K_D,
+    Q3K_QS, Q4K, Q4_0, Q4_1, Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+};
 use crate::simd::{Avx2x2, Avx512, F32x16Bytes};
 use crate::DType;
 
@@ -59,6 +62,21 @@ pub(super) unsafe fn nibbles16(p: *const u8) -> __m256i {
     let q = _mm_loadu_si128(p as *const __m128i);
     let both = _mm256_set_m128i(_mm_srli_epi16::<4>(q), q);
     _mm256_and_si256(both, _mm256_set1_epi8(0x0F))
+}
+
+/// 32 IQ4 level indices (bytes 0..16) as their signed levels.
+#[inline(always)]
+pub(super) unsafe fn iq4_levels(idx: __m256i) -> __m256i {
+    let t = _mm_loadu_si128(IQ4_LEVELS.as_ptr() as *const __m128i);
+    _mm256_shuffle_epi8(_mm256_set_m128i(t, t), idx)
+}
+
+/// The 32 five-bit quants of a Q5_0 / Q5_1 block whose qh is at `p` (nibbles after it):
+/// unsigned, 0..32.
+#[inline(always)]
+pub(super) unsafe fn q5_quants<V: F32x16Bytes>(p: *const u8) -> __m256i {
+    let qh = ptr::read_unaligned(p as *const u32);
+    _mm256_or_si256(nibbles16(p.add(4)), _mm256_and_si256(V::bits_to_bytes(qh), _mm256_set1_epi8(16)))
 }
 
 /// Where dequantized 16-value chunks go: `put(c, v)` receives chunk `c` of the current
@@ -109,14 +127,157 @@ impl Format for Q5_0 {
     unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
         let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
         for r in 0..R {
-            // Bit j of qh is the fifth bit of value j: (nib | 16*bit) - 16 = nib - 16*(1-bit).
-            let qh = ptr::read_unaligned(p[r].add(2) as *const u32);
-            let nib = nibbles16(p[r].add(6));
-            let q = _mm256_sub_epi8(nib, _mm256_andnot_si256(V::bits_to_bytes(qh), _mm256_set1_epi8(16)));
+            let q = _mm256_sub_epi8(q5_quants::<V>(p[r].add(2)), _mm256_set1_epi8(16));
             (a[r], b[r]) = scaled(q, V::splat_f16(p[r]));
         }
         s.put(0, &a);
         s.put(1, &b);
+    }
+}
+
+/// Q4_1 / Q5_1: the block's unsigned quants `q` as `q * d + m` (ggml: `x*d + m`, not fused).
+#[inline(always)]
+unsafe fn put_with_min<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(
+    p: &[*const u8; R],
+    s: &mut S,
+    quants: impl Fn(*const u8) -> __m256i,
+) {
+    let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
+    for r in 0..R {
+        let (lo, hi) = scaled(quants(p[r]), V::splat_f16(p[r]));
+        let m = V::splat_f16(p[r].add(2));
+        (a[r], b[r]) = (V::add(lo, m), V::add(hi, m));
+    }
+    s.put(0, &a);
+    s.put(1, &b);
+}
+
+impl Format for Q4_1 {
+    #[inline(always)]
+    unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+        put_with_min(p, s, |b| nibbles16(b.add(4)))
+    }
+}
+
+impl Format for Q5_1 {
+    #[inline(always)]
+    unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+        put_with_min(p, s, |b| q5_quants::<V>(b.add(4)))
+    }
+}
+
+impl Format for IQ4NL {
+    #[inline(always)]
+    unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+        let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
+        for r in 0..R {
+            (a[r], b[r]) = scaled(iq4_levels(nibbles16(p[r].add(2))), V::splat_f16(p[r]));
+        }
+        s.put(0, &a);
+        s.put(1, &b);
+    }
+}
+
+impl Format for IQ4XS {
+    #[inline(always)]
+    unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+        // ggml: dl = d * (ls - 32), then dl * level.
+        let mut dl = [[0f32; 8]; R];
+        for r in 0..R {
+            let (d, b) = (f16_at(p[r]), std::slice::from_raw_parts(p[r], IQ4XS_QS));
+            for j in 0..8 {
+                dl[r][j] = d * iq4xs_scale(b, j) as f32;
+            }
+        }
+        for j in 0..8 {
+            let (mut a, mut b) = ([V::zero(); R], [V::zero(); R]);
+            for r in 0..R {
+                let q = iq4_levels(nibbles16(p[r].add(IQ4XS_QS + 16 * j)));
+                (a[r], b[r]) = scaled(q, V::splat(dl[r][j]));
+            }
+            s.put(2 * j, &a);
+            s.put(2 * j + 1, &b);
+        }
+    }
+}
+
+/// The 2-bit quants of group `j` (0..8) of a Q2_K / Q3_K super-block whose `qs` start at `qs`:
+/// bits `2 (j % 4)` of `qs[32 (j / 4) + l]`.
+#[inline(always)]
+pub(super) unsafe fn two_bits(qs: *const u8, j: usize) -> __m256i {
+    let raw = load32(qs.add(32 * (j / 4)));
+    _mm256_and_si256(_mm256_srl_epi16(raw, _mm_cvtsi32_si128(2 * (j % 4) as i32)), _mm256_set1_epi8(3))
+}
+
+/// The unsigned 3-bit quants (0..8) of group `j` of the Q3_K super-block at `p`: the two bits
+/// of `qs`, the third bit `j` of `hmask[l]`.
+#[inline(always)]
+pub(super) unsafe fn q3k_quants(p: *const u8, j: usize) -> __m256i {
+    _mm256_or_si256(two_bits(p.add(Q3K_QS), j), high_bit(load32(p), j, 4))
+}
+
+/// Q2_K, Q3_K and Q6_K: 16 values per scale, `(d * sc_c) * q` for chunk `c` (ggml: `dl * q`),
+/// minus `dmin * m_c` where there are mins (Q2_K; ggml: `dl * q - ml`).
+#[inline(always)]
+unsafe fn put_sub16<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(
+    s: &mut S,
+    c: usize,
+    q: &[__m256i; R],
+    ds: &[[f32; 16]; R],
+    ms: Option<&[[f32; 16]; R]>,
+) {
+    let (mut va, mut vb) = ([V::zero(); R], [V::zero(); R]);
+    for r in 0..R {
+        let (lo, hi) = V::from_i8x32(q[r]);
+        va[r] = V::mul(lo, V::splat(ds[r][c]));
+        vb[r] = V::mul(hi, V::splat(ds[r][c + 1]));
+        if let Some(ms) = ms {
+            va[r] = V::sub(va[r], V::splat(ms[r][c]));
+            vb[r] = V::sub(vb[r], V::splat(ms[r][c + 1]));
+        }
+    }
+    s.put(c, &va);
+    s.put(c + 1, &vb);
+}
+
+impl Format for Q2K {
+    #[inline(always)]
+    unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+        let (mut ds, mut ms) = ([[0f32; 16]; R], [[0f32; 16]; R]);
+        for r in 0..R {
+            let (d, dmin) = (f16_at(p[r].add(Q2K_D)), f16_at(p[r].add(Q2K_D + 2)));
+            for c in 0..16 {
+                let sc = *p[r].add(c);
+                (ds[r][c], ms[r][c]) = (d * (sc & 0xF) as f32, dmin * (sc >> 4) as f32);
+            }
+        }
+        for j in 0..8 {
+            let mut q = [_mm256_setzero_si256(); R];
+            for r in 0..R {
+                q[r] = two_bits(p[r].add(Q2K_QS), j);
+            }
+            put_sub16(s, 2 * j, &q, &ds, Some(&ms));
+        }
+    }
+}
+
+impl Format for Q3K {
+    #[inline(always)]
+    unsafe fn decode<V: F32x16Bytes, S: Sink<V, R>, const R: usize>(p: &[*const u8; R], s: &mut S) {
+        let mut ds = [[0f32; 16]; R];
+        for r in 0..R {
+            let (d, b) = (f16_at(p[r].add(Q3K_D)), std::slice::from_raw_parts(p[r], Q3K_D));
+            for c in 0..16 {
+                ds[r][c] = d * q3k_scale(b, c) as f32;
+            }
+        }
+        for j in 0..8 {
+            let mut q = [_mm256_setzero_si256(); R];
+            for r in 0..R {
+                q[r] = _mm256_sub_epi8(q3k_quants(p[r], j), _mm256_set1_epi8(4));
+            }
+            put_sub16(s, 2 * j, &q, &ds, None);
+        }
     }
 }
 
@@ -181,11 +342,12 @@ impl Format for Q4K {
     }
 }
 
-/// 16 where bit `j` of byte `l` of `qh` is set: the fifth bit of value `l` of sub-block `j`.
+/// `v` where bit `j` of byte `l` of `qh` is set, else 0: the high bit of value `l` of
+/// sub-block `j` (Q5_K: `v` = 16, Q3_K: 4).
 #[inline(always)]
-pub(super) unsafe fn q5k_high(qh: __m256i, j: usize) -> __m256i {
+pub(super) unsafe fn high_bit(qh: __m256i, j: usize, v: i8) -> __m256i {
     let bit = _mm256_set1_epi8((1u8 << j) as i8);
-    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(16))
+    _mm256_and_si256(_mm256_cmpeq_epi8(_mm256_and_si256(qh, bit), bit), _mm256_set1_epi8(v))
 }
 
 impl Format for Q5K {
@@ -204,12 +366,12 @@ impl Format for Q5K {
             }
             let mut q = [_mm256_setzero_si256(); R];
             for r in 0..R {
-                q[r] = _mm256_or_si256(_mm256_and_si256(raw[r], m4), q5k_high(qh[r], 2 * pair));
+                q[r] = _mm256_or_si256(_mm256_and_si256(raw[r], m4), high_bit(qh[r], 2 * pair, 16));
             }
             put_k_sub(s, 2 * pair, &q, &ds, &ms);
             for r in 0..R {
                 let nib = _mm256_and_si256(_mm256_srli_epi16::<4>(raw[r]), m4);
-                q[r] = _mm256_or_si256(nib, q5k_high(qh[r], 2 * pair + 1));
+                q[r] = _mm256_or_si256(nib, high_bit(qh[r], 2 * pair + 1, 16));
             }
             put_k_sub(s, 2 * pair + 1, &q, &ds, &ms);
         }
@@ -254,15 +416,7 @@ impl Format for Q6K {
                     let v = _mm256_or_si256(_mm256_and_si256(lo, m4), _mm256_and_si256(hb, m30));
                     q[r] = _mm256_sub_epi8(v, k32);
                 }
-                let c = 8 * half + 2 * g;
-                let (mut va, mut vb) = ([V::zero(); R], [V::zero(); R]);
-                for r in 0..R {
-                    let (lo, hi) = V::from_i8x32(q[r]);
-                    va[r] = V::mul(lo, V::splat(ds[r][c]));
-                    vb[r] = V::mul(hi, V::splat(ds[r][c + 1]));
-                }
-                s.put(c, &va);
-                s.put(c + 1, &vb);
+                put_sub16(s, 8 * half + 2 * g, &q, &ds, None);
             }
         }
     }

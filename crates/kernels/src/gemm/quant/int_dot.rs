@@ -31,9 +31,14 @@
 use std::arch::x86_64::*;
 use std::ptr;
 
-use super::dequant_fma::{f16_at, load32, nibbles16, q5k_high, PREFETCH_BYTES};
+use super::dequant_fma::{
+    f16_at, high_bit, iq4_levels, load32, nibbles16, q3k_quants, q5_quants, two_bits, PREFETCH_BYTES,
+};
 use super::q8_activations::{ActRow, QAct, CHAINS, GROUP};
-use crate::gemm::gguf::{with_block, Block, Q4K, Q4_0, Q5K, Q5_0, Q6K, Q8_0};
+use crate::gemm::gguf::{
+    iq4xs_scale, q3k_scale, with_block, Block, IQ4NL, IQ4XS, IQ4XS_QS, Q2K, Q2K_D, Q2K_QS, Q3K, Q3K_D, Q4K, Q4_0, Q4_1,
+    Q5K, Q5_0, Q5_1, Q6K, Q8_0,
+};
 use crate::simd::{Avx2x2i, Avx512, Avx512i, F32x16, F32x16Bytes, I32x16};
 use crate::DType;
 
@@ -54,25 +59,33 @@ impl PanelPack for Avx512i {
     }
 }
 
+/// A chunk's 16-value half scales (`HALVES` formats), then its half mins (`HALF_MINS`), as
+/// i16: 32 of each.
+type HalfScales = [i16; 64];
+
 /// A GGUF block format as the Fast kernels read it.
 pub(super) trait FF: Block {
-    /// Q4_K / Q5_K: the `-M_g * Y_g` term.
+    /// Q4_1 / Q5_1 / Q4_K / Q5_K: the `-M_g * Y_g` term.
     const MINS: bool = false;
-    /// The unpacked bytes are signed (Q8_0); otherwise unsigned.
+    /// The unpacked bytes are signed (Q8_0, IQ4_NL, IQ4_XS); otherwise unsigned.
     const SIGNED: bool = false;
-    const Q6K: bool = false;
+    /// Q2_K / Q3_K / Q6_K: a signed integer scale per 16-value half (`sc`), and `D_h -= BIAS H_h`.
+    const HALVES: bool = false;
+    /// Q2_K: the min term is `-M_g fl(X_g (ms_0 H_0 + ms_1 H_1))`, `ms` the half mins.
+    const HALF_MINS: bool = false;
     /// `D_g = dot(unsigned bytes, q) - (S_g << OFF)`; 0: no offset. For Q8_0 (with VNNI,
     /// whose bytes are XORed with 0x80 to make them unsigned) 7.
     const OFF: u32 = 0;
     /// What the unpacked unsigned bytes carry above the signed weight `w` (Q4_0 8, Q5_0 16,
-    /// Q6_K 32; 0 for Q8_0, whose bytes are `w`, and Q4_K / Q5_K).
+    /// Q3_K 4, Q6_K 32; 0 for the signed formats, whose bytes are `w`, and those with mins).
     const BIAS: i8 = 0;
     /// Groups `2u` and `2u + 1` of the row at `p` (`u` counts units from the row start);
     /// only group `2u` when `!two` (the second is then zero and not read).
     unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i);
-    /// `(A, M)` of the 16 groups of chunk `ch` (`gn` of them exist, the rest 0); Q6_K also
-    /// writes the chunk's 32 sub-block scales to `sc`.
-    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, sc: &mut [i16; 32]) -> (V, V);
+    /// `(A, M)` of the 16 groups of chunk `ch` (`gn` of them exist, the rest 0); `HALVES`
+    /// formats also write the chunk's 32 sub-block scales to `sc`, `HALF_MINS` ones their 32
+    /// mins after them.
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, sc: &mut HalfScales) -> (V, V);
 }
 
 /// `A` of 32-value blocks (`d`, an f16 at the block start) for a chunk of 16 blocks.
@@ -117,20 +130,26 @@ impl FF for Q4_0 {
     const BIAS: i8 = 8;
     #[inline(always)]
     unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
-        let b = p.add(2 * u * 18);
-        (nibbles16(b.add(2)), if two { nibbles16(b.add(20)) } else { _mm256_setzero_si256() })
+        unit_0(p, 18, u, two, |b| nibbles16(b.add(2)))
     }
     #[inline(always)]
-    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut HalfScales) -> (V, V) {
         (header_0(p, 18, ch, gn), V::zero())
     }
 }
 
-/// Q5_0 block at `b`: nibbles with the fifth bit from `qh` (unsigned, 0..32).
+/// The two 32-value blocks of unit `u` (`bb` bytes each, from `p`), each unpacked by `one`
+/// from its start (only the first when `!two`).
 #[inline(always)]
-unsafe fn q5_0_block<V: F32x16Bytes>(b: *const u8) -> __m256i {
-    let qh = ptr::read_unaligned(b.add(2) as *const u32);
-    _mm256_or_si256(nibbles16(b.add(6)), _mm256_and_si256(V::bits_to_bytes(qh), _mm256_set1_epi8(16)))
+unsafe fn unit_0(
+    p: *const u8,
+    bb: usize,
+    u: usize,
+    two: bool,
+    one: impl Fn(*const u8) -> __m256i,
+) -> (__m256i, __m256i) {
+    let b = p.add(2 * u * bb);
+    (one(b), if two { one(b.add(bb)) } else { _mm256_setzero_si256() })
 }
 
 impl FF for Q5_0 {
@@ -138,11 +157,10 @@ impl FF for Q5_0 {
     const BIAS: i8 = 16;
     #[inline(always)]
     unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
-        let b = p.add(2 * u * 22);
-        (q5_0_block::<V>(b), if two { q5_0_block::<V>(b.add(22)) } else { _mm256_setzero_si256() })
+        unit_0(p, 22, u, two, |b| q5_quants::<V>(b.add(2)))
     }
     #[inline(always)]
-    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut HalfScales) -> (V, V) {
         (header_0(p, 22, ch, gn), V::zero())
     }
 }
@@ -152,12 +170,77 @@ impl FF for Q8_0 {
     const OFF: u32 = 7;
     #[inline(always)]
     unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
-        let b = p.add(2 * u * 34);
-        (load32(b.add(2)), if two { load32(b.add(36)) } else { _mm256_setzero_si256() })
+        unit_0(p, 34, u, two, |b| load32(b.add(2)))
     }
     #[inline(always)]
-    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut HalfScales) -> (V, V) {
         (header_0(p, 34, ch, gn), V::zero())
+    }
+}
+
+/// `(A, M)` of a chunk of Q4_1 / Q5_1 (`bb`-byte blocks): `A = d`, `M = -m`.
+#[inline(always)]
+unsafe fn header_1<V: F32x16Bytes>(p: *const u8, bb: usize, ch: usize, gn: usize) -> (V, V) {
+    (header_0(p, bb, ch, gn), V::neg(header_0(p.add(2), bb, ch, gn)))
+}
+
+impl FF for Q4_1 {
+    const MINS: bool = true;
+    #[inline(always)]
+    unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
+        unit_0(p, 20, u, two, |b| nibbles16(b.add(4)))
+    }
+    #[inline(always)]
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut HalfScales) -> (V, V) {
+        header_1(p, 20, ch, gn)
+    }
+}
+
+impl FF for Q5_1 {
+    const MINS: bool = true;
+    #[inline(always)]
+    unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
+        unit_0(p, 24, u, two, |b| q5_quants::<V>(b.add(4)))
+    }
+    #[inline(always)]
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut HalfScales) -> (V, V) {
+        header_1(p, 24, ch, gn)
+    }
+}
+
+impl FF for IQ4NL {
+    const SIGNED: bool = true;
+    const OFF: u32 = 7;
+    #[inline(always)]
+    unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, two: bool) -> (__m256i, __m256i) {
+        unit_0(p, 18, u, two, |b| iq4_levels(nibbles16(b.add(2))))
+    }
+    #[inline(always)]
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut HalfScales) -> (V, V) {
+        (header_0(p, 18, ch, gn), V::zero())
+    }
+}
+
+impl FF for IQ4XS {
+    const SIGNED: bool = true;
+    const OFF: u32 = 7;
+    #[inline(always)]
+    unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
+        let b = p.add((u / 4) * 136 + IQ4XS_QS + 32 * (u % 4));
+        (iq4_levels(nibbles16(b)), iq4_levels(nibbles16(b.add(16))))
+    }
+    #[inline(always)]
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut HalfScales) -> (V, V) {
+        // A = d * (ls - 32), as ggml's dequantization rounds it.
+        let mut a = [0f32; CHAINS];
+        for s in 0..gn / 8 {
+            let b = p.add((2 * ch + s) * 136);
+            let (d, sb) = (f16_at(b), std::slice::from_raw_parts(b, IQ4XS_QS));
+            for j in 0..8 {
+                a[8 * s + j] = d * iq4xs_scale(sb, j) as f32;
+            }
+        }
+        (V::load(a.as_ptr()), V::zero())
     }
 }
 
@@ -201,7 +284,7 @@ impl FF for Q4K {
         (_mm256_and_si256(raw, m4), _mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4))
     }
     #[inline(always)]
-    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut HalfScales) -> (V, V) {
         header_k(p, 144, ch, gn)
     }
 }
@@ -214,18 +297,67 @@ impl FF for Q5K {
         let raw = load32(b.add(48 + 32 * pair));
         let qh = load32(b.add(16));
         let m4 = _mm256_set1_epi8(0x0F);
-        let lo = _mm256_or_si256(_mm256_and_si256(raw, m4), q5k_high(qh, 2 * pair));
-        let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4), q5k_high(qh, 2 * pair + 1));
+        let lo = _mm256_or_si256(_mm256_and_si256(raw, m4), high_bit(qh, 2 * pair, 16));
+        let hi = _mm256_or_si256(_mm256_and_si256(_mm256_srli_epi16::<4>(raw), m4), high_bit(qh, 2 * pair + 1, 16));
         (lo, hi)
     }
     #[inline(always)]
-    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut [i16; 32]) -> (V, V) {
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, _: &mut HalfScales) -> (V, V) {
         header_k(p, 176, ch, gn)
     }
 }
 
+impl FF for Q2K {
+    const MINS: bool = true;
+    const HALVES: bool = true;
+    const HALF_MINS: bool = true;
+    #[inline(always)]
+    unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
+        let (b, v) = (p.add((u / 4) * 84 + Q2K_QS), u % 4);
+        (two_bits(b, 2 * v), two_bits(b, 2 * v + 1))
+    }
+    #[inline(always)]
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, sc: &mut HalfScales) -> (V, V) {
+        let (mut d, mut dmin) = ([0f32; 2], [0f32; 2]);
+        sc.fill(0);
+        for s in 0..gn / 8 {
+            let b = p.add((2 * ch + s) * 84);
+            (d[s], dmin[s]) = (f16_at(b.add(Q2K_D)), f16_at(b.add(Q2K_D + 2)));
+            for c in 0..16 {
+                let v = *b.add(c);
+                (sc[16 * s + c], sc[32 + 16 * s + c]) = ((v & 0xF) as i16, (v >> 4) as i16);
+            }
+        }
+        (V::halves(d[0], d[1]), V::halves(dmin[0], dmin[1]))
+    }
+}
+
+impl FF for Q3K {
+    const HALVES: bool = true;
+    const BIAS: i8 = 4;
+    #[inline(always)]
+    unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
+        let (b, v) = (p.add((u / 4) * 110), u % 4);
+        (q3k_quants(b, 2 * v), q3k_quants(b, 2 * v + 1))
+    }
+    #[inline(always)]
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, sc: &mut HalfScales) -> (V, V) {
+        let mut d = [0f32; 2];
+        sc.fill(0);
+        for s in 0..gn / 8 {
+            let b = p.add((2 * ch + s) * 110);
+            d[s] = f16_at(b.add(Q3K_D));
+            let sb = std::slice::from_raw_parts(b, Q3K_D);
+            for c in 0..16 {
+                sc[16 * s + c] = q3k_scale(sb, c) as i16;
+            }
+        }
+        (V::halves(d[0], d[1]), V::zero())
+    }
+}
+
 impl FF for Q6K {
-    const Q6K: bool = true;
+    const HALVES: bool = true;
     const BIAS: i8 = 32;
     #[inline(always)]
     unsafe fn unit<V: F32x16Bytes>(p: *const u8, u: usize, _: bool) -> (__m256i, __m256i) {
@@ -252,7 +384,7 @@ impl FF for Q6K {
         }
     }
     #[inline(always)]
-    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, sc: &mut [i16; 32]) -> (V, V) {
+    unsafe fn header<V: F32x16Bytes>(p: *const u8, ch: usize, gn: usize, sc: &mut HalfScales) -> (V, V) {
         let b0 = p.add(2 * ch * 210);
         let d0 = f16_at(b0.add(208));
         let s0 = _mm256_cvtepi8_epi16(_mm_loadu_si128(b0.add(192) as *const __m128i));
@@ -306,7 +438,7 @@ unsafe fn comb<I: I32x16, const L: u8, const M: usize, const R: usize>(a: [[I; M
 unsafe fn unit_dots<I: I32x16, F: FF, const VNNI: bool, const R: usize, const M: usize>(
     p: &[*const u8; R],
     x: &[ActRow; M],
-    sc: &[[i16; 32]; R],
+    sc: &[HalfScales; R],
     ch: usize,
     u: usize,
     gn: usize,
@@ -320,10 +452,10 @@ unsafe fn unit_dots<I: I32x16, F: FF, const VNNI: bool, const R: usize, const M:
             if F::SIGNED && VNNI {
                 wv = wv.xor80();
             }
-            let scv = if F::Q6K { I::sc_unit(sc[r].as_ptr().add(4 * u)) } else { I::zero() };
+            let scv = if F::HALVES { I::sc_unit(sc[r].as_ptr().add(4 * u)) } else { I::zero() };
             for i in 0..M {
                 let xv = I::load(x[i].xq.add((CHAINS * ch + 2 * u) * GROUP));
-                out[r][i] = if F::Q6K {
+                out[r][i] = if F::HALVES {
                     I::dot_sc::<VNNI>(I::zero(), wv, xv, scv)
                 } else if F::SIGNED && !VNNI {
                     I::dot_ss(I::zero(), wv, xv)
@@ -352,7 +484,7 @@ unsafe fn rows_direct<I: I32x16, F: FF, const VNNI: bool, const R: usize, const 
     let chunk_bytes = F::BYTES * (CHAINS * GROUP) / F::ELEMS;
     // As in the Exact direct path: rows are short, so fetch `dist` ahead explicitly.
     let dist = (R * row_bytes).max(PREFETCH_BYTES);
-    let mut sc = [[0i16; 32]; R];
+    let mut sc = [[0i16; 64]; R];
     for ch in 0..ng.div_ceil(CHAINS) {
         let gn = (ng - CHAINS * ch).min(CHAINS);
         for r in 0..R {
@@ -388,20 +520,26 @@ unsafe fn rows_direct<I: I32x16, F: FF, const VNNI: bool, const R: usize, const 
         for r in 0..R {
             for i in 0..M {
                 let mut dv = d[r][i];
-                if F::Q6K {
-                    // -32 Σ_h sc_h H_h per group: i16 scale and half-sum pairs.
+                if F::HALVES && F::BIAS > 0 {
+                    // -BIAS Σ_h sc_h H_h per group: i16 scale and half-sum pairs.
                     let c = I::madd16(
                         I::load(sc[r].as_ptr() as *const u8),
                         I::load((x[i].h as *const u8).add(4 * CHAINS * ch)),
                     );
-                    dv = I::sub(dv, c.shl(5));
+                    dv = I::sub(dv, c.shl(F::BIAS.trailing_zeros()));
                 } else if F::OFF > 0 && (VNNI || !F::SIGNED) {
                     dv = I::sub(dv, I::load((x[i].s as *const u8).add(4 * CHAINS * ch)).shl(F::OFF));
                 }
-                let s = I::F::mul(a[r], I::F::load(x[i].xs.add(CHAINS * ch)));
-                let mut v = I::F::fma(dv.cvt(), s, acc[r][i]);
+                let xs = I::F::load(x[i].xs.add(CHAINS * ch));
+                let mut v = I::F::fma(dv.cvt(), I::F::mul(a[r], xs), acc[r][i]);
                 if F::MINS {
-                    v = I::F::fma(mn[r].neg(), I::F::load(x[i].ys.add(CHAINS * ch)), v);
+                    let y = if F::HALF_MINS {
+                        let hm = I::load(sc[r].as_ptr().add(32) as *const u8);
+                        I::F::mul(I::madd16(hm, I::load((x[i].h as *const u8).add(4 * CHAINS * ch))).cvt(), xs)
+                    } else {
+                        I::F::load(x[i].ys.add(CHAINS * ch))
+                    };
+                    v = I::F::fma(mn[r].neg(), y, v);
                 }
                 // A short last chunk leaves the chains it has no group for untouched (adding
                 // fma(0, 0, acc) would be exact too, as no chain can hold -0.0 after the 2^-100
@@ -492,7 +630,7 @@ impl Rec {
     const SC_A: usize = Self::CORR_B + 4 * PANEL;
     const SC_B: usize = Self::SC_A + 4 * PANEL;
     fn bytes<F: FF>() -> usize {
-        if F::Q6K {
+        if F::HALVES {
             Self::SC_B + 4 * PANEL
         } else if F::MINS {
             Self::M + 4 * PANEL
@@ -520,7 +658,7 @@ unsafe fn pack<V: F32x16Bytes, F: FF>(w: *const u8, row_bytes: usize, rows: usiz
     if rows < PANEL {
         ptr::write_bytes(panel, 0, ng * rec);
     }
-    let mut sc = [0i16; 32];
+    let mut sc = [0i16; 64];
     let bias = _mm256_set1_epi8(F::BIAS);
     let flip = _mm256_set1_epi8(-128);
     // Chunk by chunk, all rows: the 16 records a chunk writes stay in L1.
@@ -553,7 +691,7 @@ unsafe fn pack<V: F32x16Bytes, F: FF>(w: *const u8, row_bytes: usize, rows: usiz
                     _mm256_storeu_si256(s8.as_mut_ptr() as *mut __m256i, sad);
                     let s8 = s8.map(|v| v as i32 - 1024);
                     ptr::write_unaligned(rp.add(Rec::A + 4 * r) as *mut f32, av[gl]);
-                    if F::Q6K {
+                    if F::HALVES {
                         ptr::write_unaligned(rp.add(Rec::CORR + 4 * r) as *mut i32, -128 * (s8[0] + s8[1]));
                         ptr::write_unaligned(rp.add(Rec::CORR_B + 4 * r) as *mut i32, -128 * (s8[2] + s8[3]));
                         ptr::write_unaligned(rp.add(Rec::SC_A + 4 * r) as *mut i32, sc[2 * gl] as i32);
@@ -622,7 +760,7 @@ unsafe fn pack_z<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: 
     let st = chain_starts(ng);
     let mut buf = [[0u8; CHAINS * GROUP]; PANEL];
     let (mut av, mut mv) = ([[0f32; CHAINS]; PANEL], [[0f32; CHAINS]; PANEL]);
-    let mut sc = [[0i16; 32]; PANEL];
+    let mut sc = [[0i16; 64]; PANEL];
     let bias = _mm256_set1_epi8(F::BIAS);
     for ch in 0..ng.div_ceil(CHAINS) {
         let gn = (ng - CHAINS * ch).min(CHAINS);
@@ -653,7 +791,7 @@ unsafe fn pack_z<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: 
             for r in 0..PANEL {
                 ptr::write_unaligned(rp.add(Rec::A + 4 * r) as *mut f32, av[r][gl]);
             }
-            if F::Q6K {
+            if F::HALVES {
                 for r in 0..PANEL {
                     ptr::write_unaligned(rp.add(Rec::SC_A + 4 * r) as *mut i32, sc[r][2 * gl] as i32);
                     ptr::write_unaligned(rp.add(Rec::SC_B + 4 * r) as *mut i32, sc[r][2 * gl + 1] as i32);
@@ -671,7 +809,7 @@ unsafe fn pack_z<F: FF, const VNNI: bool>(w: *const u8, row_bytes: usize, rows: 
                     let q = _mm512_loadu_si512(rp.add(64 * t) as *const _);
                     s[t / 4] = _mm512_dpbusd_epi32(s[t / 4], ones, q);
                 }
-                if F::Q6K {
+                if F::HALVES {
                     _mm512_storeu_si512(rp.add(Rec::CORR) as *mut _, neg128(s[0]));
                     _mm512_storeu_si512(rp.add(Rec::CORR_B) as *mut _, neg128(s[1]));
                 } else {
@@ -737,7 +875,7 @@ unsafe fn gemm_chain<I: I32x16, F: FF, const VNNI: bool, const MR: usize>(
         let rp = panel.add(pos * rec);
         let mut d = [start::<I, VNNI>(rp, Rec::CORR); MR];
         quads::<I, VNNI, MR>(&mut d, rp, x, pos, 0);
-        if F::Q6K {
+        if F::HALVES {
             let mut e = [start::<I, VNNI>(rp, Rec::CORR_B); MR];
             quads::<I, VNNI, MR>(&mut e, rp, x, pos, 4);
             let (sa, sb) = (I::load(rp.add(Rec::SC_A)), I::load(rp.add(Rec::SC_B)));
@@ -929,14 +1067,15 @@ pub(super) struct Level {
 
 /// `entry::<F>(args)` with `F` the block type of `dtype` and `entry` the one of the four
 /// instantiations (AVX-512 or AVX2, with or without VNNI) that `level` names.
+/// (`@packed` first: only the formats with a packed-panel layout.)
 macro_rules! by_level {
-    ($level:expr, $dtype:expr, [$zv:ident, $zp:ident, $yv:ident, $yp:ident]($($arg:expr),*)) => {{
+    ($(@$packed:ident)? $level:expr, $dtype:expr, [$zv:ident, $zp:ident, $yv:ident, $yp:ident]($($arg:expr),*)) => {{
         use $crate::gemm::gguf::with_block;
         match ($level.avx512, $level.vnni) {
-            (true, true) => with_block!($dtype, F => $zv::<F>($($arg),*), _ => not_a_block()),
-            (true, false) => with_block!($dtype, F => $zp::<F>($($arg),*), _ => not_a_block()),
-            (false, true) => with_block!($dtype, F => $yv::<F>($($arg),*), _ => not_a_block()),
-            (false, false) => with_block!($dtype, F => $yp::<F>($($arg),*), _ => not_a_block()),
+            (true, true) => with_block!($($packed:)? $dtype, F => $zv::<F>($($arg),*), _ => not_a_block()),
+            (true, false) => with_block!($($packed:)? $dtype, F => $zp::<F>($($arg),*), _ => not_a_block()),
+            (false, true) => with_block!($($packed:)? $dtype, F => $yv::<F>($($arg),*), _ => not_a_block()),
+            (false, false) => with_block!($($packed:)? $dtype, F => $yp::<F>($($arg),*), _ => not_a_block()),
         }
     }};
 }
@@ -964,6 +1103,10 @@ pub(super) unsafe fn dots_direct(level: Level, dtype: DType, job: &FJob<'_>) {
 /// # Safety
 /// As [`dots_direct`].
 pub(super) unsafe fn dots_tiled(level: Level, dtype: DType, job: &FJob<'_>) {
+    if dtype == DType::Q2K {
+        // Its per-half mins have no place in the panel records: the direct walk, any `m`.
+        return dots_direct(level, dtype, job);
+    }
     macro_rules! go {
         ($f:ident) => {{
             fn bytes<F: FF>() -> usize {

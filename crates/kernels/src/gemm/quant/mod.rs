@@ -1,4 +1,5 @@
-//! GGUF block-quantized weights (Q4_0, Q5_0, Q8_0, Q4_K, Q5_K, Q6_K): scalar dequantize
+//! GGUF block-quantized weights (Q4_0, Q4_1, Q5_0, Q5_1, Q8_0, IQ4_NL, IQ4_XS, Q3_K, Q4_K,
+//! Q5_K, Q6_K): scalar dequantize
 //! references, and matmul kernels that read the blocks directly.
 //!
 //! Block layouts are ggml's (`ggml-common.h`); [`dequantize_row`] reproduces ggml's

@@ -416,5 +416,5 @@ unsafe fn run<F: PF>(job: &PJob<'_>) {
 /// its activations were quantized by `QAct::fill` with the unbiased chain-major copies
 /// (and its padding rows), and `job.i0` is a multiple of 16.
 pub(super) unsafe fn dots(dtype: DType, job: &PJob<'_>) {
-    with_block!(dtype, F => run::<F>(job), _ => unreachable!("packed layout is only defined for packable types"))
+    with_block!(packed: dtype, F => run::<F>(job), _ => unreachable!("packed layout is only defined for packable types"))
 }

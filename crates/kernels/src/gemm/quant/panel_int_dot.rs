@@ -445,5 +445,5 @@ entry!(y_plain, Avx2x2i, 4, false, "avx2,fma,f16c");
 /// The CPU supports `level`; `job` describes valid memory (whole panels of `dtype` for the
 /// `n` rows, activation rows `i0..i0 + m` of `act`, a writable `dst`).
 pub(super) unsafe fn dots(level: Level, dtype: DType, job: &PJob<'_>) {
-    by_level!(level, dtype, [z_vnni, z_plain, y_vnni, y_plain](job))
+    by_level!(@packed level, dtype, [z_vnni, z_plain, y_vnni, y_plain](job))
 }

@@ -52,7 +52,7 @@ pub const GROUP_VALUES: usize = GROUP;
 
 /// Whether `dtype` has a packed layout.
 pub fn packable(dtype: DType) -> bool {
-    matches!(dtype, DType::Q4_0 | DType::Q5_0 | DType::Q8_0 | DType::Q4K | DType::Q5K | DType::Q6K)
+    crate::gemm::gguf::with_block!(packed: dtype, _F => true, _ => false)
 }
 
 /// What a panel's unsigned weight bytes carry above the signed weight `w` (`u = w + bias`).
@@ -273,16 +273,18 @@ pub(crate) fn group(w: &crate::WeightMat<'_>, j: usize, g: usize) -> Group {
     let (sbk, jg) = (so + g / SUPER * SUPER * sb, g % SUPER);
     let s = w.data;
     match dtype {
-        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => Group { w: wv, sc: [1, 1], a: f16(s, so + g * sb + 2 * r), m: 0.0 },
+        DType::Q4_0 | DType::Q5_0 | DType::Q8_0 => {
+            Group { w: wv, sc: [1, 1], a: f16(s, so + g * sb + 2 * r), m: 0.0, ms: [1, 1] }
+        }
         DType::Q4K | DType::Q5K => {
             let (sc, mn) = (s[sbk + K4::SC + PANEL * jg + r], s[sbk + K4::M + PANEL * jg + r]);
             let a = f16(s, sbk + K4::D + 2 * r) * sc as f32;
             let m = f16(s, sbk + K4::DMIN + 2 * r) * mn as f32;
-            Group { w: wv, sc: [1, 1], a, m }
+            Group { w: wv, sc: [1, 1], a, m, ms: [1, 1] }
         }
         DType::Q6K => {
             let sc = [0, 1].map(|h| s[sbk + K6::SC + PANEL * (2 * jg + h) + r] as i8 as i32);
-            Group { w: wv, sc, a: f16(s, sbk + K6::D + 2 * r), m: 0.0 }
+            Group { w: wv, sc, a: f16(s, sbk + K6::D + 2 * r), m: 0.0, ms: [1, 1] }
         }
         _ => unreachable!("packed layout is only defined for packable types"),
     }

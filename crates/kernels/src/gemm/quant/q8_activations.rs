@@ -8,17 +8,22 @@
 //! - `amax = max |x_e|`; `X_g = amax / 127` and `inv = 127 / amax` in f32;
 //! - `q_e = round_half_even(x_e * inv)` (f32 product, in -127..=127), `S_g = Σ q_e`, and the
 //!   two 16-value half sums `H`;
-//! - `Y_g = fl(X_g * S_g)` (used by formats with mins);
+//! - `Y_g = fl(X_g * S_g)` (used by formats with mins; Q2_K, whose mins are per 16-value half,
+//!   uses `fl(X_g * (ms_0 H_0 + ms_1 H_1))` with its two 4-bit mins `ms`);
 //! - a group with `amax < 2^-100` is all zero (`X_g = 0`, `q = 0`), so `127 / amax` never
 //!   overflows; a group with a non-finite value has `X_g = NaN` (the output is NaN).
 //!
 //! Weights, per 32-value group: signed 8-bit values `w_e`, two 16-value integer scales `sc`
-//! (1 except Q6_K), an f32 scale `A_g` and, for Q4_K / Q5_K, an f32 min `M_g`:
-//! - Q4_0 `w = nibble - 8`, Q5_0 `w = (nibble | high bit << 4) - 16`, Q8_0 `w = qs`, all with
-//!   `A = d`;
+//! (1 except Q2_K / Q3_K / Q6_K), an f32 scale `A_g` and, for Q4_1 / Q5_1 / Q2_K / Q4_K / Q5_K, an f32 min
+//! `M_g`:
+//! - Q4_0 `w = nibble - 8`, Q5_0 `w = (nibble | high bit << 4) - 16`, Q8_0 `w = qs`, IQ4_NL
+//!   `w = level[nibble]` (ggml's `kvalues_iq4nl`), all with `A = d`;
+//! - Q4_1 / Q5_1 `w = q` (the 4 / 5-bit quant), `A = d`, `M = -m` (value `d q + m`);
+//! - IQ4_XS `w = level[nibble]`, `A = fl(d * (ls - 32))` per group;
 //! - Q4_K / Q5_K `w = q` (the 4 / 5-bit quant), `A = fl(d * sc_j)`, `M = fl(dmin * m_j)` (the
 //!   sub-block scale and min exactly as ggml's dequantization rounds them);
-//! - Q6_K `w = q - 32`, `sc` the two signed sub-block scales, `A = d`.
+//! - Q6_K `w = q - 32`, Q3_K `w = q - 4`, `sc` the two signed sub-block scales, `A = d`;
+//! - Q2_K `w = q`, `sc` the two 4-bit sub-block scales, `A = d`, `M = dmin`.
 //!
 //! The group's integer dot product `D_g = Σ_h sc_h Σ_{e in half h} w_e q_e` is exact (in i32,
 //! and exact in f32 too: `|D_g| < 2^24` for every format). Groups are summed in 16 chains,
@@ -321,7 +326,13 @@ pub(crate) fn dot_groups(groups: &[Group], mins: bool, act: &QAct, i: usize) -> 
         let c = g % CHAINS;
         acc[c] = (d as f32).mul_add(gr.a * act.xs[base + g], acc[c]);
         if mins {
-            acc[c] = (-gr.m).mul_add(act.ys[base + g], acc[c]);
+            let y = if gr.ms == [1, 1] {
+                act.ys[base + g]
+            } else {
+                let h = &act.h[2 * (base + g)..];
+                act.xs[base + g] * (gr.ms[0] * h[0] as i32 + gr.ms[1] * h[1] as i32) as f32
+            };
+            acc[c] = (-gr.m).mul_add(y, acc[c]);
         }
     }
     reference::hsum16(&acc)

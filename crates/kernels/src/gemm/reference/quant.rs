@@ -2,7 +2,9 @@
 //! `dequantize_row_*`, value for value), a simple quantizer that makes valid blocks for
 //! tests, and the fixed-order dot product every matmul path reproduces.
 
-use crate::gemm::gguf::{group, has_mins, scale_min_k4, GROUP};
+use crate::gemm::gguf::{
+    group, has_mins, iq4xs_scale, q3k_scale, scale_min_k4, GROUP, IQ4XS_QS, IQ4_LEVELS, Q2K_D, Q2K_QS, Q3K_D, Q3K_QS,
+};
 use crate::DType;
 use half::f16;
 
@@ -27,15 +29,67 @@ pub(crate) fn dequantize_block(dtype: DType, b: &[u8], y: &mut [f32]) {
                 y[j + 16] = ((qs[j] >> 4) as i32 - 8) as f32 * d;
             }
         }
-        DType::Q5_0 => {
-            let d = f16_at(b, 0);
-            let qh = u32::from_le_bytes([b[2], b[3], b[4], b[5]]);
-            let qs = &b[6..22];
+        DType::Q4_1 => {
+            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+            let qs = &b[4..20];
+            for j in 0..16 {
+                y[j] = (qs[j] & 0xF) as f32 * d + m;
+                y[j + 16] = (qs[j] >> 4) as f32 * d + m;
+            }
+        }
+        DType::Q5_0 | DType::Q5_1 => {
+            // Q5_0: (q - 16) d; Q5_1: q d + m (its m before qh).
+            let q51 = dtype == DType::Q5_1;
+            let (o, off) = if q51 { (4, 0) } else { (2, 16) };
+            let (d, m) = (f16_at(b, 0), f16_at(b, 2));
+            let qh = u32::from_le_bytes([b[o], b[o + 1], b[o + 2], b[o + 3]]);
+            let qs = &b[o + 4..o + 20];
             for j in 0..16 {
                 let xh0 = ((qh >> j) << 4) & 0x10;
                 let xh1 = (qh >> (j + 12)) & 0x10;
-                y[j] = (((qs[j] & 0xF) as u32 | xh0) as i32 - 16) as f32 * d;
-                y[j + 16] = (((qs[j] >> 4) as u32 | xh1) as i32 - 16) as f32 * d;
+                let x0 = ((qs[j] & 0xF) as u32 | xh0) as i32 - off;
+                let x1 = ((qs[j] >> 4) as u32 | xh1) as i32 - off;
+                (y[j], y[j + 16]) =
+                    if q51 { (x0 as f32 * d + m, x1 as f32 * d + m) } else { (x0 as f32 * d, x1 as f32 * d) };
+            }
+        }
+        DType::IQ4NL => iq4_values(f16_at(b, 0), &b[2..18], y),
+        DType::IQ4XS => {
+            let d = f16_at(b, 0);
+            for ib in 0..8 {
+                let qs = &b[IQ4XS_QS + 16 * ib..IQ4XS_QS + 16 * ib + 16];
+                iq4_values(d * iq4xs_scale(b, ib) as f32, qs, &mut y[32 * ib..32 * ib + 32]);
+            }
+        }
+        DType::Q2K => {
+            let (d, min) = (f16_at(b, Q2K_D), f16_at(b, Q2K_D + 2));
+            // Sub-block 2j + h: two bits at 2 (j % 4) of qs[32 (j / 4) + l], scale and min the
+            // low and high nibble of byte 2j + h.
+            for j in 0..8 {
+                let q = &b[Q2K_QS + 32 * (j / 4)..];
+                for (h, l0) in [(0, 0), (1, 16)] {
+                    let sc = b[2 * j + h];
+                    let (dl, ml) = (d * (sc & 0xF) as f32, min * (sc >> 4) as f32);
+                    for l in l0..l0 + 16 {
+                        y[32 * j + l] = dl * ((q[l] >> (2 * (j % 4))) & 3) as f32 - ml;
+                    }
+                }
+            }
+        }
+        DType::Q3K => {
+            let d = f16_at(b, Q3K_D);
+            let (hm, qs) = (&b[..32], &b[Q3K_QS..Q3K_QS + 64]);
+            // Sub-block is = 2j, 2j + 1 of group j: two bits at 2 (j % 4) of qs[32 (j / 4) + l],
+            // minus 4 unless bit j of hmask[l] is set.
+            for j in 0..8 {
+                let q = &qs[32 * (j / 4)..];
+                for (h, l0) in [(0, 0), (1, 16)] {
+                    let dl = d * q3k_scale(b, 2 * j + h) as f32;
+                    for l in l0..l0 + 16 {
+                        let v = ((q[l] >> (2 * (j % 4))) & 3) as i32 - if hm[l] & (1 << j) != 0 { 0 } else { 4 };
+                        y[32 * j + l] = dl * v as f32;
+                    }
+                }
             }
         }
         DType::Q8_0 => {
@@ -106,6 +160,14 @@ pub(crate) fn dequantize_block(dtype: DType, b: &[u8], y: &mut [f32]) {
     }
 }
 
+/// 32 IQ4 values: `d * level` of the low nibbles of `qs` (values 0..16), then the high ones.
+fn iq4_values(d: f32, qs: &[u8], y: &mut [f32]) {
+    for j in 0..16 {
+        y[j] = d * IQ4_LEVELS[(qs[j] & 0xF) as usize] as f32;
+        y[j + 16] = d * IQ4_LEVELS[(qs[j] >> 4) as usize] as f32;
+    }
+}
+
 /// Dequantizes a run of `dtype` blocks into `out` (scalar reference, bit-identical to ggml's
 /// `dequantize_row_*`). `bytes` must hold exactly the blocks for `out.len()` values.
 pub fn dequantize_row(dtype: DType, bytes: &[u8], out: &mut [f32]) -> Result<(), String> {
@@ -140,6 +202,39 @@ fn f16_at_least(v: f32) -> f16 {
     }
 }
 
+/// The largest f16 that is <= `v` (finite), saturating at `-f16::MAX`.
+fn f16_at_most(v: f32) -> f16 {
+    if v < 0.0 {
+        return -f16_at_least(-v);
+    }
+    let h = f16::from_f32(v);
+    if h.to_f32() > v {
+        f16::from_bits(h.to_bits() - 1)
+    } else {
+        h
+    }
+}
+
+/// Sub-block scales for the steps `need` (each >= 0): an f16 super-scale `d` rounded up so
+/// that `max` integer steps cover the largest, and per sub-block the integer `ceil(need / d)`
+/// in `0..=max`, so `d * s >= need` (both 0 when every step is 0).
+fn sub_scales(need: &[f32], max: i32) -> (f16, f32, Vec<i32>) {
+    let d = f16_at_least(need.iter().fold(0f32, |a, &v| a.max(v)) / max as f32);
+    let dv = d.to_f32();
+    (d, dv, need.iter().map(|&n| if dv == 0.0 { 0 } else { ((n / dv).ceil() as i32).clamp(0, max) }).collect())
+}
+
+/// Largest magnitude of each `n`-value run of `x`, divided by `steps`.
+fn run_steps(x: &[f32], n: usize, steps: f32) -> Vec<f32> {
+    x.chunks_exact(n).map(|s| s.iter().fold(0f32, |a, v| a.max(v.abs())) / steps).collect()
+}
+
+/// Index of the IQ4 level nearest to `v`.
+fn nearest_level(v: f32) -> u8 {
+    let dist = |i: usize| (IQ4_LEVELS[i] as f32 - v).abs();
+    (0..16).min_by(|&a, &b| dist(a).total_cmp(&dist(b))).unwrap_or(8) as u8
+}
+
 /// Index of the nearest of `0..=hi - lo` steps, i.e. `round(v)` clamped to `lo..=hi`.
 fn clamp_round(v: f32, lo: i32, hi: i32) -> i32 {
     (v.round() as i32).clamp(lo, hi)
@@ -169,6 +264,11 @@ pub fn quantize_row_reference(dtype: DType, x: &[f32]) -> Result<Vec<u8>, String
     for blk in x.chunks_exact(qk) {
         match dtype {
             DType::Q8_0 | DType::Q4_0 | DType::Q5_0 => quantize_block_0(dtype, blk, &mut out),
+            DType::Q4_1 | DType::Q5_1 => quantize_block_1(dtype, blk, &mut out),
+            DType::IQ4NL => quantize_block_iq4nl(blk, &mut out),
+            DType::IQ4XS => quantize_block_iq4xs(blk, &mut out),
+            DType::Q3K => quantize_block_q3k(blk, &mut out),
+            DType::Q2K => quantize_block_q2k(blk, &mut out),
             DType::Q4K | DType::Q5K => quantize_block_k(dtype, blk, &mut out),
             DType::Q6K => quantize_block_q6k(blk, &mut out),
             _ => unreachable!("checked above: {dtype} is block-quantized"),
@@ -201,21 +301,124 @@ fn quantize_block_0(dtype: DType, x: &[f32], out: &mut Vec<u8>) {
     }
 }
 
+/// Q4_1 / Q5_1: one f16 scale `d` and min `m` (rounded down), value = q * d + m.
+fn quantize_block_1(dtype: DType, x: &[f32], out: &mut Vec<u8>) {
+    let nmax = if dtype == DType::Q4_1 { 15 } else { 31 };
+    let lo = x.iter().fold(f32::MAX, |a, &v| a.min(v));
+    let hi = x.iter().fold(f32::MIN, |a, &v| a.max(v));
+    let m = f16_at_most(lo);
+    let mv = m.to_f32();
+    let d = f16_at_least(((hi - mv) / nmax as f32).max(0.0));
+    let dv = d.to_f32();
+    let q: Vec<u32> =
+        x.iter().map(|&v| if dv == 0.0 { 0 } else { clamp_round((v - mv) / dv, 0, nmax) as u32 }).collect();
+    out.extend_from_slice(&d.to_le_bytes());
+    out.extend_from_slice(&m.to_le_bytes());
+    if dtype == DType::Q5_1 {
+        let qh = (0..32).fold(0u32, |h, j| h | (((q[j] >> 4) & 1) << j));
+        out.extend_from_slice(&qh.to_le_bytes());
+    }
+    out.extend((0..16).map(|j| ((q[j] & 0xF) | ((q[j + 16] & 0xF) << 4)) as u8));
+}
+
+/// 32 values as IQ4 nibbles of scale `d` (low nibbles values 0..16, high 16..32).
+fn iq4_nibbles(x: &[f32], d: f32, out: &mut Vec<u8>) {
+    let idx: Vec<u8> = x.iter().map(|&v| if d == 0.0 { 8 } else { nearest_level(v / d) }).collect();
+    out.extend((0..16).map(|j| idx[j] | (idx[j + 16] << 4)));
+}
+
+/// The least IQ4 scale whose levels (-127..=113) cover `x`.
+fn iq4_step(x: &[f32]) -> f32 {
+    x.iter().fold(0f32, |a, &v| a.max(if v > 0.0 { v / 113.0 } else { -v / 127.0 }))
+}
+
+/// IQ4_NL: one f16 scale covering the block with the levels' range.
+fn quantize_block_iq4nl(x: &[f32], out: &mut Vec<u8>) {
+    let d = f16_at_least(iq4_step(x));
+    out.extend_from_slice(&d.to_le_bytes());
+    iq4_nibbles(x, d.to_f32(), out);
+}
+
+/// IQ4_XS: 8 groups of 32, value = d * (ls - 32) * level with 6-bit ls (here 32..=63).
+fn quantize_block_iq4xs(x: &[f32], out: &mut Vec<u8>) {
+    let need: Vec<f32> = x.chunks_exact(32).map(iq4_step).collect();
+    let (d, dv, s) = sub_scales(&need, 31);
+    let ls: Vec<u32> = s.iter().map(|&s| s as u32 + 32).collect();
+    out.extend_from_slice(&d.to_le_bytes());
+    let sh = (0..8).fold(0u16, |h, j| h | (((ls[j] >> 4) as u16) << (2 * j)));
+    out.extend_from_slice(&sh.to_le_bytes());
+    out.extend((0..4).map(|i| ((ls[2 * i] & 0xF) | ((ls[2 * i + 1] & 0xF) << 4)) as u8));
+    for (j, g) in x.chunks_exact(32).enumerate() {
+        iq4_nibbles(g, dv * s[j] as f32, out);
+    }
+}
+
+/// Q3_K: 16 sub-blocks of 16, value = d * (s - 32) * (q - 4) with 6-bit s (here 32..=63).
+fn quantize_block_q3k(x: &[f32], out: &mut Vec<u8>) {
+    let (d, dv, s) = sub_scales(&run_steps(x, 16, 3.0), 31);
+    let u: Vec<u8> = (0..256)
+        .map(|i| {
+            let dq = dv * s[i / 16] as f32;
+            (if dq == 0.0 { 0 } else { clamp_round(x[i] / dq, -4, 3) } + 4) as u8
+        })
+        .collect();
+    let (mut hm, mut qs, mut sc) = ([0u8; 32], [0u8; 64], [0u8; 12]);
+    for j in 0..8 {
+        for l in 0..32 {
+            let v = u[32 * j + l];
+            qs[32 * (j / 4) + l] |= (v & 3) << (2 * (j % 4));
+            hm[l] |= (v >> 2) << j;
+        }
+    }
+    for (j, &s) in s.iter().enumerate() {
+        let ls = s as u8 + 32;
+        sc[j % 8] |= (ls & 0xF) << (4 * (j / 8));
+        sc[8 + j % 4] |= (ls >> 4) << (2 * (j / 4));
+    }
+    out.extend_from_slice(&hm);
+    out.extend_from_slice(&qs);
+    out.extend_from_slice(&sc);
+    out.extend_from_slice(&d.to_le_bytes());
+}
+
+/// Per `n`-value run of `x`: an f16 super-min `dmin` (rounded up) and integer mins `m` in
+/// `0..=max` with `dmin * m >= -min(run, 0)`, those products, and the run's largest value.
+fn run_mins(x: &[f32], n: usize, max: i32) -> (f16, Vec<u8>, Vec<f32>, Vec<f32>) {
+    let lo: Vec<f32> = x.chunks_exact(n).map(|s| s.iter().fold(0f32, |a, &v| a.min(v))).collect();
+    let hi: Vec<f32> = x.chunks_exact(n).map(|s| s.iter().fold(f32::MIN, |a, &v| a.max(v))).collect();
+    let dmin = f16_at_least(lo.iter().fold(0f32, |a, &v| a.max(-v)) / max as f32);
+    let dminv = dmin.to_f32();
+    let m: Vec<u8> =
+        lo.iter().map(|&l| if dminv == 0.0 { 0 } else { ((-l / dminv).ceil() as i32).clamp(0, max) as u8 }).collect();
+    let mnq: Vec<f32> = m.iter().map(|&m| dminv * m as f32).collect();
+    (dmin, m, mnq, hi)
+}
+
+/// Q2_K: 16 sub-blocks of 16, value = d*sc*q - dmin*m with 4-bit sc, m and 2-bit q.
+fn quantize_block_q2k(x: &[f32], out: &mut Vec<u8>) {
+    let (dmin, m, mnq, hi) = run_mins(x, 16, 15);
+    let need: Vec<f32> = (0..16).map(|s| ((hi[s] + mnq[s]) / 3.0).max(0.0)).collect();
+    let (d, dv, sc) = sub_scales(&need, 15);
+    let mut qs = [0u8; 64];
+    for (i, &xi) in x.iter().enumerate().take(256) {
+        let (s, j, l) = (i / 16, i / 32, i % 32);
+        let dq = dv * sc[s] as f32;
+        let q = if dq == 0.0 { 0 } else { clamp_round((xi + mnq[s]) / dq, 0, 3) as u8 };
+        qs[32 * (j / 4) + l] |= q << (2 * (j % 4));
+    }
+    out.extend((0..16).map(|s| sc[s] as u8 | (m[s] << 4)));
+    out.extend_from_slice(&qs);
+    out.extend_from_slice(&d.to_le_bytes());
+    out.extend_from_slice(&dmin.to_le_bytes());
+}
+
 /// Q4_K / Q5_K: 8 sub-blocks of 32, value = d*sc*q - dmin*m with 6-bit sc, m.
 fn quantize_block_k(dtype: DType, x: &[f32], out: &mut Vec<u8>) {
     let nmax: i32 = if dtype == DType::Q4K { 15 } else { 31 };
-    let lo: Vec<f32> = x.chunks_exact(32).map(|s| s.iter().fold(0f32, |a, &v| a.min(v))).collect();
-    let hi: Vec<f32> = x.chunks_exact(32).map(|s| s.iter().fold(f32::MIN, |a, &v| a.max(v))).collect();
-    let dmin = f16_at_least(lo.iter().fold(0f32, |a, &v| a.max(-v)) / 63.0);
-    let dminv = dmin.to_f32();
-    let m: Vec<u8> =
-        lo.iter().map(|&l| if dminv == 0.0 { 0 } else { ((-l / dminv).ceil() as i32).clamp(0, 63) as u8 }).collect();
-    let mnq: Vec<f32> = m.iter().map(|&m| dminv * m as f32).collect();
+    let (dmin, m, mnq, hi) = run_mins(x, 32, 63);
     let need: Vec<f32> = (0..8).map(|s| ((hi[s] + mnq[s]) / nmax as f32).max(0.0)).collect();
-    let d = f16_at_least(need.iter().fold(0f32, |a, &v| a.max(v)) / 63.0);
-    let dv = d.to_f32();
-    let sc: Vec<u8> =
-        need.iter().map(|&n| if dv == 0.0 { 0 } else { ((n / dv).ceil() as i32).clamp(0, 63) as u8 }).collect();
+    let (d, dv, sc) = sub_scales(&need, 63);
+    let sc: Vec<u8> = sc.iter().map(|&s| s as u8).collect();
     let mut scales = [0u8; 12];
     for j in 0..8 {
         if j < 4 {
@@ -257,11 +460,7 @@ fn quantize_block_k(dtype: DType, x: &[f32], out: &mut Vec<u8>) {
 
 /// Q6_K: 16 sub-blocks of 16, value = d*sc*(q-32) with signed 8-bit sc.
 fn quantize_block_q6k(x: &[f32], out: &mut Vec<u8>) {
-    let need: Vec<f32> = x.chunks_exact(16).map(|s| s.iter().fold(0f32, |a, &v| a.max(v.abs())) / 31.0).collect();
-    let d = f16_at_least(need.iter().fold(0f32, |a, &v| a.max(v)) / 127.0);
-    let dv = d.to_f32();
-    let sc: Vec<i8> =
-        need.iter().map(|&n| if dv == 0.0 { 0 } else { ((n / dv).ceil() as i32).clamp(0, 127) as i8 }).collect();
+    let (d, dv, sc) = sub_scales(&run_steps(x, 16, 31.0), 127);
     let l: Vec<u8> = (0..256)
         .map(|i| {
             let dq = dv * sc[i / 16] as f32;
@@ -370,7 +569,7 @@ pub fn fast_reference(dtype: DType, row: &[u8], x: &[f32]) -> Result<FastReferen
         let (xg, [h0, h1]) = quantize_group(xs, &mut q);
         let gr = group(dtype, row, g);
         let d: i64 = (0..GROUP).map(|e| gr.sc[e / 16] as i64 * gr.w[e] as i64 * q[e] as i64).sum();
-        let s = (h0 + h1) as f64;
+        let s = (gr.ms[0] * h0 + gr.ms[1] * h1) as f64;
         let (a, m, xg) = (gr.a as f64, gr.m as f64, xg as f64);
         value += a * xg * d as f64 - m * xg * s;
         mag += (a * xg * d as f64).abs() + if mins { (m * xg * s).abs() } else { 0.0 };
@@ -381,7 +580,10 @@ pub fn fast_reference(dtype: DType, row: &[u8], x: &[f32]) -> Result<FastReferen
                 w * xe.abs()
             } else {
                 w * (xg / 2.0 + 3.01 * u * xe.abs())
-                    + 2.01 * u * ((a * (gr.sc[e / 16] * gr.w[e] as i32) as f64).abs() + m.abs()) * xh.abs()
+                    + 2.01
+                        * u
+                        * ((a * (gr.sc[e / 16] * gr.w[e] as i32) as f64).abs() + (m * gr.ms[e / 16] as f64).abs())
+                        * xh.abs()
             };
         }
     }

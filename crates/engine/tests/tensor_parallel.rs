@@ -1,0 +1,209 @@
+//! Tensor parallelism on the CPU with the `local` communicator: the collectives themselves
+//! (results, timeouts and ranks that leave, each named in the error), every golden case at
+//! tp = 2 and tp = 4 within 1e-4 of tp = 1 on logits, the demo model's greedy ids at tp = 2
+//! through the engine, and each rank's resident weight bytes.
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use tboost_testkit::golden as common;
+
+use common::*;
+use tboost_engine::backend::cpu::CpuBackend;
+use tboost_engine::backend::Backend;
+use tboost_engine::comm::{Communicator, LocalGroup};
+use tboost_engine::engine::{Engine, EngineConfig, KvSize};
+use tboost_engine::model::Model;
+use tboost_engine::plan::{PlanOptions, PrecisionPolicy, Slot};
+use tboost_engine::runner::{ModelRunner, OpenBackend};
+use tboost_engine::sched::Request;
+use tboost_engine::session::{argmax, Session};
+
+/// Runs `f(rank, comm)` on every rank of a local group of `world`, one thread each.
+fn on_ranks<T: Send + 'static>(
+    world: usize,
+    timeout: Duration,
+    f: impl Fn(usize, &dyn Communicator) -> T + Send + Sync + 'static,
+) -> Vec<T> {
+    let f = Arc::new(f);
+    let handles: Vec<_> = LocalGroup::new(world, timeout)
+        .into_iter()
+        .enumerate()
+        .map(|(r, c)| {
+            let f = f.clone();
+            std::thread::spawn(move || f(r, &c))
+        })
+        .collect();
+    handles.into_iter().map(|h| h.join().unwrap()).collect()
+}
+
+#[test]
+fn local_collectives_give_every_rank_the_same_result() {
+    let out = on_ranks(3, Duration::from_secs(10), |r, c| {
+        let mut v = vec![r as f32 + 1.0, 10.0 * r as f32];
+        c.all_reduce_sum(&mut v).unwrap();
+        let mut all = vec![0.0; 3];
+        c.all_gather(&[r as f32 * 2.0], &mut all).unwrap();
+        let mut msg = if r == 1 { b"from one".to_vec() } else { b"junk".to_vec() };
+        c.broadcast(1, &mut msg).unwrap();
+        c.barrier().unwrap();
+        (v, all, msg)
+    });
+    for (v, all, msg) in out {
+        assert_eq!(v, vec![6.0, 30.0]);
+        assert_eq!(all, vec![0.0, 2.0, 4.0]);
+        assert_eq!(msg, b"from one");
+    }
+}
+
+#[test]
+fn a_rank_that_never_arrives_fails_the_collective_naming_it_within_the_timeout() {
+    let out = on_ranks(3, Duration::from_millis(300), |r, c| {
+        let t = Instant::now();
+        if r == 2 {
+            // Arrives only after the others gave up.
+            std::thread::sleep(Duration::from_millis(900));
+        }
+        let res = c.all_reduce_sum(&mut [1.0]);
+        (r, res.map_err(|e| e.to_string()), t.elapsed())
+    });
+    for (r, res, took) in out {
+        let e = res.expect_err("no rank may see a result");
+        if r != 2 {
+            assert!(e.contains("rank 2 did not join all_reduce"), "rank {r}: {e}");
+            assert!(took < Duration::from_millis(800), "rank {r} waited {took:?}");
+        } else {
+            assert!(e.contains("broken"), "the late rank learns the group is broken: {e}");
+        }
+    }
+}
+
+#[test]
+fn a_rank_that_leaves_fails_the_others_at_once_with_its_reason() {
+    let out = on_ranks(2, Duration::from_secs(30), |r, c| {
+        let t = Instant::now();
+        if r == 1 {
+            c.abandon("its model failed to load");
+            return (String::new(), t.elapsed());
+        }
+        let e = c.broadcast(0, &mut vec![1, 2, 3]).unwrap_err().to_string();
+        (e, t.elapsed())
+    });
+    let (e, took) = &out[0];
+    assert!(e.contains("rank 1 left the group (its model failed to load)"), "{e}");
+    assert!(e.starts_with("tensor-parallel rank 0"), "{e}");
+    assert!(*took < Duration::from_secs(5), "waited {took:?} instead of failing at once");
+}
+
+fn cpu_open() -> OpenBackend {
+    Arc::new(|| Ok(Box::new(CpuBackend::new(1)?) as Box<dyn Backend>))
+}
+
+fn tp_runner(model: &Model, opts: &PlanOptions, world: usize) -> ModelRunner {
+    let be = Box::new(CpuBackend::new(1).unwrap());
+    let mut r = ModelRunner::new_local_group(model, be, opts, 1, world, Duration::from_secs(60), cpu_open())
+        .unwrap_or_else(|e| panic!("tp={world}: {e}"));
+    r.alloc_kv(64, opts.block_size).unwrap();
+    r
+}
+
+/// Prefill (every position's logits) then greedy decode steps: every logit of every step.
+fn trace(r: &mut ModelRunner, prompt: &[u32], steps: usize) -> (Vec<f32>, Vec<u32>) {
+    let vocab = r.cfg.vocab_size;
+    let mut s = Session::new(r, prompt.len() + steps + 1).unwrap();
+    let mut all = s.feed(prompt, true).unwrap();
+    let mut ids = Vec::new();
+    let mut last = all[all.len() - vocab..].to_vec();
+    for _ in 0..steps {
+        let next = argmax(&last);
+        ids.push(next);
+        last = s.feed(&[next], false).unwrap();
+        all.extend_from_slice(&last);
+    }
+    (all, ids)
+}
+
+#[test]
+fn every_golden_case_at_tp_2_and_4_matches_tp_1_within_1e_4() {
+    let opts = PlanOptions::default();
+    for case in CASES {
+        let g = golden(case);
+        let model = Model::load(&golden_dir(case)).unwrap();
+        let mut one = runner_with(&golden_dir(case), &opts, 1, 64);
+        let prompts: Vec<Vec<u32>> = g["prompts"].as_array().unwrap().iter().map(|p| ids(&p["token_ids"])).collect();
+        let base: Vec<_> = prompts.iter().map(|p| trace(&mut one, p, 4)).collect();
+        for world in [2, 4] {
+            let mut r = tp_runner(&model, &opts, world);
+            let tp = r.plan.tp.clone().expect("a tensor-parallel plan reports its shard");
+            assert_eq!((tp.shard.world, tp.shard.rank), (world, 0));
+            let ar = r.plan.model_slot(Slot::AllReduce).expect("the all-reduce is a slot of the plan");
+            assert_eq!(ar.tried.len(), 3, "{case}: fused, device and host candidates: {:?}", ar.tried);
+            for (p, (want, want_ids)) in prompts.iter().zip(&base) {
+                let (got, got_ids) = trace(&mut r, p, 4);
+                let d = max_abs_diff(&got, want);
+                eprintln!("{case} tp={world}: prompt of {} tokens, max abs logit diff vs tp=1 {d:.2e}", p.len());
+                assert!(d <= 1e-4, "{case} tp={world}: logits differ from tp=1 by {d}");
+                assert_eq!(&got_ids, want_ids, "{case} tp={world}: greedy ids");
+            }
+        }
+    }
+}
+
+#[test]
+fn kv_heads_fewer_than_ranks_are_replicated() {
+    // mixtral: 4 query heads over 1 KV head.
+    let model = Model::load(&golden_dir("mixtral")).unwrap();
+    let r = tp_runner(&model, &PlanOptions::default(), 2);
+    let s = &r.plan.tp.as_ref().unwrap().shard;
+    assert_eq!((s.heads.clone(), s.kv_heads.clone(), s.kv_replicated), (0..2, 0..1, true));
+}
+
+#[test]
+fn a_follower_takes_no_work_and_says_so() {
+    let model = Model::load(&golden_dir("llama_gqa")).unwrap();
+    let mut comms = LocalGroup::new(2, Duration::from_millis(200));
+    let c1: Arc<dyn Communicator> = Arc::new(comms.remove(1));
+    let be = Box::new(CpuBackend::new(1).unwrap());
+    let mut r = ModelRunner::new_rank(&model.config, &model.weights, be, &PlanOptions::default(), 1, c1).unwrap();
+    let e = r.alloc_kv(8, 16).unwrap_err().to_string();
+    assert!(e.contains("rank 1 is a tensor-parallel follower"), "{e}");
+}
+
+fn demo_ids(tp: usize, prompts: &[Vec<u32>]) -> (Vec<Vec<u32>>, usize) {
+    let cfg = EngineConfig {
+        threads: 2,
+        kv_size: KvSize::Blocks(64),
+        precision: PrecisionPolicy::Exact,
+        tp,
+        ..Default::default()
+    };
+    let e = Engine::new(cfg).unwrap();
+    e.load(&demo_model()).unwrap();
+    let plan = e.plan().unwrap();
+    let bytes = plan.tp.map_or(0, |t| t.resident_weight_bytes);
+    let ids: Vec<u64> = prompts.iter().map(|p| e.enqueue(Request::new(p.clone(), 24)).unwrap()).collect();
+    e.run_to_completion().unwrap();
+    (ids.into_iter().map(|id| e.output(id).unwrap().tokens).collect(), bytes)
+}
+
+#[test]
+fn demo_model_greedy_ids_at_tp_2_equal_tp_1_and_each_rank_holds_at_most_0_6_of_the_weights() {
+    let g: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(shared_dir().join("models/qwen-demo-golden.json")).unwrap())
+            .unwrap();
+    let prompts: Vec<Vec<u32>> = g["prompts"].as_array().unwrap().iter().map(|p| ids(&p["prompt_ids"])).collect();
+    let model = Model::load(&demo_model()).unwrap();
+    let whole = model.weights.total_bytes();
+    let rank1 = ModelRunner::shard_weight_bytes(&model.config, &model.weights, 2, 1).unwrap();
+    drop(model);
+    let (one, _) = demo_ids(1, &prompts);
+    let (two, rank0) = demo_ids(2, &prompts);
+    for (i, (a, b)) in one.iter().zip(&two).enumerate() {
+        assert_eq!(a, b, "prompt {i}: tp=2 greedy ids differ from tp=1");
+    }
+    for (rank, bytes) in [(0, rank0), (1, rank1)] {
+        let ratio = bytes as f64 / whole as f64;
+        eprintln!("demo model: rank {rank} of 2 holds {bytes} of {whole} weight bytes ({ratio:.3})");
+        assert!(ratio <= 0.6, "rank {rank} holds {ratio:.3} of the weights");
+    }
+}
