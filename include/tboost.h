@@ -256,6 +256,12 @@ enum tboost_dtype
   TBOOST_DTYPE_Q4_K = 11,
   TBOOST_DTYPE_Q5_K = 12,
   TBOOST_DTYPE_Q6_K = 13,
+  TBOOST_DTYPE_Q4_1 = 14,
+  TBOOST_DTYPE_Q5_1 = 15,
+  TBOOST_DTYPE_IQ4_NL = 16,
+  TBOOST_DTYPE_IQ4_XS = 17,
+  TBOOST_DTYPE_Q2_K = 18,
+  TBOOST_DTYPE_Q3_K = 19,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -433,6 +439,12 @@ typedef struct tboost_model tboost_model;
  * One operator with its parameters on one backend (`tboost_op_create`).
  */
 typedef struct tboost_op tboost_op;
+
+/**
+ * A model file's tokenizer loaded on its own, without weights (`tboost_tokenizer_load`).
+ * Immutable: may be shared by many threads.
+ */
+typedef struct tboost_tokenizer tboost_tokenizer;
 
 /**
  * Model-load progress in [0, 1], called on the loading thread, increasing, ending with 1.
@@ -1024,6 +1036,12 @@ tboost_status tboost_config_free(struct tboost_config *cfg);
  * - `tiling.moe.expert_batch_tokens` [1, 65536]: most tokens in one expert batch of the grouped
  *   MoE (default: all of an expert's tokens)
  * - `tiling.moe.parallel_expert_batches` [1, 64]: expert batches run at once (default 1)
+ * - `tp` [1, 64]: tensor-parallel ranks the model is split over (default 1; env `TBOOST_TP`).
+ *   With `comm` "local" the ranks are threads of this engine and `threads` is shared between
+ *   them; under `mpirun` (`comm` "mpi") leave it unset: the ranks are the MPI processes
+ * - `comm_timeout_ms` [1, 86400000]: longest wait of a collective for the other ranks
+ *   (default 60000; env `TBOOST_COMM_TIMEOUT_MS`); past it the step's requests end with
+ *   `TBOOST_FINISH_ERROR` naming the missing rank and the engine must be re-created
  *
  *   Unset tiling keys are the op's defaults; none changes a result, only speed. The plan
  *   reports them (`matmul_tiling`, `moe_tiling`), and a set one on a backend whose kernels
@@ -1050,7 +1068,9 @@ tboost_status tboost_config_set_int(struct tboost_config *cfg, const char *key, 
  *   compiled in) fails `tboost_engine_new` / `tboost_model_info_json` with
  *   `TBOOST_ERR_UNSUPPORTED`. Env `TBOOST_BACKEND` sets the default.
  * - `kv_dtype`: KV cache element type, "auto" (default: the backend's choice, f32 on the
- *   CPU), "f32", "f16" or "bf16"
+ *   CPU), "f32", "f16", "bf16" or "q8_0" (int8 with an f16 scale per 32 values, as
+ *   llama.cpp's `-ctk q8_0`; a model whose head_dim is not a multiple of 32, or a backend
+ *   without the path, gets f16 and the plan says why)
  * - `precision`: matmul activation precision, "auto" (default: "fast" for GGUF
  *   block-quantized weights, "exact" for float weights), "exact" (f32 activations) or
  *   "fast" (8-bit activations with integer dot products where the backend has them)
@@ -1064,6 +1084,12 @@ tboost_status tboost_config_set_int(struct tboost_config *cfg, const char *key, 
  * - `ascend_known_bad`: CANN op versions the Ascend backend refuses beside its built-in table,
  *   `op@from..until` items separated by `;` (e.g. `aclnnRmsNorm@8.0.RC1..8.0.RC3`); env
  *   `TBOOST_ASCEND_KNOWN_BAD`
+ * - `comm`: how tensor-parallel ranks talk: "local" (default: threads of this process) or
+ *   "mpi" (one rank per process under `mpirun`, Open MPI's libmpi.so.40 loaded at run time;
+ *   rank and world from MPI_COMM_WORLD). On a rank other than 0 the engine is a follower:
+ *   `tboost_engine_enqueue` fails with `TBOOST_ERR_INVALID_ARGUMENT` and
+ *   `tboost_engine_step` runs the leader's steps until rank 0's engine is freed. Env
+ *   `TBOOST_COMM`
  *
  * Errors as for `tboost_config_set_int`.
  */
@@ -1303,6 +1329,50 @@ tboost_status tboost_engine_detokenize(const struct tboost_engine *engine,
                                        char *buf,
                                        size_t cap,
                                        size_t *needed);
+
+/**
+ * Loads only the tokenizer of the model at `path` (a GGUF file, or a Hugging Face directory
+ * or a `.json` / `.safetensors` file in one); no weight is read, so a vocabulary-only GGUF
+ * file works. Returns `TBOOST_ERR_IO` for a missing file, `TBOOST_ERR_MODEL_FORMAT` for a
+ * corrupt one, `TBOOST_ERR_UNSUPPORTED` for a tokenizer kind or pre-tokenizer this build
+ * lacks, `TBOOST_ERR_NO_TOKENIZER` when the file has none; the last error names the file.
+ * On success `*out` is a new handle to free with `tboost_tokenizer_free`. Thread-safe.
+ */
+tboost_status tboost_tokenizer_load(const char *path, struct tboost_tokenizer **out);
+
+/**
+ * Frees a tokenizer. NULL is a no-op; a freed or unknown handle is
+ * `TBOOST_ERR_INVALID_HANDLE`. Must not race with other calls on this handle.
+ */
+tboost_status tboost_tokenizer_free(struct tboost_tokenizer *tokenizer);
+
+/**
+ * Text (`text_len` bytes of UTF-8, no NUL needed) to token ids. `add_special` adds BOS (and
+ * EOS) when the vocabulary asks for it; `parse_special` makes control tokens written in the
+ * text (`<|im_start|>`) single tokens, otherwise they are tokenized as plain text (llama.cpp's
+ * `parse_special`). `*n_out` receives the number of ids; `TBOOST_ERR_BUFFER_TOO_SMALL` and
+ * nothing written when `cap` is smaller. Thread-safe.
+ */
+tboost_status tboost_tokenizer_tokenize(const struct tboost_tokenizer *tokenizer,
+                                        const char *text,
+                                        size_t text_len,
+                                        bool add_special,
+                                        bool parse_special,
+                                        int32_t *tokens,
+                                        size_t cap,
+                                        size_t *n_out);
+
+/**
+ * Token ids to text, written NUL-terminated into `buf` (buffer rules as in
+ * `tboost_last_error`); control tokens are left out. `TBOOST_ERR_INVALID_ARGUMENT` for a
+ * negative id or one outside the vocabulary. Thread-safe.
+ */
+tboost_status tboost_tokenizer_detokenize(const struct tboost_tokenizer *tokenizer,
+                                          const int32_t *tokens,
+                                          size_t n_tokens,
+                                          char *buf,
+                                          size_t cap,
+                                          size_t *needed);
 
 /**
  * Sends tboost's log records at `max_level` (a `TBOOST_LOG_*`) or more severe to `cb`;

@@ -27,6 +27,10 @@ step "demo model (downloaded once into the cache, verified by size and sha256)"
 TBOOST_DEMO_MODEL="$(scripts/fetch-demo-model.sh)"
 export TBOOST_DEMO_MODEL
 
+step "llama.cpp tokenizer suite (models/ggml-vocab-*, from the llama-cpp-python sdist, cached)"
+TBOOST_LLAMA_VOCAB="$(scripts/fetch-llama-vocab.sh)"
+export TBOOST_LLAMA_VOCAB
+
 step "ascend: CANN simulator build (ascend-sim) and bindings drift check (ascend-sys/src/raw.rs)"
 TBOOST_ASCEND_SIM="$(scripts/build-ascend-sim.sh)"
 export TBOOST_ASCEND_SIM

@@ -28,6 +28,7 @@
 // custom graphs. Imports form layers, each importing only from the ones below it:
 //   graph → op → guard, handle, util, status
 //   engine → model → config → log_bridge → guard, handle, types, util, status
+//   tokenizer → log_bridge, guard, handle, types, util, status
 //   guard → util → status; handle → status; types → status
 mod status;
 
@@ -40,6 +41,8 @@ mod config;
 mod model;
 
 mod engine;
+
+mod tokenizer;
 
 mod log_bridge;
 
@@ -58,6 +61,7 @@ pub use log_bridge::*;
 pub use model::*;
 pub use op::*;
 pub use status::*;
+pub use tokenizer::*;
 pub use types::*;
 
 /// Version of the library this header belongs to (the crate version).

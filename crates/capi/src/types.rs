@@ -21,6 +21,12 @@ pub struct tboost_engine {
     _opaque: [u8; 0],
 }
 
+/// A model file's tokenizer loaded on its own, without weights (`tboost_tokenizer_load`).
+/// Immutable: may be shared by many threads.
+pub struct tboost_tokenizer {
+    _opaque: [u8; 0],
+}
+
 /// Engine-unique request id, never reused; ids start at 1.
 pub type tboost_request_id = u64;
 

@@ -105,7 +105,8 @@ pub(crate) struct EngineArgs {
     /// 1). `--threads` is shared between the ranks of this process.
     #[arg(long)]
     tp: Option<usize>,
-    /// How the ranks talk: local (threads of this process). Key `comm`.
+    /// How the ranks talk: local (threads of this process) or mpi (one process per rank under
+    /// `mpirun`; rank and world from MPI_COMM_WORLD). Key `comm`.
     #[arg(long)]
     comm: Option<String>,
     /// Any engine key, KEY=VALUE (repeatable): e.g. pin_threads=1, profile=1,
@@ -118,7 +119,6 @@ impl EngineArgs {
     /// The engine flags: each sets a key of the engine's configuration table (the C ABI's config
     /// keys), over the table's defaults and their `TBOOST_*` environment variables. A flag not
     /// given leaves its key at that default.
-
     pub(crate) fn engine_config(&self) -> Result<EngineConfig> {
         let mut c = EngineConfig::from_env()?;
         let flags = [
@@ -263,10 +263,14 @@ pub fn main() {
     env_logger::Builder::from_env(env_logger::Env::default().default_filter_or("warn")).format_timestamp(None).init();
     let cli = Cli::parse();
     let res = run(cli.cmd);
+    // Printed before MPI ends: after a failed collective `finalize` ends the job and does not
+    // return.
+    if let Err(e) = &res {
+        eprintln!("error: {e}");
+    }
     // Under `mpirun` (comm mpi) every rank ends MPI; a no-op otherwise.
     tboost_engine::comm::mpi::finalize();
-    if let Err(e) = res {
-        eprintln!("error: {e}");
+    if res.is_err() {
         std::process::exit(1);
     }
 }

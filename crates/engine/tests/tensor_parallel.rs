@@ -1,7 +1,9 @@
 //! Tensor parallelism on the CPU with the `local` communicator: the collectives themselves
 //! (results, timeouts and ranks that leave, each named in the error), every golden case at
 //! tp = 2 and tp = 4 within 1e-4 of tp = 1 on logits, the demo model's greedy ids at tp = 2
-//! through the engine, and each rank's resident weight bytes.
+//! through the engine, and each rank's resident weight bytes; under `mpirun` (this binary as
+//! two ranks over Open MPI) a follower engine's `enqueue` is an error and the leader's ids
+//! equal one rank's.
 
 use std::sync::Arc;
 use std::time::{Duration, Instant};
@@ -11,7 +13,7 @@ use tboost_testkit::golden as common;
 use common::*;
 use tboost_engine::backend::cpu::CpuBackend;
 use tboost_engine::backend::Backend;
-use tboost_engine::comm::{Communicator, LocalGroup};
+use tboost_engine::comm::{CommKind, Communicator, LocalGroup};
 use tboost_engine::engine::{Engine, EngineConfig, KvSize};
 use tboost_engine::model::Model;
 use tboost_engine::plan::{PlanOptions, PrecisionPolicy, Slot};
@@ -169,6 +171,110 @@ fn a_follower_takes_no_work_and_says_so() {
     let mut r = ModelRunner::new_rank(&model.config, &model.weights, be, &PlanOptions::default(), 1, c1).unwrap();
     let e = r.alloc_kv(8, 16).unwrap_err().to_string();
     assert!(e.contains("rank 1 is a tensor-parallel follower"), "{e}");
+}
+
+/// Set in the processes `mpirun` starts from this test binary: each runs one rank.
+const MPI_RANK_ENV: &str = "TBOOST_TEST_MPI_RANK_PROCESS";
+const MPI_TEST: &str = "under_mpirun_a_follower_refuses_enqueue_and_the_leader_gets_the_ids_of_one_rank";
+const MPI_PROMPT: [u32; 5] = [5, 17, 300, 42, 7];
+
+fn mpi_engine() -> Engine {
+    let cfg = EngineConfig {
+        threads: 1,
+        kv_size: KvSize::Blocks(64),
+        comm: CommKind::Mpi,
+        comm_timeout_ms: 60_000,
+        ..Default::default()
+    };
+    let e = Engine::new(cfg).unwrap();
+    e.load(&golden_dir("llama_gqa")).unwrap();
+    e
+}
+
+/// One rank of the MPI test: the follower tries to take a request, then follows the leader;
+/// the leader serves one request. Each prints what it saw.
+fn mpi_rank_process() {
+    let e = mpi_engine();
+    match e.follower_rank().unwrap() {
+        Some(rank) => {
+            let err = e.enqueue(Request::new(MPI_PROMPT.to_vec(), 8)).expect_err("a follower took a request");
+            println!("rank {rank} enqueue: {err}");
+            // Runs the leader's steps until the leader's engine is dropped.
+            e.step().unwrap();
+            println!("rank {rank} followed to the end");
+        }
+        None => {
+            let id = e.enqueue(Request::new(MPI_PROMPT.to_vec(), 8)).unwrap();
+            e.run_to_completion().unwrap();
+            println!("leader ids {:?}", e.output(id).unwrap().tokens);
+        }
+    }
+    drop(e);
+    tboost_engine::comm::mpi::finalize();
+}
+
+/// `mpirun -np 2` on this test's own binary, filtered to this test: the engines of the two
+/// processes form a group over Open MPI. A follower's `enqueue` is an error naming its rank
+/// and where requests go, and the leader's greedy ids equal one rank's.
+#[test]
+fn under_mpirun_a_follower_refuses_enqueue_and_the_leader_gets_the_ids_of_one_rank() {
+    if std::env::var_os(MPI_RANK_ENV).is_some() {
+        return mpi_rank_process();
+    }
+    let mpirun = std::path::Path::new("/usr/bin/mpirun");
+    assert!(mpirun.exists(), "mpirun is missing: run scripts/setup.sh (installs openmpi-bin and libopenmpi-dev)");
+    let one = Engine::new(EngineConfig { threads: 1, kv_size: KvSize::Blocks(64), ..Default::default() }).unwrap();
+    one.load(&golden_dir("llama_gqa")).unwrap();
+    let id = one.enqueue(Request::new(MPI_PROMPT.to_vec(), 8)).unwrap();
+    one.run_to_completion().unwrap();
+    let want = one.output(id).unwrap().tokens;
+    drop(one);
+
+    let exe = std::env::current_exe().unwrap();
+    let mut child = std::process::Command::new(mpirun)
+        .args(["--allow-run-as-root", "--oversubscribe", "-x", MPI_RANK_ENV, "-np", "2"])
+        .arg(&exe)
+        .args(["--exact", MPI_TEST, "--nocapture", "--test-threads=1"])
+        .env(MPI_RANK_ENV, "1")
+        .env("OMPI_MCA_btl_vader_single_copy_mechanism", "none")
+        .stdin(std::process::Stdio::null())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    // Hard limit: the pipes are read on threads so the loop below can time out.
+    let read = |mut r: Box<dyn std::io::Read + Send>| {
+        std::thread::spawn(move || {
+            let mut s = String::new();
+            let _ = r.read_to_string(&mut s);
+            s
+        })
+    };
+    let (out, err) = (read(Box::new(child.stdout.take().unwrap())), read(Box::new(child.stderr.take().unwrap())));
+    let t = Instant::now();
+    let status = loop {
+        if let Some(s) = child.try_wait().unwrap() {
+            break s;
+        }
+        if t.elapsed() > Duration::from_secs(180) {
+            // mpirun passes SIGTERM on to its ranks.
+            let _ = std::process::Command::new("kill").args(["-TERM", &child.id().to_string()]).status();
+            std::thread::sleep(Duration::from_secs(3));
+            let _ = child.kill();
+            panic!("mpirun -np 2 still running after 180 s");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    let (out, err) = (out.join().unwrap(), err.join().unwrap());
+    assert!(status.success(), "mpirun -np 2: {status}\n{out}\n{err}");
+    assert!(
+        out.contains(
+            "rank 1 enqueue: invalid argument `enqueue`: this engine is tensor-parallel rank 1, a follower: requests go to rank 0"
+        ),
+        "{out}"
+    );
+    assert!(out.contains("rank 1 followed to the end"), "{out}");
+    assert!(out.contains(&format!("leader ids {want:?}")), "want {want:?}: {out}");
 }
 
 fn demo_ids(tp: usize, prompts: &[Vec<u32>]) -> (Vec<Vec<u32>>, usize) {

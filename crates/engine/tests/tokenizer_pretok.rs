@@ -49,7 +49,18 @@ fn split(pre: PreTokenizer, text: &str) -> Vec<String> {
     pre.split(text).into_iter().map(|r| text[r].to_owned()).collect()
 }
 
-const ALL: [PreTokenizer; 4] = [PreTokenizer::Default, PreTokenizer::Gpt2, PreTokenizer::Llama3, PreTokenizer::Qwen2];
+const ALL: [PreTokenizer; 10] = [
+    PreTokenizer::Default,
+    PreTokenizer::Gpt2,
+    PreTokenizer::Llama3,
+    PreTokenizer::Qwen2,
+    PreTokenizer::Qwen35,
+    PreTokenizer::Starcoder,
+    PreTokenizer::Falcon,
+    PreTokenizer::DeepseekLlm,
+    PreTokenizer::DeepseekCoder,
+    PreTokenizer::Gemma4,
+];
 
 #[test]
 fn fixed_cases_agree_with_regex() {

@@ -13,6 +13,7 @@
 pub mod backends;
 pub mod gguf_write;
 pub mod golden;
+pub mod llama_vocab;
 pub mod model_files;
 pub mod synthetic;
 pub mod tokenizer_data;

@@ -34,7 +34,7 @@ pub struct LocalGroup;
 
 impl LocalGroup {
     /// `world` communicators, rank 0 first, whose collectives wait at most `timeout`.
-    // The group exists only as its ranks' endpoints: there is no `LocalGroup` value to return.
+    // The group is nothing but its ranks' ends: `LocalGroup` only names what makes them.
     #[allow(clippy::new_ret_no_self)]
     pub fn new(world: usize, timeout: Duration) -> Vec<LocalComm> {
         let group = Arc::new(Group {

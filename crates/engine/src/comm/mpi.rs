@@ -40,6 +40,7 @@ struct Api {
     ibarrier: unsafe extern "C" fn(Handle, *mut Handle) -> c_int,
     test: unsafe extern "C" fn(*mut Handle, *mut c_int, *mut c_void) -> c_int,
     finalize: unsafe extern "C" fn() -> c_int,
+    abort: unsafe extern "C" fn(Handle, c_int) -> c_int,
     world: Handle,
     float: Handle,
     byte: Handle,
@@ -53,6 +54,9 @@ unsafe impl Sync for Api {}
 
 static API: OnceLock<std::result::Result<Api, String>> = OnceLock::new();
 static FINALIZED: AtomicBool = AtomicBool::new(false);
+/// A collective of this process failed or it left its group: the other ranks can no longer
+/// be waited for, so `finalize` ends the job instead.
+static BROKEN: AtomicBool = AtomicBool::new(false);
 /// MPI is initialized with `MPI_THREAD_SERIALIZED`: one call at a time in the process.
 static CALL: Mutex<()> = Mutex::new(());
 
@@ -102,6 +106,7 @@ fn load() -> std::result::Result<Api, String> {
             ibarrier: f!("MPI_Ibarrier"),
             test: f!("MPI_Test"),
             finalize: f!("MPI_Finalize"),
+            abort: f!("MPI_Abort"),
             world: obj!("ompi_mpi_comm_world"),
             float: obj!("ompi_mpi_float"),
             byte: obj!("ompi_mpi_byte"),
@@ -130,10 +135,20 @@ fn api() -> Result<&'static Api> {
 
 /// Ends MPI in this process (once, after the last collective); a no-op when MPI was never
 /// started. `mpirun` treats a rank that exits without it as failed.
+///
+/// When a collective of this process failed (a rank died or hangs) or it left its group,
+/// the job cannot end cleanly: the other ranks are dead or still inside a step. Then this
+/// calls `MPI_Abort`, which ends every rank and `mpirun`, and does not return. Without it,
+/// `mpirun --mca orte_abort_on_non_zero_status 0` (which keeps the leader alive to report a
+/// dead follower) waits forever for the dead rank (Open MPI 4.1).
 pub fn finalize() {
     if let Some(Ok(a)) = API.get() {
         if !FINALIZED.swap(true, Ordering::SeqCst) {
             let _g = CALL.lock().unwrap_or_else(|p| p.into_inner());
+            if BROKEN.load(Ordering::SeqCst) {
+                // SAFETY: MPI was initialized by `load`; MPI_Abort takes any communicator.
+                unsafe { (a.abort)(a.world, 1) };
+            }
             // SAFETY: MPI was initialized by `load`; nothing calls MPI after this.
             unsafe { (a.finalize)() };
         }
@@ -191,8 +206,9 @@ impl MpiComm {
                 unsafe { (self.api.test)(&mut req, &mut flag, std::ptr::null_mut()) }
             };
             if rc != MPI_SUCCESS {
-                let why = format!("MPI_Test failed with {rc} (a rank died?)");
+                let why = format!("MPI_Test failed with {rc} ({} died?)", self.others());
                 *broken = Some(why.clone());
+                BROKEN.store(true, Ordering::SeqCst);
                 std::mem::forget(keep);
                 return Err(error(self.rank, op, why));
             }
@@ -200,11 +216,9 @@ impl MpiComm {
                 return Ok(keep);
             }
             if Instant::now() >= deadline {
-                let why = format!(
-                    "the other ranks of {} did not complete {op} within {:?} (a rank died or hangs)",
-                    self.world, self.timeout
-                );
+                let why = format!("{} did not complete {op} within {:?} (died or hangs)", self.others(), self.timeout);
                 *broken = Some(why.clone());
+                BROKEN.store(true, Ordering::SeqCst);
                 // MPI may still write into the buffers: never free them.
                 std::mem::forget(keep);
                 return Err(error(self.rank, op, why));
@@ -215,6 +229,17 @@ impl MpiComm {
             } else {
                 std::thread::sleep(Duration::from_micros(50));
             }
+        }
+    }
+
+    /// The ranks this one waits for in a collective: MPI does not say which of them is
+    /// missing, so all of them are named ("rank 1" in a group of two).
+    fn others(&self) -> String {
+        let r: Vec<String> = (0..self.world).filter(|&r| r != self.rank).map(|r| r.to_string()).collect();
+        match r.len() {
+            0 => "no other rank".to_string(),
+            1 => format!("rank {}", r[0]),
+            _ => format!("one of ranks {}", r.join(", ")),
         }
     }
 
@@ -304,5 +329,6 @@ impl Communicator for MpiComm {
         // MPI has no way to tell the others without a collective: they time out.
         log::error!("tensor-parallel rank {}: leaving: {why}", self.rank);
         *self.broken.lock().unwrap_or_else(|p| p.into_inner()) = Some(why.to_string());
+        BROKEN.store(true, Ordering::SeqCst);
     }
 }

@@ -209,11 +209,15 @@ impl Engine {
                 format!("{:?} holds no block of {bs} tokens ({per_token} bytes per token)", self.config.kv_size),
             ));
         }
-        runner.alloc_kv(blocks, bs)?;
-        // The largest step the scheduler can make: each running sequence gives one logit row
-        // and holds at most its context's blocks.
-        let seq_blocks = cfg.max_position_embeddings.div_ceil(bs).clamp(1, blocks);
-        runner.reserve(self.config.max_batched_tokens, self.config.max_seqs, self.config.max_seqs, seq_blocks)?;
+        // A tensor-parallel follower (under `mpirun`) gets its pools and buffers from the
+        // leader, whose load broadcasts them; its `step` runs them.
+        if runner.follower_rank().is_none() {
+            runner.alloc_kv(blocks, bs)?;
+            // The largest step the scheduler can make: each running sequence gives one logit
+            // row and holds at most its context's blocks.
+            let seq_blocks = cfg.max_position_embeddings.div_ceil(bs).clamp(1, blocks);
+            runner.reserve(self.config.max_batched_tokens, self.config.max_seqs, self.config.max_seqs, seq_blocks)?;
+        }
         log::info!(
             "KV cache: {blocks} blocks x {bs} tokens ({per_token} bytes per token, {} MiB, {kv_dtype})",
             (blocks * bs * per_token) >> 20,

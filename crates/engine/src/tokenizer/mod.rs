@@ -3,6 +3,10 @@
 //! - GGUF `llama` vocabularies: SentencePiece BPE ([`spm`]), as llama.cpp's `llm_tokenizer_spm`.
 //! - GGUF `gpt2` vocabularies: byte-level BPE ([`bpe`]) with the pre-tokenizer named by
 //!   `tokenizer.ggml.pre` ([`pretok`]).
+//! - GGUF `gemma4` vocabularies: SentencePiece-style BPE on raw UTF-8 ([`bpe_text`]).
+//! - GGUF `bert` vocabularies: WordPiece ([`wpm`]).
+//! - [`Tokenizer::load`] reads only a file's tokenizer: a vocabulary-only GGUF, any GGUF
+//!   whatever its architecture, or a Hugging Face directory; no weights are touched.
 //! - Hugging Face `tokenizer.json` through the `tokenizers` crate ([`hf`]).
 //! - Streaming detokenization ([`Decoder`]) and chat templates ([`ChatTemplate`]).
 //!
@@ -13,12 +17,14 @@
 //! `clean_up_tokenization_spaces` rewrite is not applied.
 
 pub mod bpe;
+mod bpe_text;
 mod hf;
 pub mod pretok;
 pub mod spm;
 mod stream;
 mod template;
 mod vocab;
+mod wpm;
 
 use std::path::Path;
 
@@ -41,12 +47,27 @@ pub enum TokenizerKind {
     ByteLevelBpe(PreTokenizer),
     /// Hugging Face `tokenizer.json`.
     HuggingFace,
+    /// GGUF `gemma4`: SentencePiece-style BPE (`▁` for spaces) on raw UTF-8 with merges.
+    SentencePieceBpe,
+    /// GGUF `bert`: WordPiece.
+    WordPiece,
 }
 
 enum Model {
     Spm(Box<spm::Spm>),
     Bpe(Box<bpe::Bpe>),
+    TextBpe(Box<bpe_text::TextBpe>),
+    Wpm(Box<wpm::Wpm>),
     Hf(Box<hf::HfModel>),
+}
+
+/// The algorithm a GGUF `tokenizer.ggml.model` names.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum GgufKind {
+    Spm,
+    Bpe,
+    TextBpe,
+    Wpm,
 }
 
 /// A model's tokenizer: text ↔ token ids.
@@ -136,17 +157,22 @@ impl Tokenizer {
     pub fn from_gguf(meta: &Metadata) -> Result<Option<Tokenizer>> {
         let m = Meta { meta, source: source_name(meta) };
         let Some(kind) = m.str_opt("tokenizer.ggml.model")? else { return Ok(None) };
-        let spm = match kind {
+        let kind = match kind {
             "no_vocab" | "none" => return Ok(None),
-            "llama" => true,
-            "gpt2" => false,
+            "llama" => GgufKind::Spm,
+            "gpt2" => GgufKind::Bpe,
+            "gemma4" => GgufKind::TextBpe,
+            "bert" => GgufKind::Wpm,
             other => {
                 return Err(Error::Unsupported(format!(
-                    "{}: tokenizer.ggml.model = `{other}` (supported: llama, gpt2)",
+                    "{}: tokenizer.ggml.model = `{other}` (supported: llama, gpt2, gemma4, bert)",
                     m.source
                 )))
             }
         };
+        let spm = kind == GgufKind::Spm;
+        // Tokens whose `▁` stands for a space and `<0xXX>` for a byte (decoding).
+        let spm_pieces = kind != GgufKind::Bpe;
 
         let tokens = m.array("tokenizer.ggml.tokens")?.ok_or_else(|| m.err("tokenizer.ggml.tokens", "missing"))?;
         let n = tokens.len();
@@ -206,8 +232,21 @@ impl Tokenizer {
 
         // Special ids: llama.cpp's per-model defaults, overridden by the file.
         let default = |id: u32| if (id as usize) < n { Some(id) } else { None };
-        let (mut bos, mut eos, mut unk) =
-            if spm { (default(1), default(2), default(0)) } else { (default(11), default(11), None) };
+        let (mut bos, mut eos, mut unk) = match kind {
+            GgufKind::Spm => (default(1), default(2), default(0)),
+            GgufKind::Bpe => (default(11), default(11), None),
+            GgufKind::TextBpe => (None, None, None),
+            // BERT: [CLS] opens and [SEP] closes a sequence; [UNK] = 100.
+            GgufKind::Wpm => (default(101), default(102), default(100)),
+        };
+        if kind == GgufKind::Wpm {
+            if let Some(id) = m.id_opt("tokenizer.ggml.cls_token_id", n)? {
+                bos = Some(id);
+            }
+            if let Some(id) = m.id_opt("tokenizer.ggml.seperator_token_id", n)? {
+                eos = Some(id);
+            }
+        }
         if let Some(id) = m.id_opt("tokenizer.ggml.bos_token_id", n)? {
             bos = Some(id);
         }
@@ -220,14 +259,16 @@ impl Tokenizer {
         let eot = m.id_opt("tokenizer.ggml.eot_token_id", n)?;
         let eom = m.id_opt("tokenizer.ggml.eom_token_id", n)?;
 
-        let pre = if spm {
-            None
-        } else {
+        let pre = if kind == GgufKind::Bpe {
             // A missing pre-tokenizer means llama.cpp's `default`.
             Some(PreTokenizer::from_gguf_name(m.str_opt("tokenizer.ggml.pre")?.unwrap_or("default"))?)
+        } else {
+            None
         };
-        let add_bos = m.bool_opt("tokenizer.ggml.add_bos_token")?.unwrap_or(spm || pre == Some(PreTokenizer::Llama3));
-        let add_eos = m.bool_opt("tokenizer.ggml.add_eos_token")?.unwrap_or(false);
+        let wpm = kind == GgufKind::Wpm;
+        let add_bos =
+            m.bool_opt("tokenizer.ggml.add_bos_token")?.unwrap_or(spm || wpm || pre == Some(PreTokenizer::Llama3));
+        let add_eos = m.bool_opt("tokenizer.ggml.add_eos_token")?.unwrap_or(wpm);
         let add_space_prefix = m.bool_opt("tokenizer.ggml.add_space_prefix")?.unwrap_or(spm);
         if add_bos && bos.is_none() {
             return Err(m.err("tokenizer.ggml.add_bos_token", "is true but the model has no BOS token id"));
@@ -258,14 +299,14 @@ impl Tokenizer {
                 TokenAttr::Control | TokenAttr::Unknown | TokenAttr::UserDefined => text.as_bytes().to_vec(),
                 TokenAttr::Unused | TokenAttr::Undefined => Vec::new(),
                 TokenAttr::Normal => {
-                    if spm {
+                    if spm_pieces {
                         spm::token_text_to_bytes(text, false)
                     } else {
                         bpe::token_text_to_bytes(text)
                     }
                 }
                 TokenAttr::Byte => {
-                    if spm {
+                    if spm_pieces {
                         spm::token_text_to_bytes(text, true)
                     } else {
                         // llama.cpp prints nothing for byte-typed tokens of a gpt2 vocabulary.
@@ -276,23 +317,55 @@ impl Tokenizer {
         };
         let vocab = Vocab::new(texts, attrs, piece_of);
 
-        let model = match pre {
-            None => Model::Spm(Box::new(spm::Spm::new(&vocab, scores, unk))),
-            Some(pre) => {
-                let merges =
-                    m.array("tokenizer.ggml.merges")?.ok_or_else(|| m.err("tokenizer.ggml.merges", "missing"))?;
-                let merges: Vec<&str> = merges
-                    .iter()
-                    .enumerate()
-                    .map(|(i, v)| {
-                        v.as_str().ok_or_else(|| m.err("tokenizer.ggml.merges", format!("entry {i} is not a string")))
-                    })
-                    .collect::<Result<_>>()?;
-                Model::Bpe(Box::new(bpe::Bpe::new(&vocab, &merges, pre, &m.source)?))
+        let merges = || -> Result<Vec<&str>> {
+            let merges = m.array("tokenizer.ggml.merges")?.ok_or_else(|| m.err("tokenizer.ggml.merges", "missing"))?;
+            merges
+                .iter()
+                .enumerate()
+                .map(|(i, v)| {
+                    v.as_str().ok_or_else(|| m.err("tokenizer.ggml.merges", format!("entry {i} is not a string")))
+                })
+                .collect()
+        };
+        let model = match (kind, pre) {
+            (GgufKind::Bpe, Some(pre)) => Model::Bpe(Box::new(bpe::Bpe::new(&vocab, &merges()?, pre, &m.source)?)),
+            (GgufKind::TextBpe, _) => Model::TextBpe(Box::new(bpe_text::TextBpe::new(&vocab, &merges()?, &m.source)?)),
+            (GgufKind::Wpm, _) => {
+                let lowercase = m.bool_opt("tokenizer.ggml.normalizer.lowercase")?.unwrap_or(true);
+                Model::Wpm(Box::new(wpm::Wpm::new(&vocab, unk, lowercase)))
             }
+            _ => Model::Spm(Box::new(spm::Spm::new(&vocab, scores, unk))),
         };
 
         Ok(Some(Tokenizer { name: m.source, vocab, model, bos, eos, eog, unk, add_bos, add_eos, add_space_prefix }))
+    }
+
+    /// Loads only the tokenizer of a model file, without its weights: a GGUF file (a
+    /// vocabulary-only one, or any model whatever its architecture: only the header and
+    /// metadata are read) or a Hugging Face directory (or a `.json` / `.safetensors` file in
+    /// it). Errors name the file; a file without a tokenizer is `Error::NoTokenizer`.
+    pub fn load(path: &Path) -> Result<Tokenizer> {
+        let meta = std::fs::metadata(path).map_err(|e| Error::io(path, e))?;
+        let name = path.file_name().map(|n| n.to_string_lossy()).unwrap_or_default();
+        let tok = if meta.is_dir() {
+            Tokenizer::from_hf_dir(path)?
+        } else if name.ends_with(".json") || name.ends_with(".safetensors") {
+            let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
+            Tokenizer::from_hf_dir(dir)?
+        } else {
+            // A FIFO, device or socket is named, not opened (opening could block forever).
+            crate::formats::files::open_regular(path)?;
+            let md = crate::formats::gguf::read_metadata(path)?;
+            // Name the file: metadata errors only know the model's `general.name`.
+            Tokenizer::from_gguf(&md).map_err(|e| match e {
+                Error::Unsupported(msg) => Error::Unsupported(format!("{}: {msg}", path.display())),
+                Error::Config { source_name, param, msg } => {
+                    Error::Config { source_name: format!("{} ({source_name})", path.display()), param, msg }
+                }
+                other => other,
+            })?
+        };
+        tok.ok_or_else(|| Error::NoTokenizer(path.display().to_string()))
     }
 
     /// Loads a Hugging Face tokenizer from `dir/tokenizer.json` (with `tokenizer_config.json`
@@ -374,6 +447,22 @@ impl Tokenizer {
                 for f in frags {
                     match f {
                         Fragment::Text(t) => b.encode(&self.vocab, t, &mut out)?,
+                        Fragment::Token(id) => out.push(id),
+                    }
+                }
+            }
+            Model::TextBpe(b) => {
+                for f in frags {
+                    match f {
+                        Fragment::Text(t) => b.encode(&self.vocab, t, &mut out),
+                        Fragment::Token(id) => out.push(id),
+                    }
+                }
+            }
+            Model::Wpm(w) => {
+                for f in frags {
+                    match f {
+                        Fragment::Text(t) => w.encode(&self.vocab, t, &mut out),
                         Fragment::Token(id) => out.push(id),
                     }
                 }
@@ -484,6 +573,8 @@ impl Tokenizer {
         match &self.model {
             Model::Spm(_) => TokenizerKind::SentencePiece,
             Model::Bpe(b) => TokenizerKind::ByteLevelBpe(b.pre()),
+            Model::TextBpe(_) => TokenizerKind::SentencePieceBpe,
+            Model::Wpm(_) => TokenizerKind::WordPiece,
             Model::Hf(_) => TokenizerKind::HuggingFace,
         }
     }

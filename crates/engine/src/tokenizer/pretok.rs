@@ -12,8 +12,9 @@
 //! llama.cpp's own category tables give (they may differ only for code points assigned in
 //! different Unicode versions).
 
+use std::collections::HashMap;
 use std::ops::Range;
-use std::sync::OnceLock;
+use std::sync::{Mutex, OnceLock};
 
 use crate::{Error, Result};
 
@@ -23,12 +24,34 @@ pub enum PreTokenizer {
     /// `tokenizer.ggml.pre = "default"` (or absent): four regexes applied in sequence:
     /// punctuation runs, the GPT-2 pattern, digit runs, then groups of three ASCII digits.
     Default,
-    /// `gpt-2` (also accepted as `gpt2`): `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)`.
+    /// `gpt-2` (also `gpt2`, `mpt`, `phi-2`, `olmo`...): `'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)`.
     Gpt2,
     /// `llama3` / `llama-bpe` / `llama-v3`: the Llama-3 pattern, digits in groups of up to three.
     Llama3,
     /// `qwen2`: the Llama-3 pattern with single digits.
     Qwen2,
+    /// `qwen35`: the Qwen2 pattern with combining marks (`\p{M}`) counted as letters.
+    Qwen35,
+    /// `starcoder` / `refact` / `command-r` / `smollm`: single digits, then the GPT-2 pattern.
+    Starcoder,
+    /// `falcon`: punctuation runs (with the backtick), the GPT-2 pattern, ASCII digit triples.
+    Falcon,
+    /// `deepseek-llm`: newlines, explicit letter and punctuation ranges, trailing spaces, CJK
+    /// runs, digit runs.
+    DeepseekLlm,
+    /// `deepseek-coder`: newlines, letter runs, punctuation runs, CJK runs, single digits.
+    DeepseekCoder,
+    /// `gemma4`: SentencePiece-style BPE on raw UTF-8; the text is only cut into newline runs
+    /// and the stretches between them.
+    Gemma4,
+}
+
+/// One step of a pre-tokenizer: a hand-written matcher (for patterns with lookaheads, which
+/// the `regex` crate lacks) or a plain regex run by the `regex` crate (same leftmost-first
+/// semantics as llama.cpp's `std::regex`).
+enum Step {
+    Hand(Matcher),
+    Re(&'static str),
 }
 
 impl PreTokenizer {
@@ -36,13 +59,23 @@ impl PreTokenizer {
     pub fn from_gguf_name(name: &str) -> Result<PreTokenizer> {
         Ok(match name {
             "default" => PreTokenizer::Default,
-            "gpt-2" | "gpt2" => PreTokenizer::Gpt2,
-            "llama3" | "llama-v3" | "llama-bpe" => PreTokenizer::Llama3,
+            "gpt-2" | "gpt2" | "phi-2" | "mpt" | "olmo" | "jina-es" | "jina-de" | "jina-v2-es" | "jina-v2-de"
+            | "gigachat" | "mellum" | "modern-bert" => PreTokenizer::Gpt2,
+            "llama3" | "llama-v3" | "llama-bpe" | "falcon3" | "pixtral" => PreTokenizer::Llama3,
             "qwen2" | "deepseek-r1-qwen" => PreTokenizer::Qwen2,
+            "qwen35" => PreTokenizer::Qwen35,
+            "starcoder" | "refact" | "command-r" | "smollm" | "codeshell" | "exaone" | "minerva-7b" => {
+                PreTokenizer::Starcoder
+            }
+            "falcon" => PreTokenizer::Falcon,
+            "deepseek-llm" => PreTokenizer::DeepseekLlm,
+            "deepseek-coder" => PreTokenizer::DeepseekCoder,
+            "gemma4" => PreTokenizer::Gemma4,
             other => {
                 return Err(Error::Unsupported(format!(
-                    "tokenizer.ggml.pre = `{other}`: unknown BPE pre-tokenizer (supported: default, gpt-2/gpt2, \
-                     llama3/llama-bpe/llama-v3, qwen2/deepseek-r1-qwen)"
+                    "tokenizer.ggml.pre = `{other}`: unknown BPE pre-tokenizer (supported: default, \
+                     gpt-2/gpt2/mpt/phi-2/olmo, llama3/llama-bpe/llama-v3, qwen2/deepseek-r1-qwen, qwen35, \
+                     starcoder/refact/command-r/smollm, falcon, deepseek-llm, deepseek-coder, gemma4)"
                 )))
             }
         })
@@ -52,10 +85,18 @@ impl PreTokenizer {
     /// reference the hand-written matchers must agree with).
     pub fn regexes(self) -> &'static [&'static str] {
         match self {
-            PreTokenizer::Default => &[r"[\p{P}\$\+<=>\^~\|]+", GPT2_RE, r"\p{N}+", r"[0-9][0-9][0-9]"],
+            PreTokenizer::Default => &[PUNCT_RUN_RE, GPT2_RE, r"\p{N}+", ASCII_DIGIT3_RE],
             PreTokenizer::Gpt2 => &[GPT2_RE],
             PreTokenizer::Llama3 => &[LLAMA3_RE],
             PreTokenizer::Qwen2 => &[QWEN2_RE],
+            PreTokenizer::Qwen35 => &[QWEN35_RE],
+            PreTokenizer::Starcoder => &[r"\p{N}", GPT2_RE],
+            PreTokenizer::Falcon => &[FALCON_PUNCT_RE, GPT2_RE, ASCII_DIGIT3_RE],
+            PreTokenizer::DeepseekLlm => {
+                &[NEWLINE_RE, DEEPSEEK_LLM_LETTERS_RE, DEEPSEEK_LLM_PUNCT_RE, r"\s+$", DEEPSEEK_CJK_RE, r"\p{N}+"]
+            }
+            PreTokenizer::DeepseekCoder => &[NEWLINE_RE, r"\s?\p{L}+", r"\s?\p{P}+", DEEPSEEK_CJK_RE, r"\p{N}"],
+            PreTokenizer::Gemma4 => &[r"[^\n]+|[\n]+"],
         }
     }
 
@@ -77,25 +118,95 @@ impl PreTokenizer {
         offsets.push(text.len());
 
         let mut pieces: Vec<Range<usize>> = std::iter::once(0..chars.len()).collect();
-        for m in self.matchers() {
-            pieces = apply(&chars, &pieces, *m);
+        for step in self.steps() {
+            pieces = match step {
+                Step::Hand(m) => apply(&chars, &pieces, *m),
+                Step::Re(pattern) => apply_regex(text, &offsets, &pieces, compiled(pattern)),
+            };
         }
         pieces.into_iter().map(|r| offsets[r.start]..offsets[r.end]).collect()
     }
 
-    fn matchers(self) -> &'static [Matcher] {
+    fn steps(self) -> &'static [Step] {
+        use Step::{Hand, Re};
         match self {
-            PreTokenizer::Default => &[match_punct_run, match_gpt2, match_digit_run, match_ascii_digit3],
-            PreTokenizer::Gpt2 => &[match_gpt2],
-            PreTokenizer::Llama3 => &[match_llama3],
-            PreTokenizer::Qwen2 => &[match_qwen2],
+            PreTokenizer::Default => {
+                &[Hand(match_punct_run), Hand(match_gpt2), Hand(match_digit_run), Hand(match_ascii_digit3)]
+            }
+            PreTokenizer::Gpt2 => &[Hand(match_gpt2)],
+            PreTokenizer::Llama3 => &[Hand(match_llama3)],
+            PreTokenizer::Qwen2 => &[Hand(match_qwen2)],
+            PreTokenizer::Qwen35 => &[Hand(match_qwen35)],
+            PreTokenizer::Starcoder => &[Re(r"\p{N}"), Hand(match_gpt2)],
+            PreTokenizer::Falcon => &[Re(FALCON_PUNCT_RE), Hand(match_gpt2), Re(ASCII_DIGIT3_RE)],
+            PreTokenizer::DeepseekLlm => &[
+                Re(NEWLINE_RE),
+                Re(DEEPSEEK_LLM_LETTERS_RE),
+                Re(DEEPSEEK_LLM_PUNCT_RE),
+                Re(r"\s+$"),
+                Re(DEEPSEEK_CJK_RE),
+                Re(r"\p{N}+"),
+            ],
+            PreTokenizer::DeepseekCoder => {
+                &[Re(NEWLINE_RE), Re(r"\s?\p{L}+"), Re(r"\s?\p{P}+"), Re(DEEPSEEK_CJK_RE), Re(r"\p{N}")]
+            }
+            PreTokenizer::Gemma4 => &[Re(r"[^\n]+|[\n]+")],
         }
     }
+}
+
+/// The compiled form of a constant pattern, built once per process.
+fn compiled(pattern: &'static str) -> &'static regex::Regex {
+    static CACHE: OnceLock<Mutex<HashMap<&'static str, &'static regex::Regex>>> = OnceLock::new();
+    let mut cache = CACHE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    // A constant pattern of this file: only a bug fails to compile. Each is leaked once (a
+    // handful per process) so pieces can borrow it without holding the lock.
+    cache
+        .entry(pattern)
+        .or_insert_with(|| Box::leak(Box::new(regex::Regex::new(pattern).expect("constant pre-tokenizer regex"))))
+}
+
+/// As [`apply`] for a regex: its matches in each piece (whose end is the end of text for `$`)
+/// and the gaps between them become the new pieces.
+fn apply_regex(text: &str, offsets: &[usize], pieces: &[Range<usize>], re: &regex::Regex) -> Vec<Range<usize>> {
+    // Byte offset -> char index (only char boundaries are ever looked up).
+    let char_at = |b: usize| offsets.partition_point(|&o| o < b);
+    let mut out = Vec::with_capacity(pieces.len() * 2);
+    for piece in pieces {
+        let (b0, b1) = (offsets[piece.start], offsets[piece.end]);
+        let mut gap_start = piece.start;
+        for m in re.find_iter(&text[b0..b1]) {
+            if m.is_empty() {
+                continue;
+            }
+            let (s, e) = (char_at(b0 + m.start()), char_at(b0 + m.end()));
+            if gap_start < s {
+                out.push(gap_start..s);
+            }
+            out.push(s..e);
+            gap_start = e;
+        }
+        if gap_start < piece.end {
+            out.push(gap_start..piece.end);
+        }
+    }
+    out
 }
 
 pub const GPT2_RE: &str = r"'s|'t|'re|'ve|'m|'ll|'d| ?\p{L}+| ?\p{N}+| ?[^\s\p{L}\p{N}]+|\s+(?!\S)";
 pub const LLAMA3_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 pub const QWEN2_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+pub const QWEN35_RE: &str = r"(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?[\p{L}\p{M}]+|\p{N}| ?[^\s\p{L}\p{M}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
+const PUNCT_RUN_RE: &str = r"[\p{P}\$\+<=>\^~\|]+";
+const FALCON_PUNCT_RE: &str = r"[\p{P}\$\+<=>\^~\|`]+";
+const ASCII_DIGIT3_RE: &str = r"[0-9][0-9][0-9]";
+const NEWLINE_RE: &str = r"[\r\n]";
+/// DeepSeek LLM's letter runs (its tokenizer.json's explicit letter ranges).
+pub const DEEPSEEK_LLM_LETTERS_RE: &str = r"\s?[A-Za-zµÀ-ÖØ-öø-ƺƼ-ƿǄ-ʓʕ-ʯͰ-ͳͶͷͻ-ͽͿΆΈ-ΊΌΎ-ΡΣ-ϵϷ-ҁҊ-ԯԱ-ՖႠ-ჅᎠ-Ᏽᏸ-ᏽᲐ-ᲺᲽ-Ჿᴀ-ᴫᵫ-ᵷᵹ-ᶚḀ-ἕἘ-Ἕἠ-ὅὈ-Ὅὐ-ὗὙὛὝὟ-ώᾀ-ᾴᾶ-ᾼιῂ-ῄῆ-ῌῐ-ΐῖ-Ίῠ-Ῥῲ-ῴῶ-ῼℂℇℊ-ℓℕℙ-ℝℤΩℨK-ℭℯ-ℴℹℼ-ℿⅅ-ⅉⅎↃↄⰀ-ⱻⱾ-ⳤⳫ-ⳮⳲⳳꙀ-ꙭꚀ-ꚛꜢ-ꝯꝱ-ꞇꞋ-ꞎꭰ-ꮿﬀ-ﬆﬓ-ﬗＡ-Ｚａ-ｚ𐐀-𐑏𐒰-𐓓𐓘-𐓻𐲀-𐲲𐳀-𐳲𑢠-𑣟𞤀-𞥃]+";
+/// DeepSeek LLM's ASCII and full-width punctuation runs.
+pub const DEEPSEEK_LLM_PUNCT_RE: &str = r"\s?[!-/:-~！-／：-～‘-‟　-。]+";
+/// CJK ideograph and Hangul runs (DeepSeek LLM and Coder).
+pub const DEEPSEEK_CJK_RE: &str = r"[一-龥ࠀ-一가-퟿]+";
 
 /// Tries to match at `i` in `s` (one piece); returns the end of the match (always > i).
 type Matcher = fn(&[char], usize) -> Option<usize>;
@@ -133,6 +244,7 @@ struct Classes {
     letter: Vec<(char, char)>,
     number: Vec<(char, char)>,
     punct: Vec<(char, char)>,
+    mark: Vec<(char, char)>,
 }
 
 fn classes() -> &'static Classes {
@@ -141,10 +253,11 @@ fn classes() -> &'static Classes {
         letter: unicode_class(r"\p{L}"),
         number: unicode_class(r"\p{N}"),
         punct: unicode_class(r"\p{P}"),
+        mark: unicode_class(r"\p{M}"),
     })
 }
 
-fn unicode_class(pattern: &str) -> Vec<(char, char)> {
+pub(crate) fn unicode_class(pattern: &str) -> Vec<(char, char)> {
     use regex_syntax::hir::{Class, HirKind};
     // A constant pattern: only a bug (or a regex-syntax built without Unicode tables) fails here.
     let hir = regex_syntax::Parser::new().parse(pattern).expect("constant Unicode class pattern");
@@ -154,7 +267,7 @@ fn unicode_class(pattern: &str) -> Vec<(char, char)> {
     }
 }
 
-fn in_ranges(ranges: &[(char, char)], c: char) -> bool {
+pub(crate) fn in_ranges(ranges: &[(char, char)], c: char) -> bool {
     ranges
         .binary_search_by(|&(lo, hi)| {
             if hi < c {
@@ -187,6 +300,11 @@ pub fn is_number(c: char) -> bool {
 /// `\p{P}`
 fn is_punct(c: char) -> bool {
     in_ranges(&classes().punct, c)
+}
+
+/// `\p{M}`
+fn is_mark(c: char) -> bool {
+    !c.is_ascii() && in_ranges(&classes().mark, c)
 }
 
 /// `\s` (Unicode White_Space)
@@ -251,16 +369,26 @@ fn ws_not_followed_by_non_ws(s: &[char], i: usize) -> Option<usize> {
 }
 
 fn match_llama3(s: &[char], i: usize) -> Option<usize> {
-    match_llama3_family(s, i, 3)
+    match_llama3_family(s, i, 3, is_letter)
 }
 
 fn match_qwen2(s: &[char], i: usize) -> Option<usize> {
-    match_llama3_family(s, i, 1)
+    match_llama3_family(s, i, 1, is_letter)
+}
+
+/// Qwen 3.5: the Qwen2 pattern with `[\p{L}\p{M}]+` for letter runs and marks taken out of
+/// the "other" class. A mark may also be the optional prefix of a letter run; either way the
+/// run starts at the mark, so treating it as a letter gives the same match.
+fn match_qwen35(s: &[char], i: usize) -> Option<usize> {
+    match_llama3_family(s, i, 1, |c| is_letter(c) || is_mark(c))
 }
 
 /// `(?:'[sS]|'[tT]|'[rR][eE]|'[vV][eE]|'[mM]|'[lL][lL]|'[dD])|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,D}|
-///  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+` with D = `max_digits`.
-fn match_llama3_family(s: &[char], i: usize, max_digits: usize) -> Option<usize> {
+///  ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+` with D = `max_digits` and `\p{L}` = `letter`
+/// (the "other" class excludes `letter` too).
+fn match_llama3_family(s: &[char], i: usize, max_digits: usize, letter: fn(char) -> bool) -> Option<usize> {
+    let is_letter = letter;
+    let is_other = |c: char| !is_space(c) && !letter(c) && !is_number(c);
     let c = s[i];
     let is_nl = |c: char| c == '\r' || c == '\n';
     if c == '\'' {

@@ -227,7 +227,7 @@ pub fn flash_attention_with(
     }
     check_isa(isa);
     check_call("flash_attention", q, pool, seqs, p, out);
-    flash::run(isa, q, pool, seqs, p, out);
+    in_rotated(q, pool, seqs, p, out, |q, out| flash::run(isa, q, pool, seqs, p, out));
 }
 
 /// Standard attention (materialized scores; any head_dim).
@@ -236,7 +236,30 @@ pub fn standard_attention(q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], p:
         panic!("standard_attention: {e}");
     }
     check_call("standard_attention", q, pool, seqs, p, out);
-    standard::run(q, pool, seqs, p, out);
+    in_rotated(q, pool, seqs, p, out, |q, out| standard::run(q, pool, seqs, p, out));
+}
+
+/// Runs `kernel` in the basis the pool's rows are stored in: a Q8_0 pool holds `H k` and
+/// `H v` ([`kv_q8`]), so the kernel gets `H q` and its output rows (those of `seqs` only:
+/// the caller may own the others) are rotated back. Other pools run as they are.
+fn in_rotated(
+    q: &[f32],
+    pool: &KvPool<'_>,
+    seqs: &[SeqSpan<'_>],
+    p: &AttnParams,
+    out: &mut [f32],
+    kernel: impl FnOnce(&[f32], &mut [f32]),
+) {
+    if pool.dtype != DType::Q8_0 {
+        return kernel(q, out);
+    }
+    let mut hq = q.to_vec();
+    kv_q8::rotate(&mut hq);
+    kernel(&hq, out);
+    let row = p.n_heads * p.head_dim;
+    for s in seqs {
+        kv_q8::rotate(&mut out[s.q_start * row..(s.q_start + s.q_len) * row]);
+    }
 }
 
 /// Upper bound of the scratch bytes `flash_attention` holds for a call, whatever the

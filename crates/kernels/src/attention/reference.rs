@@ -9,10 +9,16 @@ pub fn pool_value(pool: &KvPool<'_>, v: bool, table: &[u32], pos: usize, g: usiz
     let slot = table[pos / pool.block_size] as usize * pool.block_size + pos % pool.block_size;
     let i = (slot * pool.kv_heads + g) * pool.head_dim + d;
     if pool.dtype == DType::Q8_0 {
-        // Block `i / 32` of the row-major Q8_0 stream: f16 scale, then 32 signed bytes.
+        // Block `i / 32` of the row-major Q8_0 stream (f16 scale, then 32 signed bytes) holds
+        // `H x`; `H` is symmetric, so value `j` of `x` is row `j` of `H` against the block.
         let b = i / 32 * 34;
         let scale = half::f16::from_le_bytes([bytes[b], bytes[b + 1]]).to_f64();
-        return scale * (bytes[b + 2 + i % 32] as i8) as f64;
+        let j = i % 32;
+        let hx = (0..32).map(|c| {
+            let sign = if (j & c).count_ones().is_multiple_of(2) { 1.0 } else { -1.0 };
+            sign * scale * (bytes[b + 2 + c] as i8) as f64
+        });
+        return hx.sum::<f64>() / 32f64.sqrt();
     }
     match pool.dtype {
         DType::F32 => f32::from_le_bytes(bytes[4 * i..4 * i + 4].try_into().unwrap()) as f64,
