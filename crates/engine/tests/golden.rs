@@ -12,8 +12,20 @@ use tboost_engine::session::{argmax, Session};
 const TOL: f32 = 1e-3;
 
 fn check_case(case: &str) {
+    check_model(case, &golden_dir(case));
+}
+
+/// The case through a GGUF conversion of the same weights (llama.cpp's names and layout,
+/// written by the testkit into a tempdir).
+fn check_case_gguf(case: &str) {
+    let tmp = tempfile::tempdir().unwrap();
+    let path = tboost_testkit::model_files::convert::hf_to_gguf(&golden_dir(case), tmp.path());
+    check_model(case, &path);
+}
+
+fn check_model(case: &str, path: &std::path::Path) {
     let g = golden(case);
-    let mut r = runner(&golden_dir(case));
+    let mut r = runner(path);
     let vocab = g["params"]["vocab_size"].as_u64().unwrap() as usize;
     for p in g["prompts"].as_array().unwrap() {
         let name = p["name"].as_str().or(p["id"].as_str()).unwrap_or("?").to_string();
@@ -118,4 +130,44 @@ fn mixtral() {
 #[test]
 fn qwen2() {
     check_case("qwen2");
+}
+
+#[test]
+fn qwen3() {
+    check_case("qwen3");
+}
+
+#[test]
+fn qwen3_gguf() {
+    check_case_gguf("qwen3");
+}
+
+#[test]
+fn qwen3_moe() {
+    check_case("qwen3_moe");
+}
+
+#[test]
+fn qwen3_moe_gguf() {
+    check_case_gguf("qwen3_moe");
+}
+
+#[test]
+fn gemma3() {
+    check_case("gemma3");
+}
+
+#[test]
+fn gemma3_gguf() {
+    check_case_gguf("gemma3");
+}
+
+#[test]
+fn phi3() {
+    check_case("phi3");
+}
+
+#[test]
+fn phi3_gguf() {
+    check_case_gguf("phi3");
 }

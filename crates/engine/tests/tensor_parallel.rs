@@ -128,7 +128,9 @@ fn trace(r: &mut ModelRunner, prompt: &[u32], steps: usize) -> (Vec<f32>, Vec<u3
 #[test]
 fn every_golden_case_at_tp_2_and_4_matches_tp_1_within_1e_4() {
     let opts = PlanOptions::default();
-    for case in CASES {
+    // The new architectures too: q/k norms and Gemma's post norms (after the all-reduce), the
+    // embedding scale, LongRoPE factors and Qwen3-MoE experts on every rank.
+    for case in CASES.iter().chain(NEW_ARCH_CASES) {
         let g = golden(case);
         let model = Model::load(&golden_dir(case)).unwrap();
         let mut one = runner_with(&golden_dir(case), &opts, 1, 64);

@@ -201,8 +201,44 @@ pub fn softmax_rows(x: &mut [f32], cols: usize) {
     });
 }
 
+/// `gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/π) (g + 0.044715 g³)))` (PyTorch's
+/// `gelu(approximate="tanh")`, HF `gelu_pytorch_tanh`), in f32 with the platform's `tanh`.
+#[inline]
+pub fn gelu_tanh(g: f32) -> f32 {
+    const C: f32 = 0.797_884_6; // sqrt(2/π)
+    0.5 * g * (1.0 + (C * (g + 0.044_715 * g * g * g)).tanh())
+}
+
+/// `out = gelu_tanh(gate) * up` (GeGLU), in parallel for long inputs. One scalar form for
+/// every ISA, so the bits do not depend on the machine.
+pub fn geglu_tanh(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    assert!(
+        gate.len() == up.len() && up.len() == out.len(),
+        "geglu: gate has {} values, up {}, out {}",
+        gate.len(),
+        up.len(),
+        out.len()
+    );
+    out.par_chunks_mut(PAR_MIN).zip(gate.par_chunks(PAR_MIN)).zip(up.par_chunks(PAR_MIN)).for_each(|((o, g), u)| {
+        for ((o, &g), &u) in o.iter_mut().zip(g).zip(u) {
+            *o = gelu_tanh(g) * u;
+        }
+    });
+}
+
 /// Plain f64 references for the tests.
 pub mod reference {
+    pub fn geglu_tanh(gate: &[f32], up: &[f32]) -> Vec<f64> {
+        let c = (2.0 / std::f64::consts::PI).sqrt();
+        gate.iter()
+            .zip(up)
+            .map(|(&g, &u)| {
+                let g = g as f64;
+                0.5 * g * (1.0 + (c * (g + 0.044715 * g * g * g)).tanh()) * u as f64
+            })
+            .collect()
+    }
+
     pub fn swiglu(gate: &[f32], up: &[f32]) -> Vec<f64> {
         gate.iter().zip(up).map(|(&g, &u)| g as f64 / (1.0 + (-(g as f64)).exp()) * u as f64).collect()
     }

@@ -13,7 +13,7 @@ use rayon::prelude::*;
 
 pub use tboost_ops::rope::inv_freq;
 use tboost_ops::Unsupported;
-pub use tboost_ops::{Llama3Scaling, RopeStyle};
+pub use tboost_ops::{Llama3Scaling, RopeScaling, RopeStyle};
 
 /// RoPE rotates pairs: `rot_dim` must be even and at most `head_dim`.
 pub fn supports(head_dim: usize, rot_dim: usize) -> Result<(), Unsupported> {
@@ -53,6 +53,27 @@ pub fn cos_sin_into(positions: &[u32], inv_freq: &[f64], cos: &mut [f32], sin: &
             let (sv, cv) = (p as f64 * f).sin_cos();
             *c = cv as f32;
             *s = sv as f32;
+        }
+    }
+}
+
+/// [`cos_sin_into`] with both tables multiplied by `factor` (YaRN's and LongRoPE's attention
+/// factor; 1 leaves the values as they are).
+pub fn cos_sin_scaled_into(positions: &[u32], inv_freq: &[f64], factor: f64, cos: &mut [f32], sin: &mut [f32]) {
+    if factor == 1.0 {
+        return cos_sin_into(positions, inv_freq, cos, sin);
+    }
+    let n = positions.len() * inv_freq.len();
+    assert!(cos.len() == n && sin.len() == n, "rope tables: {} and {} values, expected {n}", cos.len(), sin.len());
+    if inv_freq.is_empty() {
+        return;
+    }
+    let rows = cos.chunks_exact_mut(inv_freq.len()).zip(sin.chunks_exact_mut(inv_freq.len()));
+    for ((c, s), &p) in rows.zip(positions) {
+        for ((c, s), &f) in c.iter_mut().zip(s.iter_mut()).zip(inv_freq) {
+            let (sv, cv) = (p as f64 * f).sin_cos();
+            *c = (cv * factor) as f32;
+            *s = (sv * factor) as f32;
         }
     }
 }

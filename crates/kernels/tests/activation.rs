@@ -93,3 +93,21 @@ fn softmax_rows_match_reference_and_handle_masked_entries() {
 fn softmax_rows_rejects_partial_rows() {
     softmax_rows(&mut [0.0; 10], 3);
 }
+
+/// GeGLU (tanh GELU) against the f64 formula, including large and negative gates.
+#[test]
+fn geglu_tanh_matches_the_formula() {
+    use tboost_kernels::activation::{geglu_tanh, reference};
+    let gate: Vec<f32> = (0..5000).map(|i| (i as f32 - 2500.0) * 0.0061).collect();
+    let up: Vec<f32> = (0..5000).map(|i| ((i * 7) % 13) as f32 * 0.3 - 1.7).collect();
+    let mut out = vec![0.0; gate.len()];
+    geglu_tanh(&gate, &up, &mut out);
+    let want = reference::geglu_tanh(&gate, &up);
+    for (i, (&o, &w)) in out.iter().zip(&want).enumerate() {
+        assert!((o as f64 - w).abs() <= 2e-6 * w.abs().max(1.0), "{i}: gate {} up {}: {o} vs {w}", gate[i], up[i]);
+    }
+    // gelu_tanh(0) = 0, gelu_tanh(large) ~ g, gelu_tanh(-large) ~ 0.
+    assert_eq!(tboost_kernels::activation::gelu_tanh(0.0), 0.0);
+    assert!((tboost_kernels::activation::gelu_tanh(10.0) - 10.0).abs() < 1e-5);
+    assert!(tboost_kernels::activation::gelu_tanh(-10.0).abs() < 1e-5);
+}

@@ -61,7 +61,7 @@ fn random_case(rng: &mut StdRng, hd: usize) -> Case {
         bs: [1, 16, 32][rng.random_range(0..3)],
         // q8_0 caches hold whole 32-value blocks per head row.
         dtype: [DType::F32, DType::F16, DType::BF16, DType::Q8_0]
-            [rng.random_range(0..if hd % 32 == 0 { 4 } else { 3 })],
+            [rng.random_range(0..if hd.is_multiple_of(32) { 4 } else { 3 })],
         lens: [rng.random_range(1..=1024), rng.random_range(1..=160), rng.random_range(1..=70)],
         q_amp: if rng.random_bool(0.3) { 12.0 } else { 1.0 },
     }
@@ -198,6 +198,7 @@ fn capability_checks_say_why() {
         kv_dtype,
         block_size: 16,
         max_context: 4096,
+        sliding_window: 0,
     };
     let why = |r: Result<(), tboost_ops::Unsupported>| r.map_err(|u| (u.param.to_string(), u.value));
     assert_eq!(why(flash_supports(&case(24, 8, 2, DType::F16))), Err(("head_dim".into(), "24".into())));
@@ -290,4 +291,49 @@ fn flash_refuses_unsupported_head_dim() {
     let mut out = q.clone();
     let spans = [SeqSpan { q_start: 0, q_len: 3, ctx_len: 3, block_table: &w.seqs[0].table }];
     flash_attention_with(Isa::Scalar, &q, &w.pool(), &spans, &w.p, &mut out);
+}
+
+/// Sliding-window attention: flash (every ISA and tile) and standard against the f64
+/// reference that attends to the last `window` positions only; windows shorter than, equal
+/// to and longer than a tile, prompts, chunks and decodes past the window. A window longer
+/// than every context gives plain causal attention bit for bit.
+#[test]
+fn sliding_window_masks_positions_behind_the_window() {
+    let mut rng = StdRng::seed_from_u64(23);
+    for hd in [16, 48, 64] {
+        for &window in &[1usize, 3, 8, 16, 40, 64, 100] {
+            let c = random_case(&mut rng, hd);
+            let mut w = World::new(rng.random(), c.dtype, c.bs, c.kv_heads * c.group, c.kv_heads, hd, &c.lens, c.q_amp);
+            let parts = parts_for(&mut rng, c.lens);
+            let full = w.call(&parts, 1, standard_attention);
+            w.p.window = window;
+            let std_out = w.call(&parts, 1, standard_attention);
+            let e = max_err(&w, &parts, &std_out);
+            assert!(e <= TOL_STANDARD, "standard window={window} hd={hd}: max error {e:e}");
+            // The window changes the result whenever a context is longer than it.
+            if c.lens.iter().any(|&l| l > window) {
+                assert_ne!(full, std_out, "window={window} hd={hd} lens={:?} must change something", c.lens);
+            }
+            for isa in isas() {
+                for tile in [16, 64, 128] {
+                    w.p.tile_kv = tile;
+                    let got = w.call(&parts, 1, |q, pool, s, p, o| flash_attention_with(isa, q, pool, s, p, o));
+                    let e = max_err(&w, &parts, &got);
+                    assert!(
+                        e <= TOL_FLASH,
+                        "flash {} tile={tile} window={window} hd={hd} lens={:?} bs={}: max error {e:e}",
+                        isa.name(),
+                        c.lens,
+                        c.bs
+                    );
+                }
+            }
+            w.p.tile_kv = 64;
+            w.p.window = 100_000;
+            let wide = w.call(&parts, 1, |q, pool, s, p, o| flash_attention_with(isas()[0], q, pool, s, p, o));
+            w.p.window = 0;
+            let plain = w.call(&parts, 1, |q, pool, s, p, o| flash_attention_with(isas()[0], q, pool, s, p, o));
+            assert_eq!(wide, plain, "a window longer than the context is plain causal attention");
+        }
+    }
 }

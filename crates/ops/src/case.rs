@@ -58,6 +58,9 @@ pub struct AttentionCase {
     pub block_size: usize,
     /// Longest context a sequence may reach (the cache's capacity for one sequence).
     pub max_context: usize,
+    /// Sliding-window attention: a query sees only the last `sliding_window` positions
+    /// (itself included); 0 = every earlier position.
+    pub sliding_window: usize,
 }
 
 /// KV positions per FlashAttention tile unless a caller chooses (`AttnParams::tile_kv`).
@@ -85,12 +88,25 @@ pub struct AttnParams {
     /// a power of two in 16..=256, [`DEFAULT_TILE_KV`] by default. Other attention kernels
     /// ignore it.
     pub tile_kv: usize,
+    /// Sliding window: the query at position `p` attends to positions `p + 1 - window ..= p`
+    /// (clamped at 0); 0 = plain causal attention over every earlier position.
+    pub window: usize,
 }
 
 impl AttnParams {
+    /// First position the query at `pos` attends to.
+    #[inline]
+    pub fn first_visible(&self, pos: usize) -> usize {
+        if self.window == 0 {
+            0
+        } else {
+            (pos + 1).saturating_sub(self.window)
+        }
+    }
+
     /// Parameters with the default tile.
     pub fn new(n_heads: usize, kv_heads: usize, head_dim: usize, scale: f32) -> AttnParams {
-        AttnParams { n_heads, kv_heads, head_dim, scale, tile_kv: DEFAULT_TILE_KV }
+        AttnParams { n_heads, kv_heads, head_dim, scale, tile_kv: DEFAULT_TILE_KV, window: 0 }
     }
 }
 

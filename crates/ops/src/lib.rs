@@ -20,7 +20,7 @@ pub use case::{
     TILE_KV_CHOICES,
 };
 pub use dtype::DType;
-pub use rope::{Llama3Scaling, RopeParams, RopeStyle};
+pub use rope::{Llama3Scaling, RopeParams, RopeScaling, RopeStyle, YarnScaling};
 pub use tiling::{
     check_matmul_tiling, check_moe_tiling, default_only, MatMulTiling, MoeTiling, Tiling, Tunable,
     DEFAULT_DECODE_TASKS_PER_THREAD, DEFAULT_DECODE_TASK_MIN_BYTES, DEFAULT_TASKS_PER_THREAD,

@@ -36,6 +36,9 @@ pub fn model_file(name: &str) -> PathBuf {
 }
 
 pub const CASES: &[&str] = &["llama_gqa", "llama_gqa_bf16", "llama_hd24", "mistral", "mixtral", "qwen2"];
+/// The cases of the architectures added after the first six (q/k norm, Qwen3-MoE, Gemma 3's
+/// sliding window and norms, Phi-3's fused weights and LongRoPE).
+pub const NEW_ARCH_CASES: &[&str] = &["qwen3", "qwen3_moe", "gemma3", "phi3"];
 
 pub fn golden(case: &str) -> Value {
     let p = golden_dir(case).join("golden.json");

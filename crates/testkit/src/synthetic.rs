@@ -44,6 +44,7 @@ pub fn config(name: &str) -> Result<ModelConfig> {
         max_position_embeddings: 2048,
         bos_token_id: Some(1),
         eos_token_ids: vec![2],
+        features: Default::default(),
     };
     match name {
         "tinyllama-1.1b" => Ok(base(2048, 22, 32, 4, 5632, 32000)),
@@ -234,6 +235,7 @@ pub fn build(name: &str, dtype: DType, seed: u64) -> Result<Model> {
             v_bias: None,
             ffn_norm: take(format!("{p}.post_attention_layernorm.weight"))?,
             mlp,
+            extra: Default::default(),
         });
     }
     let weights = ModelWeights {
@@ -241,6 +243,7 @@ pub fn build(name: &str, dtype: DType, seed: u64) -> Result<Model> {
         layers,
         norm: take("model.norm.weight".into())?,
         lm_head: take("lm_head.weight".into())?,
+        rope_factors: None,
     };
     Ok(Model {
         path: PathBuf::from(format!("<synthetic:{name}>")),

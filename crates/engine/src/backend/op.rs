@@ -199,6 +199,14 @@ pub enum OpQuery {
     SwiGlu {
         act: DType,
     },
+    /// `gelu_tanh(gate) * up` (GeGLU).
+    GeGlu {
+        act: DType,
+    },
+    /// Elementwise `x *= s` (Gemma's embedding scale).
+    Scale {
+        act: DType,
+    },
     /// cos/sin tables for the step's positions.
     RopeTables {
         rope: RopeParams,
@@ -275,8 +283,15 @@ pub enum Op {
     },
     /// `out = silu(gate) * up`.
     SwiGlu { gate: View, up: View, out: View },
+    /// `out = gelu_tanh(gate) * up`, `gelu_tanh(g) = 0.5 g (1 + tanh(sqrt(2/π) (g + 0.044715 g³)))`.
+    GeGlu { gate: View, up: View, out: View },
+    /// `x *= s`.
+    Scale { x: View, s: f32 },
     /// cos/sin tables (`[positions, rope.dim / 2]` f32 each) for `positions`.
     RopeTables { positions: View, rope: RopeParams, cos: View, sin: View },
+    /// `RopeTables` with frequency `i` divided by `factors[i]` (a `[rope.dim / 2]` weight:
+    /// LongRoPE's short or long list).
+    RopeTablesScaled { positions: View, rope: RopeParams, factors: WeightId, cos: View, sin: View },
     /// Rotates `x` (`[rows, heads, head_dim]`) in place.
     Rope { x: View, heads: usize, head_dim: usize, cos: View, sin: View, style: RopeStyle },
     /// Writes K/V rows into the cache at `slots`.
@@ -333,7 +348,9 @@ impl Op {
             Op::MatMul { .. } => "matmul",
             Op::MatMulSwiGlu { .. } => "matmul_swiglu",
             Op::SwiGlu { .. } => "swiglu",
-            Op::RopeTables { .. } => "rope_tables",
+            Op::GeGlu { .. } => "geglu",
+            Op::Scale { .. } => "scale",
+            Op::RopeTables { .. } | Op::RopeTablesScaled { .. } => "rope_tables",
             Op::Rope { .. } => "rope",
             Op::WriteKv { .. } => "write_kv",
             Op::Attention { kind, .. } => kind.name(),
@@ -379,12 +396,13 @@ impl Op {
                 f(x, Read);
                 f(out, Write);
             }
-            Op::SwiGlu { gate, up, out } => {
+            Op::SwiGlu { gate, up, out } | Op::GeGlu { gate, up, out } => {
                 f(gate, Read);
                 f(up, Read);
                 f(out, Write);
             }
-            Op::RopeTables { positions, cos, sin, .. } => {
+            Op::Scale { x, .. } => f(x, ReadWrite),
+            Op::RopeTables { positions, cos, sin, .. } | Op::RopeTablesScaled { positions, cos, sin, .. } => {
                 f(positions, Read);
                 f(cos, Write);
                 f(sin, Write);
@@ -474,13 +492,20 @@ impl Op {
                 *up = w(*up);
                 *out = v(*out);
             }
-            Op::SwiGlu { gate, up, out } => {
+            Op::SwiGlu { gate, up, out } | Op::GeGlu { gate, up, out } => {
                 *gate = v(*gate);
                 *up = v(*up);
                 *out = v(*out);
             }
+            Op::Scale { x, .. } => *x = v(*x),
             Op::RopeTables { positions, cos, sin, .. } => {
                 *positions = v(*positions);
+                *cos = v(*cos);
+                *sin = v(*sin);
+            }
+            Op::RopeTablesScaled { positions, factors, cos, sin, .. } => {
+                *positions = v(*positions);
+                *factors = w(*factors);
                 *cos = v(*cos);
                 *sin = v(*sin);
             }

@@ -232,7 +232,10 @@ impl Engine {
             block_size: bs,
             follower: runner.follower_rank(),
         };
-        *core = Some(Core::new(runner, KvManager::new(blocks, bs, self.config.prefix_caching)));
+        let mut kv = KvManager::new(blocks, bs, self.config.prefix_caching);
+        // One sliding window in every layer (Mistral-style): blocks behind it go back to the pool.
+        kv.set_window(cfg.features.uniform_window().unwrap_or(0));
+        *core = Some(Core::new(runner, kv));
         let mut sh = self.shared()?;
         sh.facts = Some(facts);
         sh.stats = Stats { kv_blocks_total: blocks, block_size: bs, ..Default::default() };
@@ -378,7 +381,7 @@ impl Engine {
     pub fn kv_usage(&self) -> Result<Vec<(RequestId, usize, usize)>> {
         let core = self.core.lock().map_err(poisoned)?;
         let c = core.as_ref().ok_or(Error::NoModel)?;
-        Ok(c.sched.running.iter().map(|s| (s.id, s.computed, c.kv.blocks_of(s.id))).collect())
+        Ok(c.sched.running.iter().map(|s| (s.id, s.computed, c.kv.blocks_of(s.id) - c.kv.dropped_of(s.id))).collect())
     }
 
     /// True while any request is waiting or running, or a cancellation is to be reported.

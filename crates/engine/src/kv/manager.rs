@@ -15,7 +15,11 @@ pub const NO_BLOCK: u32 = u32::MAX;
 
 #[derive(Default)]
 struct SeqBlocks {
+    /// Block of each run of `block_size` positions; `NO_BLOCK` for blocks behind a sliding
+    /// window, given back to the pool.
     table: Vec<u32>,
+    /// Leading entries of `table` given back (all `NO_BLOCK`).
+    dropped: usize,
     /// Full blocks registered in the prefix cache, and the hash of the last of them.
     hashed: usize,
     last_hash: Option<BlockHash>,
@@ -76,11 +80,25 @@ impl StepLayout {
 pub struct KvManager {
     blocks: BlockManager,
     seqs: HashMap<SeqKey, SeqBlocks>,
+    /// Sliding window of every layer (0: none): blocks wholly behind it are given back.
+    window: usize,
 }
 
 impl KvManager {
     pub fn new(num_blocks: usize, block_size: usize, prefix_caching: bool) -> KvManager {
-        KvManager { blocks: BlockManager::new(num_blocks, block_size, prefix_caching), seqs: HashMap::new() }
+        KvManager { blocks: BlockManager::new(num_blocks, block_size, prefix_caching), seqs: HashMap::new(), window: 0 }
+    }
+
+    /// Every layer attends to at most the last `window` positions (0: all): after each
+    /// commit, the blocks no later query can see go back to the pool (registered ones stay in
+    /// the prefix cache, evictable). Their table entries become `NO_BLOCK`.
+    pub fn set_window(&mut self, window: usize) {
+        self.window = window;
+    }
+
+    /// Blocks of `seq` given back behind its window.
+    pub fn dropped_of(&self, seq: SeqKey) -> usize {
+        self.seqs.get(&seq).map_or(0, |s| s.dropped)
     }
 
     pub fn block_size(&self) -> usize {
@@ -150,14 +168,14 @@ impl KvManager {
             return false;
         }
         let hashed = hit.blocks.len();
-        let mut s = SeqBlocks { table: hit.blocks, hashed, last_hash: hit.last };
+        let mut s = SeqBlocks { table: hit.blocks, dropped: 0, hashed, last_hash: hit.last };
         for _ in 0..need {
             if let Some(b) = self.blocks.allocate() {
                 s.table.push(b);
             }
         }
         if let Some(old) = self.seqs.insert(seq, s) {
-            self.blocks.release(&old.table);
+            self.blocks.release(&old.table[old.dropped..]);
         }
         true
     }
@@ -166,7 +184,7 @@ impl KvManager {
     /// in the prefix cache.
     pub fn release(&mut self, seq: SeqKey) {
         if let Some(s) = self.seqs.remove(&seq) {
-            self.blocks.release(&s.table);
+            self.blocks.release(&s.table[s.dropped..]);
         }
     }
 
@@ -180,6 +198,18 @@ impl KvManager {
             let h = self.blocks.register_full(s.table[b], s.last_hash, &tokens[b * bs..(b + 1) * bs]);
             s.last_hash = Some(h);
             s.hashed += 1;
+        }
+        // The next query (position `computed`) sees positions from computed + 1 - window on:
+        // blocks wholly before that are done with. Registered blocks stay in the prefix
+        // cache (a later request with the same prefix can still take them).
+        if self.window > 0 {
+            let first_visible = (computed + 1).saturating_sub(self.window);
+            let done = (first_visible / bs).min(s.table.len());
+            if done > s.dropped {
+                self.blocks.release(&s.table[s.dropped..done]);
+                s.table[s.dropped..done].fill(NO_BLOCK);
+                s.dropped = done;
+            }
         }
     }
 

@@ -1,8 +1,8 @@
 //! Resolved model hyper-parameters, whatever file format they came from.
 
-use tboost_ops::{Llama3Scaling, RopeStyle};
+use tboost_ops::{RopeScaling, RopeStyle};
 
-use super::Arch;
+use super::{Arch, ArchFeatures};
 use crate::formats::limits;
 use crate::{Error, Result};
 
@@ -20,7 +20,7 @@ pub struct ModelConfig {
     /// Dimensions of each head that RoPE rotates (GGUF `rope.dimension_count`; = head_dim in HF).
     pub rope_dim: usize,
     pub rope_theta: f64,
-    pub rope_scaling: Option<Llama3Scaling>,
+    pub rope_scaling: Option<RopeScaling>,
     /// Pairing of rotated dims: HF checkpoints and GGUF qwen2 use half-split; GGUF llama q/k
     /// are permuted for the adjacent-pair form.
     pub rope_style: RopeStyle,
@@ -34,6 +34,9 @@ pub struct ModelConfig {
     pub max_position_embeddings: usize,
     pub bos_token_id: Option<u32>,
     pub eos_token_ids: Vec<u32>,
+    /// The options beyond the Llama graph (q/k norm, Gemma's norms and scales, sliding
+    /// windows): all off for llama, mistral without a window, qwen2 and mixtral.
+    pub features: ArchFeatures,
 }
 
 impl ModelConfig {
@@ -91,18 +94,47 @@ impl ModelConfig {
         if !(self.rms_eps.is_finite() && self.rms_eps >= 0.0) {
             return err("rms_norm_eps", format!("must be a non-negative number, got {}", self.rms_eps));
         }
-        if let Some(s) = &self.rope_scaling {
-            let finite = [s.factor, s.low_freq_factor, s.high_freq_factor, s.original_max_position_embeddings]
-                .iter()
-                .all(|v| v.is_finite());
-            if !(finite
-                && s.factor > 0.0
-                && s.low_freq_factor > 0.0
-                && s.high_freq_factor > s.low_freq_factor
-                && s.original_max_position_embeddings > 0.0)
-            {
-                return err("rope_scaling", format!("llama3 parameters out of range: {s:?}"));
+        let pos = |v: f64| v.is_finite() && v > 0.0;
+        let scaling_ok = match &self.rope_scaling {
+            None => true,
+            Some(RopeScaling::Llama3(s)) => {
+                pos(s.factor)
+                    && pos(s.low_freq_factor)
+                    && s.high_freq_factor.is_finite()
+                    && s.high_freq_factor > s.low_freq_factor
+                    && pos(s.original_max_position_embeddings)
             }
+            Some(RopeScaling::Linear { factor }) => pos(*factor),
+            Some(RopeScaling::Yarn(y)) => {
+                pos(y.factor)
+                    && pos(y.original_max_position_embeddings)
+                    && pos(y.beta_fast)
+                    && pos(y.beta_slow)
+                    && pos(y.attention_factor)
+            }
+            Some(RopeScaling::LongRope { original_max_position_embeddings, attention_factor }) => {
+                pos(*original_max_position_embeddings) && pos(*attention_factor)
+            }
+        };
+        if !scaling_ok {
+            let s = self.rope_scaling.as_ref().map_or("", |s| s.name());
+            return err("rope_scaling", format!("{s} parameters out of range: {:?}", self.rope_scaling));
+        }
+        let f = &self.features;
+        if !f.sliding_layers.is_empty() && f.sliding_layers.len() != self.num_layers {
+            return err(
+                "layer_types",
+                format!("lists {} layers but num_hidden_layers is {}", f.sliding_layers.len(), self.num_layers),
+            );
+        }
+        if f.sliding_layers.iter().any(|&s| s) && f.sliding_window == 0 {
+            return err("sliding_window", "must be > 0 for sliding-attention layers".into());
+        }
+        if let Some(t) = f.rope_local_theta.filter(|t| !pos(*t)) {
+            return err("rope_local_base_freq", format!("must be a positive number, got {t}"));
+        }
+        if let Some(a) = f.attn_scale.filter(|a| !pos(*a)) {
+            return err("query_pre_attn_scalar", format!("gives the attention scale {a}, which is not positive"));
         }
         if self.arch.is_moe() {
             if self.num_experts == 0 || self.experts_per_token == 0 || self.experts_per_token > self.num_experts {
@@ -158,6 +190,46 @@ impl ModelConfig {
     /// Query heads per KV head.
     pub fn gqa_group(&self) -> usize {
         self.num_heads / self.num_kv_heads
+    }
+
+    /// The attention scale: 1/sqrt(head_dim) unless the architecture sets another.
+    pub fn attn_scale(&self) -> f32 {
+        self.features.attn_scale.unwrap_or(1.0 / (self.head_dim as f64).sqrt()) as f32
+    }
+}
+
+/// A Llama-architecture config of the given shape, for unit tests.
+#[cfg(test)]
+pub(crate) fn llama_shape(
+    hidden: usize,
+    layers: usize,
+    heads: usize,
+    kv_heads: usize,
+    inter: usize,
+    vocab: usize,
+) -> ModelConfig {
+    ModelConfig {
+        arch: crate::model::Arch::Llama,
+        vocab_size: vocab,
+        hidden_size: hidden,
+        intermediate_size: inter,
+        num_layers: layers,
+        num_heads: heads,
+        num_kv_heads: kv_heads,
+        head_dim: hidden / heads,
+        rope_dim: hidden / heads,
+        rope_theta: 10000.0,
+        rope_scaling: None,
+        rope_style: tboost_ops::RopeStyle::HalfSplit,
+        rms_eps: 1e-5,
+        tie_word_embeddings: false,
+        qkv_bias: false,
+        num_experts: 0,
+        experts_per_token: 0,
+        max_position_embeddings: 2048,
+        bos_token_id: Some(1),
+        eos_token_ids: vec![2],
+        features: Default::default(),
     }
 }
 
@@ -232,39 +304,5 @@ mod tests {
         c.max_position_embeddings = 0;
         let e = c.validate("config.json").unwrap_err().to_string();
         assert!(e.contains("max_position_embeddings") && e.contains("must be > 0"), "{e}");
-    }
-}
-
-/// A Llama-architecture config of the given shape, for unit tests.
-#[cfg(test)]
-pub(crate) fn llama_shape(
-    hidden: usize,
-    layers: usize,
-    heads: usize,
-    kv_heads: usize,
-    inter: usize,
-    vocab: usize,
-) -> ModelConfig {
-    ModelConfig {
-        arch: crate::model::Arch::Llama,
-        vocab_size: vocab,
-        hidden_size: hidden,
-        intermediate_size: inter,
-        num_layers: layers,
-        num_heads: heads,
-        num_kv_heads: kv_heads,
-        head_dim: hidden / heads,
-        rope_dim: hidden / heads,
-        rope_theta: 10000.0,
-        rope_scaling: None,
-        rope_style: tboost_ops::RopeStyle::HalfSplit,
-        rms_eps: 1e-5,
-        tie_word_embeddings: false,
-        qkv_bias: false,
-        num_experts: 0,
-        experts_per_token: 0,
-        max_position_embeddings: 2048,
-        bos_token_id: Some(1),
-        eos_token_ids: vec![2],
     }
 }

@@ -3,9 +3,12 @@
 
 use std::path::Path;
 
-use tboost_ops::{Llama3Scaling, RopeStyle};
+use tboost_ops::{Llama3Scaling, RopeScaling, RopeStyle, YarnScaling};
 
-use super::weights::{check_shapes_in, ExpertWeights, LayerWeights, Mlp, ModelWeights, TensorSet};
+use super::arch::SUPPORTED;
+use super::weights::{
+    check_shapes_in, ExpertWeights, LayerExtras, LayerWeights, Mlp, ModelWeights, RopeFactors, TensorSet,
+};
 use super::{map_weights, Arch, Model, ModelConfig, ModelFormat, Tensor};
 use crate::formats::gguf::{dtype_from_ggml, ggml_type_name, parse, GgufFile, Metadata, Value};
 use crate::{Error, Result};
@@ -118,9 +121,7 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
     let arch_name =
         k.str("general.architecture")?.ok_or_else(|| Error::config(&src, "general.architecture", "is missing"))?;
     let parsed = Arch::parse(arch_name).ok_or_else(|| {
-        Error::Unsupported(format!(
-            "{src}: general.architecture `{arch_name}`; tboost runs llama, mistral, qwen2 and mixtral"
-        ))
+        Error::Unsupported(format!("{src}: general.architecture `{arch_name}`; tboost runs {SUPPORTED}"))
     })?;
     let key = |s: &str| format!("{arch_name}.{s}");
 
@@ -148,6 +149,7 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
         }
     }
     let num_experts = k.usize(&key("expert_count"))?.unwrap_or(0);
+    let block_count = k.req_usize(&key("block_count"))?;
     let experts_per_token = k.usize(&key("expert_used_count"))?.unwrap_or(0);
     // llama.cpp converts Mixtral to architecture `llama` with an expert count.
     let arch = if parsed == Arch::Llama && num_experts > 0 { Arch::Mixtral } else { parsed };
@@ -157,28 +159,101 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
             "{src}: tensor `rope_freqs.weight` (llama3 RoPE frequency factors as a tensor) is not supported yet"
         )));
     }
-    let rope_scaling = match k.str(&key("rope.scaling.type"))? {
+    let context_length = k.req_usize(&key("context_length"))?;
+    let get = |s: &str, kind: &str| -> Result<f64> {
+        k.f64(&key(s))?.ok_or_else(|| Error::config(&src, key(s), format!("is missing for {kind} scaling")))
+    };
+    let mut rope_scaling = match k.str(&key("rope.scaling.type"))? {
         None | Some("none") => None,
-        Some("linear") if k.f64(&key("rope.scaling.factor"))?.is_none_or(|f| f == 1.0) => None,
-        Some("llama3") => {
-            let get = |s: &str| -> Result<f64> {
-                k.f64(&key(s))?.ok_or_else(|| Error::config(&src, key(s), "is missing for llama3 scaling"))
-            };
-            Some(Llama3Scaling {
-                factor: get("rope.scaling.factor")?,
-                // Llama 3.1's values; llama.cpp defines no keys for them.
-                low_freq_factor: k.f64(&key("rope.scaling.low_freq_factor"))?.unwrap_or(1.0),
-                high_freq_factor: k.f64(&key("rope.scaling.high_freq_factor"))?.unwrap_or(4.0),
-                original_max_position_embeddings: get("rope.scaling.original_context_length")?,
-            })
+        Some("linear") => match k.f64(&key("rope.scaling.factor"))? {
+            None => None,
+            Some(1.0) => None,
+            Some(factor) => Some(RopeScaling::Linear { factor }),
+        },
+        Some("llama3") => Some(RopeScaling::Llama3(Llama3Scaling {
+            factor: get("rope.scaling.factor", "llama3")?,
+            // Llama 3.1's values; llama.cpp defines no keys for them.
+            low_freq_factor: k.f64(&key("rope.scaling.low_freq_factor"))?.unwrap_or(1.0),
+            high_freq_factor: k.f64(&key("rope.scaling.high_freq_factor"))?.unwrap_or(4.0),
+            original_max_position_embeddings: get("rope.scaling.original_context_length", "llama3")?,
+        })),
+        Some("yarn") => {
+            let factor = get("rope.scaling.factor", "yarn")?;
+            // llama.cpp: cos/sin times attn_factor * (1 + 0.1 ln factor).
+            let attn = k.f64(&key("rope.scaling.attn_factor"))?.unwrap_or(1.0);
+            Some(RopeScaling::Yarn(YarnScaling {
+                factor,
+                original_max_position_embeddings: get("rope.scaling.original_context_length", "yarn")?,
+                beta_fast: k.f64(&key("rope.scaling.yarn_beta_fast"))?.unwrap_or(32.0),
+                beta_slow: k.f64(&key("rope.scaling.yarn_beta_slow"))?.unwrap_or(1.0),
+                attention_factor: attn * tboost_ops::rope::yarn_mscale(factor, 1.0),
+                truncate: true,
+            }))
         }
         Some(t) => {
             return Err(Error::Unsupported(format!(
-                "{src}: {} `{t}`; tboost implements default and llama3 RoPE",
+                "{src}: {} `{t}`; tboost implements default, linear, llama3 and yarn RoPE (and Phi-3's LongRoPE)",
                 key("rope.scaling.type")
             )))
         }
     };
+    // Phi-3: LongRoPE when the file carries the factor tensors.
+    if arch == Arch::Phi3 && file.tensor("rope_factors_long.weight").is_some() {
+        let orig = match k.f64(&key("rope.scaling.original_context_length"))? {
+            Some(o) => o,
+            None => context_length as f64,
+        };
+        let factor = context_length as f64 / orig;
+        let attention_factor = match k.f64(&key("rope.scaling.attn_factor"))? {
+            Some(a) => a,
+            None if factor <= 1.0 => 1.0,
+            None => (1.0 + factor.ln() / orig.ln()).sqrt(),
+        };
+        rope_scaling = Some(RopeScaling::LongRope { original_max_position_embeddings: orig, attention_factor });
+    }
+
+    let mut features = arch.features();
+    // llama.cpp's converter adds Gemma's 1 to the norm gains in the file.
+    features.norm_plus_one = false;
+    if let Some(v) = k.f64(&key("final_logit_softcapping"))?.filter(|&v| v != 0.0) {
+        return Err(Error::Unsupported(format!(
+            "{src}: {} {v} (logit soft-capping is not implemented)",
+            key("final_logit_softcapping")
+        )));
+    }
+    if let Some(s) = k.f64(&key("attention.scale"))? {
+        features.attn_scale = Some(s);
+    } else if arch == Arch::Gemma3 && block_count == 62 {
+        // llama.cpp: Gemma 3 27B scales by 1/sqrt(hidden / heads), the others by 1/sqrt(head_dim).
+        features.attn_scale = Some(1.0 / ((hidden_size / num_heads.max(1)) as f64).sqrt());
+    }
+    if let Some(w) = k.usize(&key("attention.sliding_window"))?.filter(|&w| w > 0 && arch != Arch::Phi3) {
+        // llama.cpp: an array of per-layer flags, or a period whose last layer is global
+        // (Gemma 3's default 6); without either every layer slides (Mistral).
+        let pattern_key = key("attention.sliding_window_pattern");
+        let layers: Vec<bool> = match file.metadata.get(&pattern_key) {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| match v {
+                    Value::Bool(b) => Ok(*b),
+                    other => Err(Error::config(&src, &pattern_key, format!("has {other}, expected booleans"))),
+                })
+                .collect::<Result<_>>()?,
+            Some(_) => {
+                let p = k.usize(&pattern_key)?.unwrap_or(0);
+                (0..block_count).map(|i| p == 0 || i % p < p - 1).collect()
+            }
+            None if arch == Arch::Gemma3 => (0..block_count).map(|i| i % 6 < 5).collect(),
+            None => vec![true; block_count],
+        };
+        if w < context_length && layers.iter().any(|&s| s) {
+            features.sliding_window = w;
+            features.sliding_layers = layers;
+        }
+    }
+    if arch == Arch::Gemma3 {
+        features.rope_local_theta = Some(k.f64(&key("rope.freq_base_swa"))?.unwrap_or(10000.0));
+    }
 
     let vocab_size = match file.metadata.get("tokenizer.ggml.tokens") {
         Some(Value::Array(a)) => a.len(),
@@ -215,12 +290,16 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
         eos_token_ids.push(t);
     }
 
+    let intermediate_size = match arch {
+        Arch::Qwen3Moe => k.req_usize(&key("expert_feed_forward_length"))?,
+        _ => k.req_usize(&key("feed_forward_length"))?,
+    };
     let cfg = ModelConfig {
         arch,
         vocab_size,
         hidden_size,
-        intermediate_size: k.req_usize(&key("feed_forward_length"))?,
-        num_layers: k.req_usize(&key("block_count"))?,
+        intermediate_size,
+        num_layers: block_count,
         num_heads,
         num_kv_heads,
         head_dim,
@@ -228,8 +307,11 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
         rope_theta: k.f64(&key("rope.freq_base"))?.unwrap_or(10000.0),
         rope_scaling,
         // llama.cpp's converter permutes llama-family q/k rows for GGML's adjacent-pair RoPE;
-        // qwen2 keeps the HF order and runs NeoX (half-split) RoPE.
-        rope_style: if arch == Arch::Qwen2 { RopeStyle::HalfSplit } else { RopeStyle::Adjacent },
+        // the others keep the HF order and run NeoX (half-split) RoPE.
+        rope_style: match arch {
+            Arch::Llama | Arch::Mistral | Arch::Mixtral => RopeStyle::Adjacent,
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe | Arch::Gemma3 | Arch::Phi3 => RopeStyle::HalfSplit,
+        },
         rms_eps: k
             .f64(&key("attention.layer_norm_rms_epsilon"))?
             .ok_or_else(|| Error::config(&src, key("attention.layer_norm_rms_epsilon"), "is missing"))?,
@@ -237,9 +319,10 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
         qkv_bias: arch == Arch::Qwen2 || file.tensor("blk.0.attn_q.bias").is_some(),
         num_experts,
         experts_per_token,
-        max_position_embeddings: k.req_usize(&key("context_length"))?,
+        max_position_embeddings: context_length,
         bos_token_id: k.token_id("tokenizer.ggml.bos_token_id")?,
         eos_token_ids,
+        features,
     };
     cfg.validate(&src).map_err(|e| match e {
         Error::Config { source_name, param, msg } => {
@@ -247,6 +330,7 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
             let gguf_key = match param.as_str() {
                 "vocab_size" => "tokenizer.ggml.tokens".to_string(),
                 "hidden_size" => key("embedding_length"),
+                "intermediate_size" if arch == Arch::Qwen3Moe => key("expert_feed_forward_length"),
                 "intermediate_size" => key("feed_forward_length"),
                 "num_hidden_layers" => key("block_count"),
                 "num_attention_heads" => key("attention.head_count"),
@@ -256,6 +340,7 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
                 "rope_theta" => key("rope.freq_base"),
                 "rms_norm_eps" => key("attention.layer_norm_rms_epsilon"),
                 "rope_scaling" => key("rope.scaling.*"),
+                "sliding_window" | "layer_types" => key("attention.sliding_window"),
                 "num_experts_per_tok" => key("expert_used_count"),
                 "max_position_embeddings" => key("context_length"),
                 "num_local_experts" => key("expert_count"),
@@ -273,6 +358,30 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
 /// Builds the per-layer weights from llama.cpp tensor names.
 fn assemble(cfg: &ModelConfig, set: &mut TensorSet, path: &Path) -> Result<ModelWeights> {
     let embed = set.take("token_embd.weight")?;
+    let f = &cfg.features;
+    let (qd, kvd) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
+    let split_rows = |t: &Tensor, parts: &[(&str, usize)]| -> Result<Vec<Tensor>> {
+        let total: usize = parts.iter().map(|p| p.1).sum();
+        if t.shape.len() != 2 || t.shape[0] != total {
+            let what: Vec<String> = parts.iter().map(|(n, r)| format!("{n} {r}")).collect();
+            return Err(Error::bad_tensor(
+                path,
+                &t.name,
+                format!("expected {total} rows ({}), got shape {:?}", what.join(" + "), t.shape),
+            ));
+        }
+        let mut start = 0;
+        parts
+            .iter()
+            .map(|&(n, rows)| {
+                let v = t
+                    .slice_rows(start, rows, format!("{}[{n}]", t.name))
+                    .map_err(|m| Error::bad_tensor(path, &t.name, m));
+                start += rows;
+                v
+            })
+            .collect()
+    };
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for i in 0..cfg.num_layers {
         let n = |s: &str| format!("blk.{i}.{s}");
@@ -306,6 +415,12 @@ fn assemble(cfg: &ModelConfig, set: &mut TensorSet, path: &Path) -> Result<Model
                 .map(|e| Ok(ExpertWeights { gate: split(&gate, e)?, up: split(&up, e)?, down: split(&down, e)? }))
                 .collect::<Result<_>>()?;
             Mlp::Moe { router, experts }
+        } else if cfg.arch == Arch::Phi3 && !set.contains(&n("ffn_gate.weight")) {
+            // Phi-3: ffn_up holds gate then up ([hidden, 2 * ff] in GGML order).
+            let inter = cfg.intermediate_size;
+            let gu = split_rows(&set.take(&n("ffn_up.weight"))?, &[("gate", inter), ("up", inter)])?;
+            let [gate, up]: [Tensor; 2] = gu.try_into().map_err(|_| Error::invalid("phi3", "two parts"))?;
+            Mlp::Dense { gate, up, down: set.take(&n("ffn_down.weight"))? }
         } else {
             Mlp::Dense {
                 gate: set.take(&n("ffn_gate.weight"))?,
@@ -313,21 +428,45 @@ fn assemble(cfg: &ModelConfig, set: &mut TensorSet, path: &Path) -> Result<Model
                 down: set.take(&n("ffn_down.weight"))?,
             }
         };
+        let (q, k, v) = if set.contains(&n("attn_qkv.weight")) {
+            let parts = split_rows(&set.take(&n("attn_qkv.weight"))?, &[("q", qd), ("k", kvd), ("v", kvd)])?;
+            let [q, k, v]: [Tensor; 3] = parts.try_into().map_err(|_| Error::invalid("qkv", "three parts"))?;
+            (q, k, v)
+        } else {
+            (set.take(&n("attn_q.weight"))?, set.take(&n("attn_k.weight"))?, set.take(&n("attn_v.weight"))?)
+        };
+        let mut extra = LayerExtras::default();
+        if f.qk_norm {
+            extra.q_norm = Some(set.take(&n("attn_q_norm.weight"))?);
+            extra.k_norm = Some(set.take(&n("attn_k_norm.weight"))?);
+        }
+        if f.post_norms {
+            extra.post_attn_norm = Some(set.take(&n("post_attention_norm.weight"))?);
+            extra.post_ffn_norm = Some(set.take(&n("post_ffw_norm.weight"))?);
+        }
         layers.push(LayerWeights {
             attn_norm: set.take(&n("attn_norm.weight"))?,
-            q: set.take(&n("attn_q.weight"))?,
-            k: set.take(&n("attn_k.weight"))?,
-            v: set.take(&n("attn_v.weight"))?,
+            q,
+            k,
+            v,
             o: set.take(&n("attn_output.weight"))?,
             q_bias,
             k_bias,
             v_bias,
             ffn_norm: set.take(&n("ffn_norm.weight"))?,
             mlp,
+            extra,
         });
     }
     let norm = set.take("output_norm.weight")?;
     let lm_head = if cfg.tie_word_embeddings { embed.clone() } else { set.take("output.weight")? };
+    let rope_factors = match cfg.rope_scaling {
+        Some(RopeScaling::LongRope { .. }) => Some(RopeFactors {
+            short: set.take("rope_factors_short.weight")?,
+            long: set.take("rope_factors_long.weight")?,
+        }),
+        _ => None,
+    };
     set.finish()?;
-    Ok(ModelWeights { embed, layers, norm, lm_head })
+    Ok(ModelWeights { embed, layers, norm, lm_head, rope_factors })
 }

@@ -11,9 +11,12 @@ use std::path::Path;
 use safetensors::{Dtype, SafeTensors};
 use serde_json::{Map, Value};
 use tboost_ops::DType;
-use tboost_ops::{Llama3Scaling, RopeStyle};
+use tboost_ops::{Llama3Scaling, RopeScaling, RopeStyle, YarnScaling};
 
-use super::weights::{check_shapes_in, ExpertWeights, LayerWeights, Mlp, ModelWeights, TensorSet};
+use super::arch::{MlpAct, SUPPORTED};
+use super::weights::{
+    check_shapes_in, ExpertWeights, LayerExtras, LayerWeights, Mlp, ModelWeights, RopeFactors, TensorSet,
+};
 use super::{map_weights, Arch, Model, ModelConfig, ModelFormat, Tensor};
 use crate::formats::files;
 use crate::formats::limits;
@@ -26,12 +29,24 @@ pub const INDEX_FILE: &str = "model.safetensors.index.json";
 /// Loads a model directory: config, every tensor mapped, shapes checked.
 pub fn load(dir: &Path) -> Result<Model> {
     let config_path = dir.join(CONFIG_FILE);
-    let mut config = read_config(&config_path)?;
+    let text = files::read_text(&config_path, limits::MAX_SMALL_FILE_BYTES, CONFIG_FILE)?;
+    let (mut config, factors) = parse_config_full(&text, &config_path)?;
     let set = read_tensors(dir)?;
     // Biases are a property of the checkpoint (qwen2 always has them, a llama may too).
     config.qkv_bias |= set.contains("model.layers.0.self_attn.q_proj.bias");
     let mut set = set;
-    let weights = assemble(&config, &mut set)?;
+    let mut weights = assemble(&config, &mut set)?;
+    if let Some([short, long]) = factors {
+        let t = |name: &str, v: Vec<f32>| {
+            let bytes = v.iter().flat_map(|x| x.to_le_bytes()).collect();
+            Tensor::owned(name, DType::F32, vec![v.len()], bytes)
+                .map_err(|m| Error::config(config_path.display().to_string(), "rope_scaling", m))
+        };
+        weights.rope_factors = Some(RopeFactors {
+            short: t("rope_scaling.short_factor", short)?,
+            long: t("rope_scaling.long_factor", long)?,
+        });
+    }
     check_shapes_in(&config, &weights, &set, dir)?;
     Ok(Model {
         path: dir.to_path_buf(),
@@ -53,18 +68,46 @@ pub fn read_config(path: &Path) -> Result<ModelConfig> {
 
 /// Resolves a `config.json` text. `path` names the file in errors.
 pub fn parse_config(text: &str, path: &Path) -> Result<ModelConfig> {
+    parse_config_full(text, path).map(|(c, _)| c)
+}
+
+/// LongRoPE's short and long factor lists, which the config holds and the weights carry.
+type LongRopeFactors = Option<[Vec<f32>; 2]>;
+
+/// `parse_config`, plus LongRoPE's factor lists when the config has them.
+fn parse_config_full(text: &str, path: &Path) -> Result<(ModelConfig, LongRopeFactors)> {
     let src = path.display().to_string();
     let root: Value = serde_json::from_str(text).map_err(|e| json_error(text, &e, path))?;
     let obj = root.as_object().ok_or_else(|| Error::format(path, "config.json must be a JSON object"))?;
     let c = Cfg { obj, src: &src };
 
     let model_type = c.str("model_type")?.ok_or_else(|| Error::config(&src, "model_type", "is missing"))?;
-    let arch = Arch::parse(model_type).ok_or_else(|| {
-        Error::Unsupported(format!("{src}: model_type `{model_type}`; tboost runs llama, mistral, qwen2 and mixtral"))
-    })?;
-    if let Some(act) = c.str("hidden_act")? {
-        if act != "silu" {
-            return Err(Error::Unsupported(format!("{src}: hidden_act `{act}`; tboost implements silu (SwiGLU)")));
+    let arch = Arch::parse(model_type)
+        .ok_or_else(|| Error::Unsupported(format!("{src}: model_type `{model_type}`; tboost runs {SUPPORTED}")))?;
+    if arch == Arch::Gemma3 && obj.contains_key("text_config") {
+        return Err(Error::Unsupported(format!(
+            "{src}: a multimodal Gemma 3 checkpoint (`text_config`); tboost runs the text model (model_type gemma3_text)"
+        )));
+    }
+    let mut features = arch.features();
+    // Gemma names it `hidden_activation` (and may keep a stale `hidden_act`).
+    let act_key =
+        if arch == Arch::Gemma3 && obj.contains_key("hidden_activation") { "hidden_activation" } else { "hidden_act" };
+    if let Some(act) = c.str(act_key)? {
+        let want = match features.mlp_act {
+            MlpAct::Silu => &["silu"][..],
+            MlpAct::GeluTanh => &["gelu_pytorch_tanh", "gelu_tanh"][..],
+        };
+        if !want.contains(&act) {
+            return Err(Error::Unsupported(format!(
+                "{src}: {act_key} `{act}`; tboost implements {} for {arch}",
+                want.join(" / ")
+            )));
+        }
+    }
+    for key in ["final_logit_softcapping", "attn_logit_softcapping"] {
+        if let Some(v) = c.f64(key)? {
+            return Err(Error::Unsupported(format!("{src}: {key} {v} (logit soft-capping is not implemented)")));
         }
     }
     for flag in ["mlp_bias", "attention_bias"] {
@@ -105,6 +148,12 @@ pub fn parse_config(text: &str, path: &Path) -> Result<ModelConfig> {
         },
         Some(v) => return Err(Error::config(&src, "rope_parameters", format!("must be an object or null, got {v}"))),
     };
+    // transformers 5 writes Gemma 3's rope per layer type: {full_attention: {...}, sliding_attention: {...}}.
+    let per_type = rope_obj.and_then(|m| match (m.get("full_attention"), m.get("sliding_attention")) {
+        (Some(Value::Object(f)), s) => Some((f, s.and_then(Value::as_object))),
+        _ => None,
+    });
+    let rope_obj = per_type.map(|(f, _)| f).or(rope_obj);
     let rope = rope_obj.map(|m| Cfg { obj: m, src: &src });
     let rope_theta = match rope.as_ref().map(|r| r.f64("rope_theta")).transpose()?.flatten() {
         Some(t) => t,
@@ -121,24 +170,88 @@ pub fn parse_config(text: &str, path: &Path) -> Result<ModelConfig> {
         },
         None => None,
     };
+    let max_position_embeddings = c.usize("max_position_embeddings")?.unwrap_or(match arch {
+        Arch::Llama => 2048,
+        Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => 32768,
+        Arch::Mistral | Arch::Mixtral => 4096 * 32,
+        Arch::Gemma3 => 131072,
+        Arch::Phi3 => 4096,
+    });
+    let mut longrope_factors = None;
     let rope_scaling = match rope_type {
         None | Some("default") => None,
-        Some("llama3") => {
+        Some(kind @ ("llama3" | "linear" | "yarn" | "longrope" | "su")) => {
             // `rope` is Some whenever rope_type is.
             let r = rope.as_ref().unwrap();
             let get = |k: &str| -> Result<f64> {
-                r.f64(k)?.ok_or_else(|| Error::config(&src, format!("{rope_src}.{k}"), "is missing for llama3 scaling"))
+                r.f64(k)?.ok_or_else(|| {
+                    Error::config(&src, format!("{rope_src}.{k}"), format!("is missing for {kind} scaling"))
+                })
             };
-            Some(Llama3Scaling {
-                factor: get("factor")?,
-                low_freq_factor: get("low_freq_factor")?,
-                high_freq_factor: get("high_freq_factor")?,
-                original_max_position_embeddings: get("original_max_position_embeddings")?,
-            })
+            match kind {
+                "llama3" => Some(RopeScaling::Llama3(Llama3Scaling {
+                    factor: get("factor")?,
+                    low_freq_factor: get("low_freq_factor")?,
+                    high_freq_factor: get("high_freq_factor")?,
+                    original_max_position_embeddings: get("original_max_position_embeddings")?,
+                })),
+                "linear" => Some(RopeScaling::Linear { factor: get("factor")? }),
+                "yarn" => {
+                    let factor = get("factor")?;
+                    let orig = r.f64("original_max_position_embeddings")?.unwrap_or(max_position_embeddings as f64);
+                    // transformers `_compute_yarn_parameters`: attention_factor, else from mscale.
+                    let attention_factor =
+                        match (r.f64("attention_factor")?, r.f64("mscale")?, r.f64("mscale_all_dim")?) {
+                            (Some(a), _, _) => a,
+                            (None, Some(m), Some(all)) if m != 0.0 && all != 0.0 => {
+                                tboost_ops::rope::yarn_mscale(factor, m) / tboost_ops::rope::yarn_mscale(factor, all)
+                            }
+                            _ => tboost_ops::rope::yarn_mscale(factor, 1.0),
+                        };
+                    Some(RopeScaling::Yarn(YarnScaling {
+                        factor,
+                        original_max_position_embeddings: orig,
+                        beta_fast: r.f64("beta_fast")?.unwrap_or(32.0),
+                        beta_slow: r.f64("beta_slow")?.unwrap_or(1.0),
+                        attention_factor,
+                        truncate: r.bool("truncate")?.unwrap_or(true),
+                    }))
+                }
+                // Phi-3's LongRoPE ("su" in its first configs): `original_max_position_embeddings`
+                // at the top level (older) or in the rope object (transformers 5).
+                _ => {
+                    let orig = match c.f64("original_max_position_embeddings")? {
+                        Some(o) => o,
+                        None => get("original_max_position_embeddings")?,
+                    };
+                    let factor = max_position_embeddings as f64 / orig;
+                    let attention_factor = match r.f64("attention_factor")? {
+                        Some(a) => a,
+                        None if factor <= 1.0 => 1.0,
+                        None => (1.0 + factor.ln() / orig.ln()).sqrt(),
+                    };
+                    let list = |k: &str| -> Result<Vec<f32>> {
+                        let key = format!("{rope_src}.{k}");
+                        match r.get(k) {
+                            Some(Value::Array(a)) => a
+                                .iter()
+                                .map(|v| {
+                                    v.as_f64().filter(|x| x.is_finite() && *x > 0.0).map(|x| x as f32).ok_or_else(
+                                        || Error::config(&src, &key, format!("has {v}, not a positive number")),
+                                    )
+                                })
+                                .collect(),
+                            _ => Err(Error::config(&src, key, "is missing for longrope scaling (a list of numbers)")),
+                        }
+                    };
+                    longrope_factors = Some([list("short_factor")?, list("long_factor")?]);
+                    Some(RopeScaling::LongRope { original_max_position_embeddings: orig, attention_factor })
+                }
+            }
         }
         Some(t) => {
             return Err(Error::Unsupported(format!(
-                "{src}: {rope_src}.rope_type `{t}`; tboost implements default and llama3 RoPE"
+                "{src}: {rope_src}.rope_type `{t}`; tboost implements default, llama3, linear, yarn and longrope RoPE"
             )))
         }
     };
@@ -149,15 +262,49 @@ pub fn parse_config(text: &str, path: &Path) -> Result<ModelConfig> {
     };
 
     // Defaults are transformers' per-architecture config defaults.
-    let rms_eps = c.f64("rms_norm_eps")?.unwrap_or(if arch == Arch::Mixtral { 1e-5 } else { 1e-6 });
-    let max_position_embeddings = c.usize("max_position_embeddings")?.unwrap_or(match arch {
-        Arch::Llama => 2048,
-        Arch::Qwen2 => 32768,
-        Arch::Mistral | Arch::Mixtral => 4096 * 32,
-    });
-    let tie_word_embeddings = c.bool("tie_word_embeddings")?.unwrap_or(false);
-    let (num_experts, experts_per_token) =
-        if arch.is_moe() { (c.req_usize("num_local_experts")?, c.req_usize("num_experts_per_tok")?) } else { (0, 0) };
+    let rms_eps =
+        c.f64("rms_norm_eps")?.unwrap_or(if matches!(arch, Arch::Mixtral | Arch::Phi3) { 1e-5 } else { 1e-6 });
+    let tie_word_embeddings = c.bool("tie_word_embeddings")?.unwrap_or(arch == Arch::Gemma3);
+    let (num_experts, experts_per_token) = if arch.is_moe() {
+        // Hub Qwen3-MoE configs say `num_experts`; transformers 5 writes `num_local_experts`.
+        let n = match c.usize("num_local_experts")? {
+            Some(n) => n,
+            None if arch == Arch::Qwen3Moe => c.req_usize("num_experts")?,
+            None => c.req_usize("num_local_experts")?,
+        };
+        (n, c.req_usize("num_experts_per_tok")?)
+    } else {
+        (0, 0)
+    };
+    let mut intermediate_size = intermediate_size;
+    if arch == Arch::Qwen3Moe {
+        if c.usize("decoder_sparse_step")?.is_some_and(|s| s != 1) {
+            return Err(Error::Unsupported(format!(
+                "{src}: decoder_sparse_step other than 1 (dense layers between sparse ones)"
+            )));
+        }
+        if matches!(obj.get("mlp_only_layers"), Some(Value::Array(a)) if !a.is_empty()) {
+            return Err(Error::Unsupported(format!("{src}: mlp_only_layers (dense layers in a Qwen3-MoE model)")));
+        }
+        if c.bool("norm_topk_prob")? == Some(false) {
+            return Err(Error::Unsupported(format!(
+                "{src}: norm_topk_prob false (the top-k router weights without renormalization)"
+            )));
+        }
+        intermediate_size = c.req_usize("moe_intermediate_size")?;
+        if c.usize("shared_expert_intermediate_size")?.is_some_and(|s| s > 0) {
+            return Err(Error::Unsupported(format!("{src}: a shared expert (shared_expert_intermediate_size)")));
+        }
+    }
+    if arch == Arch::Gemma3 {
+        if let Some(s) = c.f64("query_pre_attn_scalar")? {
+            features.attn_scale = Some(1.0 / s.sqrt());
+        }
+        features.rope_local_theta = Some(match per_type.and_then(|(_, s)| s) {
+            Some(m) => Cfg { obj: m, src: &src }.f64("rope_theta")?.unwrap_or(10000.0),
+            None => c.f64("rope_local_base_freq")?.unwrap_or(10000.0),
+        });
+    }
     let bos_token_id = c.token_id("bos_token_id")?;
     let eos_token_ids = match obj.get("eos_token_id") {
         None | Some(Value::Null) => Vec::new(),
@@ -166,12 +313,39 @@ pub fn parse_config(text: &str, path: &Path) -> Result<ModelConfig> {
         }
         Some(v) => vec![as_token_id(v).ok_or_else(|| c.bad("eos_token_id", v))?],
     };
-    if let Some(w) = c.usize("sliding_window")? {
-        let on = arch != Arch::Qwen2 || c.bool("use_sliding_window")? == Some(true);
-        if on && w < max_position_embeddings {
-            log::warn!(
-                "{src}: sliding_window {w} is not applied: attention over sequences longer than {w} tokens will differ from the reference"
-            );
+    // Sliding window: Qwen configs carry one but use it only with `use_sliding_window`.
+    let qwen = matches!(arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe);
+    let on = !qwen || c.bool("use_sliding_window")? == Some(true);
+    if let Some(w) = c.usize("sliding_window")?.filter(|&w| on && w > 0) {
+        let n = num_layers;
+        let layers: Vec<bool> = match obj.get("layer_types") {
+            Some(Value::Array(a)) => a
+                .iter()
+                .map(|v| match v.as_str() {
+                    Some("sliding_attention") => Ok(true),
+                    Some("full_attention") => Ok(false),
+                    _ => Err(Error::config(
+                        &src,
+                        "layer_types",
+                        format!("has {v}; expected sliding_attention or full_attention"),
+                    )),
+                })
+                .collect::<Result<_>>()?,
+            _ if arch == Arch::Gemma3 => {
+                let p = c.usize("sliding_window_pattern")?.unwrap_or(6).max(1);
+                (0..n).map(|i| (i + 1) % p != 0).collect()
+            }
+            // Qwen2: layers from `max_window_layers` on use the window.
+            _ if qwen => {
+                let from = c.usize("max_window_layers")?.unwrap_or(0);
+                (0..n).map(|i| i >= from).collect()
+            }
+            _ => vec![true; n],
+        };
+        // A window no sequence can exceed changes nothing.
+        if w < max_position_embeddings && layers.iter().any(|&s| s) {
+            features.sliding_window = w;
+            features.sliding_layers = layers;
         }
     }
 
@@ -196,9 +370,21 @@ pub fn parse_config(text: &str, path: &Path) -> Result<ModelConfig> {
         max_position_embeddings,
         bos_token_id,
         eos_token_ids,
+        features,
     };
     cfg.validate(&src)?;
-    Ok(cfg)
+    if let Some([short, long]) = &longrope_factors {
+        for (k, l) in [("short_factor", short), ("long_factor", long)] {
+            if l.len() != cfg.rope_dim / 2 {
+                return Err(Error::config(
+                    &src,
+                    format!("{rope_src}.{k}"),
+                    format!("has {} values; rope_dim / 2 is {}", l.len(), cfg.rope_dim / 2),
+                ));
+            }
+        }
+    }
+    Ok((cfg, longrope_factors))
 }
 
 /// Typed access to one JSON object, with errors naming the parameter.
@@ -485,6 +671,17 @@ fn safetensors_error(bytes: &[u8], path: &Path, e: safetensors::SafeTensorError)
 /// Builds the per-layer weights from HF tensor names.
 fn assemble(cfg: &ModelConfig, set: &mut TensorSet) -> Result<ModelWeights> {
     let embed = set.take("model.embed_tokens.weight")?;
+    let f = &cfg.features;
+    // Gemma stores norm gains as offsets from 1.
+    let gain = |set: &mut TensorSet, name: &str| -> Result<Tensor> {
+        let t = set.take(name)?;
+        if f.norm_plus_one {
+            plus_one(&t, set.file_of(name))
+        } else {
+            Ok(t)
+        }
+    };
+    let (qd, kvd) = (cfg.num_heads * cfg.head_dim, cfg.num_kv_heads * cfg.head_dim);
     let mut layers = Vec::with_capacity(cfg.num_layers);
     for i in 0..cfg.num_layers {
         let p = format!("model.layers.{i}.");
@@ -501,18 +698,50 @@ fn assemble(cfg: &ModelConfig, set: &mut TensorSet) -> Result<ModelWeights> {
         let k_bias = bias(set, "k")?;
         let v_bias = bias(set, "v")?;
         let mlp = if cfg.arch.is_moe() {
-            let m = format!("{p}block_sparse_moe.");
+            // Mixtral: block_sparse_moe.experts.E.w1|w3|w2; Qwen3-MoE: mlp.experts.E.{gate,up,down}_proj.
+            let (m, names) = match cfg.arch {
+                Arch::Qwen3Moe => (format!("{p}mlp."), ["gate_proj", "up_proj", "down_proj"]),
+                _ => (format!("{p}block_sparse_moe."), ["w1", "w3", "w2"]),
+            };
             let router = set.take(&format!("{m}gate.weight"))?;
             let experts = (0..cfg.num_experts)
                 .map(|e| {
-                    Ok(ExpertWeights {
-                        gate: set.take(&format!("{m}experts.{e}.w1.weight"))?,
-                        up: set.take(&format!("{m}experts.{e}.w3.weight"))?,
-                        down: set.take(&format!("{m}experts.{e}.w2.weight"))?,
-                    })
+                    let t = |set: &mut TensorSet, n: &str| set.take(&format!("{m}experts.{e}.{n}.weight"));
+                    Ok(ExpertWeights { gate: t(set, names[0])?, up: t(set, names[1])?, down: t(set, names[2])? })
                 })
                 .collect::<Result<_>>()?;
             Mlp::Moe { router, experts }
+        } else if cfg.arch == Arch::Phi3 {
+            // Phi-3 fuses gate and up: rows [0, I) gate, [I, 2I) up; split into views.
+            let name = format!("{p}mlp.gate_up_proj.weight");
+            let gu = set.take(&name)?;
+            let inter = cfg.intermediate_size;
+            let rows = |start, part: &str| {
+                gu.slice_rows(start, inter, format!("{name}[{part}]")).map_err(|m| {
+                    Error::bad_tensor(
+                        set.file_of(&name),
+                        &name,
+                        format!("{m} (expected [2 * intermediate_size, hidden])"),
+                    )
+                })
+            };
+            if gu.shape.first() != Some(&(2 * inter)) {
+                return Err(Error::bad_tensor(
+                    set.file_of(&name),
+                    &name,
+                    format!(
+                        "expected shape [{}, {}] (2 * intermediate_size, hidden_size), got {:?}",
+                        2 * inter,
+                        cfg.hidden_size,
+                        gu.shape
+                    ),
+                ));
+            }
+            Mlp::Dense {
+                gate: rows(0, "gate")?,
+                up: rows(inter, "up")?,
+                down: set.take(&format!("{p}mlp.down_proj.weight"))?,
+            }
         } else {
             Mlp::Dense {
                 gate: set.take(&format!("{p}mlp.gate_proj.weight"))?,
@@ -520,20 +749,58 @@ fn assemble(cfg: &ModelConfig, set: &mut TensorSet) -> Result<ModelWeights> {
                 down: set.take(&format!("{p}mlp.down_proj.weight"))?,
             }
         };
+        let (q, k, v) = if cfg.arch == Arch::Phi3 {
+            // rows [0, H*d) q, then K*d of k, then K*d of v.
+            let name = format!("{p}self_attn.qkv_proj.weight");
+            let qkv = set.take(&name)?;
+            if qkv.shape.first() != Some(&(qd + 2 * kvd)) {
+                return Err(Error::bad_tensor(
+                    set.file_of(&name),
+                    &name,
+                    format!("expected {} rows (q {qd} + k {kvd} + v {kvd}), got shape {:?}", qd + 2 * kvd, qkv.shape),
+                ));
+            }
+            let rows = |start, n, part: &str| {
+                qkv.slice_rows(start, n, format!("{name}[{part}]"))
+                    .map_err(|m| Error::bad_tensor(set.file_of(&name), &name, m))
+            };
+            (rows(0, qd, "q")?, rows(qd, kvd, "k")?, rows(qd + kvd, kvd, "v")?)
+        } else {
+            (
+                set.take(&format!("{p}self_attn.q_proj.weight"))?,
+                set.take(&format!("{p}self_attn.k_proj.weight"))?,
+                set.take(&format!("{p}self_attn.v_proj.weight"))?,
+            )
+        };
+        let mut extra = LayerExtras::default();
+        if f.qk_norm {
+            extra.q_norm = Some(gain(set, &format!("{p}self_attn.q_norm.weight"))?);
+            extra.k_norm = Some(gain(set, &format!("{p}self_attn.k_norm.weight"))?);
+        }
+        // Gemma 3: post_attention_layernorm is the attention output's norm and
+        // pre_feedforward_layernorm the MLP input's.
+        let ffn_norm = if f.post_norms {
+            extra.post_attn_norm = Some(gain(set, &format!("{p}post_attention_layernorm.weight"))?);
+            extra.post_ffn_norm = Some(gain(set, &format!("{p}post_feedforward_layernorm.weight"))?);
+            gain(set, &format!("{p}pre_feedforward_layernorm.weight"))?
+        } else {
+            gain(set, &format!("{p}post_attention_layernorm.weight"))?
+        };
         layers.push(LayerWeights {
-            attn_norm: set.take(&format!("{p}input_layernorm.weight"))?,
-            q: set.take(&format!("{p}self_attn.q_proj.weight"))?,
-            k: set.take(&format!("{p}self_attn.k_proj.weight"))?,
-            v: set.take(&format!("{p}self_attn.v_proj.weight"))?,
+            attn_norm: gain(set, &format!("{p}input_layernorm.weight"))?,
+            q,
+            k,
+            v,
             o: set.take(&format!("{p}self_attn.o_proj.weight"))?,
             q_bias,
             k_bias,
             v_bias,
-            ffn_norm: set.take(&format!("{p}post_attention_layernorm.weight"))?,
+            ffn_norm,
             mlp,
+            extra,
         });
     }
-    let norm = set.take("model.norm.weight")?;
+    let norm = gain(set, "model.norm.weight")?;
     let lm_head = if cfg.tie_word_embeddings {
         // Some tied checkpoints still store a copy; transformers ignores it, so do we.
         set.take_opt("lm_head.weight");
@@ -542,5 +809,14 @@ fn assemble(cfg: &ModelConfig, set: &mut TensorSet) -> Result<ModelWeights> {
         set.take("lm_head.weight")?
     };
     set.finish()?;
-    Ok(ModelWeights { embed, layers, norm, lm_head })
+    Ok(ModelWeights { embed, layers, norm, lm_head, rope_factors: None })
+}
+
+/// `1 + w` in f32 (Gemma's norm gains; transformers adds the 1 in f32 as well).
+fn plus_one(t: &Tensor, file: &Path) -> Result<Tensor> {
+    let v = t.to_f32().ok_or_else(|| {
+        Error::bad_tensor(file, &t.name, format!("is {}, but a norm gain must be f32, f16 or bf16", t.dtype))
+    })?;
+    let v: Vec<f32> = v.iter().map(|w| 1.0 + w).collect();
+    t.with_f32(&v).map_err(|m| Error::bad_tensor(file, &t.name, m))
 }

@@ -6,7 +6,8 @@
 //! - `gguf`: a GGUF file's metadata and tensors mapped onto the config and weights.
 //! - `tensor`: a named weight view over a memory map (no copy) or an owned buffer.
 //! - `weights`: the per-layer weight set an architecture needs, checked against the config.
-//! - `arch`: architecture rules (llama, mistral, qwen2, mixtral).
+//! - `arch`: architecture rules and per-checkpoint features (llama, mistral, qwen2, mixtral,
+//!   qwen3, qwen3moe, gemma3, phi3).
 
 pub mod arch;
 pub mod config;
@@ -20,10 +21,10 @@ pub mod weights;
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-pub use arch::Arch;
+pub use arch::{Arch, ArchFeatures, MlpAct};
 pub use config::ModelConfig;
 pub use tensor::{Storage, Tensor};
-pub use weights::{ExpertWeights, LayerWeights, Mlp, ModelWeights};
+pub use weights::{ExpertWeights, LayerExtras, LayerWeights, Mlp, ModelWeights, RopeFactors};
 
 use crate::tokenizer::{ChatTemplate, Tokenizer};
 use crate::{Error, Result};

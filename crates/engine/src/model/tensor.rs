@@ -120,6 +120,48 @@ impl Tensor {
         Tensor::new(name, self.dtype, inner.to_vec(), self.storage.clone(), self.offset + i * each, each)
     }
 
+    /// Rows `start..start + count` of a matrix (q, k or v of a fused qkv projection), sharing
+    /// the same storage: no copy. Rows of every dtype, block types included, are whole bytes.
+    pub fn slice_rows(&self, start: usize, count: usize, name: impl Into<String>) -> Result<Tensor, String> {
+        let &[rows, cols] = self.shape.as_slice() else {
+            return Err(format!("shape {:?} is not a matrix", self.shape));
+        };
+        if start.checked_add(count).is_none_or(|e| e > rows) || count == 0 {
+            return Err(format!(
+                "rows {start}..{} are not within the {rows} rows of shape {:?}",
+                start + count,
+                self.shape
+            ));
+        }
+        let each = self.len / rows;
+        let t = Tensor::new(
+            name,
+            self.dtype,
+            vec![count, cols],
+            self.storage.clone(),
+            self.offset + start * each,
+            count * each,
+        )?;
+        Ok(t)
+    }
+
+    /// The values of a float tensor (f32, f16, bf16) as f32; `None` for block types.
+    pub fn to_f32(&self) -> Option<Vec<f32>> {
+        let b = self.bytes();
+        Some(match self.dtype {
+            DType::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
+            DType::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            DType::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
+            _ => return None,
+        })
+    }
+
+    /// An owned f32 tensor of `values` with this tensor's name and shape.
+    pub fn with_f32(&self, values: &[f32]) -> Result<Tensor, String> {
+        let bytes = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        Tensor::owned(self.name.clone(), DType::F32, self.shape.clone(), bytes)
+    }
+
     /// Rows `r` of a matrix (elements `r` of a vector), sharing the same storage: no copy,
     /// so only the pages of those rows are ever read (a tensor-parallel rank's shard).
     pub fn rows(&self, r: std::ops::Range<usize>) -> Result<Tensor, String> {

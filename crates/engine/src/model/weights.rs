@@ -34,6 +34,34 @@ pub struct LayerWeights {
     pub v_bias: Option<Tensor>,
     pub ffn_norm: Tensor,
     pub mlp: Mlp,
+    /// The norms beyond the Llama layer (absent there).
+    pub extra: LayerExtras,
+}
+
+/// Per-layer norms some architectures add; gains are as the graph uses them (Gemma's `1 + w`
+/// already added by the loader).
+#[derive(Clone, Debug, Default)]
+pub struct LayerExtras {
+    /// `[head_dim]` RMSNorm gains applied to every q head and every k head before RoPE.
+    pub q_norm: Option<Tensor>,
+    pub k_norm: Option<Tensor>,
+    /// `[hidden]` RMSNorm of the attention output and of the MLP output before each residual add.
+    pub post_attn_norm: Option<Tensor>,
+    pub post_ffn_norm: Option<Tensor>,
+}
+
+impl LayerExtras {
+    pub fn tensors(&self) -> impl Iterator<Item = &Tensor> {
+        [&self.q_norm, &self.k_norm, &self.post_attn_norm, &self.post_ffn_norm].into_iter().flatten()
+    }
+}
+
+/// LongRoPE's per-frequency factors (`[rope_dim / 2]` f32 each): the short list for sequences
+/// within the original context length, the long one beyond it.
+#[derive(Clone, Debug)]
+pub struct RopeFactors {
+    pub short: Tensor,
+    pub long: Tensor,
 }
 
 #[derive(Clone, Debug)]
@@ -44,6 +72,8 @@ pub struct ModelWeights {
     pub norm: Tensor,
     /// `[vocab, hidden]`; the embedding itself when tied.
     pub lm_head: Tensor,
+    /// LongRoPE's factors, when the config's rope scaling is LongRoPE.
+    pub rope_factors: Option<RopeFactors>,
 }
 
 impl ModelWeights {
@@ -54,6 +84,7 @@ impl ModelWeights {
         for l in &self.layers {
             v.extend([&l.attn_norm, &l.q, &l.k, &l.v, &l.o, &l.ffn_norm]);
             v.extend([&l.q_bias, &l.k_bias, &l.v_bias].into_iter().flatten());
+            v.extend(l.extra.tensors());
             match &l.mlp {
                 Mlp::Dense { gate, up, down } => v.extend([gate, up, down]),
                 Mlp::Moe { router, experts } => {
@@ -65,6 +96,9 @@ impl ModelWeights {
             }
         }
         v.push(&self.norm);
+        if let Some(f) = &self.rope_factors {
+            v.extend([&f.short, &f.long]);
+        }
         if !std::ptr::eq(self.lm_head.bytes().as_ptr(), self.embed.bytes().as_ptr()) {
             v.push(&self.lm_head);
         }
@@ -125,6 +159,25 @@ pub fn check_shapes(cfg: &ModelConfig, w: &ModelWeights, path: &Path) -> Result<
             }
         }
         check(&l.ffn_norm, &[h], "hidden_size")?;
+        let x = &l.extra;
+        for (t, want, what, on) in [
+            (&x.q_norm, cfg.head_dim, "head_dim", cfg.features.qk_norm),
+            (&x.k_norm, cfg.head_dim, "head_dim", cfg.features.qk_norm),
+            (&x.post_attn_norm, h, "hidden_size", cfg.features.post_norms),
+            (&x.post_ffn_norm, h, "hidden_size", cfg.features.post_norms),
+        ] {
+            match t {
+                Some(t) => check(t, &[want], what)?,
+                None if on => {
+                    return Err(Error::config(
+                        path.display().to_string(),
+                        "architecture",
+                        format!("{} needs per-layer norms the weights lack", cfg.arch),
+                    ))
+                }
+                None => {}
+            }
+        }
         match &l.mlp {
             Mlp::Dense { gate, up, down } => {
                 if cfg.num_experts != 0 {
@@ -157,6 +210,22 @@ pub fn check_shapes(cfg: &ModelConfig, w: &ModelWeights, path: &Path) -> Result<
     }
     check(&w.norm, &[h], "hidden_size")?;
     check(&w.lm_head, &[cfg.vocab_size, h], "vocab_size, hidden_size")?;
+    let needs_factors = matches!(cfg.rope_scaling, Some(tboost_ops::RopeScaling::LongRope { .. }));
+    match &w.rope_factors {
+        Some(f) => {
+            for t in [&f.short, &f.long] {
+                check(t, &[cfg.rope_dim / 2], "rope_dim / 2 (LongRoPE factors)")?;
+            }
+        }
+        None if needs_factors => {
+            return Err(Error::config(
+                path.display().to_string(),
+                "rope_scaling",
+                "LongRoPE needs its short and long factors",
+            ))
+        }
+        None => {}
+    }
     Ok(())
 }
 

@@ -221,6 +221,7 @@ impl OpParams {
                     p.kv_dtype,
                     p.block_size,
                     p.max_context,
+                    0,
                 )]
             }
             OpParams::MoeRoute(p) => vec![query::moe_route(p.experts, p.top_k)],

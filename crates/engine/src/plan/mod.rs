@@ -29,7 +29,7 @@ use crate::model::{ModelConfig, ModelWeights};
 use crate::{Error, Result};
 
 pub use shard::{ShardSpec, TpReport};
-pub use table::{Choice, Slot};
+pub use table::{embed_scale, global_rope, local_rope, Choice, Slot};
 
 /// Every name `PlanOptions::disabled` accepts: ops, then fusions.
 pub const KNOWN_NAMES: &[&str] = &[

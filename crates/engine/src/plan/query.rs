@@ -43,9 +43,19 @@ pub fn attention(
     kv: DType,
     block_size: usize,
     max_context: usize,
+    sliding_window: usize,
 ) -> OpQuery {
-    let case =
-        AttentionCase { phase, head_dim, n_heads, kv_heads, act_dtype: act, kv_dtype: kv, block_size, max_context };
+    let case = AttentionCase {
+        phase,
+        head_dim,
+        n_heads,
+        kv_heads,
+        act_dtype: act,
+        kv_dtype: kv,
+        block_size,
+        max_context,
+        sliding_window,
+    };
     OpQuery::Attention { kind, case }
 }
 

@@ -10,6 +10,7 @@ use tboost_ops::{
 use super::query;
 use super::{Decision, LayerPlan, Placement, Plan, PlanOptions, Tried, Verdict, WeightMode};
 use crate::backend::{AttnKind, Backend, OpQuery};
+use crate::model::arch::MlpAct;
 use crate::model::{LayerWeights, Mlp, ModelConfig, ModelWeights, Tensor};
 use crate::{Error, Result};
 
@@ -19,18 +20,26 @@ use crate::{Error, Result};
 pub enum Slot {
     Embed,
     RopeTables,
+    /// The sliding layers' tables when they rotate with their own base (Gemma 3).
+    RopeTablesLocal,
     FinalNorm,
     LmHead,
     AttnNorm,
     Qkv,
+    /// Per-head RMSNorm of q and k before RoPE (Qwen3, Gemma 3).
+    QkNorm,
     Rope,
     KvWrite,
     AttentionPrefill,
     AttentionDecode,
     OProj,
+    /// RMSNorm of the attention output before the residual add (Gemma 3).
+    PostAttnNorm,
     FfnNorm,
     MoeRouting,
     Mlp,
+    /// RMSNorm of the MLP output before the residual add (Gemma 3).
+    PostFfnNorm,
     /// Sums the row-parallel partial results of the tensor-parallel ranks.
     AllReduce,
     /// Joins the ranks' vocabulary parts of the logits.
@@ -42,10 +51,14 @@ impl Slot {
         match self {
             Slot::Embed => "embed",
             Slot::RopeTables => "rope_tables",
+            Slot::RopeTablesLocal => "rope_tables_local",
             Slot::FinalNorm => "final_norm",
             Slot::LmHead => "lm_head",
             Slot::AttnNorm => "attn_norm",
             Slot::Qkv => "qkv",
+            Slot::QkNorm => "qk_norm",
+            Slot::PostAttnNorm => "post_attn_norm",
+            Slot::PostFfnNorm => "post_ffn_norm",
             Slot::Rope => "rope",
             Slot::KvWrite => "kv_write",
             Slot::AttentionPrefill => "attention_prefill",
@@ -65,6 +78,8 @@ impl Slot {
 #[serde(rename_all = "snake_case")]
 pub enum Choice {
     Embed,
+    /// Embedding lookup, then the rows multiplied by a constant (Gemma's sqrt(hidden)).
+    EmbedThenScale,
     RopeTables,
     RmsNorm,
     /// Residual add fused into the following RMSNorm.
@@ -74,6 +89,8 @@ pub enum Choice {
     /// One matmul call reads the normed input once for Q, K and V.
     FusedQkvMatmul,
     SeparateQkvMatmuls,
+    /// One RMSNorm over the q heads and one over the k heads, each with a `[head_dim]` gain.
+    QkRmsNorm,
     Rope,
     WriteKv,
     FlashAttention,
@@ -83,6 +100,8 @@ pub enum Choice {
     /// Gate and up projections and SwiGLU in one kernel.
     FusedGateUpSwiglu,
     GateUpMatmulsThenSwiglu,
+    /// Gate and up projections, then GeGLU (tanh GELU).
+    GateUpMatmulsThenGeglu,
     /// Tokens grouped per expert, one call for the whole MoE block.
     MoeGrouped,
     /// Every expert as a dense MLP over every token of the step, then scatter and combine.
@@ -103,6 +122,9 @@ impl Choice {
     pub fn name(self) -> &'static str {
         match self {
             Choice::Embed => "embed",
+            Choice::EmbedThenScale => "embed_then_scale",
+            Choice::QkRmsNorm => "qk_rmsnorm",
+            Choice::GateUpMatmulsThenGeglu => "gate_up_matmuls_then_geglu",
             Choice::RopeTables => "rope_tables",
             Choice::RmsNorm => "rmsnorm",
             Choice::AddRmsNorm => "add_rmsnorm",
@@ -169,12 +191,16 @@ impl Choice {
 /// The weights a slot's candidates use (their dtypes and shapes make the matmul cases).
 enum SlotWeights<'w> {
     None,
+    /// q and k norm gains.
+    QkGains(&'w Tensor, &'w Tensor),
     Gain(&'w Tensor),
     Embed(&'w Tensor),
     Qkv(&'w LayerWeights),
     One(&'w Tensor),
     Mlp(&'w Mlp),
     Router(&'w Tensor),
+    /// The sliding layers' RoPE tables (no weights).
+    LocalRope,
 }
 
 /// The KV cache type for an explicit `asked`: itself, or, for an int8 (q8_0) cache the model
@@ -273,14 +299,17 @@ impl<'a> Planner<'a> {
     }
 
     fn rope(&self) -> RopeParams {
-        let c = self.cfg;
-        RopeParams { dim: c.rope_dim, theta: c.rope_theta, scaling: c.rope_scaling, style: c.rope_style }
+        global_rope(self.cfg)
     }
 
-    fn attention_query(&self, kind: AttnKind, phase: AttnPhase, a: Ask) -> OpQuery {
+    fn local_rope(&self) -> RopeParams {
+        local_rope(self.cfg).unwrap_or_else(|| self.rope())
+    }
+
+    fn attention_query(&self, kind: AttnKind, phase: AttnPhase, window: usize, a: Ask) -> OpQuery {
         let c = self.cfg;
-        let (hd, heads, kvh) = (c.head_dim, c.num_heads, c.num_kv_heads);
-        query::attention(kind, phase, hd, heads, kvh, a.act, a.kv, self.opts.block_size, c.max_position_embeddings)
+        let (hd, heads, kvh, bs) = (c.head_dim, c.num_heads, c.num_kv_heads, self.opts.block_size);
+        query::attention(kind, phase, hd, heads, kvh, a.act, a.kv, bs, c.max_position_embeddings, window)
     }
 
     /// The queries candidate `choice` makes for its slot under `a`.
@@ -289,7 +318,12 @@ impl<'a> Planner<'a> {
         let norm = |t: &Tensor, fused_add| query::rms_norm(gain_dtype(t, a), a.act, fused_add);
         match (choice, sw) {
             (Choice::Embed, SlotWeights::Embed(t)) => vec![query::embed(gain_dtype(t, a), a.act)],
-            (Choice::RopeTables, _) => vec![query::rope_tables(self.rope())],
+            (Choice::EmbedThenScale, SlotWeights::Embed(t)) => {
+                vec![query::embed(gain_dtype(t, a), a.act), OpQuery::Scale { act: a.act }]
+            }
+            (Choice::RopeTables, SlotWeights::None) => vec![query::rope_tables(self.rope())],
+            (Choice::RopeTables, SlotWeights::LocalRope) => vec![query::rope_tables(self.local_rope())],
+            (Choice::QkRmsNorm, SlotWeights::QkGains(qn, kn)) => vec![norm(qn, false), norm(kn, false)],
             (Choice::RmsNorm, SlotWeights::Gain(t)) => vec![norm(t, false)],
             (Choice::AddRmsNorm, SlotWeights::Gain(t)) => vec![norm(t, true)],
             (Choice::AddThenRmsNorm, SlotWeights::Gain(t)) => vec![OpQuery::Add { act: a.act }, norm(t, false)],
@@ -323,6 +357,12 @@ impl<'a> Planner<'a> {
                 OpQuery::SwiGlu { act: a.act },
                 OpQuery::MatMul(mm(down, a)),
             ],
+            (Choice::GateUpMatmulsThenGeglu, SlotWeights::Mlp(Mlp::Dense { gate, up, down })) => vec![
+                OpQuery::MatMul(mm(gate, a)),
+                OpQuery::MatMul(mm(up, a)),
+                OpQuery::GeGlu { act: a.act },
+                OpQuery::MatMul(mm(down, a)),
+            ],
             (Choice::MoeGrouped, SlotWeights::Mlp(Mlp::Moe { experts, .. })) => match experts.first() {
                 Some(e) => {
                     vec![query::moe_grouped(experts.len(), c.experts_per_token, mm(&e.gate, a), mm(&e.down, a))]
@@ -354,9 +394,9 @@ impl<'a> Planner<'a> {
         }
     }
 
-    fn attention_queries(&self, choice: Choice, phase: AttnPhase, a: Ask) -> Vec<OpQuery> {
+    fn attention_queries(&self, choice: Choice, phase: AttnPhase, window: usize, a: Ask) -> Vec<OpQuery> {
         match choice.attn_kind() {
-            Some(kind) => vec![self.attention_query(kind, phase, a)],
+            Some(kind) => vec![self.attention_query(kind, phase, window, a)],
             None => unreachable!("{} is not an attention candidate", choice.name()),
         }
     }
@@ -364,7 +404,8 @@ impl<'a> Planner<'a> {
     /// The dtypes of the weights candidate `choice` reads (for weight-mode choices).
     fn weight_dtypes(sw: &SlotWeights<'_>) -> Vec<DType> {
         let mut v: Vec<DType> = match sw {
-            SlotWeights::None => vec![],
+            SlotWeights::None | SlotWeights::LocalRope => vec![],
+            SlotWeights::QkGains(q, k) => vec![q.dtype, k.dtype],
             SlotWeights::Gain(t) | SlotWeights::Embed(t) | SlotWeights::One(t) | SlotWeights::Router(t) => {
                 vec![t.dtype]
             }
@@ -652,8 +693,10 @@ impl<'a> Planner<'a> {
         let (h, qd, kvd) = (c.hidden_size, c.num_heads * c.head_dim, c.num_kv_heads * c.head_dim);
         let elems = match slot {
             Slot::Embed => h,
-            Slot::RopeTables => c.rope_dim,
+            Slot::RopeTables | Slot::RopeTablesLocal => c.rope_dim,
             Slot::AttnNorm | Slot::FfnNorm | Slot::FinalNorm => 4 * h,
+            Slot::PostAttnNorm | Slot::PostFfnNorm => 2 * h,
+            Slot::QkNorm => 4 * (qd + kvd),
             Slot::Qkv => h + qd + 2 * kvd,
             Slot::Rope => 2 * (qd + kvd) + c.rope_dim,
             Slot::KvWrite => 2 * kvd,
@@ -673,26 +716,35 @@ impl<'a> Planner<'a> {
         let q = |choice, sw: &SlotWeights<'_>, a| self.queries(choice, sw, a);
         let mut model = Vec::new();
         let sw = SlotWeights::Embed(&w.embed);
-        model.push(self.decide(
-            None,
-            Slot::Embed,
-            &[Choice::Embed],
-            &sw,
-            &|ch, a| q(ch, &sw, a),
-            format!("{} table", w.embed.dtype),
-            None,
-        )?);
+        let (embed, detail) = match embed_scale(c, w.embed.dtype) {
+            Some(s) => (Choice::EmbedThenScale, format!("{} table, times {s}", w.embed.dtype)),
+            None => (Choice::Embed, format!("{} table", w.embed.dtype)),
+        };
+        model.push(self.decide(None, Slot::Embed, &[embed], &sw, &|ch, a| q(ch, &sw, a), detail, None)?);
         let sw = SlotWeights::None;
         let rope = self.rope();
+        let scaling = rope.scaling.map_or(String::new(), |s| format!(", {} scaling", s.name()));
         model.push(self.decide(
             None,
             Slot::RopeTables,
             &[Choice::RopeTables],
             &sw,
             &|ch, a| q(ch, &sw, a),
-            format!("rope_dim={} theta={}", rope.dim, rope.theta),
+            format!("rope_dim={} theta={}{scaling}", rope.dim, rope.theta),
             None,
         )?);
+        if let Some(local) = local_rope(c) {
+            let sw = SlotWeights::LocalRope;
+            model.push(self.decide(
+                None,
+                Slot::RopeTablesLocal,
+                &[Choice::RopeTables],
+                &sw,
+                &|ch, a| q(ch, &sw, a),
+                format!("sliding layers: rope_dim={} theta={}", local.dim, local.theta),
+                None,
+            )?);
+        }
 
         let mut layers = Vec::with_capacity(w.layers.len());
         for (i, lw) in w.layers.iter().enumerate() {
@@ -709,27 +761,45 @@ impl<'a> Planner<'a> {
                 SlotWeights::Qkv(lw),
                 matmul_detail(&[&lw.q, &lw.k, &lw.v], self.act),
             )?);
+            if let (Some(qn), Some(kn)) = (&lw.extra.q_norm, &lw.extra.k_norm) {
+                d.push(one(
+                    Slot::QkNorm,
+                    &[Choice::QkRmsNorm],
+                    SlotWeights::QkGains(qn, kn),
+                    format!("per head, [{}] gains, eps={}", c.head_dim, c.rms_eps),
+                )?);
+            }
+            let tables = if c.features.local_rope(i) { "local tables" } else { "tables" };
             d.push(one(
                 Slot::Rope,
                 &[Choice::Rope],
                 SlotWeights::None,
-                format!("{:?}, rope_dim={}", c.rope_style, c.rope_dim),
+                format!("{:?}, rope_dim={}, {tables}", c.rope_style, c.rope_dim),
             )?);
             d.extend(self.attention_group(i)?);
             d.push(one(Slot::OProj, &[Choice::Matmul], SlotWeights::One(&lw.o), matmul_detail(&[&lw.o], self.act))?);
+            if let Some(g) = &lw.extra.post_attn_norm {
+                d.push(one(
+                    Slot::PostAttnNorm,
+                    &[Choice::RmsNorm],
+                    SlotWeights::Gain(g),
+                    format!("eps={}", c.rms_eps),
+                )?);
+            }
             d.push(one(
                 Slot::FfnNorm,
                 &[Choice::AddRmsNorm, Choice::AddThenRmsNorm],
                 SlotWeights::Gain(&lw.ffn_norm),
                 format!("eps={}", c.rms_eps),
             )?);
+            let glu: &[Choice] = match c.features.mlp_act {
+                MlpAct::Silu => &[Choice::FusedGateUpSwiglu, Choice::GateUpMatmulsThenSwiglu],
+                MlpAct::GeluTanh => &[Choice::GateUpMatmulsThenGeglu],
+            };
             match &lw.mlp {
-                Mlp::Dense { gate, up, down } => d.push(one(
-                    Slot::Mlp,
-                    &[Choice::FusedGateUpSwiglu, Choice::GateUpMatmulsThenSwiglu],
-                    SlotWeights::Mlp(&lw.mlp),
-                    matmul_detail(&[gate, up, down], self.act),
-                )?),
+                Mlp::Dense { gate, up, down } => {
+                    d.push(one(Slot::Mlp, glu, SlotWeights::Mlp(&lw.mlp), matmul_detail(&[gate, up, down], self.act))?)
+                }
                 Mlp::Moe { router, experts } => {
                     d.push(one(
                         Slot::MoeRouting,
@@ -751,6 +821,9 @@ impl<'a> Planner<'a> {
                         ),
                     )?);
                 }
+            }
+            if let Some(g) = &lw.extra.post_ffn_norm {
+                d.push(one(Slot::PostFfnNorm, &[Choice::RmsNorm], SlotWeights::Gain(g), format!("eps={}", c.rms_eps))?);
             }
             layers.push(LayerPlan { layer: i, decisions: d });
         }
@@ -814,10 +887,14 @@ impl<'a> Planner<'a> {
     /// backend — the primary when it takes all three, else the CPU.
     fn attention_group(&self, i: usize) -> Result<Vec<Decision>> {
         let sw = SlotWeights::None;
-        let hd = format!("head_dim={}", self.cfg.head_dim);
+        let window = self.cfg.features.window(i);
+        let hd = match window {
+            0 => format!("head_dim={}", self.cfg.head_dim),
+            w => format!("head_dim={}, sliding_window={w}", self.cfg.head_dim),
+        };
         let kv = |ch, a| self.queries(ch, &sw, a);
-        let pre = |ch, a| self.attention_queries(ch, AttnPhase::Prefill, a);
-        let dec = |ch, a| self.attention_queries(ch, AttnPhase::Decode, a);
+        let pre = |ch, a| self.attention_queries(ch, AttnPhase::Prefill, window, a);
+        let dec = |ch, a| self.attention_queries(ch, AttnPhase::Decode, window, a);
         let prefill = [Choice::FlashAttention, Choice::StandardAttention];
         let decode = [Choice::PagedDecodeAttention, Choice::FlashAttention, Choice::StandardAttention];
         let slots: [(Slot, &[Choice], BuildQueries<'_>, String); 3] = [
@@ -864,6 +941,32 @@ impl<'a> Planner<'a> {
         }
         Ok(d)
     }
+}
+
+/// The model's RoPE (the global layers' when Gemma 3 gives the sliding ones their own base).
+pub fn global_rope(c: &ModelConfig) -> RopeParams {
+    RopeParams { dim: c.rope_dim, theta: c.rope_theta, scaling: c.rope_scaling, style: c.rope_style }
+}
+
+/// The sliding layers' RoPE when they have their own base: that base, unscaled (Gemma 3
+/// scales only its global layers' frequencies).
+pub fn local_rope(c: &ModelConfig) -> Option<RopeParams> {
+    let theta = c.features.rope_local_theta?;
+    c.features.sliding_layers.iter().any(|&s| s).then_some(RopeParams { theta, scaling: None, ..global_rope(c) })
+}
+
+/// Gemma's embedding scale: sqrt(hidden_size) rounded to the embedding's dtype (as
+/// transformers rounds it to the weights' dtype), when the architecture has one.
+pub fn embed_scale(c: &ModelConfig, table: DType) -> Option<f32> {
+    if !c.features.embed_scale {
+        return None;
+    }
+    let s = (c.hidden_size as f64).sqrt();
+    Some(match table {
+        DType::BF16 => half::bf16::from_f64(s).to_f32(),
+        DType::F16 => half::f16::from_f64(s).to_f32(),
+        _ => s as f32,
+    })
 }
 
 /// The kernel names of a candidate's queries, joined (`aclnnMm+aclnnSwiGlu`), if the

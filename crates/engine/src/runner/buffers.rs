@@ -44,6 +44,14 @@ pub(crate) struct Buffers {
     pub act: BufId,
     pub cos: BufId,
     pub sin: BufId,
+    /// The sliding layers' tables (Gemma 3's local base; 1 element otherwise).
+    pub cos_local: BufId,
+    pub sin_local: BufId,
+    /// q and k as projected, before the per-head norm writes them into `q` and `k`.
+    pub q_raw: BufId,
+    pub k_raw: BufId,
+    /// A sublayer's output after its post-norm (Gemma 3).
+    pub post: BufId,
     pub sel: BufId,
     pub logits: BufId,
     /// f32 logits when activations are not f32.
@@ -100,6 +108,8 @@ impl Buffers {
         let inter = c.intermediate_size;
         let k = c.experts_per_token.max(1);
         let moe = c.arch.is_moe();
+        let f = &c.features;
+        let local = crate::plan::local_rope(c).is_some();
         let b = Buffers {
             cap,
             h: a(act, t * hid)?,
@@ -114,6 +124,11 @@ impl Buffers {
             act: a(act, t * inter)?,
             cos: a(act, t * c.rope_dim / 2)?,
             sin: a(act, t * c.rope_dim / 2)?,
+            cos_local: a(act, if local { t * c.rope_dim / 2 } else { 1 })?,
+            sin_local: a(act, if local { t * c.rope_dim / 2 } else { 1 })?,
+            q_raw: a(act, if f.qk_norm { t * qd } else { 1 })?,
+            k_raw: a(act, if f.qk_norm { t * kvd } else { 1 })?,
+            post: a(act, if f.post_norms { t * hid } else { 1 })?,
             sel: a(act, r * hid)?,
             logits: a(act, r * c.vocab_size)?,
             logits_f32: if act == DType::F32 { None } else { Some(a(DType::F32, r * c.vocab_size)?) },

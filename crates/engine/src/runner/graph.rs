@@ -1,8 +1,9 @@
 //! The decoder's op sequence for one step, as the plan chose it:
-//! embed → [norm → qkv → rope → kv write → attention (decodes | prefill chunks) → o_proj →
-//! norm → mlp | moe] × N → norm → gather → lm_head.
+//! embed (→ scale) → [norm → qkv (→ q/k norm) → rope → kv write → attention (decodes | prefill
+//! chunks; full or sliding window) → o_proj (→ post norm) → norm → mlp | moe (→ post norm)] × N
+//! → norm → gather → lm_head.
 
-use tboost_ops::{AttnParams, RopeParams};
+use tboost_ops::{AttnParams, RopeParams, RopeScaling};
 
 use super::buffers::Buffers;
 use super::exec::Exec;
@@ -56,10 +57,10 @@ impl Graph<'_> {
         let (q, k, vv, attn) = (v(a.q, t * qd), v(a.k, t * kvd), v(a.v, t * kvd), v(a.attn, t * qd));
         let half = c.rope_dim / 2;
         let (cos, sin) = (v(a.cos, t * half), v(a.sin, t * half));
+        let (cos_l, sin_l) = (v(a.cos_local, t * half), v(a.sin_local, t * half));
         let eps = c.rms_eps as f32;
-        let mut params = AttnParams::new(c.num_heads, c.num_kv_heads, hd, 1.0 / (hd as f32).sqrt());
+        let mut params = AttnParams::new(c.num_heads, c.num_kv_heads, hd, c.attn_scale());
         params.tile_kv = plan.attention_tile_kv;
-        let rope = RopeParams { dim: c.rope_dim, theta: c.rope_theta, scaling: c.rope_scaling, style: c.rope_style };
         let model = |s| need(plan.model_slot(s), s);
         let mm = |x, m, segs, precision| Op::MatMul { x, m, segs, precision, tiling: plan.matmul_tiling };
 
@@ -68,31 +69,61 @@ impl Graph<'_> {
         if let Some(tp) = &self.tp {
             tp.all_reduce(ex, h, Some(c.hidden_size))?;
         }
+        if d.choice == Choice::EmbedThenScale {
+            let s = ids.embed_scale.ok_or_else(|| Error::invalid("plan", "embed_then_scale without a scale"))?;
+            ex.launch(d.placement, &Op::Scale { x: h, s })?;
+        }
         let d = model(Slot::RopeTables)?;
-        ex.launch(d.placement, &Op::RopeTables { positions: views.positions, rope, cos, sin })?;
+        self.rope_tables(ex, d, crate::plan::global_rope(c), cos, sin)?;
+        if let Some(local) = crate::plan::local_rope(c) {
+            self.rope_tables(ex, model(Slot::RopeTablesLocal)?, local, cos_l, sin_l)?;
+        }
 
-        // `o` holds a sublayer output not yet added into `h` (after the first sublayer).
-        let norm = |ex: &mut Exec<'_>, d: &Decision, w: WeightId| -> Result<()> {
+        // `pending` holds a sublayer output not yet added into `h` (after the first sublayer).
+        let norm = |ex: &mut Exec<'_>, d: &Decision, w: WeightId, pending: View| -> Result<()> {
             let p = d.placement;
             match d.choice {
                 Choice::RmsNorm => ex.launch(p, &Op::RmsNorm { x: h, w, eps, out: xn }),
-                Choice::AddRmsNorm => ex.launch(p, &Op::AddRmsNorm { residual: h, x: o, w, eps, out: xn }),
+                Choice::AddRmsNorm => ex.launch(p, &Op::AddRmsNorm { residual: h, x: pending, w, eps, out: xn }),
                 Choice::AddThenRmsNorm => {
-                    ex.launch(p, &Op::Add { dst: h, src: o })?;
+                    ex.launch(p, &Op::Add { dst: h, src: pending })?;
                     ex.launch(p, &Op::RmsNorm { x: h, w, eps, out: xn })
                 }
                 other => Err(Error::invalid("plan", format!("{} cannot fill a norm slot", other.name()))),
             }
         };
+        // A sublayer's output, RMS-normed into `post` when the layer has a post-norm.
+        let post = v(a.post, t * hid);
+        let post_norm = |ex: &mut Exec<'_>, d: Option<&Decision>, w: Option<WeightId>| -> Result<View> {
+            match (d, w) {
+                (Some(d), Some(w)) => {
+                    ex.launch(d.placement, &Op::RmsNorm { x: o, w, eps, out: post })?;
+                    Ok(post)
+                }
+                _ => Ok(o),
+            }
+        };
+        let mut pending = o;
         let runs = phase_runs(layout);
-        for ((lw, lp), &cache) in ids.layers.iter().zip(&plan.layers).zip(caches) {
+        for (i, ((lw, lp), &cache)) in ids.layers.iter().zip(&plan.layers).zip(caches).enumerate() {
             let d = |s| need(lp.get(s), s);
-            norm(ex, d(Slot::AttnNorm)?, lw.attn_norm)?;
-            self.qkv(ex, d(Slot::Qkv)?, lw, xn, [q, k, vv])?;
+            norm(ex, d(Slot::AttnNorm)?, lw.attn_norm, pending)?;
+            match lw.qk_norm {
+                Some((qn, kn)) => {
+                    let (qr, kr) = (v(a.q_raw, t * qd), v(a.k_raw, t * kvd));
+                    self.qkv(ex, d(Slot::Qkv)?, lw, xn, [qr, kr, vv])?;
+                    let dn = d(Slot::QkNorm)?;
+                    ex.launch(dn.placement, &Op::RmsNorm { x: qr, w: qn, eps, out: q })?;
+                    ex.launch(dn.placement, &Op::RmsNorm { x: kr, w: kn, eps, out: k })?;
+                }
+                None => self.qkv(ex, d(Slot::Qkv)?, lw, xn, [q, k, vv])?,
+            }
             let dr = d(Slot::Rope)?;
             let style = c.rope_style;
+            let (cos, sin) = if c.features.local_rope(i) { (cos_l, sin_l) } else { (cos, sin) };
             ex.launch(dr.placement, &Op::Rope { x: q, heads: c.num_heads, head_dim: hd, cos, sin, style })?;
             ex.launch(dr.placement, &Op::Rope { x: k, heads: c.num_kv_heads, head_dim: hd, cos, sin, style })?;
+            let params = AttnParams { window: c.features.window(i), ..params };
             ex.launch(d(Slot::KvWrite)?.placement, &Op::WriteKv { k, v: vv, slots: views.slots, cache })?;
             for &(decode, first, count) in &runs {
                 let da = d(if decode { Slot::AttentionDecode } else { Slot::AttentionPrefill })?;
@@ -119,8 +150,9 @@ impl Graph<'_> {
             if let Some(tp) = &self.tp {
                 tp.all_reduce(ex, o, None)?;
             }
+            pending = post_norm(ex, lp.get(Slot::PostAttnNorm), lw.post_attn_norm)?;
 
-            norm(ex, d(Slot::FfnNorm)?, lw.ffn_norm)?;
+            norm(ex, d(Slot::FfnNorm)?, lw.ffn_norm, pending)?;
             match &lw.mlp {
                 MlpIds::Dense { gate, up, down } => self.dense_mlp(ex, d(Slot::Mlp)?, (*gate, *up, *down), xn, o)?,
                 MlpIds::Moe { router, experts } => {
@@ -168,8 +200,9 @@ impl Graph<'_> {
             if let Some(tp) = &self.tp {
                 tp.all_reduce(ex, o, None)?;
             }
+            pending = post_norm(ex, lp.get(Slot::PostFfnNorm), lw.post_ffn_norm)?;
         }
-        norm(ex, model(Slot::FinalNorm)?, ids.norm)?;
+        norm(ex, model(Slot::FinalNorm)?, ids.norm, pending)?;
         let dl = model(Slot::LmHead)?;
         let sel = v(a.sel, r * hid);
         let lg = v(a.logits, r * c.vocab_size);
@@ -188,6 +221,42 @@ impl Graph<'_> {
             }
             None => Ok(lg),
         }
+    }
+
+    /// The cos/sin tables of `rope` for the step's positions. LongRoPE picks the short or long
+    /// factors per sequence: long when the sequence's context (cached + new tokens) is beyond the
+    /// original length, as transformers decides per forward call from the longest position
+    /// (so a sequence prefilled past it rotates every token with the long factors; cached keys
+    /// are not re-rotated when a sequence crosses it while decoding, as in transformers).
+    fn rope_tables(&self, ex: &mut Exec<'_>, d: &Decision, rope: RopeParams, cos: View, sin: View) -> Result<()> {
+        let positions = self.views.positions;
+        let (Some(RopeScaling::LongRope { original_max_position_embeddings: orig, .. }), Some((short, long))) =
+            (rope.scaling, self.ids.rope_factors)
+        else {
+            return ex.launch(d.placement, &Op::RopeTables { positions, rope, cos, sin });
+        };
+        let half = rope.dim / 2;
+        // Runs of consecutive sequences in one regime, as (long, first row, rows).
+        let mut runs: Vec<(bool, usize, usize)> = Vec::new();
+        for s in &self.layout.seqs {
+            let (start, rows, is_long) = (s[0] as usize, s[1] as usize, s[2] as f64 > orig);
+            match runs.last_mut() {
+                Some((l, r0, n)) if *l == is_long && *r0 + *n == start => *n += rows,
+                _ => runs.push((is_long, start, rows)),
+            }
+        }
+        for (is_long, r0, n) in runs {
+            let factors = if is_long { long } else { short };
+            let op = Op::RopeTablesScaled {
+                positions: positions.sub(r0, n),
+                rope,
+                factors,
+                cos: cos.sub(r0 * half, n * half),
+                sin: sin.sub(r0 * half, n * half),
+            };
+            ex.launch(d.placement, &op)?;
+        }
+        Ok(())
     }
 
     fn qkv(&self, ex: &mut Exec<'_>, d: &Decision, lw: &LayerIds, x: View, outs: [View; 3]) -> Result<()> {
@@ -228,11 +297,15 @@ impl Graph<'_> {
             Choice::FusedGateUpSwiglu => {
                 ex.launch(p, &Op::MatMulSwiGlu { x, m, gate, up, out: act, precision, tiling })?
             }
-            Choice::GateUpMatmulsThenSwiglu | Choice::MoePerExpert => {
+            Choice::GateUpMatmulsThenSwiglu | Choice::MoePerExpert | Choice::GateUpMatmulsThenGeglu => {
                 let (g, u) = (View::new(a.gate, 0, m * inter), View::new(a.up, 0, m * inter));
                 ex.launch(p, &one(x, gate, g))?;
                 ex.launch(p, &one(x, up, u))?;
-                ex.launch(p, &Op::SwiGlu { gate: g, up: u, out: act })?;
+                if d.choice == Choice::GateUpMatmulsThenGeglu {
+                    ex.launch(p, &Op::GeGlu { gate: g, up: u, out: act })?;
+                } else {
+                    ex.launch(p, &Op::SwiGlu { gate: g, up: u, out: act })?;
+                }
             }
             other => return Err(Error::invalid("plan", format!("{} cannot fill the mlp slot", other.name()))),
         }

@@ -190,7 +190,8 @@ impl ModelRunner {
             }
             _ => None,
         };
-        let ids = WeightIds::upload(&plan, &lw, primary.as_mut(), cpu.as_mut())?;
+        let mut ids = WeightIds::upload(&plan, &lw, primary.as_mut(), cpu.as_mut())?;
+        ids.embed_scale = plan::embed_scale(cfg, lw.embed.dtype);
         Ok(ModelRunner {
             weight_bytes: lw.total_bytes(),
             cfg: cfg.clone(),
@@ -400,7 +401,14 @@ impl ModelRunner {
                     format!("sequence {i} [{q_start}, {q_len}, {ctx_len}] does not follow row {covered}"),
                 ));
             }
-            if let Some(&b) = table[..used].iter().find(|&&b| b as usize >= blocks) {
+            // With one sliding window in every layer, blocks behind the first row's window may
+            // have been given back (`KvManager::set_window`): they are never read.
+            let first = (ctx_len - q_len) as usize;
+            let skip = match self.cfg.features.uniform_window() {
+                Some(w) => ((first + 1).saturating_sub(w) / bs).min(used),
+                None => 0,
+            };
+            if let Some(&b) = table[skip..used].iter().find(|&&b| b as usize >= blocks) {
                 return Err(Error::invalid("block_tables", format!("sequence {i} names block {b} of {blocks}")));
             }
             covered += q_len;

@@ -60,6 +60,8 @@ pub(crate) fn shard(cfg: &ModelConfig, w: &ModelWeights, s: &ShardSpec) -> Resul
             k_bias: bias(&l.k_bias, &kv)?,
             v_bias: bias(&l.v_bias, &kv)?,
             ffn_norm: l.ffn_norm.clone(),
+            // Per-head q/k norm gains and the hidden-size post norms are the same on every rank.
+            extra: l.extra.clone(),
             mlp: match &l.mlp {
                 Mlp::Dense { gate, up, down } => {
                     let e = mlp(gate, up, down, s)?;
@@ -77,6 +79,7 @@ pub(crate) fn shard(cfg: &ModelConfig, w: &ModelWeights, s: &ShardSpec) -> Resul
         layers,
         norm: w.norm.clone(),
         lm_head: rows(&w.lm_head, vocab)?,
+        rope_factors: w.rope_factors.clone(),
     };
     Ok((local, weights))
 }

@@ -20,6 +20,10 @@ pub(crate) struct LayerIds {
     pub o: WeightId,
     pub ffn_norm: WeightId,
     pub mlp: MlpIds,
+    /// q and k norm gains (Qwen3, Gemma 3).
+    pub qk_norm: Option<(WeightId, WeightId)>,
+    pub post_attn_norm: Option<WeightId>,
+    pub post_ffn_norm: Option<WeightId>,
 }
 
 pub(crate) enum MlpIds {
@@ -32,6 +36,10 @@ pub(crate) struct WeightIds {
     pub layers: Vec<LayerIds>,
     pub norm: WeightId,
     pub lm_head: WeightId,
+    /// LongRoPE's short and long factors, on the rope_tables slot's backend.
+    pub rope_factors: Option<(WeightId, WeightId)>,
+    /// The embedding scale (Gemma), rounded to the table's dtype.
+    pub embed_scale: Option<f32>,
 }
 
 struct Uploader<'b> {
@@ -56,6 +64,11 @@ impl Uploader<'_> {
             _ => Cow::Borrowed(t),
         };
         self.backend(d)?.upload_weight(&t)
+    }
+
+    /// `t` as stored (LongRoPE's factors), on `d`'s backend.
+    fn plain(&mut self, d: &Decision, t: &Tensor) -> Result<WeightId> {
+        self.backend(d)?.upload_weight(t)
     }
 
     /// `t` as stored (biases), on `d`'s backend.
@@ -83,7 +96,21 @@ impl WeightIds {
             let d = |s| lp.get(s);
             let qkv = slot(d, Slot::Qkv)?;
             let mlp = slot(d, Slot::Mlp)?;
+            let x = &lw.extra;
+            let qk_norm = match (&x.q_norm, &x.k_norm) {
+                (Some(qn), Some(kn)) => {
+                    let dq = slot(d, Slot::QkNorm)?;
+                    Some((u.up(dq, qn)?, u.up(dq, kn)?))
+                }
+                _ => None,
+            };
+            let post_attn_norm =
+                x.post_attn_norm.as_ref().map(|t| u.up(slot(d, Slot::PostAttnNorm)?, t)).transpose()?;
+            let post_ffn_norm = x.post_ffn_norm.as_ref().map(|t| u.up(slot(d, Slot::PostFfnNorm)?, t)).transpose()?;
             layers.push(LayerIds {
+                qk_norm,
+                post_attn_norm,
+                post_ffn_norm,
                 attn_norm: u.up(slot(d, Slot::AttnNorm)?, &lw.attn_norm)?,
                 q: u.up(qkv, &lw.q)?,
                 k: u.up(qkv, &lw.k)?,
@@ -117,11 +144,20 @@ impl WeightIds {
                 },
             });
         }
+        let rope_factors = match &w.rope_factors {
+            Some(f) => {
+                let d = slot(m, Slot::RopeTables)?;
+                Some((u.plain(d, &f.short)?, u.plain(d, &f.long)?))
+            }
+            None => None,
+        };
         Ok(WeightIds {
             embed,
             layers,
             norm: u.up(slot(m, Slot::FinalNorm)?, &w.norm)?,
             lm_head: u.up(slot(m, Slot::LmHead)?, &w.lm_head)?,
+            rope_factors,
+            embed_scale: None,
         })
     }
 }

@@ -257,6 +257,7 @@ fn attention(s: &mut Suite<'_>, rng: &mut Rng, kind: AttnKind) {
             kv_dtype: c.kv,
             block_size: bs,
             max_context: 4096,
+            sliding_window: 0,
         };
         // The launches of the step (kind, first sequence, count) and what the plan asks.
         let runs: Vec<(AttnKind, usize, usize)> = match c.phase {

@@ -276,3 +276,62 @@ pub fn swiglu(s: &mut Suite<'_>, rng: &mut Rng) {
         });
     }
 }
+
+/// GeGLU (Gemma's MLP): `gelu_tanh(gate) * up` against the f64 formula.
+pub fn geglu(s: &mut Suite<'_>, rng: &mut Rng) {
+    const TOL: &str = "2⁻¹⁹·(|want| + |up|): f32 tanh (a few ulp), products and sums; 16-bit activations \
+                       (inputs rounded): + u·|want| + half the smallest f16 subnormal";
+    let act = s.act;
+    let (ua, tiny) = (u_act(act), tiny_act(act));
+    for n in [5usize, 4099, 40_000] {
+        let mut g = rng.vec(n, 8.0);
+        let u = round_to(act, &rng.vec(n, 4.0));
+        let edges = [0.0, -0.0, 50.0, -30.0, 1e-30, 3.0, -3.0, 20.0];
+        for (i, e) in edges.iter().enumerate().take(n) {
+            g[i] = *e;
+        }
+        let g = round_to(act, &g);
+        let q = [OpQuery::GeGlu { act }];
+        s.case("geglu", TOL, format!("{n} values, gate edges {edges:?}"), &q, &[18], |d| {
+            let (gv, uv, out) = (d.acts(act, &g)?, d.acts(act, &u)?, d.alloc(act, n)?);
+            d.launch(Op::GeGlu { gate: gv, up: uv, out })?;
+            d.sync()?;
+            let got = d.read_act(out)?;
+            let c = (2.0 / std::f64::consts::PI).sqrt();
+            let want: Vec<f64> = g
+                .iter()
+                .zip(&u)
+                .map(|(&g, &u)| {
+                    let g = g as f64;
+                    0.5 * g * (1.0 + (c * (g + 0.044715 * g * g * g)).tanh()) * u as f64
+                })
+                .collect();
+            let mut m = Measured::default();
+            m.close("out", &got, &want, |i| {
+                2f64.powi(-19) * (want[i].abs() + u[i].abs() as f64) + ua * want[i].abs() + tiny
+            })?;
+            Ok(m)
+        });
+    }
+}
+
+/// `x *= s` (Gemma's embedding scale): one rounding of the product.
+pub fn scale(s: &mut Suite<'_>, rng: &mut Rng) {
+    const TOL: &str = "½ ulp of the f32 product; 16-bit activations: + u·|want|";
+    let act = s.act;
+    let ua = u_act(act);
+    for (n, k) in [(7usize, 11.313_708_f32), (4096, 0.5), (33_000, 33.941_124)] {
+        let x = round_to(act, &rng.vec(n, 3.0));
+        let q = [OpQuery::Scale { act }];
+        s.case("scale", TOL, format!("{n} values times {k}"), &q, &[19], |d| {
+            let xv = d.acts(act, &x)?;
+            d.launch(Op::Scale { x: xv, s: k })?;
+            d.sync()?;
+            let got = d.read_act(xv)?;
+            let want: Vec<f64> = x.iter().map(|&v| v as f64 * k as f64).collect();
+            let mut m = Measured::default();
+            m.close("x", &got, &want, |i| 2f64.powi(-24) * want[i].abs() + ua * want[i].abs())?;
+            Ok(m)
+        });
+    }
+}

@@ -1,7 +1,7 @@
 //! RoPE: the cos/sin tables (plain and llama3-scaled frequencies) and the rotation.
 
 use tboost_engine::backend::{Op, OpQuery, StepHost};
-use tboost_ops::{Llama3Scaling, RopeParams, RopeStyle};
+use tboost_ops::{Llama3Scaling, RopeParams, RopeScaling, RopeStyle, YarnScaling};
 use tboost_testkit::golden::Rng;
 
 use super::measure::Measured;
@@ -14,7 +14,12 @@ fn inv_freq_ref(p: &RopeParams) -> Vec<f64> {
     (0..p.dim / 2)
         .map(|i| {
             let inv = 1.0 / p.theta.powf((2 * i) as f64 / p.dim as f64);
-            let Some(s) = p.scaling else { return inv };
+            let s = match p.scaling {
+                None | Some(RopeScaling::LongRope { .. }) => return inv,
+                Some(RopeScaling::Linear { factor }) => return inv / factor,
+                Some(RopeScaling::Yarn(y)) => return yarn_ref(inv, i, p.dim, p.theta, &y),
+                Some(RopeScaling::Llama3(s)) => s,
+            };
             let (low_wl, high_wl) = (
                 s.original_max_position_embeddings / s.low_freq_factor,
                 s.original_max_position_embeddings / s.high_freq_factor,
@@ -32,9 +37,29 @@ fn inv_freq_ref(p: &RopeParams) -> Vec<f64> {
         .collect()
 }
 
+/// YaRN's inverse frequency `i` as `_compute_yarn_parameters` writes it: extrapolated below the
+/// correction range, interpolated (÷ factor) above it, a linear ramp in between.
+fn yarn_ref(inv: f64, i: usize, dim: usize, base: f64, y: &YarnScaling) -> f64 {
+    let corr = |rot: f64| {
+        (dim as f64 * (y.original_max_position_embeddings / (rot * 2.0 * std::f64::consts::PI)).ln())
+            / (2.0 * base.ln())
+    };
+    let (mut low, mut high) = (corr(y.beta_fast), corr(y.beta_slow));
+    if y.truncate {
+        (low, high) = (low.floor(), high.ceil());
+    }
+    let (low, mut high) = (low.max(0.0), high.min(dim as f64 - 1.0));
+    if low == high {
+        high += 0.001;
+    }
+    let extrapolation = 1.0 - ((i as f64 - low) / (high - low)).clamp(0.0, 1.0);
+    (inv / y.factor) * (1.0 - extrapolation) + inv * extrapolation
+}
+
 /// The tables take no random values (`_rng` keeps the suite's signature).
 pub fn rope_tables(s: &mut Suite<'_>, _rng: &mut Rng) {
-    const TOL: &str = "2⁻²⁵ + 2⁻³²: the tables are f32 roundings of f64 cos/sin (½ ulp of values ≤ 1), \
+    const TOL: &str = "max(2⁻²⁵, 2⁻²⁴·|want|) + 2⁻³²·attention factor: the tables are f32 roundings of f64 \
+                       cos/sin (½ ulp: 2⁻²⁵ for values ≤ 1, 2⁻²⁴·|want| for YaRN's scaled values above 1), \
                        with room for f64 angle rounding; tables in a 16-bit activation dtype (as the runner \
                        allocates them): + u·|want| + half the smallest f16 subnormal";
     let act = s.act;
@@ -51,43 +76,129 @@ pub fn rope_tables(s: &mut Suite<'_>, _rng: &mut Rng) {
         ("theta 1e4, dim 32 (partial)", RopeParams { dim: 32, theta: 1e4, scaling: None, style: RopeStyle::Adjacent }),
         (
             "llama3 factor 8, theta 5e5, dim 128",
-            RopeParams { dim: 128, theta: 5e5, scaling: Some(llama3(8.0)), style: RopeStyle::HalfSplit },
+            RopeParams {
+                dim: 128,
+                theta: 5e5,
+                scaling: Some(RopeScaling::Llama3(llama3(8.0))),
+                style: RopeStyle::HalfSplit,
+            },
         ),
         (
             "llama3 factor 32, theta 5e5, dim 64",
-            RopeParams { dim: 64, theta: 5e5, scaling: Some(llama3(32.0)), style: RopeStyle::HalfSplit },
+            RopeParams {
+                dim: 64,
+                theta: 5e5,
+                scaling: Some(RopeScaling::Llama3(llama3(32.0))),
+                style: RopeStyle::HalfSplit,
+            },
+        ),
+        (
+            "linear factor 2.5, theta 1e4, dim 64",
+            RopeParams {
+                dim: 64,
+                theta: 1e4,
+                scaling: Some(RopeScaling::Linear { factor: 2.5 }),
+                style: RopeStyle::HalfSplit,
+            },
+        ),
+        (
+            "yarn factor 4 (original 4096, attention factor 1.1386), theta 1e6, dim 128",
+            RopeParams { dim: 128, theta: 1e6, scaling: Some(yarn(4.0, 4096.0)), style: RopeStyle::HalfSplit },
         ),
     ];
     let positions: Vec<u32> = vec![0, 1, 2, 17, 4095, 8191, 8192, 30_000, 131_071, 1_000_000];
-    for (label, rope) in params {
+    rope_table_cases(s, &params, None, &positions, TOL, ua, tiny);
+}
+
+fn yarn(factor: f64, orig: f64) -> RopeScaling {
+    RopeScaling::Yarn(YarnScaling {
+        factor,
+        original_max_position_embeddings: orig,
+        beta_fast: 32.0,
+        beta_slow: 1.0,
+        attention_factor: 0.1 * factor.ln() + 1.0,
+        truncate: true,
+    })
+}
+
+/// LongRoPE's tables: each frequency divided by its factor (a weight), both tables times the
+/// attention factor.
+pub fn rope_tables_scaled(s: &mut Suite<'_>, _rng: &mut Rng) {
+    const TOL: &str = "max(2⁻²⁵, 2⁻²⁴·|want|) + 2⁻³²·attention factor: f32 roundings (½ ulp) of the f64 tables, \
+                       whose values reach the attention factor (> 1); 16-bit activations: + u·|want| + half the \
+                       smallest f16 subnormal";
+    let act = s.act;
+    let (ua, tiny) = (u_act(act), tiny_act(act));
+    let att = (1.0 + (256f64 / 32.0).ln() / 32f64.ln()).sqrt();
+    let longrope = RopeScaling::LongRope { original_max_position_embeddings: 32.0, attention_factor: att };
+    let factors: Vec<f32> = (0..16).map(|i| 1.0 + 0.7 * i as f32).collect();
+    let params = [(
+        "longrope, theta 1e4, dim 32, attention factor 1.2649",
+        RopeParams { dim: 32, theta: 1e4, scaling: Some(longrope), style: RopeStyle::HalfSplit },
+    )];
+    let positions: Vec<u32> = vec![0, 1, 5, 31, 32, 33, 200, 4095];
+    rope_table_cases(s, &params, Some(&factors), &positions, TOL, ua, tiny);
+}
+
+/// One case per `params`: the tables of `positions` against the independent reference.
+fn rope_table_cases(
+    s: &mut Suite<'_>,
+    params: &[(&str, RopeParams)],
+    factors: Option<&[f32]>,
+    positions: &[u32],
+    tol_text: &'static str,
+    ua: f64,
+    tiny: f64,
+) {
+    let act = s.act;
+    for &(label, rope) in params {
         let q = [OpQuery::RopeTables { rope }];
-        s.case("rope_tables", TOL, format!("{label}, positions {positions:?}"), &q, &[7], |d| {
-            let inv = inv_freq_ref(&rope);
+        let (name, variant) = if factors.is_some() { ("rope_tables_scaled", 20) } else { ("rope_tables", 7) };
+        s.case(name, tol_text, format!("{label}, positions {positions:?}"), &q, &[variant], |d| {
+            let mut inv = inv_freq_ref(&rope);
+            if let Some(f) = factors {
+                for (v, &e) in inv.iter_mut().zip(f) {
+                    *v /= e as f64;
+                }
+            }
+            let att = match rope.scaling {
+                Some(RopeScaling::Yarn(y)) => y.attention_factor,
+                Some(RopeScaling::LongRope { attention_factor, .. }) => attention_factor,
+                _ => 1.0,
+            };
             let half = rope.dim / 2;
             let mut m = Measured::default();
             // The vocabulary's definition must agree with transformers' formula (in f64).
-            let def = rope.inv_freq();
+            let def = rope.inv_freq_with(factors);
             let worst = def.iter().zip(&inv).map(|(a, b)| ((a - b) / b).abs()).fold(0f64, f64::max);
             if def.len() != inv.len() || worst > 1e-12 {
                 return Err(format!("RopeParams::inv_freq differs from the reference by {worst:e} relative"));
             }
-            let sv = d.step(&StepHost { positions: &positions, ..empty_host() }, 0)?;
+            let sv = d.step(&StepHost { positions, ..empty_host() }, 0)?;
             let n = positions.len() * half;
             let (cos, sin) = (d.alloc(act, n)?, d.alloc(act, n)?);
-            d.launch(Op::RopeTables { positions: sv.positions, rope, cos, sin })?;
+            match factors {
+                Some(f) => {
+                    let w = d.vector("factors", tboost_ops::DType::F32, f)?;
+                    d.launch(Op::RopeTablesScaled { positions: sv.positions, rope, factors: w, cos, sin })?
+                }
+                None => d.launch(Op::RopeTables { positions: sv.positions, rope, cos, sin })?,
+            }
             d.sync()?;
             let (gc, gs) = (d.read_act(cos)?, d.read_act(sin)?);
             let (mut wc, mut ws) = (Vec::with_capacity(n), Vec::with_capacity(n));
-            for &p in &positions {
+            for &p in positions {
                 for &f in &inv {
                     let (sn, cs) = (p as f64 * f).sin_cos();
-                    wc.push(cs);
-                    ws.push(sn);
+                    wc.push(cs * att);
+                    ws.push(sn * att);
                 }
             }
-            let tol = 2f64.powi(-25) + 2f64.powi(-32) + tiny;
-            m.close("cos", &gc, &wc, |i| tol + ua * wc[i].abs())?;
-            m.close("sin", &gs, &ws, |i| tol + ua * ws[i].abs())?;
+            // ½ ulp of the f32 value: 2⁻²⁵ below 1, 2⁻²⁴·|want| for the scaled values in [1, 2).
+            let tol =
+                |w: f64| 2f64.powi(-25).max(2f64.powi(-24) * w.abs()) + 2f64.powi(-32) * att + tiny + ua * w.abs();
+            m.close("cos", &gc, &wc, |i| tol(wc[i]))?;
+            m.close("sin", &gs, &ws, |i| tol(ws[i]))?;
             Ok(m)
         });
     }

@@ -16,7 +16,7 @@ use super::numbers::{decode, encode, Mat};
 
 /// Every `Op` variant: the exhaustive match makes a new variant a compile error here until
 /// the suite covers it.
-pub const OP_NAMES: [&str; 18] = [
+pub const OP_NAMES: [&str; 21] = [
     "embed",
     "rmsnorm",
     "add_rmsnorm",
@@ -35,6 +35,9 @@ pub const OP_NAMES: [&str; 18] = [
     "gather_rows",
     "convert",
     "zero",
+    "geglu",
+    "scale",
+    "rope_tables_scaled",
 ];
 
 pub fn variant(op: &Op) -> usize {
@@ -57,6 +60,9 @@ pub fn variant(op: &Op) -> usize {
         Op::GatherRows { .. } => 15,
         Op::Convert { .. } => 16,
         Op::Zero { .. } => 17,
+        Op::GeGlu { .. } => 18,
+        Op::Scale { .. } => 19,
+        Op::RopeTablesScaled { .. } => 20,
     }
 }
 
@@ -65,7 +71,7 @@ pub fn variant(op: &Op) -> usize {
 pub struct Dev<'a> {
     pub be: &'a mut dyn Backend,
     live: Vec<BufId>,
-    launched: &'a mut [bool; 18],
+    launched: &'a mut [bool; 21],
 }
 
 pub fn empty_host<'a>() -> StepHost<'a> {
@@ -186,10 +192,10 @@ pub struct Suite<'b> {
     /// Only list the cases (the coverage test): no query is asked, no case runs.
     pub dry: bool,
     groups: Vec<Group>,
-    launched: [bool; 18],
+    launched: [bool; 21],
     /// Op variants some case of the table launches, and those of cases that ran.
-    wanted: [bool; 18],
-    ran: [bool; 18],
+    wanted: [bool; 21],
+    ran: [bool; 21],
     failures: Vec<String>,
 }
 
@@ -208,9 +214,9 @@ impl<'b> Suite<'b> {
             min_block,
             dry,
             groups: Vec::new(),
-            launched: [false; 18],
-            wanted: [false; 18],
-            ran: [false; 18],
+            launched: [false; 21],
+            wanted: [false; 21],
+            ran: [false; 21],
             failures: Vec::new(),
         }
     }

@@ -35,6 +35,8 @@ struct Ctx<'a> {
     group: usize,
     hd: usize,
     scale: f32,
+    /// Sliding window (0: none), see `AttnParams::window`.
+    window: usize,
     /// Bytes of one head row in the pool.
     rb: usize,
     out: OutPtr,
@@ -52,6 +54,7 @@ pub(super) fn run(isa: Isa, q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], 
         group: p.n_heads / p.kv_heads,
         hd: p.head_dim,
         scale: p.scale,
+        window: p.window,
         rb: row_bytes(pool.dtype, p.head_dim),
         out: OutPtr(out.as_mut_ptr()),
     };
@@ -158,10 +161,12 @@ unsafe fn process_item<S: Native, const T: usize>(
     let mut kp = [zero.as_ptr(); T];
     let mut vp = [zero.as_ptr(); T];
     let item = Item { c, seq, g, r0, first_pos };
-    for t in 0..=last_pos / T {
+    // With a sliding window, tiles wholly before the first row's window are skipped.
+    let lo_first = if c.window == 0 { 0 } else { (first_pos + r0 + 1).saturating_sub(c.window) };
+    for t in lo_first / T..=last_pos / T {
         let t0 = t * T;
         let loaded = (last_pos + 1 - t0).min(T);
-        stage::<S, T>(c, seq.block_table, g, t0, loaded, kst, vst, &mut kp, &mut vp);
+        stage::<S, T>(c, seq.block_table, g, t0, loaded, (lo_first, zero.as_ptr()), kst, vst, &mut kp, &mut vp);
         // Decode is bound by reading the cache: fetch the next tile while this one computes.
         prefetch_tile::<S, T>(c, seq.block_table, g, t0 + T, last_pos + 1);
         // K transposed to [head_dim][T]: scores then need no horizontal sums. Columns
@@ -183,10 +188,14 @@ unsafe fn process_item<S: Native, const T: usize>(
         }
         // Rows before the tile's first position skip it.
         let first_row = r0.max(t0.saturating_sub(first_pos));
+        // Rows whose window starts after this tile skip it (later rows, windows move on).
+        let end_row = if c.window == 0 { r1 } else { r1.min((t0 + T + c.window - 1).saturating_sub(first_pos)) };
         let mut qi = (first_row - r0) * c.group;
-        let tile = Tile { t0, first: t == 0, kt: kt.as_ptr(), vp: &vp };
-        while qi < nq {
-            let nb = (nq - qi).min(S::QUERY_GROUP);
+        let nq_tile = (end_row.max(first_row) - r0) * c.group;
+        // With a window each query has its own first tile (`group` finds it).
+        let tile = Tile { t0, first: c.window == 0 && t == 0, kt: kt.as_ptr(), vp: &vp };
+        while qi < nq_tile {
+            let nb = (nq_tile - qi).min(S::QUERY_GROUP);
             match nb {
                 1 => group::<S, T, 1>(&item, &tile, qi, acc, m, l),
                 2 => group::<S, T, 2>(&item, &tile, qi, acc, m, l),
@@ -230,6 +239,8 @@ struct Tile<'a, const T: usize> {
 
 /// Points `kp`/`vp[0..loaded]` at the K/V rows of positions `t0..t0+loaded`: straight into
 /// an f32 pool, or into `kst`/`vst` after converting f16/bf16 (exact, so both agree).
+/// Positions before `lo` (behind every row's sliding window, their blocks maybe given back)
+/// are not read: they point at the zero row (and are masked).
 #[allow(clippy::too_many_arguments)]
 #[inline(always)]
 unsafe fn stage<S: Native, const T: usize>(
@@ -238,6 +249,7 @@ unsafe fn stage<S: Native, const T: usize>(
     g: usize,
     t0: usize,
     loaded: usize,
+    (lo, zero): (usize, *const f32),
     kst: &mut [f32],
     vst: &mut [f32],
     kp: &mut [*const f32; T],
@@ -246,6 +258,11 @@ unsafe fn stage<S: Native, const T: usize>(
     let hd = c.hd;
     let (kb, vb) = (c.pool.k.as_ptr(), c.pool.v.as_ptr());
     for j in 0..loaded {
+        if t0 + j < lo {
+            kp[j] = zero;
+            vp[j] = zero;
+            continue;
+        }
         let off = row_offset(c.pool, table, t0 + j, g, c.rb);
         match c.pool.dtype {
             DType::F32 => {
@@ -314,6 +331,20 @@ unsafe fn group<S: Native, const T: usize, const NB: usize>(
         qp[n] = c.q.as_ptr().add(((it.seq.q_start + r) * c.n_heads + it.g * c.group + hh) * hd);
         lim[n] = (it.first_pos + r + 1 - tile.t0).min(T);
     }
+    // Sliding window: a query whose window starts in this tile starts here (`qfirst`), and its
+    // positions before the window's start (`lo[n]` of the tile) are masked.
+    let mut qfirst = [tile.first; NB];
+    let mut lo = [0usize; NB];
+    if c.window > 0 {
+        for n in 0..NB {
+            let r = it.r0 + (qi0 + n) / c.group;
+            let start = (it.first_pos + r + 1).saturating_sub(c.window);
+            if start >= tile.t0 {
+                qfirst[n] = true;
+                lo[n] = start - tile.t0;
+            }
+        }
+    }
     let max_lim = lim.iter().copied().max().unwrap_or(0);
     let min_lim = lim.iter().copied().min().unwrap_or(0);
 
@@ -354,15 +385,25 @@ unsafe fn group<S: Native, const T: usize, const NB: usize>(
         let (limit, scp) = (lim[n], sc[n].as_mut_ptr());
         let groups = limit.div_ceil(lanes);
         let full = limit / lanes;
-        let mut vmax = S::splat(f32::NEG_INFINITY);
-        for gi in 0..full {
-            vmax = S::max(vmax, S::load(scp.add(gi * lanes)));
+        let skip = lo[n];
+        let mx = if skip == 0 {
+            let mut vmax = S::splat(f32::NEG_INFINITY);
+            for gi in 0..full {
+                vmax = S::max(vmax, S::load(scp.add(gi * lanes)));
+            }
+            let mut mx = S::reduce_max(vmax);
+            for &x in &sc[n][full * lanes..limit] {
+                mx = mx.max(x);
+            }
+            mx
+        } else {
+            sc[n][skip..limit].iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b))
+        };
+        let m_new = if qfirst[n] { mx } else { m[qi].max(mx) };
+        // Masked positions: a finite score for the exponential, zeroed after it.
+        for j in 0..skip {
+            *scp.add(j) = m_new;
         }
-        let mut mx = S::reduce_max(vmax);
-        for &x in &sc[n][full * lanes..limit] {
-            mx = mx.max(x);
-        }
-        let m_new = if tile.first { mx } else { m[qi].max(mx) };
         let vm = S::splat(m_new);
         let mut vsum = S::zero();
         for gi in 0..groups {
@@ -375,9 +416,23 @@ unsafe fn group<S: Native, const T: usize, const NB: usize>(
             S::store(scp.add(o), p);
             vsum = S::add(vsum, p);
         }
+        if skip > 0 {
+            for j in 0..skip {
+                *scp.add(j) = 0.0;
+            }
+            vsum = S::zero();
+            for gi in 0..groups {
+                vsum = S::add(vsum, S::load(scp.add(gi * lanes)));
+            }
+        }
         let lt = S::reduce_add(vsum);
-        if tile.first {
+        if qfirst[n] {
             l[qi] = lt;
+            if !tile.first {
+                // The P·V pass scales the accumulator by alpha: start it from zero.
+                acc[qi * hd..(qi + 1) * hd].fill(0.0);
+                alpha[n] = 0.0;
+            }
         } else {
             alpha[n] = S::exp_neg1(m[qi] - m_new);
             l[qi] = l[qi] * alpha[n] + lt;

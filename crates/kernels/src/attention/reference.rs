@@ -28,7 +28,7 @@ pub fn pool_value(pool: &KvPool<'_>, v: bool, table: &[u32], pos: usize, g: usiz
     }
 }
 
-/// Causal attention of every query row, in f64 (`[tokens, n_heads, head_dim]`; rows that no
+/// Causal (and, with `p.window`, sliding-window) attention of every query row, in f64 (`[tokens, n_heads, head_dim]`; rows that no
 /// sequence covers stay 0).
 pub fn attention(q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], p: &AttnParams) -> Vec<f64> {
     let hd = p.head_dim;
@@ -40,7 +40,8 @@ pub fn attention(q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], p: &AttnPar
             for h in 0..p.n_heads {
                 let g = h / group;
                 let qo = ((s.q_start + r) * p.n_heads + h) * hd;
-                let scores: Vec<f64> = (0..=pos)
+                let lo = p.first_visible(pos);
+                let scores: Vec<f64> = (lo..=pos)
                     .map(|j| {
                         let dot: f64 =
                             (0..hd).map(|d| q[qo + d] as f64 * pool_value(pool, false, s.block_table, j, g, d)).sum();
@@ -52,7 +53,8 @@ pub fn attention(q: &[f32], pool: &KvPool<'_>, seqs: &[SeqSpan<'_>], p: &AttnPar
                 let sum: f64 = e.iter().sum();
                 for d in 0..hd {
                     out[qo + d] =
-                        (0..=pos).map(|j| e[j] * pool_value(pool, true, s.block_table, j, g, d)).sum::<f64>() / sum;
+                        (lo..=pos).map(|j| e[j - lo] * pool_value(pool, true, s.block_table, j, g, d)).sum::<f64>()
+                            / sum;
                 }
             }
         }

@@ -80,22 +80,31 @@ unsafe fn head(q: &[f32], pool: &KvPool<'_>, seq: &SeqSpan<'_>, p: &AttnParams, 
     let mut scores = vec![0.0f32; rows_per_block * ctx];
     let mut acc = vec![0.0f32; rows_per_block * hd];
     let mut kv = vec![0.0f32; hd];
+    // Rows of query positions `first + r` see positions `lo(r) ..= first + r` (`lo` is 0
+    // without a sliding window).
+    let lo = |r: usize| p.first_visible(first + r);
+    // The rows that see position j: from the first whose position reaches j to the last whose
+    // window still holds it.
+    let rows_of = |j: usize, r0: usize, r1: usize| {
+        let from = r0.max(j.saturating_sub(first));
+        let to = if p.window == 0 { r1 } else { r1.min((j + p.window).saturating_sub(first)) };
+        from..to.max(from)
+    };
     for r0 in (0..q_len).step_by(rows_per_block) {
         let r1 = (r0 + rows_per_block).min(q_len);
-        // Rows r0..r1 (positions first + r) see positions 0..first + r1 at most.
-        let end = first + r1;
-        // Row r (position first + r) sees positions 0..=first + r. Loop over positions
-        // outside so each K/V row is converted once per block; each row still sums in
-        // position order.
-        for j in 0..end {
+        // Rows r0..r1 (positions first + r) see positions lo(r0)..first + r1 at most.
+        let (start, end) = (lo(r0), first + r1);
+        // Loop over positions outside so each K/V row is converted once per block; each row
+        // still sums in position order.
+        for j in start..end {
             let off = row_offset(pool, seq.block_table, j, g, rb);
             load_row(pool.dtype, &pool.k[off..off + rb], &mut kv);
-            for r in r0.max(j.saturating_sub(first))..r1 {
+            for r in rows_of(j, r0, r1) {
                 scores[(r - r0) * ctx + j] = dot(qrow(r), &kv) * p.scale;
             }
         }
         for r in r0..r1 {
-            let row = &mut scores[(r - r0) * ctx..(r - r0) * ctx + first + r + 1];
+            let row = &mut scores[(r - r0) * ctx + lo(r)..(r - r0) * ctx + first + r + 1];
             let mx = row.iter().fold(f32::NEG_INFINITY, |a, &b| a.max(b));
             let mut sum = 0.0f32;
             for x in row.iter_mut() {
@@ -108,10 +117,10 @@ unsafe fn head(q: &[f32], pool: &KvPool<'_>, seq: &SeqSpan<'_>, p: &AttnParams, 
             }
         }
         acc[..(r1 - r0) * hd].fill(0.0);
-        for j in 0..end {
+        for j in start..end {
             let off = row_offset(pool, seq.block_table, j, g, rb);
             load_row(pool.dtype, &pool.v[off..off + rb], &mut kv);
-            for r in r0.max(j.saturating_sub(first))..r1 {
+            for r in rows_of(j, r0, r1) {
                 let pj = scores[(r - r0) * ctx + j];
                 for (a, v) in acc[(r - r0) * hd..(r - r0 + 1) * hd].iter_mut().zip(&kv) {
                     *a += pj * v;

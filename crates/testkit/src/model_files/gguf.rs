@@ -35,6 +35,12 @@ pub struct Gguf {
     pub tensors: Vec<GTensor>,
 }
 
+impl Default for Gguf {
+    fn default() -> Gguf {
+        Gguf::new()
+    }
+}
+
 impl Gguf {
     pub fn new() -> Gguf {
         Gguf { version: 3, kv: vec![], tensors: vec![] }

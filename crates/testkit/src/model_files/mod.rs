@@ -5,6 +5,7 @@
 //! a value (`bounded`). Nothing here writes into the repository or into `shared/`.
 #![allow(dead_code)]
 
+pub mod convert;
 pub mod gguf;
 pub mod hf;
 

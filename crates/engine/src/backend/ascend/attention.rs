@@ -67,6 +67,9 @@ impl AscendBackend {
         if kind == AttnKind::Standard {
             return Err(be_err("standard attention has no aclnn mapping on Ascend (the plan runs it on the cpu)"));
         }
+        if p.window > 0 {
+            return Err(be_err("sliding-window attention is not mapped on Ascend (the plan runs it on the cpu)"));
+        }
         let (nh, kvh, hd) = (p.n_heads, p.kv_heads, p.head_dim);
         let width = nh * hd;
         if q.len != out.len || width == 0 || !q.len.is_multiple_of(width) {

@@ -555,7 +555,7 @@ impl Memory {
         if bytes == 0 {
             return Ok(());
         }
-        let aligned = |b: &DeviceBuffer, at: usize| (b.as_ptr() as usize).wrapping_add(at) % D2D_ALIGN == 0;
+        let aligned = |b: &DeviceBuffer, at: usize| (b.as_ptr() as usize).wrapping_add(at).is_multiple_of(D2D_ALIGN);
         if aligned(src.0, src.1) && aligned(dst.0, dst.1) {
             // SAFETY: the caller keeps both buffers alive until the stream ran the copy.
             return unsafe { ctx.stream().copy_device_async(src.0, src.1, dst.0, dst.1, bytes) }

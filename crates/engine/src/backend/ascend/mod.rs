@@ -164,6 +164,10 @@ impl AscendBackend {
             }
             Op::SwiGlu { gate, up, out } => self.swiglu(gate, up, out),
             Op::RopeTables { positions, rope, cos, sin } => self.rope_tables(positions, &rope, cos, sin),
+            Op::GeGlu { .. } | Op::Scale { .. } | Op::RopeTablesScaled { .. } => Err(be_err(format!(
+                "{} is not mapped on Ascend; the plan runs it on the cpu (a bug in the caller if it reached the device)",
+                op.name()
+            ))),
             Op::Rope { x, heads, head_dim, cos, sin, style } => self.rope(x, heads, head_dim, cos, sin, style),
             Op::WriteKv { k, v, slots, cache } => self.write_kv(k, v, slots, &cache),
             Op::Attention { kind, q, cache, seqs, params, out } => self.attention(kind, q, &cache, &seqs, &params, out),

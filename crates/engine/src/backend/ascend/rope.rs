@@ -47,12 +47,14 @@ impl AscendBackend {
             }
         };
         let inv = rope.inv_freq();
+        // YaRN's attention factor scales both tables (1 otherwise).
+        let scale = rope.attention_factor();
         let (mut c, mut s) = (Vec::with_capacity(cos.len), Vec::with_capacity(cos.len));
         for &p in &pos {
             for &f in &inv {
                 let (sn, cs) = (p as f64 * f).sin_cos();
-                c.push(cs);
-                s.push(sn);
+                c.push(cs * scale);
+                s.push(sn * scale);
             }
         }
         let (cd, sd) = (self.mem.dtype(cos)?, self.mem.dtype(sin)?);

@@ -376,9 +376,15 @@ impl Caps {
                 self.op("aclnnSwiGlu")
             }
             OpQuery::SwiGlu { act } => self.act(act).and(self.op("aclnnSwiGlu")),
+            // Not mapped here: the plan runs them on the CPU beside the device, logged.
+            OpQuery::GeGlu { .. } => no("activation", "gelu_tanh", "silu (GeGLU is not mapped to an aclnn op)"),
+            OpQuery::Scale { .. } => no("op", "scale", "an op mapped on Ascend (the embedding scale is not)"),
             OpQuery::RopeTables { rope } => {
                 if rope.dim == 0 || !rope.dim.is_multiple_of(2) {
                     return no("rope_dim", rope.dim, "even and positive");
+                }
+                if rope.needs_factors() {
+                    return no("rope_scaling", "longrope", "no per-frequency factors (the host tables take none)");
                 }
                 Ok(())
             }
@@ -404,6 +410,11 @@ impl Caps {
                 self.op("aclnnScatterPaKvCache")?;
                 self.a2a3("aclnnScatterPaKvCache")
             }
+            OpQuery::Attention { case, .. } if case.sliding_window > 0 => no(
+                "sliding_window",
+                case.sliding_window,
+                "0 (FusedInferAttentionScore's sliding-window sparse mode is not mapped)",
+            ),
             OpQuery::Attention { kind, case } => self.attention(kind, &case),
             OpQuery::MoeRoute { experts, top_k } => {
                 if top_k == 0 || top_k > experts || top_k > 1024 {
@@ -476,6 +487,7 @@ impl Caps {
             OpQuery::MatMulSwiGlu { gate, .. } if gate.dtype.is_quantized() => Some(format!("{WQBMM}+aclnnSwiGlu")),
             OpQuery::MatMulSwiGlu { .. } => s("aclnnMm+aclnnSwiGlu"),
             OpQuery::SwiGlu { .. } => s("aclnnSwiGlu"),
+            OpQuery::GeGlu { .. } | OpQuery::Scale { .. } => None,
             OpQuery::RopeTables { .. } => None,
             OpQuery::Rope { .. } => s("aclnnRotaryPositionEmbedding"),
             OpQuery::WriteKv { .. } => s("aclnnScatterPaKvCache"),

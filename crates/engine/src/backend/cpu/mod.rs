@@ -401,6 +401,7 @@ impl Backend for CpuBackend {
             OpQuery::Embed { table, act } => f32_act(act).and(embed::supports(table)),
             OpQuery::RmsNorm { gain, act, .. } => f32_act(act).and(norm::supports(gain)),
             OpQuery::Add { act } | OpQuery::SwiGlu { act } | OpQuery::GatherRows { act } => f32_act(act),
+            OpQuery::GeGlu { act } | OpQuery::Scale { act } => f32_act(act),
             OpQuery::MoeScatterCombine { act } => f32_act(act),
             OpQuery::MatMul(case) => precision_for(&case).and(gemm::supports(&case)),
             OpQuery::MatMulFused { cases } => {

@@ -130,13 +130,35 @@ impl CpuBackend {
                 let (g, u, o) = (vs.f32(gate)?, vs.f32(up)?, vs.f32_mut(out)?);
                 activation::swiglu(g, u, o);
             }
+            Op::GeGlu { gate, up, out } => {
+                check_len("geglu", up.len, gate.len)?;
+                check_len("geglu", out.len, gate.len)?;
+                let (g, u, o) = (vs.f32(gate)?, vs.f32(up)?, vs.f32_mut(out)?);
+                activation::geglu_tanh(g, u, o);
+            }
+            Op::Scale { x, s } => {
+                for v in vs.f32_mut(x)? {
+                    *v *= s;
+                }
+            }
             Op::RopeTables { positions, rope: params, cos, sin } => {
                 let half = params.dim / 2;
                 check_len("rope cos", cos.len, positions.len * half)?;
                 check_len("rope sin", sin.len, positions.len * half)?;
                 let inv_freq = params.inv_freq();
                 let (p, c, s) = (vs.u32(positions)?, vs.f32_mut(cos)?, vs.f32_mut(sin)?);
-                rope::cos_sin_into(p, &inv_freq, c, s);
+                rope::cos_sin_scaled_into(p, &inv_freq, params.attention_factor(), c, s);
+            }
+            Op::RopeTablesScaled { positions, rope: params, factors, cos, sin } => {
+                let half = params.dim / 2;
+                check_len("rope cos", cos.len, positions.len * half)?;
+                check_len("rope sin", sin.len, positions.len * half)?;
+                let f = vec(self.weight(factors)?.stored("rope factors")?);
+                check_len("rope factors", f.len, half)?;
+                let f = f.to_f32();
+                let inv_freq = params.inv_freq_with(Some(&f));
+                let (p, c, s) = (vs.u32(positions)?, vs.f32_mut(cos)?, vs.f32_mut(sin)?);
+                rope::cos_sin_scaled_into(p, &inv_freq, params.attention_factor(), c, s);
             }
             Op::Rope { x, heads, head_dim, cos, sin, style } => {
                 let row = heads * head_dim;
@@ -179,7 +201,9 @@ impl CpuBackend {
                             "sequence {i}: rows {q_start}+{q_len} of context {ctx_len} do not fit the step"
                         )));
                     }
-                    if let Some(&b) = blocks[..used].iter().find(|&&b| b as usize >= cache.num_blocks) {
+                    // Blocks behind the sliding window of the first row are not read.
+                    let skip = (params.first_visible(ctx_len - q_len) / cache.block_size.max(1)).min(used);
+                    if let Some(&b) = blocks[skip..used].iter().find(|&&b| b as usize >= cache.num_blocks) {
                         return Err(CpuBackend::err(format!(
                             "sequence {i}: block {b} is beyond the pool's {}",
                             cache.num_blocks
