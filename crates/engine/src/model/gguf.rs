@@ -231,6 +231,9 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
         // llama.cpp: an array of per-layer flags, or a period whose last layer is global
         // (Gemma 3's default 6); without either every layer slides (Mistral).
         let pattern_key = key("attention.sliding_window_pattern");
+        // Capped so an absurd block count reaches `validate`'s limit error instead of an
+        // allocation of that size.
+        let n = block_count.min(crate::formats::limits::MAX_LAYERS + 1);
         let layers: Vec<bool> = match file.metadata.get(&pattern_key) {
             Some(Value::Array(a)) => a
                 .iter()
@@ -241,10 +244,10 @@ pub fn config_from_gguf(file: &GgufFile, path: &Path) -> Result<ModelConfig> {
                 .collect::<Result<_>>()?,
             Some(_) => {
                 let p = k.usize(&pattern_key)?.unwrap_or(0);
-                (0..block_count).map(|i| p == 0 || i % p < p - 1).collect()
+                (0..n).map(|i| p == 0 || i % p < p - 1).collect()
             }
-            None if arch == Arch::Gemma3 => (0..block_count).map(|i| i % 6 < 5).collect(),
-            None => vec![true; block_count],
+            None if arch == Arch::Gemma3 => (0..n).map(|i| i % 6 < 5).collect(),
+            None => vec![true; n],
         };
         if w < context_length && layers.iter().any(|&s| s) {
             features.sliding_window = w;

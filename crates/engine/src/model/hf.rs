@@ -317,7 +317,9 @@ fn parse_config_full(text: &str, path: &Path) -> Result<(ModelConfig, LongRopeFa
     let qwen = matches!(arch, Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe);
     let on = !qwen || c.bool("use_sliding_window")? == Some(true);
     if let Some(w) = c.usize("sliding_window")?.filter(|&w| on && w > 0) {
-        let n = num_layers;
+        // Capped so an absurd layer count reaches `validate`'s limit error instead of an
+        // allocation of that size.
+        let n = num_layers.min(crate::formats::limits::MAX_LAYERS + 1);
         let layers: Vec<bool> = match obj.get("layer_types") {
             Some(Value::Array(a)) => a
                 .iter()
