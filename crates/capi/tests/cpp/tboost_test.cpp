@@ -2207,27 +2207,36 @@ TEST(AscendOps, MatmulQuantizedWeightAndMatmulSwiglu) {
   a.Run(mm, {x, w}, {y});
   EXPECT_EQ(a.Get(y), kMmY);  // exact in f16
 
-  // A Q8_0 weight (k = 32, two rows of one block: scale 1, quants 1..32 and -1): aclnn has no
-  // GGUF matmul; the plan converts such weights at upload, the op API takes them as they are.
+  // A Q8_0 weight runs through aclnnWeightQuantBatchMatmulV2, kept quantized. k = 64, two rows
+  // of two blocks: row 0 is (scale 1, quants 1..32) then (scale 0.5, quants 2), row 1 is scale 1,
+  // quants -1. With x all ones: 528 + 32 = 560 and -64, exact in f16.
+  auto q8_block = [](std::vector<uint8_t>& out, float scale, auto quant) {
+    const uint16_t d = ToHalf(scale);
+    out.push_back(static_cast<uint8_t>(d & 0xff));
+    out.push_back(static_cast<uint8_t>(d >> 8));
+    for (int i = 0; i < 32; ++i) out.push_back(static_cast<uint8_t>(static_cast<int8_t>(quant(i))));
+  };
   std::vector<uint8_t> q8;
-  for (int r = 0; r < 2; ++r) {
-    const uint16_t one = ToHalf(1.0f);
-    q8.push_back(static_cast<uint8_t>(one & 0xff));
-    q8.push_back(static_cast<uint8_t>(one >> 8));
-    for (int i = 0; i < 32; ++i) q8.push_back(static_cast<uint8_t>(static_cast<int8_t>(r == 0 ? i + 1 : -1)));
-  }
-  uint64_t qshape[] = {2, 32};
+  q8_block(q8, 1.0f, [](int i) { return i + 1; });
+  q8_block(q8, 0.5f, [](int) { return 2; });
+  q8_block(q8, 1.0f, [](int) { return -1; });
+  q8_block(q8, 1.0f, [](int) { return -1; });
+  uint64_t qshape[] = {2, 64};
   tboost_buffer* qb = nullptr;
   ASSERT_OK(tboost_backend_upload_weight(a.be, TBOOST_DTYPE_Q8_0, qshape, 2, q8.data(), q8.size(), &qb));
   a.bufs.push_back(qb);
   tboost_matmul_params qp = mp;
   qp.weight_dtype = TBOOST_DTYPE_Q8_0;
+  qp.k = 64;
+  tboost_tensor qx = a.Half({1, 64}, std::vector<float>(64, 1.0f));
+  tboost_tensor qy = a.Zeros({1, 2});
+  a.Run(a.Op(TBOOST_OP_MATMUL, &qp), {qx, Tensor(qb, {2, 64})}, {qy});
+  EXPECT_EQ(a.Get(qy), (std::vector<float>{560, -64}));
+  // k = 32 is one group: the op's antiquantGroupSize must be below k.
   qp.k = 32;
-  tboost_tensor qx = a.Zeros({1, 32});
   a.Refused(a.Op(TBOOST_OP_MATMUL, &qp),
-            "weight_dtype=q8_0 is not f16 (GGUF block types have no declared aclnn op: "
-            "aclnnWeightQuantBatchMatmulV2 is not declared; the plan converts them at upload)",
-            {qx, Tensor(qb, {2, 32})}, {a.Zeros({1, 2})});
+            "cols=32 is not a multiple of 32 above 32 and at most 65535 (antiquantGroupSize 32 must lie in [32, k-1])",
+            {a.Zeros({1, 32}), Tensor(qb, {2, 32})}, {a.Zeros({1, 2})});
   tboost_matmul_params fast = mp;
   fast.precision = 1;
   a.Refused(a.Op(TBOOST_OP_MATMUL, &fast),
