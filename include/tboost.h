@@ -161,6 +161,11 @@ enum tboost_status
    * A bug in tboost (please report the message).
    */
   TBOOST_ERR_INTERNAL = 18,
+  /**
+   * A tboost call made from inside a tboost log callback (it would deadlock on the
+   * outer call's locks); the message names both calls. The outer call completes.
+   */
+  TBOOST_ERR_REENTRANT = 19,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L
@@ -611,7 +616,10 @@ typedef struct tboost_stats {
 /**
  * Receives one log record. `target` (the module, e.g. "tboost::plan") and `message` are
  * NUL-terminated UTF-8, valid only during the call. It may be called from any thread,
- * including the engine's compute threads, and must not call back into tboost.
+ * including the engine's compute threads, and must not call back into tboost: such a call
+ * returns `TBOOST_ERR_REENTRANT` without running (only `tboost_last_error`,
+ * `tboost_status_name` and `tboost_finish_reason_name` work there), and the call that
+ * logged completes.
  */
 typedef void (*tboost_log_fn)(tboost_log_level level,
                               const char *target,

@@ -1,12 +1,12 @@
 //! The panic barrier every export runs under, the per-thread last error it stores, and the
 //! names of statuses and finish reasons.
 
-use std::cell::RefCell;
+use std::cell::{Cell, RefCell};
 use std::os::raw::c_char;
 use std::panic::{catch_unwind, AssertUnwindSafe};
 use std::sync::Arc;
 
-use super::status::{tboost_status, FfiResult, Status};
+use super::status::{tboost_status, Failure, FfiResult, Status};
 use super::util::write_str;
 
 /// What a panic poisons: the engine a call was working on.
@@ -16,6 +16,59 @@ pub(crate) trait Poison: Send + Sync {
 
 thread_local! {
     static LAST_ERROR: RefCell<String> = const { RefCell::new(String::new()) };
+    /// The outermost export this thread is inside, to name it in a re-entry error.
+    static CURRENT: Cell<Option<&'static str>> = const { Cell::new(None) };
+    /// While this thread runs the host's log callback: the export that fired it, or "" for a
+    /// record logged by one of tboost's own threads.
+    static IN_LOG_CALLBACK: Cell<Option<&'static str>> = const { Cell::new(None) };
+}
+
+/// Marks this thread as running the host's log callback until dropped.
+pub(crate) struct LogCallbackScope(Option<&'static str>);
+
+impl LogCallbackScope {
+    pub fn enter() -> LogCallbackScope {
+        let outer = CURRENT.try_with(Cell::get).ok().flatten().unwrap_or("");
+        LogCallbackScope(IN_LOG_CALLBACK.try_with(|c| c.replace(Some(outer))).ok().flatten())
+    }
+}
+
+impl Drop for LogCallbackScope {
+    fn drop(&mut self) {
+        let _ = IN_LOG_CALLBACK.try_with(|c| c.set(self.0));
+    }
+}
+
+/// The error of a call made from a log callback. The outer call may hold the locks `func`
+/// needs (the engine's, the log sink's), so running it could deadlock the host.
+fn reentry() -> Option<Failure> {
+    let outer = IN_LOG_CALLBACK.try_with(Cell::get).ok().flatten()?;
+    let fired = if outer.is_empty() { "by one of tboost's threads".to_string() } else { format!("inside {outer}") };
+    Some(Failure::new(
+        Status::TBOOST_ERR_REENTRANT,
+        format!(
+            "called from a tboost log callback (fired {fired}); tboost functions other than \
+             tboost_last_error and the *_name lookups must not be called from a log callback: \
+             record what is needed and make the call after the callback returns"
+        ),
+    ))
+}
+
+/// Records `func` as this thread's outermost export until dropped.
+struct CallScope(bool);
+
+impl CallScope {
+    fn enter(func: &'static str) -> CallScope {
+        CallScope(CURRENT.try_with(|c| c.get().is_none() && c.replace(Some(func)).is_none()).unwrap_or(false))
+    }
+}
+
+impl Drop for CallScope {
+    fn drop(&mut self) {
+        if self.0 {
+            let _ = CURRENT.try_with(|c| c.set(None));
+        }
+    }
 }
 
 fn set_last_error(msg: String) {
@@ -49,7 +102,12 @@ fn drop_payload(payload: Box<dyn std::any::Any + Send>) {
 /// The panic barrier for status-returning exports: runs `f`, turns a `Failure` into its
 /// status plus the thread's last error (prefixed with the function name), and a panic into
 /// `TBOOST_ERR_PANIC`, poisoning the engine the call was working on.
-pub(crate) fn guard(func: &str, f: impl FnOnce(&mut CallCtx) -> FfiResult) -> tboost_status {
+pub(crate) fn guard(func: &'static str, f: impl FnOnce(&mut CallCtx) -> FfiResult) -> tboost_status {
+    if let Some(fail) = reentry() {
+        set_last_error(format!("{func}: {}", fail.msg));
+        return fail.status;
+    }
+    let _scope = CallScope::enter(func);
     let mut ctx = CallCtx::default();
     match catch_unwind(AssertUnwindSafe(|| f(&mut ctx))) {
         Ok(Ok(())) => Status::TBOOST_OK,

@@ -6,7 +6,7 @@ use std::sync::{Once, RwLock};
 
 use log::{Level, LevelFilter, Log, Metadata, Record};
 
-use super::guard::guard;
+use super::guard::{guard, LogCallbackScope};
 use super::status::{tboost_status, Failure, Status};
 use super::types::{tboost_log_fn, tboost_log_level};
 
@@ -52,6 +52,9 @@ impl Log for Bridge {
                     Level::Debug => tboost_log_level::TBOOST_LOG_DEBUG,
                     Level::Trace => tboost_log_level::TBOOST_LOG_TRACE,
                 };
+                // A tboost call from the callback is refused, not run: it could deadlock
+                // on the locks this thread holds (this read lock, the engine's).
+                let _scope = LogCallbackScope::enter();
                 // SAFETY: the host registered `cb` with this user_data; the strings live
                 // until it returns.
                 unsafe { cb(level, target.as_ptr(), msg.as_ptr(), s.user as *mut c_void) };

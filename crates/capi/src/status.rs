@@ -49,6 +49,9 @@ pub enum tboost_status {
     TBOOST_ERR_POISONED = 17,
     /// A bug in tboost (please report the message).
     TBOOST_ERR_INTERNAL = 18,
+    /// A tboost call made from inside a tboost log callback (it would deadlock on the
+    /// outer call's locks); the message names both calls. The outer call completes.
+    TBOOST_ERR_REENTRANT = 19,
 }
 
 pub(crate) use tboost_status as Status;
@@ -74,6 +77,7 @@ pub(crate) const NAMES: &[(Status, &CStr)] = &[
     (Status::TBOOST_ERR_PANIC, c"TBOOST_ERR_PANIC"),
     (Status::TBOOST_ERR_POISONED, c"TBOOST_ERR_POISONED"),
     (Status::TBOOST_ERR_INTERNAL, c"TBOOST_ERR_INTERNAL"),
+    (Status::TBOOST_ERR_REENTRANT, c"TBOOST_ERR_REENTRANT"),
 ];
 
 /// A failed call: its status and the message stored as the thread's last error.

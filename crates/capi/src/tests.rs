@@ -408,3 +408,72 @@ fn a_key_set_on_one_config_does_not_leak_to_another_engine() {
     }
     assert_eq!(tboost_model_free(m), TBOOST_OK);
 }
+
+/// What the re-entrant log callback saw, on the test's own thread only (other tests log
+/// from theirs while the callback is installed).
+struct Reentry {
+    thread: std::thread::ThreadId,
+    engine: *mut tboost_engine,
+    seen: Vec<(tboost_status, tboost_status, String)>,
+}
+
+unsafe extern "C" fn reenter(
+    _level: tboost_log_level,
+    _target: *const std::os::raw::c_char,
+    _msg: *const std::os::raw::c_char,
+    user: *mut std::os::raw::c_void,
+) {
+    // SAFETY: the test passes a live `Reentry` and removes the callback before dropping it;
+    // other threads only read `thread`, which is never written.
+    let r = user as *mut Reentry;
+    if std::thread::current().id() != unsafe { (*r).thread } {
+        return;
+    }
+    let r = unsafe { &mut *r };
+    let set = tboost_log_set(None, null_mut(), 2);
+    let mut stats: tboost_stats = unsafe { std::mem::zeroed() };
+    stats.struct_size = size_of::<tboost_stats>() as u32;
+    let st = unsafe { tboost_engine_stats(r.engine, &mut stats) };
+    r.seen.push((set, st, last_error()));
+}
+
+#[test]
+fn a_tboost_call_from_a_log_callback_is_refused_not_deadlocked() {
+    let (tx, rx) = std::sync::mpsc::channel();
+    // A hard limit: a deadlock leaves the worker hanging and fails the test here.
+    std::thread::spawn(move || {
+        let cfg = config(&[]);
+        let m = load("llama_gqa", cfg);
+        let e = engine(m, cfg);
+        let mut r = Reentry { thread: std::thread::current().id(), engine: e, seen: Vec::new() };
+        assert_eq!(tboost_log_set(Some(reenter), &mut r as *mut Reentry as *mut _, 2), TBOOST_OK);
+        // 600 new tokens go beyond llama_gqa's 512 trained positions: enqueue warns while it
+        // holds the engine's lock, and the callback calls back into the log sink and engine.
+        let p = tboost_sampling_params { max_tokens: 600, ..Default::default() };
+        let mut id = 0;
+        let prompt = [1i32, 2, 3];
+        let s = unsafe { tboost_engine_enqueue(e, prompt.as_ptr(), prompt.len(), &p, null(), null(), 0, &mut id) };
+        assert_eq!(tboost_log_set(None, null_mut(), 2), TBOOST_OK);
+        let _ = tx.send((s, std::mem::take(&mut r.seen)));
+        // The engine still works after the refused calls.
+        assert_eq!(tboost_engine_cancel(e, id), TBOOST_OK, "{}", last_error());
+        tboost_engine_free(e);
+        tboost_model_free(m);
+        tboost_config_free(cfg);
+    });
+    let (enqueued, seen) = rx
+        .recv_timeout(std::time::Duration::from_secs(60))
+        .expect("a tboost call from a log callback hung (deadlock) or the worker failed");
+    assert_eq!(enqueued, TBOOST_OK, "the outer enqueue must complete");
+    assert!(!seen.is_empty(), "enqueue's warning never reached the callback");
+    for (set, stats, err) in &seen {
+        assert_eq!(*set, TBOOST_ERR_REENTRANT);
+        assert_eq!(*stats, TBOOST_ERR_REENTRANT);
+        assert!(
+            err.starts_with(
+                "tboost_engine_stats: called from a tboost log callback (fired inside tboost_engine_enqueue)"
+            ),
+            "{err}"
+        );
+    }
+}

@@ -78,7 +78,10 @@ pub enum tboost_log_level {
 
 /// Receives one log record. `target` (the module, e.g. "tboost::plan") and `message` are
 /// NUL-terminated UTF-8, valid only during the call. It may be called from any thread,
-/// including the engine's compute threads, and must not call back into tboost.
+/// including the engine's compute threads, and must not call back into tboost: such a call
+/// returns `TBOOST_ERR_REENTRANT` without running (only `tboost_last_error`,
+/// `tboost_status_name` and `tboost_finish_reason_name` work there), and the call that
+/// logged completes.
 pub type tboost_log_fn = Option<
     unsafe extern "C" fn(
         level: tboost_log_level,

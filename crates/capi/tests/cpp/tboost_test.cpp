@@ -16,6 +16,7 @@
 #include <fstream>
 #include <functional>
 #include <map>
+#include <memory>
 #include <mutex>
 #include <random>
 #include <sstream>
@@ -341,6 +342,73 @@ TEST(Log, CallbackGetsLevelTargetAndMessage) {
   }
   EXPECT_EQ(calls, before);
   ASSERT_OK(tboost_log_set(nullptr, nullptr, TBOOST_LOG_WARN));
+}
+
+// A callback that calls back into tboost: the log sink (whose lock the logging thread holds)
+// and the engine (whose lock enqueue holds while it warns). Each inner call is refused with
+// TBOOST_ERR_REENTRANT; the outer call completes.
+struct Reentry {
+  std::thread::id thread;
+  tboost_engine* engine = nullptr;
+  std::vector<std::pair<int, int>> statuses;
+  std::vector<std::string> errors;
+};
+
+void ReenterLog(tboost_log_level, const char*, const char*, void* user_data) {
+  auto* r = static_cast<Reentry*>(user_data);
+  if (std::this_thread::get_id() != r->thread) return;
+  const int set = tboost_log_set(nullptr, nullptr, TBOOST_LOG_WARN);
+  tboost_stats st{};
+  st.struct_size = sizeof st;
+  const int stats = tboost_engine_stats(r->engine, &st);
+  r->statuses.push_back({set, stats});
+  r->errors.push_back(LastError());
+}
+
+TEST(Log, CallsFromTheCallbackAreRefusedNotDeadlocked) {
+  std::unique_ptr<Config> cfg(SmallConfig());
+  Model m(Golden("llama_gqa"), cfg->p);
+  Engine e(m.p, cfg->p);
+  Reentry r;
+  int enqueued = -1;
+  tboost_request_id id = 0;
+  // A hard limit: a deadlocked call never returns, and the test fails (and exits) here.
+  std::atomic<bool> done{false};
+  std::thread worker([&] {
+    r.thread = std::this_thread::get_id();
+    r.engine = e.p;
+    if (tboost_log_set(ReenterLog, &r, TBOOST_LOG_WARN) == TBOOST_OK) {
+      // 600 new tokens go beyond llama_gqa's 512 trained positions: enqueue warns.
+      tboost_sampling_params sp = Params(600);
+      Tokens prompt = Prompt(0, 3);
+      enqueued = tboost_engine_enqueue(e.p, prompt.data(), prompt.size(), &sp, nullptr, nullptr, 0, &id);
+    }
+    tboost_log_set(nullptr, nullptr, TBOOST_LOG_WARN);
+    done = true;
+  });
+  const auto deadline = std::chrono::steady_clock::now() + std::chrono::seconds(60);
+  while (!done && std::chrono::steady_clock::now() < deadline)
+    std::this_thread::sleep_for(std::chrono::milliseconds(10));
+  if (!done) {
+    ADD_FAILURE() << "a tboost call from a log callback did not return in 60 s (deadlock)";
+    std::fflush(nullptr);
+    std::_Exit(1);
+  }
+  worker.join();
+  EXPECT_EQ(enqueued, TBOOST_OK) << "the outer enqueue must complete";
+  ASSERT_FALSE(r.statuses.empty()) << "enqueue's warning never reached the callback";
+  for (size_t i = 0; i < r.statuses.size(); ++i) {
+    EXPECT_EQ(r.statuses[i].first, TBOOST_ERR_REENTRANT);
+    EXPECT_EQ(r.statuses[i].second, TBOOST_ERR_REENTRANT);
+    EXPECT_EQ(r.errors[i].rfind("tboost_engine_stats: called from a tboost log callback (fired inside "
+                                "tboost_engine_enqueue)",
+                                0),
+              0u)
+        << r.errors[i];
+  }
+  // The engine keeps working after the refused calls.
+  EXPECT_STATUS(TBOOST_OK, tboost_engine_cancel(e.p, id));
+  EXPECT_STREQ(tboost_status_name(TBOOST_ERR_REENTRANT), "TBOOST_ERR_REENTRANT");
 }
 
 // ---- config ------------------------------------------------------------------------------
