@@ -93,8 +93,8 @@ const FIXED: &[(&str, KeyType, &str, Option<&str>, &str)] = &[
         KeyType::Str,
         "huge",
         Some("TBOOST_WEIGHT_PAGES"),
-        "huge: large model files' weights are copied into huge pages; small (or file): stored weights stay \
-         in the file map",
+        "huge: large model files' weights are copied into huge pages; small (or file): into 4 KiB pages \
+         (weights are never read from the file map after load)",
     ),
     (
         "ascend_known_bad",

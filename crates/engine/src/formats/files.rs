@@ -16,7 +16,7 @@
 
 use std::fs::{File, FileType, OpenOptions};
 use std::io::{self, Read};
-use std::path::Path;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use memmap2::Mmap;
@@ -130,13 +130,49 @@ pub fn read_text_opt(path: &Path, max_bytes: u64, what: &str) -> Result<Option<S
     }
 }
 
+/// A read-only map of a whole file, with the open file it maps.
+pub struct MappedFile {
+    map: Mmap,
+    file: File,
+    path: PathBuf,
+}
+
+impl std::ops::Deref for MappedFile {
+    type Target = Mmap;
+    fn deref(&self) -> &Mmap {
+        &self.map
+    }
+}
+
+impl MappedFile {
+    /// An error when the file is now shorter than its map: reading a mapped page past the
+    /// new end would raise SIGBUS and kill the process. Backends copy every weight out of
+    /// the map as they upload it and check this first, so a file truncated or rewritten in
+    /// place between load and upload is an error, not a crash.
+    pub fn check_intact(&self) -> Result<()> {
+        let now = self.file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
+        if now < self.map.len() as u64 {
+            return Err(Error::format(
+                &self.path,
+                format!(
+                    "the file shrank from {} to {now} bytes since it was loaded (truncated or rewritten in \
+                     place); load the model again",
+                    self.map.len()
+                ),
+            ));
+        }
+        Ok(())
+    }
+}
+
 /// Maps a whole file read-only.
-pub fn map_file(path: &Path) -> Result<Arc<Mmap>> {
+pub fn map_file(path: &Path) -> Result<Arc<MappedFile>> {
     let (file, _) = open_regular(path)?;
-    // SAFETY: the map is read-only. Like every mmap-based loader we rely on the file not
-    // being truncated or rewritten while it is mapped.
+    // SAFETY: the map is read-only. A file truncated while mapped makes reads past its new
+    // end fault: tboost reads the map only while loading and copies every weight out of it
+    // (see `MappedFile::check_intact`).
     let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
-    Ok(Arc::new(map))
+    Ok(Arc::new(MappedFile { map, file, path: path.to_path_buf() }))
 }
 
 #[cfg(test)]

@@ -7,9 +7,8 @@
 //! [`Arena`]: repacked tensors are packed there straight from the file map, tensors used as
 //! stored are copied there ([`copy_into`]), and each tensor's file pages are then dropped from
 //! the process, so the weights are resident once. `TBOOST_WEIGHT_PAGES=small` (old name
-//! `file`) keeps the stored tensors in the zero-copy file map instead (several processes then
-//! share one page-cache copy of them) and repacked ones in 4 KiB pages; small files (tests,
-//! tokenizers) always stay mapped.
+//! `file`) and small files (tests) use 4 KiB pages instead. No tensor is read from the file
+//! map after load, so a model file changed under a running engine cannot crash the host.
 //!
 //! Why per tensor at upload, not the whole file at load: the first touch of fresh memory
 //! is what a load costs, and a whole-file copy touched every repacked tensor's bytes twice

@@ -2,17 +2,17 @@
 
 use std::sync::Arc;
 
-use memmap2::Mmap;
 use tboost_ops::DType;
 
 use super::hugepages::{self, Arena, Region};
+use crate::formats::files::MappedFile;
 use crate::formats::limits::{MAX_TENSOR_DIMS, MAX_TENSOR_ELEMENTS};
 
 /// Bytes that back one or more tensors.
 #[derive(Clone)]
 pub enum Storage {
     /// A read-only map of a file.
-    Mmap(Arc<Mmap>),
+    Mmap(Arc<MappedFile>),
     /// One tensor's bytes copied into a backend's huge-page arena ([`Tensor::copied_into`]).
     Region(Arc<Region>),
     Owned(Arc<Vec<u8>>),
@@ -206,6 +206,15 @@ impl Tensor {
     /// True when the bytes are a map of the model file (not yet in memory until touched).
     pub fn is_mapped(&self) -> bool {
         matches!(self.storage, Storage::Mmap(_))
+    }
+
+    /// An error naming the file when the file this tensor is mapped from has shrunk since
+    /// it was loaded ([`MappedFile::check_intact`]); reading the bytes would crash.
+    pub fn check_source(&self) -> crate::Result<()> {
+        match &self.storage {
+            Storage::Mmap(m) => m.check_intact(),
+            _ => Ok(()),
+        }
     }
 
     /// Whether a backend that reads this tensor in place should copy it into huge pages

@@ -148,6 +148,11 @@ impl ModelRunner {
         cpu_threads: usize,
         comm: Option<Arc<dyn Communicator>>,
     ) -> Result<ModelRunner> {
+        // Sharding and uploading read the file maps; a file truncated since load would
+        // crash them (SIGBUS), so it is an error naming the file instead.
+        for t in w.tensors() {
+            t.check_source()?;
+        }
         let (spec, local, lw) = match &comm {
             Some(c) => {
                 let spec = plan::shard::decide(cfg, w, c.world(), c.rank())?;

@@ -161,7 +161,7 @@ enum Work {
 pub struct CpuBackend {
     /// Per-op (count, seconds) with the `profile` key; printed when the backend drops.
     profile: Option<BTreeMap<&'static str, (u64, f64)>>,
-    /// The `weight_pages` key is `small`: stored weights stay in the file map.
+    /// The `weight_pages` key is `small`: weights in 4 KiB pages.
     small_weight_pages: bool,
     pool: Arc<rayon::ThreadPool>,
     threads: usize,
@@ -172,8 +172,10 @@ pub struct CpuBackend {
     /// Huge-page copies `upload_weight` made, by the address and length of the file bytes
     /// they hold: a range uploaded twice shares one copy.
     copies: std::collections::HashMap<(usize, usize), Tensor>,
-    /// Huge-page memory of the repacked weights.
+    /// Huge-page memory of the repacked weights (4 KiB pages with `weight_pages` = small).
     arena: crate::model::hugepages::Arena,
+    /// 4 KiB-page copies of the stored weights of small files.
+    small_arena: crate::model::hugepages::Arena,
     queue: Vec<Work>,
     /// Bytes of queued `write_async` calls (reused: no allocation in a steady step).
     staging: Vec<u8>,
@@ -209,6 +211,7 @@ impl CpuBackend {
             allocated: 0,
             weights: Vec::new(),
             arena: crate::model::hugepages::Arena::new(!opts.small_weight_pages),
+            small_arena: crate::model::hugepages::Arena::new(false),
             copies: Default::default(),
             queue: Vec::new(),
             staging: Vec::new(),
@@ -545,28 +548,29 @@ impl Backend for CpuBackend {
     }
 
     fn upload_weight(&mut self, tensor: &Tensor) -> Result<WeightId> {
-        // A large file's tensors go into huge pages (see `model::hugepages`); otherwise
-        // zero-copy: the tensor keeps its memory map (or owned buffer) alive.
-        let stored = if !self.small_weight_pages && tensor.wants_huge_pages() {
+        // A tensor read from the file map would kill the host with SIGBUS if the file were
+        // truncated or replaced in place while the engine runs (rolling deploys do that), so
+        // every mapped tensor gets its own copy in anonymous memory: huge pages for a large
+        // file (see `model::hugepages`), 4 KiB pages with `weight_pages` = small or a small
+        // file. Owned tensors (shards, converted weights) are used as they are.
+        let stored = if tensor.is_mapped() {
+            let huge = !self.small_weight_pages && tensor.wants_huge_pages();
             // One copy per range of the file: a tied embedding table is also the lm_head.
             let key = (tensor.bytes().as_ptr() as usize, tensor.bytes().len());
             match self.copies.get(&key) {
                 Some(copy) => tensor.over_bytes_of(copy),
                 None => {
-                    let arena = &mut self.arena;
-                    match self.pool.install(|| tensor.copied_into(arena)) {
-                        Ok(t) => {
-                            self.copies.insert(key, t.clone());
-                            t
-                        }
-                        Err(e) => {
-                            log::debug!(
-                                "tensor `{}`: no huge-page memory for a copy ({e}); reading the file map",
-                                tensor.name
-                            );
-                            tensor.clone()
-                        }
-                    }
+                    let arena = if huge { &mut self.arena } else { &mut self.small_arena };
+                    let t = self.pool.install(|| tensor.copied_into(arena)).map_err(|e| {
+                        Self::err(format!(
+                            "tensor `{}`: no memory for its {} bytes ({e}); tboost does not read weights from \
+                             the file map, which a change to the file would turn into a crash",
+                            tensor.name,
+                            tensor.bytes().len()
+                        ))
+                    })?;
+                    self.copies.insert(key, t.clone());
+                    t
                 }
             }
         } else {
