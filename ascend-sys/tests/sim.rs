@@ -35,6 +35,7 @@ const ALL_OPS: [&str; 22] = [
     "aclnnMatmul",
     "aclnnMm",
     "aclnnSwiGlu",
+    "aclnnGeluV2",
     "aclnnWeightQuantBatchMatmulV2",
     "aclnnMoeGatingTopKSoftmax",
     "aclnnMoeInitRoutingV2",
