@@ -13,8 +13,12 @@
 //! placed in the two halves of a `[2, m, inter]` scratch (dim 0), by the two matmuls themselves in
 //! `MatMulSwiGlu` (one read of the scratch, no separate activation pass) or by two stream copies
 //! in `SwiGlu`.
+//!
+//! GeGLU (Gemma 3's `gelu_pytorch_tanh`): `aclnnGeluV2(gate, approximate = 1 (tanh))` into scratch,
+//! then `aclnnMul` by up into the output (NN `activation/gelu_v2/docs/aclnnGeluV2.md`; aclnn has no
+//! fused GeGLU whose doc takes the tanh form on two separate inputs).
 
-use ascend_sys::aclnn::{self, CubeMathType};
+use ascend_sys::aclnn::{self, CubeMathType, GeluApproximate};
 use ascend_sys::TensorRef;
 use tboost_ops::{DType, Precision};
 
@@ -172,5 +176,23 @@ impl AscendBackend {
             }
         }
         self.swiglu_halves(n, act, out)
+    }
+
+    /// `out = gelu_tanh(gate) * up`.
+    pub(super) fn geglu(&mut self, gate: View, up: View, out: View) -> Result<()> {
+        let n = gate.len;
+        let act = self.mem.dtype(gate)?;
+        if up.len != n || out.len != n || self.mem.dtype(up)? != act || self.mem.dtype(out)? != act {
+            return Err(be_err("geglu: gate, up and out differ in length or dtype"));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        self.mem.ensure(Scratch::GeluOut, n * act.block_bytes())?;
+        let (ctx, mem) = (&mut self.ctx, &self.mem);
+        let (g, s) = (mem.tensor(gate, &[n])?, mem.scratch(Scratch::GeluOut, act, 0, &[n])?);
+        aclnn::gelu_v2(ctx, &g, GeluApproximate::Tanh, &s).map_err(|e| acl_err("aclnnGeluV2", e))?;
+        let (u, o) = (mem.tensor(up, &[n])?, mem.tensor(out, &[n])?);
+        aclnn::mul(ctx, &s, &u, &o).map_err(|e| acl_err("aclnnMul (geglu)", e))
     }
 }
