@@ -252,9 +252,10 @@ fn golden_greedy_steps_through_the_runner_on_the_simulator() {
 }
 
 /// Sliding windows on the device past a block: Mistral's weights with a window of 24 in every
-/// layer (blocks of 128), a 200-token prompt and 30 decodes. Prefill runs FIA's band
-/// (`sparseMode` 4), each decode the window's mask; from position 152 on the block wholly behind
-/// the window is left out of the block table (the engine may have given it back). Every position
+/// layer (blocks of 128), a 200-token prompt in chunks of 150 and 50, then 30 decodes. Prefill runs
+/// FIA's band (`sparseMode` 4), each decode the window's mask; for the second chunk and every
+/// decode the block wholly behind the window is left out of the block table (the engine may have
+/// given it back). Every position
 /// matches the CPU backend's windowed attention within the f16 tolerance, and the window matters:
 /// without it the CPU's logits move by far more than that tolerance.
 #[test]
@@ -287,8 +288,11 @@ fn sliding_window_attention_past_a_block_matches_the_cpu_on_the_simulator() {
             Session::new(&mut cpu, n).unwrap(),
             Session::new(&mut no_window, n).unwrap(),
         );
-        let (mut la, mut lc, mut lf) =
-            (sa.feed(&prompt, true).unwrap(), sc.feed(&prompt, true).unwrap(), sf.feed(&prompt, true).unwrap());
+        // The device takes the prompt in two chunks: the second starts at 150, past a block and
+        // the window, so its band runs over a trimmed block table.
+        let mut la = sa.feed(&prompt[..150], true).unwrap();
+        la.extend(sa.feed(&prompt[150..], true).unwrap());
+        let (mut lc, mut lf) = (sc.feed(&prompt, true).unwrap(), sf.feed(&prompt, true).unwrap());
         let (mut worst, mut worst_tol, mut moved) = (0f32, f32::MAX, 0f32);
         for step in 0..=steps {
             let t = tol(layers, max_abs(&lc));
@@ -514,7 +518,7 @@ fn on_device(d: &Value, kernel: &str) {
 
 /// Qwen3, Qwen3-MoE, Gemma 3 and Phi-3 on Ascend: each new slot's decision names its aclnn op
 /// (q/k norm: aclnnRmsNorm over `[tokens·heads, head_dim]`; Gemma's embedding scale: aclnnMul +
-/// aclnnCast; GeGLU: aclnnGeluV2 (tanh) + aclnnMul; post-norms: aclnnRmsNorm; sliding layers: FIA
+/// aclnnCast; GeGLU: aclnnGeluV2 (tanh) + aclnnMul + aclnnCast; post-norms: aclnnRmsNorm; sliding layers: FIA
 /// with the window in the reason; the local and LongRoPE tables on the host of this backend), nothing
 /// runs beside the device; and an installation without aclnnGeluV2 runs Gemma's MLP on the CPU,
 /// saying why.
@@ -561,7 +565,7 @@ fn the_plan_maps_the_new_architectures_slots_to_aclnn_ops() {
         }
         let d = decision(&p, l, "mlp");
         assert_eq!(d["choice"], "gate_up_matmuls_then_geglu");
-        on_device(d, "aclnnMm+aclnnGeluV2+aclnnMul");
+        on_device(d, "aclnnMm+aclnnGeluV2+aclnnMul+aclnnCast");
     }
     // Without aclnnGeluV2 in libopapi the MLP slot falls back to the CPU and names the symbol.
     let omit = simulator_home(&["--omit", "aclnnGeluV2"]);

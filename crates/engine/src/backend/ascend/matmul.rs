@@ -14,9 +14,10 @@
 //! `MatMulSwiGlu` (one read of the scratch, no separate activation pass) or by two stream copies
 //! in `SwiGlu`.
 //!
-//! GeGLU (Gemma 3's `gelu_pytorch_tanh`): `aclnnGeluV2(gate, approximate = 1 (tanh))` into scratch,
-//! then `aclnnMul` by up into the output (NN `activation/gelu_v2/docs/aclnnGeluV2.md`; aclnn has no
-//! fused GeGLU whose doc takes the tanh form on two separate inputs).
+//! GeGLU (Gemma 3's `gelu_pytorch_tanh`): the gate cast to FLOAT, `aclnnGeluV2(approximate = 1
+//! (tanh))` in FLOAT, `aclnnMul` by up (the FLOAT × f16/bf16 pair promotes to FLOAT), `aclnnCast`
+//! into the output: one rounding to the activation dtype, as the CPU's f32 GeGLU has (NN
+//! `activation/gelu_v2/docs/aclnnGeluV2.md` lists FLOAT32 on every SoC that has the op).
 
 use ascend_sys::aclnn::{self, CubeMathType, GeluApproximate};
 use ascend_sys::TensorRef;
@@ -178,7 +179,7 @@ impl AscendBackend {
         self.swiglu_halves(n, act, out)
     }
 
-    /// `out = gelu_tanh(gate) * up`.
+    /// `out = gelu_tanh(gate) * up`, rounded once to the activation dtype (see the module docs).
     pub(super) fn geglu(&mut self, gate: View, up: View, out: View) -> Result<()> {
         let n = gate.len;
         let act = self.mem.dtype(gate)?;
@@ -188,11 +189,16 @@ impl AscendBackend {
         if n == 0 {
             return Ok(());
         }
-        self.mem.ensure(Scratch::GeluOut, n * act.block_bytes())?;
+        self.mem.ensure(Scratch::GeluOut, 2 * n * 4)?;
         let (ctx, mem) = (&mut self.ctx, &self.mem);
-        let (g, s) = (mem.tensor(gate, &[n])?, mem.scratch(Scratch::GeluOut, act, 0, &[n])?);
-        aclnn::gelu_v2(ctx, &g, GeluApproximate::Tanh, &s).map_err(|e| acl_err("aclnnGeluV2", e))?;
-        let (u, o) = (mem.tensor(up, &[n])?, mem.tensor(out, &[n])?);
-        aclnn::mul(ctx, &s, &u, &o).map_err(|e| acl_err("aclnnMul (geglu)", e))
+        let (a, b) = (
+            mem.scratch(Scratch::GeluOut, DType::F32, 0, &[n])?,
+            mem.scratch(Scratch::GeluOut, DType::F32, n * 4, &[n])?,
+        );
+        let (g, u, o) = (mem.tensor(gate, &[n])?, mem.tensor(up, &[n])?, mem.tensor(out, &[n])?);
+        aclnn::cast(ctx, &g, &a).map_err(|e| acl_err("aclnnCast (geglu gate)", e))?;
+        aclnn::gelu_v2(ctx, &a, GeluApproximate::Tanh, &b).map_err(|e| acl_err("aclnnGeluV2", e))?;
+        aclnn::mul(ctx, &b, &u, &a).map_err(|e| acl_err("aclnnMul (geglu)", e))?;
+        aclnn::cast(ctx, &a, &o).map_err(|e| acl_err("aclnnCast (geglu)", e))
     }
 }

@@ -19,7 +19,7 @@
 //!   takes the activation dtype so the plan converts gains at upload); RmsNorm absent on 310B.
 //! - SwiGlu (NN `activation/swi_glu/docs/aclnnSwiGlu.md`): absent on 310B.
 //! - GeluV2 (NN `activation/gelu_v2/docs/aclnnGeluV2.md`): `approximate` 1 is the tanh form (Gemma's
-//!   GeGLU, with `aclnnMul` by up); absent on 310B; bf16 not on Atlas inference/training (the
+//!   GeGLU, in FLOAT with `aclnnMul` by up and `aclnnCast` back); absent on 310B; bf16 not on Atlas inference/training (the
 //!   activation rule already refuses bf16 there). The embedding scale: `aclnnMul` by a FLOAT scalar
 //!   tensor, `aclnnCast` back.
 //! - Sliding-window attention: FIA's band (`sparseMode` 4 with preTokens = window - 1, nextTokens 0,
@@ -383,7 +383,7 @@ impl Caps {
                 self.op("aclnnSwiGlu")
             }
             OpQuery::SwiGlu { act } => self.act(act).and(self.op("aclnnSwiGlu")),
-            OpQuery::GeGlu { act } => self.act(act).and(self.ops(&["aclnnGeluV2", "aclnnMul"])),
+            OpQuery::GeGlu { act } => self.act(act).and(self.ops(&["aclnnGeluV2", "aclnnMul", "aclnnCast"])),
             OpQuery::Scale { act } => self.act(act).and(self.ops(&["aclnnMul", "aclnnCast"])),
             // Host tables (LongRoPE's factor lists read back once), uploaded: no kernel to ask for.
             OpQuery::RopeTables { rope } => {
@@ -486,7 +486,7 @@ impl Caps {
             OpQuery::MatMulSwiGlu { gate, .. } if gate.dtype.is_quantized() => Some(format!("{WQBMM}+aclnnSwiGlu")),
             OpQuery::MatMulSwiGlu { .. } => s("aclnnMm+aclnnSwiGlu"),
             OpQuery::SwiGlu { .. } => s("aclnnSwiGlu"),
-            OpQuery::GeGlu { .. } => s("aclnnGeluV2+aclnnMul"),
+            OpQuery::GeGlu { .. } => s("aclnnGeluV2+aclnnMul+aclnnCast"),
             OpQuery::Scale { .. } => s("aclnnMul+aclnnCast"),
             OpQuery::RopeTables { .. } => None,
             OpQuery::Rope { .. } => s("aclnnRotaryPositionEmbedding"),
