@@ -6,9 +6,14 @@
  *   - layouts BSH, BSND, BNSD; fp16/bf16 query/key/value/out; no quantization, pse, prefix, padding, rope;
  *   - contiguous KV ([B, S, KV_N, D] in the query's layout, one tensor in each list) or paged KV through
  *     blockTable + blockSize with caches BnBsH [blocks, blockSize, KV_N*D] (or BnNBsD with BNSD queries);
- *   - sparseMode 0 (optional full mask), 1 (full mask), 2 leftUpCausal, 3 rightDownCausal (2 and 3 require
- *     the 2048x2048 upper-triangular mask, checked); 4 (band) is rejected as not simulated;
- *   - Q_S == 1 takes the IncreFlashAttention branch: sparseMode and actualSeqLengths are ignored.
+ *   - sparseMode 0 (optional full mask), 1 (full mask), 2 leftUpCausal, 3 rightDownCausal, 4 band (2, 3 and 4
+ *     require the 2048x2048 upper-triangular mask, checked). Band (docs/context/sparse_mode参数说明.md: "sparseMode
+ *     为4时，代表band场景，即计算preTokens和nextTokens之间的部分，参数起点为右下角，preTokens和nextTokens之间需要有
+ *     交集"): with the origin at the right-down corner, row i sees key j when
+ *     -preTokens <= j - i - (KV_S - Q_S) <= nextTokens (a sliding window of W keys: preTokens W-1, nextTokens 0);
+ *   - Q_S == 1 takes the IncreFlashAttention branch: sparseMode, preTokens/nextTokens ("Q_S为1时该参数无效") and
+ *     actualSeqLengths are ignored; its mask is (B, KV_S), (B, 1, KV_S) or (B, 1, 1, KV_S), and with page
+ *     attention its last dim must be at least blockTable's second dim * blockSize (FIA V4 doc, PagedAttention).
  * Rows past a batch's actual query length, and rows with no visible key, are written as zeros.
  * Not CANN: see ascend-sim/README.md.
  */
@@ -27,6 +32,7 @@ typedef struct {
     int64_t blockSize, nblocks, maxBlocks;
     int64_t *actQ, *actKv;
     int sparse;
+    int64_t preTokens, nextTokens; /* sparseMode 4 */
     double scale;
     int maskB, maskQ1; /* mask has a batch dim / Q_S==1 mask shape (B, KV_S) */
 } FiaP;
@@ -80,7 +86,7 @@ static aclnnStatus fia_run(SimExec *e, void *ws, uint64_t wsSize) {
     const aclTensor *q = T(e, p->q), *k = T(e, p->k), *v = T(e, p->v), *o = T(e, p->out);
     const aclTensor *m = p->mask >= 0 ? T(e, p->mask) : NULL, *bt = p->bt >= 0 ? T(e, p->bt) : NULL;
     const aclTensor *lse = p->lse >= 0 ? T(e, p->lse) : NULL;
-    if ((p->sparse == 2 || p->sparse == 3) && p->Sq > 1 && !check_causal_mask(m)) {
+    if (p->sparse >= 2 && p->Sq > 1 && !check_causal_mask(m)) {
         sim_error("%s: sparseMode %d needs the optimized 2048x2048 mask with 1 strictly above the diagonal (and 0 "
                   "elsewhere); the one given differs",
                   p->op, p->sparse);
@@ -113,6 +119,10 @@ static aclnnStatus fia_run(SimExec *e, void *ws, uint64_t wsSize) {
                         if (p->Sq == 1) vis = !masked(p, m, b, i, j);
                         else if (p->sparse == 2) vis = j <= i;
                         else if (p->sparse == 3) vis = j <= i + lkv - lq;
+                        else if (p->sparse == 4) {
+                            int64_t dd = j - i - (lkv - lq); /* origin at the right-down corner */
+                            vis = dd >= -p->preTokens && dd <= p->nextTokens;
+                        }
                         else vis = !masked(p, m, b, i, j);
                         if (!vis) {
                             sc[j] = -INFINITY;
@@ -251,14 +261,16 @@ static aclnnStatus fia_gws(const char *OP, const aclTensor *query, const aclTens
     if (sparseMode < 0 || sparseMode > 4) FAIL(ACLNN_ERR_PARAM_INVALID, "%s: sparseMode %lld: only 0..4 are supported", OP, (long long)sparseMode);
     if (innerPrecise < 0 || innerPrecise > 3) FAIL(ACLNN_ERR_PARAM_INVALID, "%s: innerPrecise %lld is not 0..3", OP, (long long)innerPrecise);
     p->sparse = (int)sparseMode;
+    p->preTokens = preTokens, p->nextTokens = nextTokens;
     p->scale = scaleValue;
     const aclTensor *m = p->mask >= 0 ? T(se, p->mask) : NULL;
     if (p->Sq > 1) {
-        if (p->sparse == 4) FAIL(ACLNN_ERR_PARAM_INVALID, "%s: sparseMode 4 (band) is not simulated", OP);
+        if (p->sparse == 4 && (preTokens < 0 || nextTokens < 0))
+            FAIL(ACLNN_ERR_PARAM_INVALID, "%s: sparseMode 4 with negative preTokens %lld / nextTokens %lld is not simulated", OP, (long long)preTokens, (long long)nextTokens);
         if (p->sparse == 0 && m && (preTokens < INT_MAX || nextTokens < INT_MAX))
             FAIL(ACLNN_ERR_PARAM_INVALID, "%s: sparseMode 0 with a mask and preTokens/nextTokens bands is not simulated (pass 2147483647)", OP);
         if (p->sparse == 1 && !m) FAIL(ACLNN_ERR_PARAM_INVALID, "%s: sparseMode 1 (allMask) needs attenMask", OP);
-        if (p->sparse == 2 || p->sparse == 3) {
+        if (p->sparse >= 2) {
             int ok = m && m->ndim >= 2 && m->ndim <= 4 && m->dims[m->ndim - 1] == 2048 && m->dims[m->ndim - 2] == 2048 && dsize(m->dtype) == 1;
             for (int i = 0; ok && i < m->ndim - 2; i++) ok = m->dims[i] == 1;
             if (!ok) FAIL(ACLNN_ERR_PARAM_INVALID, "%s: sparseMode %d needs the optimized attenMask of shape (2048, 2048), (1, 2048, 2048) or (1, 1, 2048, 2048) in BOOL/INT8/UINT8", OP, p->sparse);
@@ -310,11 +322,13 @@ static aclnnStatus fia_gws(const char *OP, const aclTensor *query, const aclTens
         for (int64_t b = 0; b < p->B; b++)
             if ((p->actKv[b] + p->blockSize - 1) / p->blockSize > p->maxBlocks)
                 FAIL(ACLNN_ERR_PARAM_INVALID, "%s: batch %lld needs %lld blocks, blockTable has %lld columns", OP, (long long)b, (long long)((p->actKv[b] + p->blockSize - 1) / p->blockSize), (long long)p->maxBlocks);
-    if (m && !(p->Sq > 1 && (p->sparse == 2 || p->sparse == 3))) {
+    if (m && !(p->Sq > 1 && p->sparse >= 2)) {
         int64_t mS = m->dims[m->ndim - 1];
         if (p->Sq == 1) {
             p->maskQ1 = 1;
             if (m->dims[0] != p->B) FAIL(ACLNN_ERR_PARAM_INVALID, "%s: with Q_S == 1 attenMask must be (B, KV_S), (B, 1, KV_S) or (B, 1, 1, KV_S), got %s", OP, SHAPE(m));
+            if (p->paged && mS < p->maxBlocks * p->blockSize)
+                FAIL(ACLNN_ERR_PARAM_INVALID, "%s: with page attention the mask's last dim %lld must be at least blockTable's %lld columns * blockSize %lld", OP, (long long)mS, (long long)p->maxBlocks, (long long)p->blockSize);
         } else {
             int64_t mq = m->dims[m->ndim - 2];
             p->maskB = m->ndim >= 3 && m->dims[0] == p->B && p->B > 1;

@@ -291,8 +291,8 @@ static inline aclnnStatus check_bf16(const char *op, const char *name, const acl
 /* SoC profiles: which ops have kernels where, from each op doc's product-support table ("产品支持情况"):
  * - RotaryPositionEmbedding: A2/A3 (and 950) only, not Atlas inference (310P), training (910A) or
  *   200I/500 A2 (310B) (ops-transformer posembedding/rotary_position_embedding/docs/aclnnRotaryPositionEmbedding.md);
- * - RmsNorm, SwiGlu, Mm: not on 200I/500 A2 (310B) (ops-nn norm/rms_norm/docs/aclnnRmsNorm.md,
- *   activation/swi_glu/docs/aclnnSwiGlu.md, matmul/mat_mul_v3/docs/aclnnMm.md);
+ * - RmsNorm, SwiGlu, Mm, GeluV2: not on 200I/500 A2 (310B) (ops-nn norm/rms_norm/docs/aclnnRmsNorm.md,
+ *   activation/swi_glu/docs/aclnnSwiGlu.md, matmul/mat_mul_v3/docs/aclnnMm.md, activation/gelu_v2/docs/aclnnGeluV2.md);
  * - MoeInitRoutingV2, MoeFinalizeRoutingV2: not on training (910A) or 200I/500 A2 (310B)
  *   (ops-transformer moe/moe_init_routing_v2/docs/aclnnMoeInitRoutingV2.md,
  *   moe/moe_finalize_routing_v2/docs/aclnnMoeFinalizeRoutingV2.md).
@@ -301,7 +301,8 @@ static inline aclnnStatus soc_kernel(const char *op) {
     SimSocFamily f = sim_soc();
     int absent = 0;
     if (strcmp(op, "aclnnRotaryPositionEmbedding") == 0) absent = !soc_is_a2a3();
-    else if (strcmp(op, "aclnnRmsNorm") == 0 || strcmp(op, "aclnnSwiGlu") == 0 || strcmp(op, "aclnnMm") == 0)
+    else if (strcmp(op, "aclnnRmsNorm") == 0 || strcmp(op, "aclnnSwiGlu") == 0 || strcmp(op, "aclnnMm") == 0 ||
+             strcmp(op, "aclnnGeluV2") == 0)
         absent = f == SIM_SOC_310B;
     else if (strcmp(op, "aclnnMoeInitRoutingV2") == 0 || strcmp(op, "aclnnMoeFinalizeRoutingV2") == 0)
         absent = f == SIM_SOC_910A || f == SIM_SOC_310B;

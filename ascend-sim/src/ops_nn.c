@@ -441,6 +441,70 @@ aclnnStatus aclnnSwiGluGetWorkspaceSize(const aclTensor *x, int64_t dim, const a
 }
 SIM_EXECUTE(aclnnSwiGlu)
 
+/* ---------------------------------------------------------------- GeluV2
+ * hicann/ops-nn activation/gelu_v2/docs/aclnnGeluV2.md: y = x * Phi(x); approximate 0 "none" (Phi the normal
+ * CDF, 0.5 (1 + erf(x / sqrt 2))), 1 "tanh" (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))). x and y
+ * FLOAT32/FLOAT16/BFLOAT16 (bf16 not on Atlas inference/training), same dtype and shape, 0..8 dims; not on
+ * 200I/500 A2 (310B). Errors: NULL x/y 161001; dtype, dtype mismatch or shape mismatch 161002. */
+
+typedef struct {
+    int x, out;
+    int tanh;
+} GeluP;
+
+static aclnnStatus gelu_run(SimExec *e, void *ws, uint64_t wsSize) {
+    (void)ws, (void)wsSize;
+    GeluP *p = e->x.params;
+    const aclTensor *x = T(e, p->x), *o = T(e, p->out);
+    int64_t n = numel(x);
+    for (int64_t i = 0; i < n; i++) {
+        double v = ld(x, off_lin(x, i));
+        double y = p->tanh ? 0.5 * v * (1.0 + tanh(0.7978845608028654 * (v + 0.044715 * v * v * v)))
+                           : 0.5 * v * (1.0 + erf(v / sqrt(2.0)));
+        st(o, off_lin(o, i), y);
+    }
+    return ACLNN_SUCCESS;
+}
+
+aclnnStatus aclnnGeluV2GetWorkspaceSize(const aclTensor *x, int64_t approximate, aclTensor *y, uint64_t *workspaceSize,
+                                        aclOpExecutor **executor) {
+    static const char *OP = "aclnnGeluV2";
+    FAULT_GWS(OP);
+    SOC_KERNEL(OP);
+    OUTS_NULL(OP);
+    if (!x || !y) {
+        sim_error("%s: x and y must not be NULL", OP);
+        return ACLNN_ERR_PARAM_NULLPTR;
+    }
+    SimExec *se = tboostSimInternal_execNew(OP, gelu_run, sizeof(GeluP));
+    if (!se) return ACLNN_ERR_INNER;
+    GeluP *p = se->x.params;
+    SNAP("x", x, 1, &p->x);
+    SNAP("y", y, 1, &p->out);
+    const aclTensor *a = T(se, p->x), *o = T(se, p->out);
+    aclnnStatus st = ACLNN_SUCCESS;
+    if (!is_float(a->dtype) || o->dtype != a->dtype) {
+        sim_error("%s: x %s / y %s must be one of FLOAT32, FLOAT16, BFLOAT16, both the same", OP, dname(a->dtype),
+                  dname(o->dtype));
+        st = ACLNN_ERR_PARAM_INVALID;
+    } else if (check_bf16(OP, "x", a)) {
+        st = ACLNN_ERR_PARAM_INVALID;
+    } else if (!same_shape(a, o) || a->ndim > 8) {
+        sim_error("%s: y %s must have x's shape %s (at most 8 dims)", OP, SHAPE(o), SHAPE(a));
+        st = ACLNN_ERR_PARAM_INVALID;
+    } else if (approximate != 0 && approximate != 1) {
+        sim_error("%s: approximate %lld is not 0 (none) or 1 (tanh)", OP, (long long)approximate);
+        st = ACLNN_ERR_PARAM_INVALID;
+    }
+    if (st) {
+        tboostSimInternal_execAbort(se);
+        return st;
+    }
+    p->tanh = approximate == 1;
+    return tboostSimInternal_execFinish(se, 0, workspaceSize, executor);
+}
+SIM_EXECUTE(aclnnGeluV2)
+
 /* ---------------------------------------------------------------- Embedding */
 
 typedef struct {

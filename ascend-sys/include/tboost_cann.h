@@ -356,6 +356,11 @@ TBOOST_ACLNN_OP(aclnnWeightQuantBatchMatmulV2,
 TBOOST_ACLNN_OP(aclnnSwiGlu,
                 (const aclTensor *x, int64_t dim, const aclTensor *out, uint64_t *workspaceSize, aclOpExecutor **executor))
 
+/* NN activation/gelu_v2/docs/aclnnGeluV2.md: y = x * Phi(x); approximate 0 none (erf), 1 tanh
+ * (0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3)))); x and y FLOAT32/FLOAT16/BFLOAT16 of one dtype and shape. */
+TBOOST_ACLNN_OP(aclnnGeluV2,
+                (const aclTensor *x, int64_t approximate, aclTensor *y, uint64_t *workspaceSize, aclOpExecutor **executor))
+
 /* Research YC doc (yuanfang-chen/ops-transformer), identical in OT-EN moe_gating_top_k_softmax/docs. */
 TBOOST_ACLNN_OP(aclnnMoeGatingTopKSoftmax,
                 (const aclTensor *x, const aclTensor *finishedOptional, int64_t k, const aclTensor *yOut,

@@ -142,6 +142,25 @@ pub fn swi_glu(ctx: &mut Context, x: &TensorRef, dim: i64, out: &TensorRef) -> R
     ctx.run(OP, |ws, ex| first_phase!(f, x.as_ptr(), dim, o.as_ptr(), ws, ex))
 }
 
+/// `approximate` of `aclnnGeluV2` (NN `activation/gelu_v2/docs/aclnnGeluV2.md`: 0 none, 1 tanh).
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum GeluApproximate {
+    /// `x * Φ(x)` with the exact normal CDF (erf).
+    None = 0,
+    /// `0.5·x·(1 + tanh(√(2/π)·(x + 0.044715·x³)))` (PyTorch's `gelu(approximate="tanh")`).
+    Tanh = 1,
+}
+
+/// `aclnnGeluV2`: `y = gelu(x)` elementwise (x and y of one dtype and shape).
+pub fn gelu_v2(ctx: &mut Context, x: &TensorRef, approximate: GeluApproximate, y: &TensorRef) -> Result<()> {
+    const OP: &str = "aclnnGeluV2";
+    // SAFETY: the type is this op's first phase in the header.
+    let f = unsafe { ctx.first_phase_fn::<raw::aclnnGeluV2GetWorkspaceSize_fn>(OP)? };
+    let (x, y) = (acl(ctx, x)?, acl(ctx, y)?);
+    let a = approximate as i64;
+    ctx.run(OP, |ws, ex| first_phase!(f, x.as_ptr(), a, y.as_ptr(), ws, ex))
+}
+
 /// `mode` of `aclnnRotaryPositionEmbedding` (A2/A3 have Half and Interleave).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum RopeMode {

@@ -555,6 +555,15 @@ pub type aclnnSwiGluGetWorkspaceSize_fn = ::std::option::Option<
         executor: *mut *mut aclOpExecutor,
     ) -> aclnnStatus,
 >;
+pub type aclnnGeluV2GetWorkspaceSize_fn = ::std::option::Option<
+    unsafe extern "C" fn(
+        x: *const aclTensor,
+        approximate: i64,
+        y: *mut aclTensor,
+        workspaceSize: *mut u64,
+        executor: *mut *mut aclOpExecutor,
+    ) -> aclnnStatus,
+>;
 pub type aclnnMoeGatingTopKSoftmaxGetWorkspaceSize_fn = ::std::option::Option<
     unsafe extern "C" fn(
         x: *const aclTensor,

@@ -24,7 +24,7 @@ fn ok<T>(r: ascend_sys::Result<T>, what: &str) -> T {
     r.unwrap_or_else(|e| panic!("{what}: {e}"))
 }
 
-const ALL_OPS: [&str; 22] = [
+const ALL_OPS: [&str; 23] = [
     "aclnnFusedInferAttentionScoreV2",
     "aclnnFusedInferAttentionScoreV3",
     "aclnnFusedInferAttentionScoreV4",
@@ -35,6 +35,7 @@ const ALL_OPS: [&str; 22] = [
     "aclnnMatmul",
     "aclnnMm",
     "aclnnSwiGlu",
+    "aclnnGeluV2",
     "aclnnWeightQuantBatchMatmulV2",
     "aclnnMoeGatingTopKSoftmax",
     "aclnnMoeInitRoutingV2",

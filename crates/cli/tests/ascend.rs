@@ -102,6 +102,13 @@ fn stats() -> SimStats {
     sim_cann().sim_stats().expect("the simulator's counters")
 }
 
+/// The golden cases checked on the simulator: the six of `CASES` and the architectures added
+/// after them (Qwen3, Qwen3-MoE, Gemma 3, Phi-3), which `CASES` leaves out so that the CPU tests
+/// over it keep their meaning.
+fn ascend_cases() -> impl Iterator<Item = &'static str> {
+    CASES.iter().chain(NEW_ARCH_CASES).copied()
+}
+
 fn layers(g: &Value) -> usize {
     g["params"]["num_hidden_layers"].as_u64().expect("num_hidden_layers") as usize
 }
@@ -152,7 +159,7 @@ fn run_all(e: &Engine, reqs: &[Request]) -> Vec<Vec<u32>> {
 
 #[test]
 fn golden_logits_through_tboost_logits_on_the_simulator() {
-    for case in CASES {
+    for case in ascend_cases() {
         let g = golden(case);
         let dir = golden_dir(case);
         for p in g["prompts"].as_array().unwrap() {
@@ -237,10 +244,76 @@ fn check_case_on_ascend(case: &str) {
 #[test]
 fn golden_greedy_steps_through_the_runner_on_the_simulator() {
     isolated("golden_greedy_steps_through_the_runner_on_the_simulator", &[], || {
-        for case in CASES {
+        for case in ascend_cases() {
             check_case_on_ascend(case);
         }
         assert_eq!(stats().rule_violations, 0, "two-phase / lifetime rule violations");
+    });
+}
+
+/// Sliding windows on the device past a block: Mistral's weights with a window of 24 in every
+/// layer (blocks of 128), a 200-token prompt in chunks of 150 and 50, then 30 decodes. Prefill runs
+/// FIA's band (`sparseMode` 4), each decode the window's mask; for the second chunk and every
+/// decode the block wholly behind the window is left out of the block table (the engine may have
+/// given it back). Every position
+/// matches the CPU backend's windowed attention within the f16 tolerance, and the window matters:
+/// without it the CPU's logits move by far more than that tolerance.
+#[test]
+fn sliding_window_attention_past_a_block_matches_the_cpu_on_the_simulator() {
+    use tboost_testkit::golden::runner;
+    use tboost_testkit::model_files::hf::{dir_with_config, golden_config};
+    isolated("sliding_window_attention_past_a_block_matches_the_cpu_on_the_simulator", &[], || {
+        const WINDOW: usize = 24;
+        let windowed = |w: Option<usize>| {
+            let mut c = golden_config("mistral");
+            c["sliding_window"] = w.map_or(Value::Null, |w| w.into());
+            dir_with_config("mistral", &c)
+        };
+        let (dir, full) = (windowed(Some(WINDOW)), windowed(None));
+        let layers = golden_config("mistral")["num_hidden_layers"].as_u64().unwrap() as usize;
+        let prompt: Vec<u32> = (0..200u32).map(|i| 3 + (i * 7919 + 11) % 509).collect();
+        let steps = 30;
+        let mut asc = ascend_runner(dir.path(), &ascend_opts(), 8);
+        for d in asc.plan.layers.iter().flat_map(|l| &l.decisions) {
+            if matches!(d.slot.name(), "attention_prefill" | "attention_decode") {
+                assert_eq!((d.backend.as_str(), d.fallback), ("ascend", false), "{}", d.reason);
+                assert!(d.reason.contains(&format!("sliding_window={WINDOW}")), "{}", d.reason);
+            }
+        }
+        let (mut cpu, mut no_window) = (runner(dir.path()), runner(full.path()));
+        let vocab = cpu.cfg.vocab_size;
+        let n = prompt.len() + steps;
+        let (mut sa, mut sc, mut sf) = (
+            Session::new(&mut asc, n).unwrap(),
+            Session::new(&mut cpu, n).unwrap(),
+            Session::new(&mut no_window, n).unwrap(),
+        );
+        // The device takes the prompt in two chunks: the second starts at 150, past a block and
+        // the window, so its band runs over a trimmed block table.
+        let mut la = sa.feed(&prompt[..150], true).unwrap();
+        la.extend(sa.feed(&prompt[150..], true).unwrap());
+        let (mut lc, mut lf) = (sc.feed(&prompt, true).unwrap(), sf.feed(&prompt, true).unwrap());
+        let (mut worst, mut worst_tol, mut moved) = (0f32, f32::MAX, 0f32);
+        for step in 0..=steps {
+            let t = tol(layers, max_abs(&lc));
+            let d = max_abs_diff(&la, &lc);
+            assert!(d <= t, "step {step}: ascend vs cpu max abs diff {d} > {t}");
+            (worst, worst_tol) = (worst.max(d), worst_tol.min(t));
+            moved = moved.max(max_abs_diff(&lc[lc.len() - vocab..], &lf[lf.len() - vocab..]));
+            if step < steps {
+                let next = argmax(&lc[lc.len() - vocab..]);
+                (la, lc, lf) = (
+                    sa.feed(&[next], false).unwrap(),
+                    sc.feed(&[next], false).unwrap(),
+                    sf.feed(&[next], false).unwrap(),
+                );
+            }
+        }
+        eprintln!("window {WINDOW}: ascend vs cpu max abs diff {worst:.2e} (tol >= {worst_tol:.2e}); without the window the cpu's logits move by {moved:.2} [SIMULATOR]");
+        assert!(moved > 20.0 * worst_tol, "the window must matter here: without it the logits moved by only {moved}");
+        drop((sa, sc, sf));
+        drop(asc);
+        assert_eq!(stats().rule_violations, 0);
     });
 }
 
@@ -427,6 +500,92 @@ fn soc_profiles_put_each_op_where_its_kernel_exists_and_say_why() {
     let d = decision(&p, 0, "rope");
     assert_eq!(ascend_rejection(d), ("soc".into(), "Ascend910A".into()), "{d}");
     assert_eq!(decision(&p, 0, "qkv")["backend"], "ascend");
+}
+
+fn model_decision<'v>(plan: &'v Value, slot: &str) -> &'v Value {
+    plan["model"].as_array().unwrap().iter().find(|d| d["slot"] == slot).unwrap_or_else(|| panic!("no model {slot}"))
+}
+
+/// On the device and not a fallback: the decision's backend, placement and kernel.
+fn on_device(d: &Value, kernel: &str) {
+    assert_eq!(
+        (d["backend"].as_str(), d["placement"].as_str(), d["fallback"].as_bool()),
+        (Some("ascend"), Some("primary"), Some(false)),
+        "{d}"
+    );
+    assert!(d["kernel"].as_str().unwrap_or_default().contains(kernel), "{kernel} expected: {d}");
+}
+
+/// Qwen3, Qwen3-MoE, Gemma 3 and Phi-3 on Ascend: each new slot's decision names its aclnn op
+/// (q/k norm: aclnnRmsNorm over `[tokens·heads, head_dim]`; Gemma's embedding scale: aclnnMul +
+/// aclnnCast; GeGLU: aclnnGeluV2 (tanh) + aclnnMul + aclnnCast; post-norms: aclnnRmsNorm; sliding layers: FIA
+/// with the window in the reason; the local and LongRoPE tables on the host of this backend), nothing
+/// runs beside the device; and an installation without aclnnGeluV2 runs Gemma's MLP on the CPU,
+/// saying why.
+#[test]
+fn the_plan_maps_the_new_architectures_slots_to_aclnn_ops() {
+    for case in NEW_ARCH_CASES {
+        let p = plan_json(case, &[], &[]);
+        assert_eq!(p["copy_bytes_per_token"], 0, "{case}: every slot on the device");
+        for d in p["layers"].as_array().unwrap().iter().flat_map(|l| l["decisions"].as_array().unwrap()) {
+            assert_eq!((d["backend"].as_str(), d["fallback"].as_bool()), (Some("ascend"), Some(false)), "{case}: {d}");
+        }
+        if *case != "phi3" {
+            for l in 0..layers(&golden(case)) {
+                on_device(decision(&p, l, "qk_norm"), "aclnnRmsNorm");
+            }
+        }
+    }
+    let p = plan_json("qwen3_moe", &[], &[]);
+    on_device(decision(&p, 0, "moe_routing"), "aclnnMoeGatingTopKSoftmax");
+    on_device(decision(&p, 0, "mlp"), "aclnnGroupedMatmulV4");
+
+    let p = plan_json("phi3", &[], &[]);
+    let d = model_decision(&p, "rope_tables");
+    assert_eq!((d["backend"].as_str(), d["fallback"].as_bool()), (Some("ascend"), Some(false)), "{d}");
+    assert!(d["reason"].as_str().unwrap().contains("longrope"), "{d}");
+
+    let p = plan_json("gemma3", &[], &[]);
+    let d = model_decision(&p, "embed");
+    assert_eq!(d["choice"], "embed_then_scale");
+    on_device(d, "aclnnEmbedding+aclnnMul+aclnnCast");
+    for slot in ["rope_tables", "rope_tables_local"] {
+        let d = model_decision(&p, slot);
+        assert_eq!((d["backend"].as_str(), d["fallback"].as_bool()), (Some("ascend"), Some(false)), "{d}");
+    }
+    // layer_types: sliding, sliding, full, sliding (window 8)
+    for (l, sliding) in [(0, true), (1, true), (2, false), (3, true)] {
+        for slot in ["attention_prefill", "attention_decode"] {
+            let d = decision(&p, l, slot);
+            on_device(d, "aclnnFusedInferAttentionScore");
+            assert_eq!(d["reason"].as_str().unwrap().contains("sliding_window=8"), sliding, "layer {l}: {d}");
+        }
+        for slot in ["post_attn_norm", "post_ffn_norm"] {
+            on_device(decision(&p, l, slot), "aclnnRmsNorm");
+        }
+        let d = decision(&p, l, "mlp");
+        assert_eq!(d["choice"], "gate_up_matmuls_then_geglu");
+        on_device(d, "aclnnMm+aclnnGeluV2+aclnnMul+aclnnCast");
+    }
+    // Without aclnnGeluV2 in libopapi the MLP slot falls back to the CPU and names the symbol.
+    let omit = simulator_home(&["--omit", "aclnnGeluV2"]);
+    let (ok, _, log) = tboost(
+        &["plan", "--backend", "ascend", "--model", golden_dir("gemma3").to_str().unwrap()],
+        &[("ASCEND_HOME_PATH", omit.display().to_string()), ("RUST_LOG", "info".into())],
+    );
+    assert!(ok, "{log}");
+    assert!(
+        log.contains("fallback to gate_up_matmuls_then_geglu on cpu") && log.contains("symbol=aclnnGeluV2"),
+        "{log}"
+    );
+    let p = plan_json("gemma3", &[], &[("ASCEND_HOME_PATH", omit.display().to_string())]);
+    for l in 0..4 {
+        let d = decision(&p, l, "mlp");
+        assert_eq!((d["placement"].as_str(), d["fallback"].as_bool()), (Some("cpu"), Some(true)), "{d}");
+        assert_eq!(ascend_rejection(d), ("symbol".into(), "aclnnGeluV2".into()));
+        assert_eq!(decision(&p, l, "qkv")["backend"], "ascend", "the rest stays on the device");
+    }
+    assert!(p["copy_bytes_per_token"].as_u64().unwrap() > 0);
 }
 
 /// `aclrtSetDevice` binds the *calling thread*, and hosts drive the engine from any thread

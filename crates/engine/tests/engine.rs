@@ -127,9 +127,9 @@ fn golden_greedy_continuations_through_the_engine() {
     golden_greedy_on_every_backend(CASES, "golden_greedy_continuations_through_the_engine");
 }
 
-/// The same for Qwen3, Qwen3-MoE, Gemma 3 and Phi-3: on the Ascend SIMULATOR the slots it has no
-/// aclnn op for (GeGLU, the embedding scale, sliding-window attention, LongRoPE tables) run on
-/// the CPU beside it, and the ids still follow the reference under its τ.
+/// The same for Qwen3, Qwen3-MoE, Gemma 3 and Phi-3: on the Ascend SIMULATOR their slots run on
+/// the device too (q/k norm, GeGLU, the embedding scale, sliding-window attention with batched
+/// decodes under the window's mask, LongRoPE tables), and the ids follow the reference under its τ.
 #[test]
 fn new_architecture_greedy_continuations_through_the_engine() {
     golden_greedy_on_every_backend(NEW_ARCH_CASES, "new_architecture_greedy_continuations_through_the_engine");

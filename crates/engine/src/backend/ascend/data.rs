@@ -1,9 +1,16 @@
 //! Data movement: the embedding lookup and the logit-row gather (`aclnnEmbedding`: table
 //! `[rows, cols]`, INT32 indices, out `[n, cols]` in the table's dtype), dtype conversion
 //! (`aclnnCast`) and zeroing (`aclrtMemsetAsync`, in stream order).
+//!
+//! The embedding scale (Gemma's `sqrt(hidden)`, rounded to the table's dtype by the plan): `aclnnMul`
+//! of the rows by a one-element FLOAT tensor holding the scale (the f16/bf16 × f32 pair promotes to
+//! a FLOAT product, so the scale is not rounded to the activation dtype) into FLOAT scratch, then
+//! `aclnnCast` back over the rows (one rounding, no output aliasing an input).
 
 use ascend_sys::aclnn;
+use tboost_ops::DType;
 
+use super::memory::Scratch;
 use super::{acl_err, be_err, AscendBackend};
 use crate::backend::{View, WeightId};
 use crate::{Error, Result};
@@ -35,6 +42,24 @@ impl AscendBackend {
         let (tt, it, ot) =
             (m.weight_tensor(&w, &[vocab, hidden])?, m.tensor(ids, &[ids.len])?, m.tensor(out, &[ids.len, hidden])?);
         aclnn::embedding(ctx, &tt, &it, &ot).map_err(|e| acl_err("aclnnEmbedding", e))
+    }
+
+    /// `x *= s` in place (see the module docs).
+    pub(super) fn scale(&mut self, x: View, s: f32) -> Result<()> {
+        let n = x.len;
+        if n == 0 {
+            return Ok(());
+        }
+        self.mem.ensure(Scratch::EmbedScale, 4)?;
+        self.mem.ensure(Scratch::InPlace, n * 4)?;
+        let buf = self.mem.scratch_buf(Scratch::EmbedScale)?;
+        // staged: ordered on the stream before the product
+        self.ctx.upload(&[s], buf, 0).map_err(|e| acl_err("scale: upload", e))?;
+        let (ctx, m) = (&mut self.ctx, &self.mem);
+        let (xt, st) = (m.tensor(x, &[n])?, m.scratch(Scratch::EmbedScale, DType::F32, 0, &[1])?);
+        let tmp = m.scratch(Scratch::InPlace, DType::F32, 0, &[n])?;
+        aclnn::mul(ctx, &xt, &st, &tmp).map_err(|e| acl_err("aclnnMul (scale)", e))?;
+        aclnn::cast(ctx, &tmp, &xt).map_err(|e| acl_err("aclnnCast (scale)", e))
     }
 
     pub(super) fn gather_rows(&mut self, x: View, cols: usize, rows: View, out: View) -> Result<()> {

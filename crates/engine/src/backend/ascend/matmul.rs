@@ -13,8 +13,13 @@
 //! placed in the two halves of a `[2, m, inter]` scratch (dim 0), by the two matmuls themselves in
 //! `MatMulSwiGlu` (one read of the scratch, no separate activation pass) or by two stream copies
 //! in `SwiGlu`.
+//!
+//! GeGLU (Gemma 3's `gelu_pytorch_tanh`): the gate cast to FLOAT, `aclnnGeluV2(approximate = 1
+//! (tanh))` in FLOAT, `aclnnMul` by up (the FLOAT × f16/bf16 pair promotes to FLOAT), `aclnnCast`
+//! into the output: one rounding to the activation dtype, as the CPU's f32 GeGLU has (NN
+//! `activation/gelu_v2/docs/aclnnGeluV2.md` lists FLOAT32 on every SoC that has the op).
 
-use ascend_sys::aclnn::{self, CubeMathType};
+use ascend_sys::aclnn::{self, CubeMathType, GeluApproximate};
 use ascend_sys::TensorRef;
 use tboost_ops::{DType, Precision};
 
@@ -172,5 +177,28 @@ impl AscendBackend {
             }
         }
         self.swiglu_halves(n, act, out)
+    }
+
+    /// `out = gelu_tanh(gate) * up`, rounded once to the activation dtype (see the module docs).
+    pub(super) fn geglu(&mut self, gate: View, up: View, out: View) -> Result<()> {
+        let n = gate.len;
+        let act = self.mem.dtype(gate)?;
+        if up.len != n || out.len != n || self.mem.dtype(up)? != act || self.mem.dtype(out)? != act {
+            return Err(be_err("geglu: gate, up and out differ in length or dtype"));
+        }
+        if n == 0 {
+            return Ok(());
+        }
+        self.mem.ensure(Scratch::GeluOut, 2 * n * 4)?;
+        let (ctx, mem) = (&mut self.ctx, &self.mem);
+        let (a, b) = (
+            mem.scratch(Scratch::GeluOut, DType::F32, 0, &[n])?,
+            mem.scratch(Scratch::GeluOut, DType::F32, n * 4, &[n])?,
+        );
+        let (g, u, o) = (mem.tensor(gate, &[n])?, mem.tensor(up, &[n])?, mem.tensor(out, &[n])?);
+        aclnn::cast(ctx, &g, &a).map_err(|e| acl_err("aclnnCast (geglu gate)", e))?;
+        aclnn::gelu_v2(ctx, &a, GeluApproximate::Tanh, &b).map_err(|e| acl_err("aclnnGeluV2", e))?;
+        aclnn::mul(ctx, &b, &u, &a).map_err(|e| acl_err("aclnnMul (geglu)", e))?;
+        aclnn::cast(ctx, &a, &o).map_err(|e| acl_err("aclnnCast (geglu)", e))
     }
 }

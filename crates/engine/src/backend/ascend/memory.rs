@@ -135,6 +135,14 @@ pub(super) enum Scratch {
     MoeGateUp,
     MoeAct,
     MoeDown,
+    /// A decode run's sliding-window mask (UINT8).
+    AttnMask,
+    /// The embedding scale as a one-element tensor.
+    EmbedScale,
+    /// An op's output before it is copied over its input (no output aliases an input).
+    InPlace,
+    /// GELU of the gate (GeGLU).
+    GeluOut,
 }
 
 /// Constants made once: the 2048×2048 causal mask FIA's sparse mode 3 takes, zeros for
@@ -169,6 +177,9 @@ pub(super) struct Memory {
     stacks: HashMap<u32, MoeStack>,
     scratch: HashMap<Scratch, DeviceBuffer>,
     consts: HashMap<Const, DeviceBuffer>,
+    /// Small f32 weights the host computes with (LongRoPE's factors for the host RoPE tables),
+    /// read back once.
+    host_f32: HashMap<u32, Vec<f32>>,
     /// Buffers freed while queued work may still use them; dropped after the next synchronize.
     retired: Vec<DeviceBuffer>,
 }
@@ -188,6 +199,7 @@ impl Memory {
             stacks: HashMap::new(),
             scratch: HashMap::new(),
             consts: HashMap::new(),
+            host_f32: HashMap::new(),
             retired: Vec::new(),
         }
     }
@@ -313,6 +325,22 @@ impl Memory {
 
     pub fn weight(&self, id: WeightId) -> Result<&Weight> {
         self.weights.get(id.0 as usize).ok_or_else(|| be_err(format!("unknown weight {}", id.0)))
+    }
+
+    /// An f32 weight's values on the host, read back at first use (its store was written
+    /// synchronously at upload and never changes): LongRoPE's factors, which the host RoPE
+    /// tables divide the frequencies by.
+    pub fn weight_host_f32(&mut self, id: WeightId) -> Result<&[f32]> {
+        if !self.host_f32.contains_key(&id.0) {
+            let w = self.weight(id)?;
+            if w.dtype != DType::F32 {
+                return Err(be_err(format!("weight `{}` is {}, not f32 (a host-side weight)", w.name, w.dtype)));
+            }
+            let mut v = vec![0f32; w.numel];
+            self.store(w.store)?.read(w.offset, &mut v).map_err(|e| acl_err(&format!("reading `{}`", w.name), e))?;
+            self.host_f32.insert(id.0, v);
+        }
+        Ok(self.host_f32.get(&id.0).map(Vec::as_slice).unwrap_or_default())
     }
 
     fn store(&self, i: usize) -> Result<&DeviceBuffer> {

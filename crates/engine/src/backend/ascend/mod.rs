@@ -9,7 +9,8 @@
 //!   per-op device-time profile (`TBOOST_PROFILE=1`).
 //! - `step`: the step's index arrays on the device and the host copies aclnn wants (sequence
 //!   lengths are `aclIntArray`s, RoPE tables are computed on the host from the positions).
-//! - one module per op family: `norm`, `matmul`, `rope`, `attention`, `moe`, `data`.
+//! - one module per op family: `norm`, `matmul` (with SwiGLU and GeGLU), `rope`, `attention`, `moe`,
+//!   `data` (with the embedding scale).
 //! - `supports`: the capability table (documented constraints, SoC, CANN version, symbols).
 //!
 //! The op vocabulary comes from `tboost_ops` and `crate::backend`; this module never touches the
@@ -164,10 +165,11 @@ impl AscendBackend {
             }
             Op::SwiGlu { gate, up, out } => self.swiglu(gate, up, out),
             Op::RopeTables { positions, rope, cos, sin } => self.rope_tables(positions, &rope, cos, sin),
-            Op::GeGlu { .. } | Op::Scale { .. } | Op::RopeTablesScaled { .. } => Err(be_err(format!(
-                "{} is not mapped on Ascend; the plan runs it on the cpu (a bug in the caller if it reached the device)",
-                op.name()
-            ))),
+            Op::RopeTablesScaled { positions, rope, factors, cos, sin } => {
+                self.rope_tables_scaled(positions, &rope, factors, cos, sin)
+            }
+            Op::GeGlu { gate, up, out } => self.geglu(gate, up, out),
+            Op::Scale { x, s } => self.scale(x, s),
             Op::Rope { x, heads, head_dim, cos, sin, style } => self.rope(x, heads, head_dim, cos, sin, style),
             Op::WriteKv { k, v, slots, cache } => self.write_kv(k, v, slots, &cache),
             Op::Attention { kind, q, cache, seqs, params, out } => self.attention(kind, q, &cache, &seqs, &params, out),

@@ -3,6 +3,9 @@
 //! - `RopeTables`: cos/sin of `position · inv_freq[i]` computed in f64 on the host from the step's
 //!   positions (the host copy `set_step` kept) and `RopeParams::inv_freq()`, rounded to the tables'
 //!   dtype and uploaded (staged) into the `[positions, rope_dim/2]` views the runner named.
+//!   `RopeTablesScaled` (LongRoPE, Phi-3): the same with frequency `i` divided by the factor list the
+//!   graph chose for those rows (short or long), read back from its f32 weight once and kept on the
+//!   host; linear/llama3/YaRN scaling is already in `inv_freq()` and the attention factor.
 //! - `Rope`: the op wants full-width tables `[1, tokens, 1, head_dim]` (mode 0 "half": dim d uses
 //!   frequency d mod D/2; mode 1 "interleave": frequency d/2), so the half tables are widened on the
 //!   device with a broadcast `aclnnAdd` of zeros (exact), the rotation of `x` as BSND
@@ -16,7 +19,7 @@ use tboost_ops::{DType, RopeParams, RopeStyle};
 
 use super::memory::{Const, Scratch};
 use super::{acl_err, be_err, AscendBackend};
-use crate::backend::{Backend, View};
+use crate::backend::{Backend, View, WeightId};
 use crate::Result;
 
 fn encode(dtype: DType, v: &[f64]) -> Result<Vec<u8>> {
@@ -30,6 +33,34 @@ fn encode(dtype: DType, v: &[f64]) -> Result<Vec<u8>> {
 
 impl AscendBackend {
     pub(super) fn rope_tables(&mut self, positions: View, rope: &RopeParams, cos: View, sin: View) -> Result<()> {
+        self.rope_tables_with(positions, rope, None, cos, sin)
+    }
+
+    /// LongRoPE's tables: frequency `i` divided by `factors[i]` (the short or long list the graph
+    /// picked for these rows), cos/sin times the attention factor; on the host like the others.
+    pub(super) fn rope_tables_scaled(
+        &mut self,
+        positions: View,
+        rope: &RopeParams,
+        factors: WeightId,
+        cos: View,
+        sin: View,
+    ) -> Result<()> {
+        let f = self.mem.weight_host_f32(factors)?.to_vec();
+        if f.len() != rope.dim / 2 {
+            return Err(be_err(format!("rope_tables: {} factors for {} frequencies", f.len(), rope.dim / 2)));
+        }
+        self.rope_tables_with(positions, rope, Some(&f), cos, sin)
+    }
+
+    fn rope_tables_with(
+        &mut self,
+        positions: View,
+        rope: &RopeParams,
+        factors: Option<&[f32]>,
+        cos: View,
+        sin: View,
+    ) -> Result<()> {
         let half = rope.dim / 2;
         if cos.len != positions.len * half || sin.len != cos.len {
             return Err(be_err(format!(
@@ -46,7 +77,7 @@ impl AscendBackend {
                 b.chunks_exact(4).map(|c| u32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
             }
         };
-        let inv = rope.inv_freq();
+        let inv = rope.inv_freq_with(factors);
         // YaRN's attention factor scales both tables (1 otherwise).
         let scale = rope.attention_factor();
         let (mut c, mut s) = (Vec::with_capacity(cos.len), Vec::with_capacity(cos.len));

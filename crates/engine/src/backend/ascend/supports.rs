@@ -18,6 +18,13 @@
 //! - RmsNorm / AddRmsNorm (NN `norm/rms_norm/docs/aclnnRmsNorm.md`): gamma in x's dtype (or f32; tboost
 //!   takes the activation dtype so the plan converts gains at upload); RmsNorm absent on 310B.
 //! - SwiGlu (NN `activation/swi_glu/docs/aclnnSwiGlu.md`): absent on 310B.
+//! - GeluV2 (NN `activation/gelu_v2/docs/aclnnGeluV2.md`): `approximate` 1 is the tanh form (Gemma's
+//!   GeGLU, in FLOAT with `aclnnMul` by up and `aclnnCast` back); absent on 310B; bf16 not on Atlas inference/training (the
+//!   activation rule already refuses bf16 there). The embedding scale: `aclnnMul` by a FLOAT scalar
+//!   tensor, `aclnnCast` back.
+//! - Sliding-window attention: FIA's band (`sparseMode` 4 with preTokens = window - 1, nextTokens 0,
+//!   OT `docs/context/sparse_mode参数说明.md`) for prefill, a per-call `attenMask` for decodes (Q_S == 1
+//!   ignores sparseMode and preTokens/nextTokens: FIA V4 doc); the constraints are FIA's own.
 //! - Mm (NN `matmul/mat_mul_v3/docs/aclnnMm.md`): absent on 310B; bf16 only on A2/A3. self and mat2
 //!   follow CANN's dtype promotion (互推导关系: f32 with f16/bf16 promotes to f32, which the simulator
 //!   implements); tboost converts weights to the activation dtype at upload instead, because a promoted
@@ -191,7 +198,7 @@ impl Caps {
                     format!("Atlas A2/A3 for {WQBMM} (A16W8/A16W4 per group; tboost has no 310P layout)"),
                 )
             }
-            "aclnnRmsNorm" | "aclnnSwiGlu" | "aclnnMm" if soc == Ascend310B => {
+            "aclnnRmsNorm" | "aclnnSwiGlu" | "aclnnMm" | "aclnnGeluV2" if soc == Ascend310B => {
                 return no("soc", &self.soc_name, format!("a SoC that has the {op} kernel (200I/500 A2 has none)"))
             }
             "aclnnMoeInitRoutingV2" | "aclnnMoeFinalizeRoutingV2" if matches!(soc, Ascend910A | Ascend310B) => {
@@ -376,15 +383,12 @@ impl Caps {
                 self.op("aclnnSwiGlu")
             }
             OpQuery::SwiGlu { act } => self.act(act).and(self.op("aclnnSwiGlu")),
-            // Not mapped here: the plan runs them on the CPU beside the device, logged.
-            OpQuery::GeGlu { .. } => no("activation", "gelu_tanh", "silu (GeGLU is not mapped to an aclnn op)"),
-            OpQuery::Scale { .. } => no("op", "scale", "an op mapped on Ascend (the embedding scale is not)"),
+            OpQuery::GeGlu { act } => self.act(act).and(self.ops(&["aclnnGeluV2", "aclnnMul", "aclnnCast"])),
+            OpQuery::Scale { act } => self.act(act).and(self.ops(&["aclnnMul", "aclnnCast"])),
+            // Host tables (LongRoPE's factor lists read back once), uploaded: no kernel to ask for.
             OpQuery::RopeTables { rope } => {
                 if rope.dim == 0 || !rope.dim.is_multiple_of(2) {
                     return no("rope_dim", rope.dim, "even and positive");
-                }
-                if rope.needs_factors() {
-                    return no("rope_scaling", "longrope", "no per-frequency factors (the host tables take none)");
                 }
                 Ok(())
             }
@@ -410,11 +414,6 @@ impl Caps {
                 self.op("aclnnScatterPaKvCache")?;
                 self.a2a3("aclnnScatterPaKvCache")
             }
-            OpQuery::Attention { case, .. } if case.sliding_window > 0 => no(
-                "sliding_window",
-                case.sliding_window,
-                "0 (FusedInferAttentionScore's sliding-window sparse mode is not mapped)",
-            ),
             OpQuery::Attention { kind, case } => self.attention(kind, &case),
             OpQuery::MoeRoute { experts, top_k } => {
                 if top_k == 0 || top_k > experts || top_k > 1024 {
@@ -487,7 +486,8 @@ impl Caps {
             OpQuery::MatMulSwiGlu { gate, .. } if gate.dtype.is_quantized() => Some(format!("{WQBMM}+aclnnSwiGlu")),
             OpQuery::MatMulSwiGlu { .. } => s("aclnnMm+aclnnSwiGlu"),
             OpQuery::SwiGlu { .. } => s("aclnnSwiGlu"),
-            OpQuery::GeGlu { .. } | OpQuery::Scale { .. } => None,
+            OpQuery::GeGlu { .. } => s("aclnnGeluV2+aclnnMul+aclnnCast"),
+            OpQuery::Scale { .. } => s("aclnnMul+aclnnCast"),
             OpQuery::RopeTables { .. } => None,
             OpQuery::Rope { .. } => s("aclnnRotaryPositionEmbedding"),
             OpQuery::WriteKv { .. } => s("aclnnScatterPaKvCache"),
