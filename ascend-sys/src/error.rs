@@ -52,6 +52,9 @@ pub enum AclError {
     /// A create function (aclCreateTensor, ...) returned NULL.
     #[error("{call} returned NULL{}", msg(.message))]
     NullHandle { call: &'static str, message: String },
+    /// An HCCL call returned a non-zero `HcclResult`.
+    #[error("{call} failed with {code} ({}){}", crate::hccl::result_name(*.code), msg(.message))]
+    Hccl { call: &'static str, code: u32, message: String },
     /// A caller error caught before calling CANN: shapes, bounds, dtypes.
     #[error("{0}")]
     Invalid(String),
@@ -70,9 +73,10 @@ impl AclError {
     /// `aclGetRecentErrMsg()` as read after the failure (empty when CANN had none).
     pub fn message(&self) -> &str {
         match self {
-            AclError::Runtime { message, .. } | AclError::Op { message, .. } | AclError::NullHandle { message, .. } => {
-                message
-            }
+            AclError::Runtime { message, .. }
+            | AclError::Op { message, .. }
+            | AclError::NullHandle { message, .. }
+            | AclError::Hccl { message, .. } => message,
             _ => "",
         }
     }
