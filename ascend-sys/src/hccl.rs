@@ -19,27 +19,7 @@ use crate::loader::{c_string, find, Lib, SearchOrder, HCCL_LIB};
 use crate::raw;
 use crate::runtime::{Cann, DeviceBuffer, Stream};
 
-/// The documented name of an `HcclResult` (HCOMM `hccl_types.h`, research notes §4.1).
-pub fn result_name(code: u32) -> &'static str {
-    match code {
-        0 => "HCCL_SUCCESS",
-        1 => "HCCL_E_PARA",
-        2 => "HCCL_E_PTR",
-        3 => "HCCL_E_MEMORY",
-        4 => "HCCL_E_INTERNAL",
-        5 => "HCCL_E_NOT_SUPPORT",
-        6 => "HCCL_E_NOT_FOUND",
-        7 => "HCCL_E_UNAVAIL",
-        8 => "HCCL_E_SYSCALL",
-        9 => "HCCL_E_TIMEOUT",
-        10 => "HCCL_E_OPEN_FILE_FAILURE",
-        11 => "HCCL_E_TCP_CONNECT",
-        12 => "HCCL_E_ROCE_CONNECT",
-        15 => "HCCL_E_RUNTIME",
-        24 => "HCCL_E_OOM",
-        _ => "unknown HcclResult",
-    }
-}
+pub use crate::error::hccl_result_name as result_name;
 
 /// Element types of the collectives tboost issues.
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -193,7 +173,7 @@ impl Hccl {
         if let Some(m) = self.inner.cann.recent_error() {
             message = if message.is_empty() { m } else { format!("{message}; {m}") };
         }
-        Err(AclError::Hccl { call, code: code as u32, message })
+        Err(AclError::Hccl { call, code, message })
     }
 
     /// `HcclGetRootInfo` (on the root rank's thread, its device current).

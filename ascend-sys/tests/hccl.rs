@@ -103,7 +103,7 @@ fn collectives_over_root_info_ranks_give_every_rank_the_same_result() {
                 ok(comm.all_reduce_sum((&b16, 0), (&b16, 0), len, HcclDType::F16, &stream), "HcclAllReduce f16");
                 let gathered = ok(dev.alloc(n * len * 4), "alloc");
                 ok(comm.all_gather((&buf, 0), (&gathered, 0), len, HcclDType::F32, &stream), "HcclAllGather");
-                let bc = ok(dev.upload(&vec![r as f32; 16]), "upload");
+                let bc = ok(dev.upload(&[r as f32; 16]), "upload");
                 ok(comm.broadcast((&bc, 0), 16, HcclDType::F32, 2, &stream), "HcclBroadcast");
                 ok(comm.barrier(&stream), "HcclBarrier");
                 // nothing ran yet: the collectives are stream tasks
@@ -189,7 +189,7 @@ fn ranks_that_disagree_on_count_fail_on_every_rank_and_break_the_communicator() 
         let (cann, h) = hccl();
         let comms = ok(h.init_all(&[0, 1]), "HcclCommInitAll");
         let res = on_ranks(&cann, comms, |r, dev, stream, comm| {
-            let b = ok(dev.upload(&vec![1f32; 16]), "upload");
+            let b = ok(dev.upload(&[1f32; 16]), "upload");
             let count = if r == 0 { 8 } else { 16 };
             ok(comm.all_reduce_sum((&b, 0), (&b, 0), count, HcclDType::F32, stream), "queue");
             let first = stream.synchronize().unwrap_err().to_string();
@@ -212,7 +212,7 @@ fn an_injected_timeout_fails_the_waiting_rank_within_hccl_exec_timeout_naming_th
         let (cann, h) = hccl();
         let comms = ok(h.init_all(&[0, 1]), "HcclCommInitAll");
         let res = on_ranks(&cann, comms, |_, dev, stream, comm| {
-            let b = ok(dev.upload(&vec![1f32; 4]), "upload");
+            let b = ok(dev.upload(&[1f32; 4]), "upload");
             ok(comm.all_reduce_sum((&b, 0), (&b, 0), 4, HcclDType::F32, stream), "queue 1");
             ok(stream.synchronize(), "collective #1 completes");
             ok(comm.all_reduce_sum((&b, 0), (&b, 0), 4, HcclDType::F32, stream), "queue 2");
@@ -241,7 +241,7 @@ fn an_injected_failure_fails_its_rank_at_once_and_the_others_at_the_timeout() {
         let (cann, h) = hccl();
         let comms = ok(h.init_all(&[0, 1, 2]), "HcclCommInitAll");
         let res = on_ranks(&cann, comms, |_, dev, stream, comm| {
-            let b = ok(dev.upload(&vec![1f32; 4]), "upload");
+            let b = ok(dev.upload(&[1f32; 4]), "upload");
             ok(comm.all_gather((&b, 0), (&ok(dev.alloc(48), "alloc"), 0), 4, HcclDType::F32, stream), "queue");
             let t = Instant::now();
             let err = stream.synchronize().unwrap_err().to_string();

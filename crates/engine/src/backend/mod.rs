@@ -34,7 +34,7 @@ use std::sync::atomic::AtomicBool;
 use std::sync::Arc;
 
 use crate::model::Tensor;
-use crate::{Error, Result};
+use crate::Result;
 
 /// A buffer on the backend's device.
 #[derive(Clone, Copy, Debug, PartialEq, Eq, Hash, PartialOrd, Ord)]
@@ -217,7 +217,7 @@ pub trait Backend: Send {
     #[cfg(feature = "ascend")]
     fn attach_hccl(&mut self, comm: ascend_sys::HcclComm) -> Result<()> {
         drop(comm);
-        Err(Error::Unsupported(format!(
+        Err(crate::Error::Unsupported(format!(
             "comm = hccl needs the ascend backend; {} has no device collectives",
             self.name()
         )))

@@ -7,7 +7,7 @@
 
 use std::time::Duration;
 
-use super::{Communicator, LocalComm, LocalGroup};
+use super::{Communicator, LocalComm};
 use crate::Result;
 
 /// The host side of one rank of an `hccl` group (a `local` rank under the name `hccl`).
@@ -80,6 +80,6 @@ pub fn open_group(devices: &[u32], timeout: Duration) -> Result<(Vec<HcclControl
     let hccl = ascend_sys::Hccl::load(&cann).map_err(err)?;
     let ids: Vec<i32> = devices.iter().map(|&d| d as i32).collect();
     let comms = hccl.init_all(&ids).map_err(err)?;
-    let ctl = LocalGroup::new(devices.len(), timeout).into_iter().map(HcclControl).collect();
+    let ctl = super::LocalGroup::new(devices.len(), timeout).into_iter().map(HcclControl).collect();
     Ok((ctl, comms))
 }
