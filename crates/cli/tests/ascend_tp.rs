@@ -261,3 +261,11 @@ fn an_hccl_timeout_on_one_rank_fails_every_request_naming_the_rank_and_the_engin
         eprintln!("after the timeout: {err} ({:?}); the first requests ended after {took:?}", t.elapsed());
     });
 }
+
+#[test]
+fn comm_hccl_on_the_cpu_backend_is_refused_naming_what_it_needs() {
+    let e = Engine::new(EngineConfig { backend: BackendKind::Cpu, tp: 2, comm: CommKind::Hccl, ..Default::default() })
+        .unwrap();
+    let err = e.load(&golden_dir("llama_gqa")).unwrap_err().to_string();
+    assert!(err.contains("comm = hccl needs backend = ascend"), "{err}");
+}

@@ -83,3 +83,25 @@ pub fn open_group(devices: &[u32], timeout: Duration) -> Result<(Vec<HcclControl
     let ctl = super::LocalGroup::new(devices.len(), timeout).into_iter().map(HcclControl).collect();
     Ok((ctl, comms))
 }
+
+#[cfg(test)]
+mod tests {
+    use super::parse_devices;
+
+    #[test]
+    fn devices_default_to_the_backends_device_and_the_next_ones() {
+        assert_eq!(parse_devices("", 3, 2).unwrap(), vec![2, 3, 4]);
+        assert_eq!(parse_devices("ascend:4,1", 2, 0).unwrap(), vec![4, 1]);
+        assert_eq!(parse_devices(" 0, 1 ", 2, 0).unwrap(), vec![0, 1]);
+    }
+
+    #[test]
+    fn a_bad_device_list_is_refused_naming_the_problem() {
+        let e = parse_devices("ascend:0,1", 4, 0).unwrap_err().to_string();
+        assert!(e.contains("names 2 devices for tp = 4 ranks"), "{e}");
+        let e = parse_devices("0,0", 2, 0).unwrap_err().to_string();
+        assert!(e.contains("lists device 0 twice"), "{e}");
+        let e = parse_devices("ascend:0,x", 2, 0).unwrap_err().to_string();
+        assert!(e.contains("`x` is not a device number"), "{e}");
+    }
+}
