@@ -3,7 +3,7 @@
 # exactly one line on stdout: the directory to use as ASCEND_HOME_PATH. Incremental: a variant is rebuilt
 # only when its sources, this script or its flags change. Safe to run concurrently (flock).
 #
-#   scripts/build-ascend-sim.sh                          the full simulator (variant "default")
+#   scripts/build-ascend-sim.sh                          the full simulator (variant "default"), libhccl.so included
 #   scripts/build-ascend-sim.sh --omit aclnnSwiGlu,...   a variant whose libraries do not export these symbols
 #                                                        (an op name hides both aclnnX and aclnnXGetWorkspaceSize)
 #   scripts/build-ascend-sim.sh --split                  transformer ops in libopapi_transformer.so instead of
@@ -65,7 +65,7 @@ for s in $(printf '%s' "$omit_sorted" | tr ',' ' '); do
     *) local_syms="$local_syms $s;" ;;
   esac
 done
-printf '{\n  global: acl*; tboostSim*;\n  local: %s *;\n};\n' "$local_syms" >"$OUT/exports.map"
+printf '{\n  global: acl*; Hccl*; tboostSim*;\n  local: %s *;\n};\n' "$local_syms" >"$OUT/exports.map"
 
 cc_obj() { "$CC" "${CFLAGS[@]}" -c "$SRC/$1.c" -o "$OBJ/$1.o" >&2; }
 link() { # name soname objs... -- libs...
@@ -75,7 +75,7 @@ link() { # name soname objs... -- libs...
 }
 if [ ! -f "$OBJ/.stamp" ] || [ "$(cat "$OBJ/.stamp")" != "$obj_stamp" ]; then
   rm -f "$OBJ/.stamp"
-  for f in core nnopbase ops_nn ops_math ops_attention ops_moe; do cc_obj "$f"; done
+  for f in core nnopbase ops_nn ops_math ops_attention ops_moe hccl; do cc_obj "$f"; done
   echo "$obj_stamp" >"$OBJ/.stamp"
 fi
 link libascendcl.so "$OBJ/core.o" -lpthread -lm
@@ -87,6 +87,7 @@ else
   link libopapi.so "$OBJ/ops_nn.o" "$OBJ/ops_math.o" "$OBJ/ops_attention.o" "$OBJ/ops_moe.o" \
     -L"$LIB" -lnnopbase -lascendcl -lm
 fi
+link libhccl.so "$OBJ/hccl.o" -L"$LIB" -lascendcl -lpthread -lm
 cat >"$OUT/VARIANT" <<INFO
 CANN SIMULATOR (ascend-sim), not CANN. Variant: $variant
 omitted symbols: ${omit_sorted:-none}

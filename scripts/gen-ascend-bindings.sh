@@ -4,7 +4,7 @@
 #   scripts/gen-ascend-bindings.sh --check   fail if the checked-in raw.rs differs (the drift check)
 # Needs: cargo install --locked bindgen-cli --version 0.72.1 ; apt-get install libclang-dev
 # The flags below are part of the pin: prettyplease formatting (no rustfmt dependence), no doc comments
-# (no libclang-version dependence), only the header's own acl*/aclnn*/GMM*/tboost* items.
+# (no libclang-version dependence), only the header's own acl*/aclnn*/GMM*/Hccl*/tboost* items.
 set -euo pipefail
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
 BINDGEN_VERSION=0.72.1
@@ -21,8 +21,8 @@ generate() {
   (cd "$ROOT" && bindgen "$HEADER" \
     --rust-target 1.82 --rust-edition 2021 \
     --formatter prettyplease --no-doc-comments \
-    --allowlist-type '(acl|aclnn|aclrt|tboost|GMM)[A-Za-z0-9_]*' \
-    --allowlist-var '(ACL|ACLNN|GMM)_[A-Za-z0-9_]*' \
+    --allowlist-type '(acl|aclnn|aclrt|tboost|GMM|Hccl)[A-Za-z0-9_]*' \
+    --allowlist-var '(ACL|ACLNN|GMM|HCCL)_[A-Za-z0-9_]*' \
     --default-enum-style consts \
     -- -x c -std=c11)
 }

@@ -220,7 +220,8 @@ typedef struct {
     char *base;
     uint64_t size;
     int64_t id;
-    int host; /* aclrtMallocHost */
+    int host;   /* aclrtMallocHost */
+    int device; /* the thread's current device at aclrtMalloc (-1 for host memory) */
 } Alloc;
 static Alloc *g_allocs;
 static size_t g_nallocs, g_capallocs;
@@ -246,6 +247,7 @@ SIM_API int64_t tboostSimInternal_findAlloc(const void *ptr, uint64_t bytes) {
     UNLOCK();
     return id;
 }
+static _Thread_local int32_t t_device = -1;
 static int64_t add_alloc_locked(char *base, uint64_t size, int host) {
     if (g_nallocs == g_capallocs) {
         size_t cap = g_capallocs ? g_capallocs * 2 : 64;
@@ -255,6 +257,7 @@ static int64_t add_alloc_locked(char *base, uint64_t size, int host) {
     }
     Alloc *a = &g_allocs[g_nallocs++];
     a->base = base, a->size = size, a->id = g_nextAllocId++, a->host = host;
+    a->device = host ? -1 : t_device;
     return a->id;
 }
 static int remove_alloc_locked(void *base, int host, uint64_t *sizeOut) {
@@ -275,7 +278,7 @@ static int g_inited, g_finalized;
  * aclcppdevg_03_0038): the current device is per thread; each SetDevice adds a reference to the device
  * that aclrtResetDevice drops (aclcppdevg_03_0040). */
 #define SIM_MAX_DEVICES 64
-static _Thread_local int32_t t_device = -1;
+SIM_API int32_t tboostSimInternal_currentDevice(void) { return t_device; }
 static int64_t g_deviceRefs[SIM_MAX_DEVICES];
 
 aclError aclInit(const char *configPath) {
@@ -586,7 +589,7 @@ aclError aclrtMemset(void *devPtr, size_t maxCount, int32_t value, size_t count)
 
 /* ------------------------------------------------------------------ streams, tasks, events */
 
-typedef enum { TASK_OP, TASK_COPY, TASK_EVENT, TASK_WAIT, TASK_MEMSET } TaskKind;
+typedef enum { TASK_OP, TASK_COPY, TASK_EVENT, TASK_WAIT, TASK_MEMSET, TASK_HOST } TaskKind;
 typedef struct SimStream SimStream;
 typedef struct SimEvent SimEvent;
 typedef struct {
@@ -602,6 +605,8 @@ typedef struct {
     SimEvent *event;
     uint64_t eventSeq;
     int value; /* TASK_MEMSET */
+    SimHostTaskFn hostFn; /* TASK_HOST */
+    void *hostArg;
 } Task;
 
 struct SimStream {
@@ -611,6 +616,7 @@ struct SimStream {
     int error;
     char errMsg[1024];
     int running;
+    int device; /* the device current when it was created (-1: the default stream) */
 };
 struct SimEvent {
     uint32_t magic;
@@ -623,7 +629,7 @@ struct SimEvent {
 #define EVENT_MAGIC 0x45564e54u
 
 static PtrSet g_streams, g_events;
-static SimStream g_defaultStream = {STREAM_MAGIC, NULL, 0, 0, 0, 0, {0}, 0};
+static SimStream g_defaultStream = {STREAM_MAGIC, NULL, 0, 0, 0, 0, {0}, 0, -1};
 
 static SimStream *stream_of(aclrtStream s) {
     if (!s) return &g_defaultStream;
@@ -637,6 +643,7 @@ aclError aclrtCreateStream(aclrtStream *stream) {
     SimStream *s = calloc(1, sizeof *s);
     if (!s) return ACL_ERROR_BAD_ALLOC;
     s->magic = STREAM_MAGIC;
+    s->device = t_device;
     LOCK();
     ps_add(&g_streams, s);
     g_stats.liveStreams++;
@@ -756,6 +763,16 @@ static void run_task_locked(SimStream *s, Task *t) {
             memset(t->dst, t->value, t->count);
         }
         break;
+    case TASK_HOST: {
+        /* a library's own stream task (libhccl's collectives): it may block on other threads' streams, so it
+         * runs without the lock, like an op */
+        msg[0] = 0;
+        UNLOCK();
+        int rc = t->hostFn(t->hostArg, 1, msg, sizeof msg);
+        LOCK();
+        if (rc) stream_fail(s, msg[0] ? msg : SIM_TAG " a stream task failed");
+        break;
+    }
     case TASK_WAIT: {
         SimEvent *ev = t->event;
         if (ev->stream && ev->stream != s && ev->doneSeq < t->eventSeq) {
@@ -827,15 +844,17 @@ aclError aclrtSynchronizeStream(aclrtStream stream) {
 aclError aclrtSynchronizeDevice(void) {
     REQUIRE_DEVICE("aclrtSynchronizeDevice");
     LOCK();
+    /* "blocks until the device finishes all preceding tasks": the streams of the thread's current device (a
+     * rank thread of another simulated device must not run its streams, which may wait in a collective) */
     for (size_t i = 0; i < g_streams.n; i++) {
         SimStream *s = (SimStream *)g_streams.items[i];
-        run_stream_locked(s, s->n);
+        if (s->device == t_device) run_stream_locked(s, s->n);
     }
     run_stream_locked(&g_defaultStream, g_defaultStream.n);
     SimStream *failed = &g_defaultStream;
     for (size_t i = 0; i < g_streams.n; i++) {
         SimStream *s = (SimStream *)g_streams.items[i];
-        if (s->error) {
+        if (s->device == t_device && s->error) {
             failed = s;
             break;
         }
@@ -1251,6 +1270,60 @@ SIM_API aclnnStatus tboostSimInternal_destroyExec(aclOpExecutor *e) {
     free_exec_locked(e);
     UNLOCK();
     return ACLNN_SUCCESS;
+}
+
+/* ------------------------------------------------------------------ hooks for the other simulated libraries */
+
+SIM_API int32_t tboostSimInternal_allocDevice(const void *ptr, uint64_t bytes, int64_t *allocId) {
+    LOCK();
+    int32_t dev = -2;
+    const char *p = ptr;
+    for (size_t i = 0; i < g_nallocs; i++) {
+        Alloc *a = &g_allocs[i];
+        if (p >= a->base && p <= a->base + a->size && bytes <= (uint64_t)(a->base + a->size - p)) {
+            dev = a->device;
+            if (allocId) *allocId = a->id;
+            break;
+        }
+    }
+    UNLOCK();
+    return dev;
+}
+
+SIM_API void tboostSimInternal_countViolation(void) {
+    LOCK();
+    g_stats.ruleViolations++;
+    UNLOCK();
+}
+
+SIM_API int tboostSimInternal_allocLive(int64_t allocId) {
+    LOCK();
+    int live = alloc_live_locked(allocId);
+    UNLOCK();
+    return live;
+}
+
+SIM_API int32_t tboostSimInternal_streamDevice(aclrtStream stream) {
+    LOCK();
+    SimStream *s = stream_of(stream);
+    int32_t dev = s ? s->device : -2;
+    UNLOCK();
+    return dev;
+}
+
+SIM_API int tboostSimInternal_pushHostTask(aclrtStream stream, SimHostTaskFn fn, void *arg) {
+    LOCK();
+    SimStream *s = stream_of(stream);
+    if (!s) {
+        UNLOCK();
+        return 0;
+    }
+    Task t;
+    memset(&t, 0, sizeof t);
+    t.kind = TASK_HOST, t.hostFn = fn, t.hostArg = arg, t.dstId = -1, t.srcId = -1;
+    push_task(s, t);
+    UNLOCK();
+    return 1;
 }
 
 /* ------------------------------------------------------------------ stats */

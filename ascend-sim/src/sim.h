@@ -106,6 +106,17 @@ SIM_API aclnnStatus tboostSimInternal_launch(const char *op, void *workspace, ui
                                              aclOpExecutor *executor, aclrtStream stream);
 SIM_API aclnnStatus tboostSimInternal_destroyExec(aclOpExecutor *executor);
 SIM_API aclnnStatus tboostSimInternal_setRepeatable(aclOpExecutor *executor);
+/* devices, streams, host tasks (libhccl.so's collectives) */
+SIM_API int32_t tboostSimInternal_currentDevice(void); /* -1: none on this thread */
+/* the device of the live allocation holding [ptr, ptr+bytes): -1 host memory, -2 none; *allocId set when found */
+SIM_API int32_t tboostSimInternal_allocDevice(const void *ptr, uint64_t bytes, int64_t *allocId);
+SIM_API int tboostSimInternal_allocLive(int64_t allocId);
+SIM_API void tboostSimInternal_countViolation(void); /* a rule violation another library detected */
+SIM_API int32_t tboostSimInternal_streamDevice(aclrtStream stream); /* -1 default stream, -2 not a live stream */
+/* A task run by the stream when a synchronize reaches it, without the simulator's lock held (it may block).
+ * run = 1; returns 0 on success, else writes the failure into msg (it fails the stream). The task owns arg. */
+typedef int (*SimHostTaskFn)(void *arg, int run, char *msg, size_t msgSize);
+SIM_API int tboostSimInternal_pushHostTask(aclrtStream stream, SimHostTaskFn fn, void *arg); /* 0: not a stream */
 
 #define sim_error tboostSimInternal_setError
 #define sim_log tboostSimInternal_log

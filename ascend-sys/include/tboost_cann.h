@@ -437,6 +437,70 @@ TBOOST_ACLNN_OP(aclnnDiv, (const aclTensor *self, const aclTensor *other, aclTen
 TBOOST_ACLNN_OP(aclnnMul, (const aclTensor *self, const aclTensor *other, aclTensor *out, uint64_t *workspaceSize,
                            aclOpExecutor **executor))
 
+/* ---------------------------------------------------------------------------------------------
+ * HCCL (libhccl.so) -- research notes shared/research/ascend-api.md section 4.1, transcribed from
+ * HCCL include/hccl.h and HCOMM include/hccl/hccl_comm.h, hccl_types.h; the CANN 8.0.0 HCCL API
+ * reference (hiascend.com .../apiref/hcclapiref/hcclcpp_07_00xx.html) has the same prototypes.
+ * ------------------------------------------------------------------------------------------- */
+typedef void *HcclComm;
+#define HCCL_ROOT_INFO_BYTES 4108
+typedef struct HcclRootInfoDef {
+    char internal[HCCL_ROOT_INFO_BYTES];
+} HcclRootInfo;
+
+typedef enum {
+    HCCL_SUCCESS = 0,
+    HCCL_E_PARA = 1,
+    HCCL_E_PTR = 2,
+    HCCL_E_MEMORY = 3,
+    HCCL_E_INTERNAL = 4,
+    HCCL_E_NOT_SUPPORT = 5,
+    HCCL_E_NOT_FOUND = 6,
+    HCCL_E_UNAVAIL = 7,
+    HCCL_E_SYSCALL = 8,
+    HCCL_E_TIMEOUT = 9,
+    HCCL_E_OPEN_FILE_FAILURE = 10,
+    HCCL_E_TCP_CONNECT = 11,
+    HCCL_E_ROCE_CONNECT = 12,
+    HCCL_E_RUNTIME = 15,
+    HCCL_E_OOM = 24
+} HcclResult;
+
+typedef enum { HCCL_REDUCE_SUM = 0, HCCL_REDUCE_PROD = 1, HCCL_REDUCE_MAX = 2, HCCL_REDUCE_MIN = 3 } HcclReduceOp;
+
+typedef enum {
+    HCCL_DATA_TYPE_INT8 = 0,
+    HCCL_DATA_TYPE_INT16 = 1,
+    HCCL_DATA_TYPE_INT32 = 2,
+    HCCL_DATA_TYPE_FP16 = 3,
+    HCCL_DATA_TYPE_FP32 = 4,
+    HCCL_DATA_TYPE_INT64 = 5,
+    HCCL_DATA_TYPE_UINT64 = 6,
+    HCCL_DATA_TYPE_UINT8 = 7,
+    HCCL_DATA_TYPE_UINT16 = 8,
+    HCCL_DATA_TYPE_UINT32 = 9,
+    HCCL_DATA_TYPE_FP64 = 10,
+    HCCL_DATA_TYPE_BFP16 = 11
+} HcclDataType;
+
+TBOOST_CANN_FN(HcclResult, HcclGetRootInfo, (HcclRootInfo * rootInfo))
+TBOOST_CANN_FN(HcclResult, HcclCommInitRootInfo,
+               (uint32_t nRanks, const HcclRootInfo *rootInfo, uint32_t rank, HcclComm *comm))
+TBOOST_CANN_FN(HcclResult, HcclCommInitAll, (uint32_t ndev, int32_t *devices, HcclComm *comms))
+TBOOST_CANN_FN(HcclResult, HcclGetRankSize, (HcclComm comm, uint32_t *rankSize))
+TBOOST_CANN_FN(HcclResult, HcclGetRankId, (HcclComm comm, uint32_t *rank))
+TBOOST_CANN_FN(HcclResult, HcclCommDestroy, (HcclComm comm))
+TBOOST_CANN_FN(const char *, HcclGetErrorString, (HcclResult code))
+TBOOST_CANN_FN(HcclResult, HcclAllReduce,
+               (void *sendBuf, void *recvBuf, uint64_t count, HcclDataType dataType, HcclReduceOp op, HcclComm comm,
+                aclrtStream stream))
+TBOOST_CANN_FN(HcclResult, HcclAllGather,
+               (void *sendBuf, void *recvBuf, uint64_t sendCount, HcclDataType dataType, HcclComm comm,
+                aclrtStream stream))
+TBOOST_CANN_FN(HcclResult, HcclBroadcast,
+               (void *buf, uint64_t count, HcclDataType dataType, uint32_t root, HcclComm comm, aclrtStream stream))
+TBOOST_CANN_FN(HcclResult, HcclBarrier, (HcclComm comm, aclrtStream stream))
+
 /* =============================================================================================
  * SIMULATOR-ONLY EXTENSION -- not part of CANN. ascend-sim's libascendcl.so exports it; ascend-sys
  * looks it up optionally (absent on real CANN) to read the simulator's resource counters.

@@ -52,6 +52,9 @@ pub enum AclError {
     /// A create function (aclCreateTensor, ...) returned NULL.
     #[error("{call} returned NULL{}", msg(.message))]
     NullHandle { call: &'static str, message: String },
+    /// An HCCL call returned a non-zero `HcclResult`.
+    #[error("{call} failed with {code} ({}){}", hccl_result_name(*.code), msg(.message))]
+    Hccl { call: &'static str, code: u32, message: String },
     /// A caller error caught before calling CANN: shapes, bounds, dtypes.
     #[error("{0}")]
     Invalid(String),
@@ -70,9 +73,10 @@ impl AclError {
     /// `aclGetRecentErrMsg()` as read after the failure (empty when CANN had none).
     pub fn message(&self) -> &str {
         match self {
-            AclError::Runtime { message, .. } | AclError::Op { message, .. } | AclError::NullHandle { message, .. } => {
-                message
-            }
+            AclError::Runtime { message, .. }
+            | AclError::Op { message, .. }
+            | AclError::NullHandle { message, .. }
+            | AclError::Hccl { message, .. } => message,
             _ => "",
         }
     }
@@ -117,4 +121,26 @@ pub fn code_name(code: i32) -> Option<&'static str> {
         561003 => "ACLNN_ERR_INNER_FIND_KERNEL_ERROR: possibly the operator binary package is not installed",
         _ => return None,
     })
+}
+
+/// The documented name of an `HcclResult` (HCOMM `hccl_types.h`, research notes §4.1).
+pub fn hccl_result_name(code: u32) -> &'static str {
+    match code {
+        0 => "HCCL_SUCCESS",
+        1 => "HCCL_E_PARA",
+        2 => "HCCL_E_PTR",
+        3 => "HCCL_E_MEMORY",
+        4 => "HCCL_E_INTERNAL",
+        5 => "HCCL_E_NOT_SUPPORT",
+        6 => "HCCL_E_NOT_FOUND",
+        7 => "HCCL_E_UNAVAIL",
+        8 => "HCCL_E_SYSCALL",
+        9 => "HCCL_E_TIMEOUT",
+        10 => "HCCL_E_OPEN_FILE_FAILURE",
+        11 => "HCCL_E_TCP_CONNECT",
+        12 => "HCCL_E_ROCE_CONNECT",
+        15 => "HCCL_E_RUNTIME",
+        24 => "HCCL_E_OOM",
+        _ => "unknown HcclResult",
+    }
 }

@@ -13,6 +13,7 @@
 //! - [`tensor`]: [`TensorRef`] views and the RAII aclnn handles.
 //! - [`launch`]: the two-phase protocol and the per-stream [`Context`] (workspace, staging).
 //! - [`aclnn`]: one typed function per aclnn op.
+//! - [`hccl`]: HCCL communicators and collectives (`libhccl.so`, loaded on demand; absent = no device collectives).
 //!
 //! Every module's docs say who frees what. The crate never panics on anything CANN or a caller controls,
 //! and no Rust code runs as a C callback (no unwinding across the C boundary).
@@ -23,6 +24,7 @@
 pub mod aclnn;
 pub mod dtype;
 pub mod error;
+pub mod hccl;
 pub mod launch;
 pub mod loader;
 #[rustfmt::skip]
@@ -33,6 +35,7 @@ pub mod tensor;
 pub mod version;
 
 pub use error::{AclError, Phase, Result};
+pub use hccl::{Hccl, HcclComm, HcclDType, RootInfo};
 pub use launch::{Context, ContextStats, Executor, PreparedOp};
 pub use loader::SearchOrder;
 pub use runtime::{Cann, Device, DeviceBuffer, DeviceFacts, Event, HostBuffer, RawOp, SimStats, SocFamily, Stream};

@@ -29,6 +29,8 @@ pub const OPAPI_LIB: &str = "libopapi.so";
 pub const OPAPI_SPLIT_LIBS: [&str; 3] = ["libopapi_transformer.so", "libopapi_nn.so", "libopapi_math.so"];
 /// Libraries some CANN versions move runtime functions into (`aclsysGetVersionStr`, research notes §3.3).
 pub const RUNTIME_EXTRA_LIBS: [&str; 3] = ["libacl_rt.so", "libacl_rt_impl.so", "libascend_common.so"];
+/// HCCL, the collective communication library (loaded on demand by [`crate::hccl::Hccl::load`]).
+pub const HCCL_LIB: &str = "libhccl.so";
 pub const DEFAULT_TOOLKIT: &str = "/usr/local/Ascend/ascend-toolkit/latest";
 
 /// The directories searched for the CANN libraries, in order.
@@ -98,7 +100,7 @@ pub(crate) struct Lib {
 }
 
 impl Lib {
-    fn open(path: &Path) -> Result<Lib> {
+    pub(crate) fn open(path: &Path) -> Result<Lib> {
         // RTLD_NOW: an unresolved dependency fails here, with dlerror's text, not in the middle of a step.
         // SAFETY: loading a shared library runs its initialisers; CANN's are what every CANN program runs.
         let lib = unsafe { Library::open(Some(path), RTLD_NOW | RTLD_LOCAL) }
@@ -136,7 +138,7 @@ pub(crate) struct Libraries {
     ops: Mutex<HashMap<String, Option<OpSyms>>>,
 }
 
-fn find(order: &SearchOrder, preferred: Option<&Path>, name: &str, what: &'static str) -> Result<PathBuf> {
+pub(crate) fn find(order: &SearchOrder, preferred: Option<&Path>, name: &str, what: &'static str) -> Result<PathBuf> {
     let mut searched = Vec::new();
     let dirs: Vec<&Path> = match preferred {
         Some(p) => order.ordered_from(p).collect(),

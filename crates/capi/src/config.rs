@@ -216,8 +216,12 @@ pub unsafe extern "C" fn tboost_config_set_int(
 ///   "mpi" (one rank per process under `mpirun`, Open MPI's libmpi.so.40 loaded at run time;
 ///   rank and world from MPI_COMM_WORLD). On a rank other than 0 the engine is a follower:
 ///   `tboost_engine_enqueue` fails with `TBOOST_ERR_INVALID_ARGUMENT` and
-///   `tboost_engine_step` runs the leader's steps until rank 0's engine is freed. Env
-///   `TBOOST_COMM`
+///   `tboost_engine_step` runs the leader's steps until rank 0's engine is freed. Or "hccl"
+///   (`tp` ranks as threads of this process, one Ascend device each, the activations'
+///   all-reduce and the logits' all-gather by HCCL on the devices; needs backend "ascend"
+///   and libhccl.so beside CANN). Env `TBOOST_COMM`
+/// - `devices`: with `comm` "hccl", the Ascend devices of the ranks, rank i on the i-th
+///   (`ascend:0,1`; default: the backend's device and the next `tp` - 1); env `TBOOST_DEVICES`
 ///
 /// Errors as for `tboost_config_set_int`.
 #[no_mangle]

@@ -105,8 +105,10 @@ pub(crate) struct EngineArgs {
     /// 1). `--threads` is shared between the ranks of this process.
     #[arg(long)]
     tp: Option<usize>,
-    /// How the ranks talk: local (threads of this process) or mpi (one process per rank under
-    /// `mpirun`; rank and world from MPI_COMM_WORLD). Key `comm`.
+    /// How the ranks talk: local (threads of this process), mpi (one process per rank under
+    /// `mpirun`; rank and world from MPI_COMM_WORLD) or hccl (threads of this process, one
+    /// Ascend device each, `--set devices=ascend:0,1`; activations all-reduced by HCCL on the
+    /// devices). Key `comm`.
     #[arg(long)]
     comm: Option<String>,
     /// Any engine key, KEY=VALUE (repeatable): e.g. pin_threads=1, profile=1,

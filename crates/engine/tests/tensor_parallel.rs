@@ -98,7 +98,7 @@ fn a_rank_that_leaves_fails_the_others_at_once_with_its_reason() {
 }
 
 fn cpu_open() -> OpenBackend {
-    Arc::new(|| Ok(Box::new(CpuBackend::new(1)?) as Box<dyn Backend>))
+    Arc::new(|_| Ok(Box::new(CpuBackend::new(1)?) as Box<dyn Backend>))
 }
 
 fn tp_runner(model: &Model, opts: &PlanOptions, world: usize) -> ModelRunner {

@@ -206,4 +206,32 @@ pub trait Backend: Send {
     fn set_interrupt(&mut self, flag: Arc<AtomicBool>) {
         let _ = flag;
     }
+
+    /// The collectives this backend runs on its own memory and stream (HCCL on Ascend), when it
+    /// is a rank of a device group; None: the tensor-parallel data plane goes through the host.
+    fn device_collective(&mut self) -> Option<&mut dyn DeviceCollective> {
+        None
+    }
+
+    /// Makes this backend rank `comm.rank()` of an HCCL group (engine key `comm` = `hccl`).
+    #[cfg(feature = "ascend")]
+    fn attach_hccl(&mut self, comm: ascend_sys::HcclComm) -> Result<()> {
+        drop(comm);
+        Err(crate::Error::Unsupported(format!(
+            "comm = hccl needs the ascend backend; {} has no device collectives",
+            self.name()
+        )))
+    }
+}
+
+/// Collectives on device memory, queued on the backend's stream like ops (the tensor-parallel
+/// data plane without a host round trip). Every rank calls the same ones in the same order; a
+/// failure (a rank that does not arrive in time) surfaces at the next synchronize.
+pub trait DeviceCollective {
+    /// The library (`hccl`).
+    fn collective_name(&self) -> &'static str;
+    /// Sums `v` over the ranks, in place.
+    fn all_reduce_sum(&mut self, v: View) -> Result<()>;
+    /// `dst` (ranks × `src.len`) receives every rank's `src`, in rank order.
+    fn all_gather(&mut self, src: View, dst: View) -> Result<()>;
 }

@@ -6,7 +6,10 @@
 //!
 //! - `local`: N ranks as threads of one process on shared host memory.
 //! - `mpi`: one rank per process under `mpirun`, Open MPI loaded at run time.
+//! - `hccl`: threads of one process, one Ascend device each; the activations' all-reduce and the
+//!   logits' all-gather run as HCCL collectives on the devices, the step commands on the host.
 
+pub mod hccl;
 mod local;
 pub mod mpi;
 
@@ -24,15 +27,19 @@ pub enum CommKind {
     Local,
     /// One rank per process of `MPI_COMM_WORLD` (`mpi`, under `mpirun`).
     Mpi,
+    /// Every rank a thread of this process on its own Ascend device, the data plane over HCCL
+    /// (`hccl`).
+    Hccl,
 }
 
 impl CommKind {
-    pub const NAMES: &'static str = "local, mpi";
+    pub const NAMES: &'static str = "local, mpi, hccl";
 
     pub fn parse(s: &str) -> Result<CommKind> {
         match s.trim() {
             "local" => Ok(CommKind::Local),
             "mpi" => Ok(CommKind::Mpi),
+            "hccl" => Ok(CommKind::Hccl),
             other => Err(Error::invalid("comm", format!("`{other}` is not one of {}", Self::NAMES))),
         }
     }
@@ -41,6 +48,7 @@ impl CommKind {
         match self {
             CommKind::Local => "local",
             CommKind::Mpi => "mpi",
+            CommKind::Hccl => "hccl",
         }
     }
 }

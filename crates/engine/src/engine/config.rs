@@ -90,6 +90,9 @@ pub struct EngineConfig {
     pub comm: crate::comm::CommKind,
     /// A collective's longest wait for the other ranks (`comm_timeout_ms`).
     pub comm_timeout_ms: u64,
+    /// The Ascend devices of the ranks with `comm` = hccl (`devices`: `ascend:0,1`; empty: the
+    /// backend's device and the next `tp - 1`).
+    pub devices: String,
 }
 
 impl Default for EngineConfig {
@@ -117,6 +120,7 @@ impl Default for EngineConfig {
             tp: 1,
             comm: CommKind::Local,
             comm_timeout_ms: 60_000,
+            devices: String::new(),
         }
     }
 }
@@ -212,18 +216,76 @@ impl EngineConfig {
                 }
                 ModelRunner::new_rank(&model.config, &model.weights, be, opts, self.threads, Arc::new(comm))
             }
-            (CommKind::Local, 1) => ModelRunner::new(model, be, opts, self.threads),
+            (CommKind::Local | CommKind::Hccl, 1) => ModelRunner::new(model, be, opts, self.threads),
+            (CommKind::Hccl, world) => self.hccl_runner(model, be, opts, world, timeout),
             (CommKind::Local, world) => {
                 let c = self.clone();
-                let open: OpenBackend = Arc::new(move || c.open_backend());
+                let open: OpenBackend = Arc::new(move |_| c.open_backend());
                 ModelRunner::new_local_group(model, be, opts, self.rank_threads(), world, timeout, open)
             }
         }
     }
 
+    /// The leader of an `hccl` group of `world` ranks: threads of this process, rank i on the
+    /// i-th of `devices`, with HCCL communicators from `HcclCommInitAll` for the data plane.
+    #[cfg(feature = "ascend")]
+    fn hccl_runner(
+        &self,
+        model: &Model,
+        mut be: Box<dyn Backend>,
+        opts: &PlanOptions,
+        world: usize,
+        timeout: Duration,
+    ) -> Result<ModelRunner> {
+        let first = match self.backend {
+            BackendKind::Ascend { device } => device,
+            _ if be.name() == "ascend" => 0,
+            _ => {
+                return Err(Error::invalid(
+                    "comm",
+                    format!("comm = hccl needs backend = ascend (the leader's backend is {})", be.name()),
+                ))
+            }
+        };
+        let devices = crate::comm::hccl::parse_devices(&self.devices, world, first)?;
+        if devices[0] != first {
+            return Err(Error::invalid(
+                "devices",
+                format!("rank 0 is the backend's device {first}, but `devices` puts it on {}", devices[0]),
+            ));
+        }
+        let (ctl, mut dev_comms) = crate::comm::hccl::open_group(&devices, timeout)?;
+        be.attach_hccl(dev_comms.remove(0))?;
+        let rest: std::sync::Mutex<Vec<Option<ascend_sys::HcclComm>>> =
+            std::sync::Mutex::new(dev_comms.into_iter().map(Some).collect());
+        let c = self.clone();
+        let open: OpenBackend = Arc::new(move |rank: usize| {
+            let comm = rest.lock().unwrap_or_else(|p| p.into_inner()).get_mut(rank - 1).and_then(Option::take);
+            let comm = comm.ok_or_else(|| Error::invalid("tp", format!("no HCCL communicator for rank {rank}")))?;
+            let spec = BackendSpec { kind: BackendKind::Ascend { device: devices[rank] }, threads: c.rank_threads() };
+            let mut be = backend::open_with(spec, &c.backend_options())?;
+            be.attach_hccl(comm)?;
+            Ok(be)
+        });
+        let comms: Vec<Arc<dyn Communicator>> = ctl.into_iter().map(|c| Arc::new(c) as Arc<dyn Communicator>).collect();
+        ModelRunner::new_group(model, be, opts, self.rank_threads(), comms, open)
+    }
+
+    #[cfg(not(feature = "ascend"))]
+    fn hccl_runner(
+        &self,
+        _: &Model,
+        _: Box<dyn Backend>,
+        _: &PlanOptions,
+        _: usize,
+        _: Duration,
+    ) -> Result<ModelRunner> {
+        Err(Error::Unsupported("comm = hccl needs the `ascend` feature".into()))
+    }
+
     /// CPU threads of one rank: `threads` (0: one per core) shared by the `tp` ranks.
     pub fn rank_threads(&self) -> usize {
-        if self.tp <= 1 || self.comm != CommKind::Local {
+        if self.tp <= 1 || self.comm == CommKind::Mpi {
             return self.threads;
         }
         let total = match self.threads {

@@ -109,7 +109,8 @@ const FIXED: &[(&str, KeyType, &str, Option<&str>, &str)] = &[
         KeyType::Str,
         "local",
         Some("TBOOST_COMM"),
-        "how tensor-parallel ranks talk: local (threads of this process)",
+        "how tensor-parallel ranks talk: local (threads of this process), mpi (one process per rank under \
+         mpirun), hccl (threads of this process, one Ascend device each, activations all-reduced by HCCL)",
     ),
     (
         "comm_timeout_ms",
@@ -117,6 +118,14 @@ const FIXED: &[(&str, KeyType, &str, Option<&str>, &str)] = &[
         "60000",
         Some("TBOOST_COMM_TIMEOUT_MS"),
         "longest wait of a collective for the other ranks before the step fails naming the missing rank",
+    ),
+    (
+        "devices",
+        KeyType::Str,
+        "",
+        Some("TBOOST_DEVICES"),
+        "Ascend devices of the ranks with comm = hccl, rank i on the i-th (`ascend:0,1`; empty: the backend's \
+         device and the next tp - 1)",
     ),
 ];
 
@@ -288,6 +297,13 @@ impl EngineConfig {
             ("tp", Typed::Int(v)) => self.tp = usize_of(v)?,
             ("comm", Typed::Str(c)) => self.comm = crate::comm::CommKind::parse(c).map_err(named)?,
             ("comm_timeout_ms", Typed::Int(v)) => self.comm_timeout_ms = v as u64,
+            ("devices", Typed::Str(d)) => {
+                let n = d.trim().strip_prefix("ascend:").unwrap_or(d.trim()).split(',').count();
+                if !d.trim().is_empty() {
+                    crate::comm::hccl::parse_devices(d, n, 0).map_err(named)?;
+                }
+                self.devices = d.trim().to_string()
+            }
             (k, _) => return Err(Error::invalid(k, format!("config key `{k}` has no setter"))),
         }
         Ok(())
@@ -329,6 +345,7 @@ impl EngineConfig {
             "tp": self.tp,
             "comm": self.comm.name(),
             "comm_timeout_ms": self.comm_timeout_ms,
+            "devices": self.devices,
         });
         for (key, value) in self.tiling_settings() {
             v[key.as_str()] = auto(value);

@@ -160,21 +160,37 @@ fn unavailable(candidate: Choice, backend: &str, param: &'static str, value: &st
     }
 }
 
-/// The collective slots: the all-reduce after every row-parallel matmul and the embedding,
-/// and the all-gather of the logits. The fused matmul + all-reduce (Ascend's MC2,
-/// `aclnnMatmulAllReduce`) and a collective on device memory are tried first; `backend` and
-/// `comm` have neither today, so the host path (read, reduce across ranks, write back) runs.
-pub fn collective_decisions(backend: &str, comm: &str, cfg: &ModelConfig, world: usize) -> Vec<Decision> {
+/// What a rank's backend offers for the collectives (`collective_decisions`).
+#[derive(Clone, Copy, Debug)]
+pub struct CollectiveOffer<'a> {
+    /// The backend's device collective (`hccl`), when it is a rank of a device group.
+    pub device: Option<&'a str>,
+    /// Bytes of one activation value (the all-reduce's element).
+    pub act_bytes: usize,
+    /// Every rank's vocabulary part has the same length (the device all-gather needs no padding).
+    pub even_vocab: bool,
+}
+
+/// The collective slots: the all-reduce after the embedding and after every row-parallel
+/// matmul (o_proj and the MLP's down of every layer), and the all-gather of the logits. The
+/// fused matmul + all-reduce (Ascend's MC2, `aclnnMatmulAllReduce`: not built) is tried first,
+/// then a collective on device memory (HCCL, when the backend is a rank of a device group),
+/// then the host path (read, reduce across ranks, write back).
+pub fn collective_decisions(
+    backend: &str,
+    comm: &str,
+    cfg: &ModelConfig,
+    world: usize,
+    offer: CollectiveOffer<'_>,
+) -> Vec<Decision> {
     let fused = unavailable(
         Choice::MatmulAllReduce,
         backend,
         "backend",
         backend,
-        "a device with a fused matmul + all-reduce (aclnnMatmulAllReduce over HCCL)",
+        "a device with a fused matmul + all-reduce (aclnnMatmulAllReduce over HCCL; not built in tboost)",
     );
-    let device = unavailable(Choice::DeviceAllReduce, backend, "comm", comm, "a communicator on device memory (hccl)");
     let chosen = |c| Tried { candidate: c, backend: backend.to_string(), verdict: Verdict::Chosen };
-    let per_token = 4 * cfg.hidden_size * (1 + 2 * cfg.num_layers);
     let decision = |slot, choice, tried: Vec<Tried>, reason: String| Decision {
         slot,
         choice,
@@ -183,7 +199,7 @@ pub fn collective_decisions(backend: &str, comm: &str, cfg: &ModelConfig, world:
         placement: Placement::Primary,
         weights: WeightMode::Native,
         precision: Precision::Exact,
-        // The host path is this build's only collective: expected, not a warning.
+        // The host path is the expected one without a device group: not a warning.
         fallback: false,
         copy_bytes_per_token: 0,
         reason: {
@@ -197,23 +213,72 @@ pub fn collective_decisions(backend: &str, comm: &str, cfg: &ModelConfig, world:
         },
         tried,
     };
-    vec![
-        decision(
-            Slot::AllReduce,
-            Choice::HostAllReduce,
-            vec![fused, device, chosen(Choice::HostAllReduce)],
-            format!(
-                "host all-reduce over `{comm}` ({world} ranks) after the embedding, o_proj and mlp: {per_token} \
-                 bytes per token per rank"
-            ),
-        ),
-        decision(
-            Slot::AllGather,
-            Choice::HostAllGather,
-            vec![chosen(Choice::HostAllGather)],
-            format!("host all-gather of each rank's logits over `{comm}`"),
-        ),
-    ]
+    let reduces = 1 + 2 * cfg.num_layers;
+    let layers = format!("the embedding and o_proj + mlp down of each of the {} layers", cfg.num_layers);
+    match offer.device {
+        Some(dev) => {
+            let per_token = offer.act_bytes * cfg.hidden_size * reduces;
+            let gather = if offer.even_vocab {
+                decision(
+                    Slot::AllGather,
+                    Choice::DeviceAllGather,
+                    vec![chosen(Choice::DeviceAllGather)],
+                    format!("{dev} all-gather of each rank's logits on device memory, then one read to the host"),
+                )
+            } else {
+                decision(
+                    Slot::AllGather,
+                    Choice::HostAllGather,
+                    vec![
+                        unavailable(
+                            Choice::DeviceAllGather,
+                            backend,
+                            "vocab",
+                            "uneven",
+                            "vocabulary parts of one length (the device all-gather does not pad)",
+                        ),
+                        chosen(Choice::HostAllGather),
+                    ],
+                    format!("host all-gather of each rank's logits over `{comm}`"),
+                )
+            };
+            vec![
+                decision(
+                    Slot::AllReduce,
+                    Choice::DeviceAllReduce,
+                    vec![fused, chosen(Choice::DeviceAllReduce)],
+                    format!(
+                        "{dev} all-reduce on device memory and the backend's stream ({world} ranks) after {layers}: \
+                         {reduces} per token, {per_token} bytes per token per rank; host all-reduce not used (it \
+                         would read and write every activation through the host)"
+                    ),
+                ),
+                gather,
+            ]
+        }
+        None => {
+            let device =
+                unavailable(Choice::DeviceAllReduce, backend, "comm", comm, "a communicator on device memory (hccl)");
+            let per_token = 4 * cfg.hidden_size * reduces;
+            vec![
+                decision(
+                    Slot::AllReduce,
+                    Choice::HostAllReduce,
+                    vec![fused, device, chosen(Choice::HostAllReduce)],
+                    format!(
+                        "host all-reduce over `{comm}` ({world} ranks) after {layers}: {per_token} bytes per token \
+                         per rank"
+                    ),
+                ),
+                decision(
+                    Slot::AllGather,
+                    Choice::HostAllGather,
+                    vec![chosen(Choice::HostAllGather)],
+                    format!("host all-gather of each rank's logits over `{comm}`"),
+                ),
+            ]
+        }
+    }
 }
 
 impl TpReport {

@@ -115,6 +115,8 @@ pub enum Choice {
     DeviceAllReduce,
     /// Read to the host, reduce across ranks, write back.
     HostAllReduce,
+    /// The communicator's all-gather on device memory.
+    DeviceAllGather,
     HostAllGather,
 }
 
@@ -146,6 +148,7 @@ impl Choice {
             Choice::MatmulAllReduce => "matmul_all_reduce",
             Choice::DeviceAllReduce => "device_all_reduce",
             Choice::HostAllReduce => "host_all_reduce",
+            Choice::DeviceAllGather => "device_all_gather",
             Choice::HostAllGather => "host_all_gather",
         }
     }

@@ -21,7 +21,7 @@ use std::sync::Arc;
 use std::time::Duration;
 
 use crate::backend::cpu::CpuBackend;
-use crate::backend::{Backend, BackendExt, KvLayer, StepHost};
+use crate::backend::{Backend, BackendExt, KvLayer, StepHost, View};
 use crate::comm::{Communicator, LocalGroup};
 use crate::kv::{KvPools, StepLayout};
 use crate::model::{Model, ModelConfig, ModelWeights};
@@ -111,9 +111,22 @@ impl ModelRunner {
         timeout: Duration,
         open: OpenBackend,
     ) -> Result<ModelRunner> {
-        let mut comms = LocalGroup::new(world, timeout);
+        let comms = LocalGroup::new(world, timeout).into_iter().map(|c| Arc::new(c) as Arc<dyn Communicator>).collect();
+        Self::new_group(model, primary, opts, cpu_threads, comms, open)
+    }
+
+    /// The leader of a group whose ranks are threads of this process, `comms[r]` rank r's end
+    /// (`local`, or the host side of `hccl`); each follower's backend is `open(r)`.
+    pub fn new_group(
+        model: &Model,
+        primary: Box<dyn Backend>,
+        opts: &PlanOptions,
+        cpu_threads: usize,
+        mut comms: Vec<Arc<dyn Communicator>>,
+        open: OpenBackend,
+    ) -> Result<ModelRunner> {
         let followers = comms.split_off(1);
-        let leader: Arc<dyn Communicator> = Arc::new(comms.remove(0));
+        let leader = comms.remove(0);
         let (cfg, w) = (&model.config, &model.weights);
         // The followers load while the leader does; a failure on either side reaches the
         // other through the group (a rank that left).
@@ -169,19 +182,25 @@ impl ModelRunner {
         }
         let tp = match (comm, spec) {
             (Some(comm), Some(spec)) => {
-                if plan.act_dtype != tboost_ops::DType::F32 {
+                let device = primary.device_collective().map(|d| d.collective_name());
+                if device.is_none() && plan.act_dtype != tboost_ops::DType::F32 {
                     return Err(Error::Unsupported(format!(
-                        "tensor parallelism on {} with {} activations: the host collectives take f32",
+                        "tensor parallelism on {} with {} activations: the host collectives take f32 (comm = hccl \
+                         runs them on the device)",
                         primary.name(),
                         plan.act_dtype
                     )));
                 }
-                let collectives = plan::shard::collective_decisions(primary.name(), comm.name(), cfg, comm.world());
+                let even_vocab = spec.vocab_splits.iter().all(|r| r.len() == spec.vocab_max());
+                let act_bytes = if device.is_some() { plan.act_dtype.block_bytes() } else { 4 };
+                let offer = plan::shard::CollectiveOffer { device, act_bytes, even_vocab };
+                let collectives =
+                    plan::shard::collective_decisions(primary.name(), comm.name(), cfg, comm.world(), offer);
                 let report = TpReport {
                     comm: comm.name().to_string(),
                     resident_weight_bytes: lw.total_bytes(),
                     model_weight_bytes: w.total_bytes(),
-                    all_reduce_bytes_per_token: 4 * cfg.hidden_size * (1 + 2 * cfg.num_layers),
+                    all_reduce_bytes_per_token: act_bytes * cfg.hidden_size * (1 + 2 * cfg.num_layers),
                     all_gather_bytes_per_row: 4 * spec.vocab_max(),
                     shard: spec.clone(),
                 };
@@ -191,7 +210,8 @@ impl ModelRunner {
                 }
                 plan.model.extend(collectives);
                 plan.tp = Some(report);
-                Some(tp::TpLink { comm, spec, followers: Vec::new(), ended: None })
+                let (device_reduce, device_gather) = (device.is_some(), device.is_some() && even_vocab);
+                Some(tp::TpLink { comm, spec, device_reduce, device_gather, followers: Vec::new(), ended: None })
             }
             _ => None,
         };
@@ -493,7 +513,8 @@ impl ModelRunner {
         };
         primary.set_step(&host, &views)?;
         let mut ex = Exec { primary: primary.as_mut(), cpu: fallback.as_mut() };
-        let step_comm = tp.as_ref().map(|link| tp::StepComm { comm: link.comm.as_ref(), held: &held });
+        let step_comm =
+            tp.as_ref().map(|link| tp::StepComm { comm: link.comm.as_ref(), held: &held, device: link.device_reduce });
         let g = graph::Graph {
             c: local,
             plan,
@@ -507,7 +528,40 @@ impl ModelRunner {
             tp: step_comm,
         };
         let out = g.launch(&mut ex)?;
-        primary.synchronize()?;
+        // With device collectives, every rank's logits are gathered on the device before the
+        // one synchronize of the step.
+        let (vloc, vmax) = (local.vocab_size, tp.as_ref().map_or(0, |l| l.spec.vocab_max()));
+        let dev_gather = match tp.as_ref() {
+            Some(link) if link.device_gather && r > 0 => {
+                let len = link.spec.world * r * vmax;
+                let buf = primary.alloc(tboost_ops::DType::F32, len)?;
+                let dst = View::new(buf, 0, len);
+                let rank = link.comm.rank();
+                let queued = match primary.device_collective() {
+                    Some(dc) => dc.all_gather(out, dst),
+                    None => Err(crate::comm::error(rank, "all_gather", "the backend lost its device collective")),
+                };
+                if let Err(e) = queued {
+                    let _ = primary.synchronize();
+                    primary.free(buf);
+                    return Err(crate::comm::error(rank, "all_gather (hccl)", e.to_string()));
+                }
+                Some(dst)
+            }
+            _ => None,
+        };
+        if let Err(e) = primary.synchronize() {
+            if let Some(d) = dev_gather {
+                primary.free(d.buf);
+            }
+            return Err(match tp.as_ref() {
+                // a failed or timed-out HCCL collective surfaces here, at the stream's synchronize
+                Some(link) if link.device_reduce => {
+                    crate::comm::error(link.comm.rank(), "hccl collective", e.to_string())
+                }
+                _ => e,
+            });
+        }
         let Some(link) = tp else {
             logits.resize(r * cfg.vocab_size, 0.0);
             if r > 0 {
@@ -515,18 +569,15 @@ impl ModelRunner {
             }
             return Ok(());
         };
-        // Every rank's vocabulary part of every row, padded to the longest part.
-        let (vloc, vmax, world) = (local.vocab_size, link.spec.vocab_max(), link.spec.world);
-        part.resize(r * vloc, 0.0);
-        if r > 0 {
-            primary.read_typed(out, part)?;
+        let world = link.spec.world;
+        if let Some(d) = dev_gather {
+            gathered.resize(world * r * vmax, 0.0);
+            let read = primary.read_typed(d, gathered);
+            primary.free(d.buf);
+            read?;
+        } else {
+            self::host_gather(link, primary.as_mut(), out, r, vloc, part, gathered)?;
         }
-        let mut padded = vec![0f32; r * vmax];
-        for (dst, src) in padded.chunks_mut(vmax).zip(part.chunks(vloc.max(1))) {
-            dst[..vloc].copy_from_slice(src);
-        }
-        gathered.resize(world * r * vmax, 0.0);
-        link.comm.all_gather(&padded, gathered)?;
         logits.resize(r * cfg.vocab_size, 0.0);
         for (k, range) in link.spec.vocab_splits.iter().enumerate() {
             for row in 0..r {
@@ -536,6 +587,30 @@ impl ModelRunner {
         }
         Ok(())
     }
+}
+
+/// The logits all-gather through the host: every rank's vocabulary part of every row, padded to
+/// the longest part.
+fn host_gather(
+    link: &tp::TpLink,
+    primary: &mut dyn Backend,
+    out: View,
+    r: usize,
+    vloc: usize,
+    part: &mut Vec<f32>,
+    gathered: &mut Vec<f32>,
+) -> Result<()> {
+    let (vmax, world) = (link.spec.vocab_max(), link.spec.world);
+    part.resize(r * vloc, 0.0);
+    if r > 0 {
+        primary.read_typed(out, part)?;
+    }
+    let mut padded = vec![0f32; r * vmax];
+    for (dst, src) in padded.chunks_mut(vmax).zip(part.chunks(vloc.max(1))) {
+        dst[..vloc].copy_from_slice(src);
+    }
+    gathered.resize(world * r * vmax, 0.0);
+    link.comm.all_gather(&padded, gathered)
 }
 
 impl Drop for ModelRunner {

@@ -13,8 +13,8 @@ use std::time::Instant;
 
 use super::exec::Exec;
 use super::ModelRunner;
-use crate::backend::{Backend, BackendExt, View};
-use crate::comm::{Communicator, LocalComm};
+use crate::backend::{Backend, BackendExt, Op, View};
+use crate::comm::Communicator;
 use crate::kv::StepLayout;
 use crate::model::{ModelConfig, ModelWeights};
 use crate::plan::{PlanOptions, ShardSpec};
@@ -25,6 +25,9 @@ pub(super) struct StepComm<'a> {
     pub comm: &'a dyn Communicator,
     /// Per token: whether this rank holds its embedding row.
     pub held: &'a [bool],
+    /// The all-reduce runs on the device (the backend's `DeviceCollective`, HCCL) instead of
+    /// through the host.
+    pub device: bool,
 }
 
 impl StepComm<'_> {
@@ -32,6 +35,20 @@ impl StepComm<'_> {
     /// of tokens this rank does not hold are zeroed first (they were embedded from a
     /// placeholder row).
     pub fn all_reduce(&self, ex: &mut Exec<'_>, v: View, row: Option<usize>) -> Result<()> {
+        if self.device {
+            if let Some(n) = row {
+                for (i, held) in self.held.iter().enumerate() {
+                    if !held {
+                        ex.primary.launch(&Op::Zero { dst: View::new(v.buf, v.offset + i * n, n) })?;
+                    }
+                }
+            }
+            let rank = self.comm.rank();
+            let dc = ex.primary.device_collective().ok_or_else(|| {
+                crate::comm::error(rank, "all_reduce", "the backend lost its device collective (a bug)")
+            })?;
+            return dc.all_reduce_sum(v).map_err(|e| crate::comm::error(rank, "all_reduce (hccl)", e.to_string()));
+        }
         let mut host = vec![0f32; v.len];
         ex.primary.read_typed(v, &mut host)?;
         if let Some(n) = row {
@@ -126,13 +143,16 @@ impl Cmd {
     }
 }
 
-/// Opens a follower's backend (in its own thread).
-pub type OpenBackend = Arc<dyn Fn() -> Result<Box<dyn Backend>> + Send + Sync>;
+/// Opens rank `r`'s backend (a follower's, in its own thread).
+pub type OpenBackend = Arc<dyn Fn(usize) -> Result<Box<dyn Backend>> + Send + Sync>;
 
 /// A rank's link to its group.
 pub(super) struct TpLink {
     pub comm: Arc<dyn Communicator>,
     pub spec: ShardSpec,
+    /// The all-reduce and the logits all-gather run on the device (`DeviceCollective`).
+    pub device_reduce: bool,
+    pub device_gather: bool,
     /// The follower threads of a `local` group (on the leader), and the channel each one's
     /// end is reported on.
     pub followers: Vec<JoinHandle<()>>,
@@ -184,7 +204,7 @@ pub(super) fn spawn_followers(
     opts: &PlanOptions,
     cpu_threads: usize,
     open: OpenBackend,
-    comms: Vec<LocalComm>,
+    comms: Vec<Arc<dyn Communicator>>,
 ) -> Result<(Vec<JoinHandle<()>>, mpsc::Receiver<()>)> {
     let (tx, rx) = mpsc::channel();
     let mut handles = Vec::new();
@@ -194,9 +214,8 @@ pub(super) fn spawn_followers(
         let h = std::thread::Builder::new()
             .name(format!("tboost-tp-rank{rank}"))
             .spawn(move || {
-                let comm: Arc<dyn Communicator> = Arc::new(comm);
                 let run = || -> Result<()> {
-                    let be = open()?;
+                    let be = open(rank)?;
                     let mut r = ModelRunner::new_rank(&cfg, &w, be, &opts, cpu_threads, comm.clone())?;
                     r.follow()
                 };

@@ -17,6 +17,7 @@
 //! CPU kernels.
 
 mod attention;
+mod collective;
 mod data;
 mod matmul;
 mod memory;
@@ -62,6 +63,8 @@ pub(super) fn acl_err(what: &str, e: AclError) -> Error {
 
 pub struct AscendBackend {
     // Dropped in this order after `Drop::drop` synchronized the stream.
+    /// Set when this backend is a rank of an HCCL group (`collective`).
+    hccl: Option<ascend_sys::HcclComm>,
     mem: Memory,
     st: StreamState,
     ctx: Context,
@@ -101,6 +104,7 @@ impl AscendBackend {
         let caps =
             Caps::new(cann, &facts, &opts.ascend_known_bad).map_err(|e| Error::invalid("ascend_known_bad", e))?;
         let be = AscendBackend {
+            hccl: None,
             mem: Memory::new(&dev),
             st: StreamState::new(opts.profile),
             ctx,
@@ -355,6 +359,19 @@ impl Backend for AscendBackend {
 
     fn set_interrupt(&mut self, flag: Arc<AtomicBool>) {
         self.interrupt = Some(flag);
+    }
+
+    fn device_collective(&mut self) -> Option<&mut dyn super::DeviceCollective> {
+        if self.hccl.is_some() {
+            Some(self)
+        } else {
+            None
+        }
+    }
+
+    fn attach_hccl(&mut self, comm: ascend_sys::HcclComm) -> Result<()> {
+        self.set_hccl(comm);
+        Ok(())
     }
 }
 

@@ -1,0 +1,71 @@
+//! The Ascend backend as a rank of an HCCL group: the tensor-parallel all-reduce and all-gather
+//! as `HcclAllReduce` / `HcclAllGather` on the backend's own device buffers and stream, queued in
+//! order with the ops (no host round trip). A rank that does not arrive within
+//! `HCCL_EXEC_TIMEOUT` fails the next synchronize with HCCL's message naming it.
+
+use ascend_sys::{HcclComm, HcclDType};
+use tboost_ops::DType;
+
+use super::{acl_err, be_err, AscendBackend};
+use crate::backend::{DeviceCollective, View};
+use crate::Result;
+
+fn hccl_dtype(d: DType) -> Result<HcclDType> {
+    Ok(match d {
+        DType::F32 => HcclDType::F32,
+        DType::F16 => HcclDType::F16,
+        DType::BF16 => HcclDType::Bf16,
+        DType::I32 => HcclDType::I32,
+        DType::I8 => HcclDType::I8,
+        other => return Err(be_err(format!("HCCL collectives: {other} buffers are not reduced on the device"))),
+    })
+}
+
+impl AscendBackend {
+    /// Makes this backend rank `comm.rank()` of an HCCL group (the communicator's device must be
+    /// this backend's).
+    pub fn set_hccl(&mut self, comm: HcclComm) {
+        log::info!("ascend: device {} is HCCL rank {} of {}", self.dev.id(), comm.rank(), comm.size());
+        self.hccl = Some(comm);
+    }
+
+    fn comm(&self) -> Result<&HcclComm> {
+        self.hccl.as_ref().ok_or_else(|| be_err("no HCCL communicator attached"))
+    }
+}
+
+impl DeviceCollective for AscendBackend {
+    fn collective_name(&self) -> &'static str {
+        "hccl"
+    }
+
+    fn all_reduce_sum(&mut self, v: View) -> Result<()> {
+        self.bind()?;
+        let dt = hccl_dtype(self.mem.dtype(v)?)?;
+        let comm = self.comm()?;
+        let (buf, at, _) = self.mem.bytes_of(v)?;
+        let what = format!("HcclAllReduce (rank {}, {} values)", comm.rank(), v.len);
+        comm.all_reduce_sum((buf, at), (buf, at), v.len, dt, self.ctx.stream()).map_err(|e| acl_err(&what, e))
+    }
+
+    fn all_gather(&mut self, src: View, dst: View) -> Result<()> {
+        self.bind()?;
+        let dt = hccl_dtype(self.mem.dtype(src)?)?;
+        if self.mem.dtype(dst)? != self.mem.dtype(src)? {
+            return Err(be_err("HcclAllGather: source and destination differ in dtype"));
+        }
+        let comm = self.comm()?;
+        if dst.len != src.len * comm.size() as usize {
+            return Err(be_err(format!(
+                "HcclAllGather: {} values cannot hold {} ranks × {}",
+                dst.len,
+                comm.size(),
+                src.len
+            )));
+        }
+        let (sbuf, sat, _) = self.mem.bytes_of(src)?;
+        let (dbuf, dat, _) = self.mem.bytes_of(dst)?;
+        let what = format!("HcclAllGather (rank {}, {} values)", comm.rank(), src.len);
+        comm.all_gather((sbuf, sat), (dbuf, dat), src.len, dt, self.ctx.stream()).map_err(|e| acl_err(&what, e))
+    }
+}
