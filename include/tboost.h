@@ -41,6 +41,10 @@
  *     if (work) tboost_engine_step(e, NULL); else sleep_a_little();
  *   }
  *   and any thread: tboost_engine_wait(e, id, 100, &n); tboost_engine_read(e, id, ...).
+ *   A tensor-parallel follower (tboost_engine_rank gives a rank > 0: comm "mpi" under
+ *   mpirun) enqueues nothing; its has_work is true until the leader stops, so the same
+ *   loop (ended when has_work turns false) runs the leader's steps. Under mpirun every rank
+ *   then frees its engine and calls tboost_comm_finalize.
  */
 
 #ifndef TBOOST_H
@@ -1232,12 +1236,19 @@ tboost_status tboost_engine_cancel(struct tboost_engine *engine, tboost_request_
  * One thread at a time: a call while another thread is inside step returns
  * `TBOOST_ERR_BUSY`. A failure of the batch is reported per request (events with
  * `TBOOST_FINISH_ERROR`), not as the step's status.
+ *
+ * On a tensor-parallel follower (rank > 0, `tboost_engine_rank`) the first step runs the
+ * leader's steps until rank 0's engine is freed (`TBOOST_OK`) or the group fails (the
+ * status and message of the failed collective, naming the rank); later steps return at
+ * once with 0.
  */
 tboost_status tboost_engine_step(struct tboost_engine *engine, size_t *n_events_out);
 
 /**
  * `*out` = true while any request is waiting, running or has a cancellation to report,
- * i.e. while `tboost_engine_step` has work. Thread-safe.
+ * i.e. while `tboost_engine_step` has work. On a tensor-parallel follower
+ * (`tboost_engine_rank`) it is true until its step has returned from following the leader.
+ * Thread-safe.
  */
 tboost_status tboost_engine_has_work(const struct tboost_engine *engine, bool *out);
 
@@ -1341,6 +1352,42 @@ tboost_status tboost_engine_detokenize(const struct tboost_engine *engine,
                                        char *buf,
                                        size_t cap,
                                        size_t *needed);
+
+/**
+ * This engine's place in its tensor-parallel group: `*rank_out` receives its rank and
+ * `*world_out` the number of ranks (either may be NULL). Without tensor parallelism it is
+ * rank 0 of 1; with `tp` N and `comm` "local" the engine is rank 0 of N (the other ranks are
+ * its threads); with `comm` "mpi" under `mpirun`, rank and size of MPI_COMM_WORLD.
+ *
+ * Rank 0 is the leader: it takes the requests, samples and produces the events. A rank
+ * other than 0 is a follower: `tboost_engine_enqueue` fails with
+ * `TBOOST_ERR_INVALID_ARGUMENT` naming its rank, `tboost_engine_has_work` is true until
+ * the group stops, and `tboost_engine_step` runs the leader's steps until then. A
+ * follower's whole loop:
+ *
+ *   bool work = true;
+ *   while (work && tboost_engine_step(e, NULL) == TBOOST_OK) tboost_engine_has_work(e, &work);
+ *   tboost_engine_free(e); tboost_comm_finalize();
+ *
+ * Thread-safe.
+ */
+tboost_status tboost_engine_rank(const struct tboost_engine *engine,
+                                 uint32_t *rank_out,
+                                 uint32_t *world_out);
+
+/**
+ * Ends MPI in this process when an engine with `comm` "mpi" started it (`MPI_Finalize`); a
+ * no-op returning `TBOOST_OK` otherwise. Under `mpirun` every rank calls it once, after
+ * freeing its engines and before it exits: `mpirun` counts a rank that exits without
+ * ending MPI as failed. No engine with `comm` "mpi" may be made after it.
+ *
+ * When a collective of this process failed (a rank died or hangs), the job cannot end
+ * cleanly (the other ranks are dead or still inside a step), so this calls `MPI_Abort`,
+ * which ends every rank and `mpirun` with a non-zero status and does not return; without
+ * it, `mpirun` would wait for the dead rank. A host that called `MPI_Init` itself before
+ * its first engine ends MPI itself and does not call this.
+ */
+tboost_status tboost_comm_finalize(void);
 
 /**
  * Loads only the tokenizer of the model at `path` (a GGUF file, or a Hugging Face directory

@@ -10,7 +10,8 @@
 #   example compiles, CMake build + ctest
 #   (gtest suite, C99 consumer, C++ example), install layout + SONAME + pkg-config,
 #   find_package consumer outside the tree (static and shared), add_subdirectory consumer,
-#   AddressSanitizer build + ctest, valgrind on the C++ example, Go and Java hosts giving
+#   AddressSanitizer build + ctest, valgrind on the C++ example, the C++ example under
+#   mpirun -np 2 (comm mpi: its tokens, and a killed follower), Go and Java hosts giving
 #   the C++ host's tokens.
 set -euo pipefail
 
@@ -49,9 +50,9 @@ trap 'die "command failed (line $LINENO): $BASH_COMMAND"' ERR
 request_lines() { grep '^request ' "$1" | sort -t: -k1,1V || true; }
 
 step "tools"
-for tool in cmake gcc g++ pkg-config go javac java valgrind readelf cargo; do
+for tool in cmake gcc g++ pkg-config go javac java valgrind readelf cargo mpirun timeout; do
   command -v "$tool" >/dev/null ||
-    die "$tool is missing: run scripts/setup.sh (apt-get install -y cmake g++ libgtest-dev golang-go libjna-java pkg-config valgrind)"
+    die "$tool is missing: run scripts/setup.sh (apt-get install -y cmake g++ libgtest-dev golang-go libjna-java pkg-config valgrind openmpi-bin)"
 done
 [ -f "$JNA_JAR" ] || die "$JNA_JAR is missing: apt-get install -y libjna-java"
 [ -f /usr/include/gtest/gtest.h ] || die "gtest is missing: apt-get install -y libgtest-dev"
@@ -89,7 +90,7 @@ listed=$(sed -n 's/^set(TBOOST_NATIVE_STATIC_LIBS \(.*\))$/\1/p' "$ROOT/cmake/tb
 echo "native-static-libs: $rustc_libs"
 ok
 
-step "docs/embedding.md quotes the tested examples verbatim; README.md's C example compiles"
+step "docs/embedding.md (and docs/tensor-parallel.md) quote the tested examples verbatim; README.md's C example compiles"
 python3 - "$ROOT" "$SCRATCH/readme_example.c" <<'PY' || die "a code block in docs/embedding.md differs from the example it quotes (copy it in again), or README.md's C example is missing"
 import re, sys
 root, c_out = sys.argv[1:3]
@@ -126,6 +127,13 @@ if len(readme_c) != 1:
     print(f"README.md has {len(readme_c)} ```c blocks, expected the one embedding example")
 else:
     open(c_out, "w").write(readme_c[0])
+# Other pages quote the examples too; their marked blocks must be verbatim as well.
+for page in ("docs/tensor-parallel.md",):
+    for before, lang, body in re.findall(r"^([^\n]*)\n```(\w+)\n(.*?)^```$", open(f"{root}/{page}").read(), flags=re.S | re.M):
+        m = re.fullmatch(r"<!-- excerpt: (\S+) -->", before.strip())
+        if m and body not in open(f"{root}/{m.group(1)}").read():
+            ok = False
+            print(f"a {lang} block of {page} is not a verbatim excerpt of {m.group(1)}:\n{body}")
 print(f"{len(blocks)} blocks in docs/embedding.md, excerpts checked: {', '.join(sorted(quoted))}")
 sys.exit(0 if ok else 1)
 PY
@@ -229,6 +237,58 @@ valgrind --error-exitcode=99 --leak-check=full --errors-for-leak-kinds=definite,
   "$WORK/build/examples/cpp/tboost_example" "$GOLDEN" 4 2 12 >"$SCRATCH/vg.out" 2>"$SCRATCH/vg.err" ||
   { cat "$SCRATCH/vg.err"; die "valgrind found errors in the C++ example"; }
 request_lines "$SCRATCH/vg.out" | diff -u "$SCRATCH/cpp.txt" - || die "the example gives other tokens under valgrind"
+ok
+
+step "the C++ host under mpirun -np 2 (comm mpi) gives its tokens alone; a killed follower fails the requests, naming it"
+# Root and containers: as crates/cli/tests/tp.rs runs mpirun. `timeout` is the hard limit.
+MPIRUN=(mpirun --allow-run-as-root --oversubscribe -x TBOOST_COMM=mpi -x OMPI_MCA_btl_vader_single_copy_mechanism=none)
+export OMPI_MCA_btl_vader_single_copy_mechanism=none
+EXAMPLE=$WORK/build/examples/cpp/tboost_example
+timeout -k 5 300 "${MPIRUN[@]}" -np 2 "$EXAMPLE" "$GOLDEN" 4 2 12 >"$SCRATCH/mpi.out" 2>"$SCRATCH/mpi.err" ||
+  { cat "$SCRATCH/mpi.out" "$SCRATCH/mpi.err"; die "the C++ example under mpirun -np 2 failed (status $?)"; }
+grep -q '^tensor parallel: rank 0 of 2$' "$SCRATCH/mpi.out" && grep -q '^tensor parallel: rank 1 of 2$' "$SCRATCH/mpi.out" ||
+  { cat "$SCRATCH/mpi.out"; die "the two processes did not form a group of 2 ranks"; }
+request_lines "$SCRATCH/mpi.out" | diff -u "$SCRATCH/cpp.txt" - ||
+  die "rank 0 of mpirun -np 2 gives other tokens than the C++ host alone (tp = 1)"
+# A follower killed while the leader decodes. mpirun must keep the leader alive to report
+# (orte_abort_on_non_zero_status 0); the leader's collectives time out after 3 s, its
+# requests end with an error naming rank 1, and tboost_comm_finalize ends the job. Two
+# requests of 2000 tokens (beyond the model's 512 trained positions, which the engine
+# warns about) decode for a second or more, so the kill comes while they run.
+timeout -k 5 120 "${MPIRUN[@]}" -x TBOOST_COMM_TIMEOUT_MS=3000 --mca orte_abort_on_non_zero_status 0 -np 2 \
+  "$EXAMPLE" "$GOLDEN" 2 1 2000 >"$SCRATCH/kill.out" 2>"$SCRATCH/kill.err" &
+launcher=$!
+follower=""
+for _ in $(seq 1200); do  # up to 60 s for the ranks to start and the leader to decode
+  if grep -q '^  \[request [0-9]*\] token' "$SCRATCH/kill.out" 2>/dev/null; then
+    for mpirun_pid in $(pgrep -P "$launcher" || true); do
+      for pid in $(pgrep -P "$mpirun_pid" || true); do
+        tr '\0' '\n' <"/proc/$pid/environ" 2>/dev/null | grep -qx 'OMPI_COMM_WORLD_RANK=1' && follower=$pid
+      done
+    done
+    break
+  fi
+  sleep 0.05
+done
+[ -n "$follower" ] || { kill -TERM "$launcher" 2>/dev/null; wait "$launcher" || true; cat "$SCRATCH/kill.out" "$SCRATCH/kill.err"; die "the leader decoded nothing, or rank 1's process was not found"; }
+kill -KILL "$follower"
+killed=$(date +%s%N)
+status=0
+wait "$launcher" || status=$?
+took_ms=$((($(date +%s%N) - killed) / 1000000))
+# 124: `timeout` ended it. (mpirun's own status is the killed rank's, 137.)
+[ "$status" -ne 124 ] && [ "$took_ms" -lt 100000 ] ||
+  { cat "$SCRATCH/kill.out" "$SCRATCH/kill.err"; die "mpirun still ran after the follower was killed (ended by timeout)"; }
+[ "$status" -ne 0 ] || die "mpirun succeeded although a rank was killed"
+grep -q '^request [0-9]*:.* (error)$' "$SCRATCH/kill.out" ||
+  { cat "$SCRATCH/kill.out" "$SCRATCH/kill.err"; die "no request of the leader ended with an error"; }
+! grep -q '^request [0-9]*:.* (length)$' "$SCRATCH/kill.out" ||
+  { cat "$SCRATCH/kill.out"; die "a request finished although the follower was killed while it decoded"; }
+grep -Eq '^  request [0-9]+ failed: .*(all_reduce|all_gather|broadcast): rank 1 did not complete' "$SCRATCH/kill.out" ||
+  { cat "$SCRATCH/kill.out" "$SCRATCH/kill.err"; die "the failed requests do not name rank 1"; }
+[ "$took_ms" -lt 20000 ] || die "the job ended $took_ms ms after the follower was killed (collective timeout 3 s)"
+grep '^  request [0-9]* failed' "$SCRATCH/kill.out" | head -n 1
+echo "follower killed; mpirun ended $took_ms ms later with status $status"
 ok
 
 step "Go (cgo) host gives the C++ host's tokens"

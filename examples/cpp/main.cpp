@@ -5,6 +5,12 @@
 //   tboost_example <model dir or .gguf> [submitter threads] [requests per thread] [max tokens]
 //
 // The golden test models have no tokenizer, so prompts are token ids.
+//
+// Under mpirun it is one rank of a tensor-parallel group (the model split over the
+// processes): TBOOST_COMM=mpi makes the engines talk over MPI, rank 0 runs the requests and
+// prints as above, and every other rank follows it.
+//
+//   mpirun -np 2 -x TBOOST_COMM=mpi tboost_example <model> [...]
 #include <tboost.h>
 
 #include <atomic>
@@ -46,7 +52,17 @@ std::vector<int32_t> prompt_for(int k) {
 struct Output {
   std::vector<int32_t> tokens;
   tboost_finish_reason finish = TBOOST_FINISH_NONE;
+  std::string error;  // why, when finish is TBOOST_FINISH_ERROR
 };
+
+std::string request_error(tboost_engine* engine, tboost_request_id id) {
+  size_t need = 0;  // asking for the size "fails" with TBOOST_ERR_BUFFER_TOO_SMALL
+  if (tboost_engine_request_error(engine, id, nullptr, 0, &need) == TBOOST_OK) return "";
+  std::string msg(need, '\0');
+  check(tboost_engine_request_error(engine, id, msg.data(), msg.size(), nullptr), "request_error");
+  if (!msg.empty()) msg.pop_back();  // the NUL
+  return msg;
+}
 
 }  // namespace
 
@@ -58,6 +74,7 @@ int main(int argc, char** argv) {
   const int n_threads = argc > 2 ? std::atoi(argv[2]) : 4;
   const int per_thread = argc > 3 ? std::atoi(argv[3]) : 2;
   const uint32_t max_tokens = argc > 4 ? static_cast<uint32_t>(std::atoi(argv[4])) : 12;
+  std::setvbuf(stdout, nullptr, _IOLBF, 0);  // tokens stream out line by line, also into a pipe
   std::printf("tboost %s (ABI %u)\n", tboost_version(), tboost_abi_version());
 
   // Options are string keys; the same config serves the model (plan) and the engine.
@@ -77,6 +94,22 @@ int main(int argc, char** argv) {
   check(tboost_engine_new(model, cfg, &engine), "engine_new");
   check(tboost_model_free(model), "model_free");  // the engine keeps what it needs
   check(tboost_config_free(cfg), "config_free");
+
+  // A tensor-parallel follower (a rank other than 0 under mpirun) takes no requests: it steps
+  // while it has work, i.e. runs the leader's steps until the leader's engine is freed.
+  uint32_t rank = 0, world = 1;
+  check(tboost_engine_rank(engine, &rank, &world), "rank");
+  if (world > 1) std::printf("tensor parallel: rank %u of %u\n", rank, world);
+  if (rank != 0) {
+    bool following = true;
+    while (following) {
+      check(tboost_engine_step(engine, nullptr), "step (following rank 0)");
+      check(tboost_engine_has_work(engine, &following), "has_work");
+    }
+    check(tboost_engine_free(engine), "engine_free");
+    check(tboost_comm_finalize(), "comm_finalize");  // ends MPI: every rank, after its engines
+    return 0;
+  }
 
   size_t n = 0;
   if (tboost_engine_tokenize(engine, "Hello", 5, true, nullptr, 0, &n) == TBOOST_ERR_NO_TOKENIZER)
@@ -140,6 +173,7 @@ int main(int argc, char** argv) {
             if (ev[e].token >= 0) std::printf("  [request %d] token %d: %d\n", k, ev[e].index, ev[e].token);
           }
         }
+        if (out.finish == TBOOST_FINISH_ERROR) out.error = request_error(engine, id);
         std::lock_guard<std::mutex> lock(print_mu);
         outputs[k] = out;
       }
@@ -152,6 +186,7 @@ int main(int argc, char** argv) {
     std::printf("request %d:", k);
     for (int32_t tok : out.tokens) std::printf(" %d", tok);
     std::printf(" (%s)\n", tboost_finish_reason_name(out.finish));
+    if (out.finish == TBOOST_FINISH_ERROR) std::printf("  request %d failed: %s\n", k, out.error.c_str());
   }
   tboost_stats st;
   st.struct_size = sizeof st;
@@ -160,6 +195,7 @@ int main(int argc, char** argv) {
               static_cast<unsigned long long>(st.steps), static_cast<unsigned long long>(st.prompt_tokens),
               static_cast<unsigned long long>(st.generated_tokens), static_cast<unsigned long long>(st.finished),
               st.total_step_ms);
-  check(tboost_engine_free(engine), "engine_free");
+  check(tboost_engine_free(engine), "engine_free");  // on rank 0 this also stops the followers
+  check(tboost_comm_finalize(), "comm_finalize");   // a no-op unless the engine started MPI
   return 0;
 }

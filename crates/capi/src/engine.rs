@@ -22,6 +22,9 @@ use ::tboost_engine::Error;
 pub(crate) struct EngineInner {
     ev: EventEngine,
     plan_json: String,
+    /// Tensor-parallel rank and world size (0 of 1 without tensor parallelism).
+    rank: u32,
+    world: u32,
 }
 
 impl Poison for EngineInner {
@@ -81,8 +84,11 @@ pub unsafe extern "C" fn tboost_engine_new(
         ensure_logger();
         let engine = Engine::new(s.engine.clone())?;
         engine.load_model(&m.model)?;
-        let plan_json = engine.plan()?.to_json().to_string();
-        let inner = EngineInner { ev: EventEngine::new(engine).with_step_faults(s.faults), plan_json };
+        let plan = engine.plan()?;
+        let plan_json = plan.to_json().to_string();
+        // Both below 64 (`tp`) or the MPI world's size, which is a C int.
+        let (rank, world) = plan.tp.as_ref().map_or((0, 1), |t| (t.shard.rank as u32, t.shard.world as u32));
+        let inner = EngineInner { ev: EventEngine::new(engine).with_step_faults(s.faults), plan_json, rank, world };
         let h = ENGINES.insert(Arc::new(inner));
         // SAFETY: `out` is non-null and valid per the contract.
         unsafe { write_out(out, h) };
@@ -229,6 +235,11 @@ pub extern "C" fn tboost_engine_cancel(engine: *mut tboost_engine, id: tboost_re
 /// One thread at a time: a call while another thread is inside step returns
 /// `TBOOST_ERR_BUSY`. A failure of the batch is reported per request (events with
 /// `TBOOST_FINISH_ERROR`), not as the step's status.
+///
+/// On a tensor-parallel follower (rank > 0, `tboost_engine_rank`) the first step runs the
+/// leader's steps until rank 0's engine is freed (`TBOOST_OK`) or the group fails (the
+/// status and message of the failed collective, naming the rank); later steps return at
+/// once with 0.
 #[no_mangle]
 pub unsafe extern "C" fn tboost_engine_step(engine: *mut tboost_engine, n_events_out: *mut usize) -> tboost_status {
     guard("tboost_engine_step", |ctx| {
@@ -241,7 +252,9 @@ pub unsafe extern "C" fn tboost_engine_step(engine: *mut tboost_engine, n_events
 }
 
 /// `*out` = true while any request is waiting, running or has a cancellation to report,
-/// i.e. while `tboost_engine_step` has work. Thread-safe.
+/// i.e. while `tboost_engine_step` has work. On a tensor-parallel follower
+/// (`tboost_engine_rank`) it is true until its step has returned from following the leader.
+/// Thread-safe.
 #[no_mangle]
 pub unsafe extern "C" fn tboost_engine_has_work(engine: *const tboost_engine, out: *mut bool) -> tboost_status {
     guard("tboost_engine_has_work", |ctx| {
@@ -475,5 +488,56 @@ pub unsafe extern "C" fn tboost_engine_detokenize(
         let text = inner.ev.engine().detokenize(&ids)?;
         // SAFETY: buffer contract as documented.
         unsafe { write_str(&text, buf, cap, needed) }
+    })
+}
+
+/// This engine's place in its tensor-parallel group: `*rank_out` receives its rank and
+/// `*world_out` the number of ranks (either may be NULL). Without tensor parallelism it is
+/// rank 0 of 1; with `tp` N and `comm` "local" the engine is rank 0 of N (the other ranks are
+/// its threads); with `comm` "mpi" under `mpirun`, rank and size of MPI_COMM_WORLD.
+///
+/// Rank 0 is the leader: it takes the requests, samples and produces the events. A rank
+/// other than 0 is a follower: `tboost_engine_enqueue` fails with
+/// `TBOOST_ERR_INVALID_ARGUMENT` naming its rank, `tboost_engine_has_work` is true until
+/// the group stops, and `tboost_engine_step` runs the leader's steps until then. A
+/// follower's whole loop:
+///
+///   bool work = true;
+///   while (work && tboost_engine_step(e, NULL) == TBOOST_OK) tboost_engine_has_work(e, &work);
+///   tboost_engine_free(e); tboost_comm_finalize();
+///
+/// Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_engine_rank(
+    engine: *const tboost_engine,
+    rank_out: *mut u32,
+    world_out: *mut u32,
+) -> tboost_status {
+    guard("tboost_engine_rank", |ctx| {
+        let inner = engine_of(ctx, engine)?;
+        // SAFETY: NULL or valid per the contract.
+        unsafe {
+            write_out(rank_out, inner.rank);
+            write_out(world_out, inner.world);
+        }
+        Ok(())
+    })
+}
+
+/// Ends MPI in this process when an engine with `comm` "mpi" started it (`MPI_Finalize`); a
+/// no-op returning `TBOOST_OK` otherwise. Under `mpirun` every rank calls it once, after
+/// freeing its engines and before it exits: `mpirun` counts a rank that exits without
+/// ending MPI as failed. No engine with `comm` "mpi" may be made after it.
+///
+/// When a collective of this process failed (a rank died or hangs), the job cannot end
+/// cleanly (the other ranks are dead or still inside a step), so this calls `MPI_Abort`,
+/// which ends every rank and `mpirun` with a non-zero status and does not return; without
+/// it, `mpirun` would wait for the dead rank. A host that called `MPI_Init` itself before
+/// its first engine ends MPI itself and does not call this.
+#[no_mangle]
+pub extern "C" fn tboost_comm_finalize() -> tboost_status {
+    guard("tboost_comm_finalize", |_| {
+        ::tboost_engine::comm::mpi::finalize();
+        Ok(())
     })
 }

@@ -199,9 +199,18 @@ fn mpi_rank_process() {
         Some(rank) => {
             let err = e.enqueue(Request::new(MPI_PROMPT.to_vec(), 8)).expect_err("a follower took a request");
             println!("rank {rank} enqueue: {err}");
-            // Runs the leader's steps until the leader's engine is dropped.
-            e.step().unwrap();
-            println!("rank {rank} followed to the end");
+            // A host's usual loop serves a follower: it has work until the leader stops, and
+            // its step runs the leader's steps until the leader's engine is dropped.
+            let mut steps = 0;
+            while e.has_work().unwrap() {
+                e.step().unwrap();
+                steps += 1;
+            }
+            // The group has stopped: a later step returns at once with nothing.
+            let t = Instant::now();
+            assert!(e.step().unwrap().events.is_empty());
+            assert!(t.elapsed() < Duration::from_secs(1), "a step after the group stopped waited {:?}", t.elapsed());
+            println!("rank {rank} followed to the end in {steps} step(s)");
         }
         None => {
             let id = e.enqueue(Request::new(MPI_PROMPT.to_vec(), 8)).unwrap();
@@ -273,7 +282,7 @@ fn under_mpirun_a_follower_refuses_enqueue_and_the_leader_gets_the_ids_of_one_ra
         ),
         "{out}"
     );
-    assert!(out.contains("rank 1 followed to the end"), "{out}");
+    assert!(out.contains("rank 1 followed to the end in 1 step(s)"), "{out}");
     assert!(out.contains(&format!("leader ids {want:?}")), "want {want:?}: {out}");
 }
 

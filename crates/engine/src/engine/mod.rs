@@ -126,6 +126,9 @@ struct Shared {
     /// Requests not yet admitted (incoming + the scheduler's waiting queue at the last step).
     waiting: usize,
     stats: Stats,
+    /// A tensor-parallel follower whose leader has not stopped: its `step` has the leader's
+    /// steps to run, so it has work.
+    following: bool,
 }
 
 impl Shared {
@@ -237,6 +240,7 @@ impl Engine {
         kv.set_window(cfg.features.uniform_window().unwrap_or(0));
         *core = Some(Core::new(runner, kv));
         let mut sh = self.shared()?;
+        sh.following = facts.follower.is_some();
         sh.facts = Some(facts);
         sh.stats = Stats { kv_blocks_total: blocks, block_size: bs, ..Default::default() };
         Ok(())
@@ -278,7 +282,7 @@ impl Engine {
 
     /// This engine's rank when it is a tensor-parallel follower (`None` on the leader and
     /// without tensor parallelism). A follower takes no requests; its `step` runs the
-    /// leader's steps until the leader's engine is dropped.
+    /// leader's steps until the leader's engine is dropped, and `has_work` is true until then.
     pub fn follower_rank(&self) -> Result<Option<usize>> {
         self.facts(|f| f.follower)
     }
@@ -384,10 +388,13 @@ impl Engine {
         Ok(c.sched.running.iter().map(|s| (s.id, s.computed, c.kv.blocks_of(s.id) - c.kv.dropped_of(s.id))).collect())
     }
 
-    /// True while any request is waiting or running, or a cancellation is to be reported.
+    /// True while any request is waiting or running, or a cancellation is to be reported; on
+    /// a tensor-parallel follower, until its `step` has returned from following the leader
+    /// (the leader stopped, or the group failed). So `while has_work() { step() }` serves
+    /// the leader and the followers alike.
     pub fn has_work(&self) -> Result<bool> {
         let sh = self.shared()?;
-        Ok(sh.waiting > 0 || sh.stats.running > 0 || !sh.cancels.is_empty())
+        Ok(sh.waiting > 0 || sh.stats.running > 0 || !sh.cancels.is_empty() || sh.following)
     }
 
     /// Stops a running step at its next op (its batch fails with an error event) and makes
@@ -472,8 +479,15 @@ impl Engine {
         first();
         let c = guard.as_mut().ok_or(Error::NoModel)?;
         if c.runner.follower_rank().is_some() {
-            // A follower's step runs the leader's steps until the leader stops.
-            c.runner.follow()?;
+            // A follower's step runs the leader's steps until the leader stops (or the group
+            // fails: the error is this step's). Its work then ends: `has_work` turns false and
+            // a later step returns at once, as a leader's does with nothing to do.
+            if !self.shared()?.following {
+                return Ok(StepOutput::default());
+            }
+            let followed = c.runner.follow();
+            self.shared()?.following = false;
+            followed?;
             return Ok(StepOutput::default());
         }
         let t0 = Instant::now();
