@@ -124,6 +124,10 @@ int main(int argc, char** argv) {
   check(tboost_model_load(model_path, cfg, nullptr, nullptr, &model), "model_load");
   tboost_engine* engine = nullptr;
   check(tboost_engine_new(model, cfg, &engine), "engine_new");
+  // TBOOST_TP=2 soaks a tensor-parallel engine (local ranks); say which one this is.
+  uint32_t rank = 0, world = 0;
+  check(tboost_engine_rank(engine, &rank, &world), "engine_rank");
+  std::printf("soak: tensor-parallel ranks %u (this host is rank %u)\n", world, rank);
   // Prompts use ids below the model's vocabulary size (from its info JSON).
   size_t need = 0;
   tboost_model_info_json(model, nullptr, 0, &need);
