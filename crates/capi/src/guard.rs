@@ -59,7 +59,16 @@ struct CallScope(bool);
 
 impl CallScope {
     fn enter(func: &'static str) -> CallScope {
-        CallScope(CURRENT.try_with(|c| c.get().is_none() && c.replace(Some(func)).is_none()).unwrap_or(false))
+        let outermost = CURRENT
+            .try_with(|c| {
+                let first = c.get().is_none();
+                if first {
+                    c.set(Some(func));
+                }
+                first
+            })
+            .unwrap_or(false);
+        CallScope(outermost)
     }
 }
 

@@ -58,7 +58,6 @@ impl Uploader<'_> {
 
     /// `t` as decision `d` wants it, on `d`'s backend.
     fn up(&mut self, d: &Decision, t: &Tensor) -> Result<WeightId> {
-        t.check_source()?;
         let t = match d.weights {
             WeightMode::Convert(to) if t.dtype != to => Cow::Owned(convert_weight(t, to)?),
             WeightMode::Packed => return self.backend(d)?.upload_packed(t, d.precision),
@@ -69,18 +68,12 @@ impl Uploader<'_> {
 
     /// `t` as stored (LongRoPE's factors), on `d`'s backend.
     fn plain(&mut self, d: &Decision, t: &Tensor) -> Result<WeightId> {
-        t.check_source()?;
         self.backend(d)?.upload_weight(t)
     }
 
     /// `t` as stored (biases), on `d`'s backend.
     fn raw(&mut self, d: &Decision, t: &Option<Tensor>) -> Result<Option<WeightId>> {
-        t.as_ref()
-            .map(|t| {
-                t.check_source()?;
-                self.backend(d)?.upload_weight(t)
-            })
-            .transpose()
+        t.as_ref().map(|t| self.backend(d)?.upload_weight(t)).transpose()
     }
 }
 
