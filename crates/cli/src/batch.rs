@@ -40,7 +40,7 @@ pub(crate) struct BatchArgs {
 }
 
 /// Keys a request line may have besides the sampling parameters.
-const LINE_KEYS: &[&str] = &["tokens", "max_tokens", "stop", "priority", "ignore_eos", "eos_ids"];
+const LINE_KEYS: &[&str] = &["tokens", "max_tokens", "stop", "priority", "ignore_eos", "eos_ids", "prompt_logprobs"];
 const SAMPLING_KEYS: &[&str] = &[
     "temperature",
     "top_k",
@@ -66,6 +66,8 @@ struct Line {
     ignore_eos: bool,
     #[serde(default)]
     eos_ids: Option<Vec<u32>>,
+    #[serde(default)]
+    prompt_logprobs: bool,
 }
 
 fn default_max_tokens() -> usize {
@@ -100,6 +102,7 @@ fn parse_line(n: usize, text: &str, file: &std::path::Path) -> Result<Request> {
         stop_sequences: l.stop,
         priority: l.priority,
         tag: n as u64,
+        prompt_logprobs: l.prompt_logprobs,
     })
 }
 
@@ -135,6 +138,7 @@ pub(crate) fn run(a: BatchArgs) -> Result<()> {
     // how many finished-request records the engine keeps.
     let index: HashMap<RequestId, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
     let mut tokens: HashMap<RequestId, Vec<u32>> = HashMap::new();
+    let mut prompt_lps: HashMap<RequestId, Vec<f32>> = HashMap::new();
     let mut done: BTreeMap<usize, Value> = BTreeMap::new();
     let mut next = 0;
     let mut out = std::io::stdout().lock();
@@ -146,11 +150,18 @@ pub(crate) fn run(a: BatchArgs) -> Result<()> {
             if let Some(t) = e.token {
                 tokens.entry(e.id).or_default().push(t);
             }
+            if !e.prompt_logprobs.is_empty() {
+                prompt_lps.insert(e.id, e.prompt_logprobs);
+            }
             let (Some(finish), Some(&i)) = (e.finish, index.get(&e.id)) else { continue };
             let mut v = json!({
                 "index": i, "id": e.id, "generated_ids": tokens.remove(&e.id).unwrap_or_default(),
-                "finish_reason": finish.as_str(),
+                "finish_reason": finish.as_str(), "timings": e.timings,
             });
+            if let Some(lp) = prompt_lps.remove(&e.id) {
+                // Entry 0 has no context: null (JSON has no NaN).
+                v["prompt_logprobs"] = json!(lp.iter().map(|x| x.is_finite().then_some(*x)).collect::<Vec<_>>());
+            }
             if let Some(err) = e.error {
                 v["error"] = json!(err);
             }

@@ -3,6 +3,7 @@
 mod batch;
 mod bench;
 mod bench_op;
+mod perplexity;
 mod run;
 mod synth;
 mod tokenize;
@@ -58,6 +59,8 @@ enum Cmd {
     BenchOp(bench_op::BenchOpArgs),
     /// Write a synthetic model as a GGUF file (for llama.cpp comparisons).
     Synth(synth::SynthArgs),
+    /// Perplexity of the model on a text file, chunked and scored as llama-perplexity does.
+    Perplexity(perplexity::PerplexityArgs),
 }
 
 #[derive(Args, Clone)]
@@ -279,6 +282,7 @@ fn run(cmd: Cmd) -> Result<()> {
         Cmd::Bench(b) => bench::run(b)?,
         Cmd::BenchOp(b) => bench_op::run(b)?,
         Cmd::Synth(a) => synth::run(a)?,
+        Cmd::Perplexity(a) => perplexity::run(a)?,
     }
     Ok(())
 }

@@ -143,3 +143,46 @@ fn check_prompt(p: &Value, got: &[u32], tau: f64, what: &str) {
     eprintln!("prompt {} ({what}): greedy ids equal llama.cpp's for {same} of {n} steps", p["index"]);
     check_greedy(&format!("prompt {} ({what})", p["index"]), &got[..n], &want[..n], &margins, &second, tau);
 }
+
+/// Prompt logprobs on the demo model: each prompt followed by the reference's first greedy
+/// token, scored as a prompt; that token's logprob against the log-softmax of the float64
+/// reference's prefill logits. The bound is twice the logit tolerance of each precision (a
+/// log-softmax moves by at most the token's logit error plus the normalizer's): exact 2e-3,
+/// fast 0.9 (llama.cpp's own logits sit up to 0.45 from the reference).
+#[test]
+fn prompt_logprobs_match_the_f64_reference() {
+    let g = golden();
+    let prompts = g["prompts"].as_array().unwrap();
+    let (shape, data) = prefill_logits();
+    let vocab = shape[1];
+    for (precision, tol) in [(PrecisionPolicy::Exact, 2e-3), (PrecisionPolicy::Fast, 0.9)] {
+        let cfg = EngineConfig { threads: 2, kv_size: KvSize::Blocks(16), precision, ..Default::default() };
+        let e = Engine::new(cfg).unwrap();
+        e.load(&demo_model()).unwrap();
+        let seqs: Vec<Vec<u32>> = prompts
+            .iter()
+            .map(|p| {
+                let mut s = common::ids(&p["prompt_ids"]);
+                s.push(common::ids(&p["f64_ids"])[0]);
+                s
+            })
+            .collect();
+        let ids: Vec<u64> = seqs
+            .iter()
+            .map(|s| e.enqueue(Request { prompt_logprobs: true, ..Request::new(s.clone(), 1) }).unwrap())
+            .collect();
+        e.run_to_completion().unwrap();
+        for (i, (id, s)) in ids.iter().zip(&seqs).enumerate() {
+            let lp = e.output(*id).unwrap().prompt_logprobs.expect("prompt logprobs");
+            let row = &data[i * vocab..(i + 1) * vocab];
+            let max = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+            let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+            let n = s.len() - 1;
+            let want = row[s[n] as usize] as f64 - lse;
+            let d = (lp[n] as f64 - want).abs();
+            eprintln!("prompt {i} ({precision:?}): logprob {} vs f64 {want:.5} ({d:.2e})", lp[n]);
+            assert!(d <= tol, "prompt {i} ({precision:?}): logprob {} vs f64 {want} ({d:.2e} > {tol})", lp[n]);
+            assert!(lp[1..].iter().all(|x| x.is_finite() && *x <= 0.0), "prompt {i}: {lp:?}");
+        }
+    }
+}

@@ -6,7 +6,7 @@ use std::collections::HashMap;
 use super::{Event, StepOutput};
 use crate::kv::{KvManager, SeqWork, StepLayout};
 use crate::runner::{ModelRunner, StepBatch};
-use crate::sample::FinishReason;
+use crate::sample::{token_logprob, FinishReason};
 use crate::sched::{RequestId, SchedLimits, Scheduled, Scheduler, Seq};
 use crate::Result;
 
@@ -28,10 +28,23 @@ pub(super) struct Core {
     layout: StepLayout,
     tokens: Vec<u32>,
     rows: Vec<u32>,
+    /// Prompt-logprob rows of this step: (index into the work, prompt position scored, row).
+    plp_rows: Vec<(usize, usize, usize)>,
 }
 
-fn event(id: RequestId, tag: u64, finish: FinishReason, error: Option<String>) -> Event {
-    Event { id, tag, token: None, logprob: None, top_logprobs: Vec::new(), finish: Some(finish), error }
+/// The last event of a request that ends without a new token.
+fn finish_event(s: &Seq, tag: u64, finish: FinishReason, error: Option<String>) -> Event {
+    Event {
+        id: s.id,
+        tag,
+        token: None,
+        logprob: None,
+        top_logprobs: Vec::new(),
+        finish: Some(finish),
+        error,
+        prompt_logprobs: Vec::new(),
+        timings: Some(s.timings()),
+    }
 }
 
 impl Core {
@@ -53,6 +66,7 @@ impl Core {
             layout: StepLayout::default(),
             tokens: Vec::new(),
             rows: Vec::new(),
+            plp_rows: Vec::new(),
         }
     }
 
@@ -71,8 +85,8 @@ impl Core {
     /// Ends requests cancelled since the last step; their blocks go back at once.
     pub fn cancel(&mut self, ids: &[RequestId], events: &mut Vec<Event>) {
         for &id in ids {
-            if self.sched.remove(id, &mut self.kv).is_some() {
-                events.push(event(id, self.tags.remove(&id).unwrap_or(0), FinishReason::Cancelled, None));
+            if let Some(s) = self.sched.remove(id, &mut self.kv) {
+                events.push(finish_event(&s, self.tags.remove(&id).unwrap_or(0), FinishReason::Cancelled, None));
             }
         }
     }
@@ -92,13 +106,25 @@ impl Core {
         self.kv.layout(&self.work, &mut self.layout);
         self.tokens.clear();
         self.rows.clear();
-        let mut sampled = Vec::new(); // indices into `work` that produce a token
+        self.plp_rows.clear();
+        let mut sampled = Vec::new(); // (index into `work`, logits row) of those that produce a token
         for (wi, w) in work.iter().enumerate() {
             let s = &self.sched.running[w.index];
+            let base = self.tokens.len();
             self.tokens.extend_from_slice(&s.tokens[s.computed..s.computed + w.n]);
+            if let Some(plp) = &s.prompt_logprobs {
+                // Row p predicts token p + 1: the prompt tokens not scored yet (a preempted
+                // request recomputes rows it has already scored).
+                for p in s.computed..s.computed + w.n {
+                    if p + 1 < s.prompt_len && p + 1 >= plp.len() {
+                        self.plp_rows.push((wi, p + 1, self.rows.len()));
+                        self.rows.push((base + p - s.computed) as u32);
+                    }
+                }
+            }
             if s.computed + w.n == s.tokens.len() {
+                sampled.push((wi, self.rows.len()));
                 self.rows.push(self.tokens.len() as u32 - 1);
-                sampled.push(wi);
             }
         }
         let batch = StepBatch { tokens: &self.tokens, layout: &self.layout, logit_rows: &self.rows };
@@ -108,13 +134,10 @@ impl Core {
             let mut failed: Vec<RequestId> = work.iter().map(|w| self.sched.running[w.index].id).collect();
             failed.sort_unstable();
             for id in failed {
-                self.sched.remove(id, &mut self.kv);
-                out.events.push(event(
-                    id,
-                    self.tags.remove(&id).unwrap_or(0),
-                    FinishReason::Error,
-                    Some(e.to_string()),
-                ));
+                let tag = self.tags.remove(&id).unwrap_or(0);
+                if let Some(s) = self.sched.remove(id, &mut self.kv) {
+                    out.events.push(finish_event(&s, tag, FinishReason::Error, Some(e.to_string())));
+                }
             }
             return;
         }
@@ -124,8 +147,16 @@ impl Core {
         self.prompt_tokens += self.sched.commit(work, &mut self.kv);
 
         let vocab = self.runner.cfg.vocab_size;
+        for &(wi, pos, row) in &self.plp_rows {
+            let s = &mut self.sched.running[work[wi].index];
+            let lg = &self.logits[row * vocab..(row + 1) * vocab];
+            let token = s.tokens[pos];
+            if let Some(plp) = s.prompt_logprobs.as_mut().filter(|p| p.len() == pos) {
+                plp.push(token_logprob(lg, token));
+            }
+        }
         let mut done = Vec::new();
-        for (row, &wi) in sampled.iter().enumerate() {
+        for &(wi, row) in &sampled {
             let s = &mut self.sched.running[work[wi].index];
             let lg = &self.logits[row * vocab..(row + 1) * vocab];
             let tag = self.tags.get(&s.id).copied().unwrap_or(0);
@@ -133,8 +164,10 @@ impl Core {
             let ev = match s.sampler.sample(lg, prompt, generated) {
                 Ok(x) => {
                     s.tokens.push(x.token);
+                    s.first_token.get_or_insert_with(std::time::Instant::now);
                     self.generated_tokens += 1;
                     let finish = s.stop.check(s.generated());
+                    let first = s.tokens.len() == s.prompt_len + 1;
                     Event {
                         id: s.id,
                         tag,
@@ -143,9 +176,11 @@ impl Core {
                         top_logprobs: x.top,
                         finish,
                         error: None,
+                        prompt_logprobs: s.prompt_logprobs.as_ref().filter(|_| first).cloned().unwrap_or_default(),
+                        timings: finish.map(|_| s.timings()),
                     }
                 }
-                Err(e) => event(s.id, tag, FinishReason::Error, Some(e.to_string())),
+                Err(e) => finish_event(s, tag, FinishReason::Error, Some(e.to_string())),
             };
             if ev.finish.is_some() {
                 done.push(s.id);

@@ -37,6 +37,7 @@ use crate::kv::{KvManager, KvPools};
 use crate::model::{Model, ModelConfig};
 use crate::plan::Plan;
 use crate::sample::{FinishReason, Sampler, StopCriteria};
+pub use crate::sched::Timings;
 use crate::sched::{Request, RequestId, SchedLimits, Seq};
 use crate::{Error, Result};
 
@@ -48,6 +49,10 @@ pub struct RequestOutput {
     pub tokens: Vec<u32>,
     pub finish: Option<FinishReason>,
     pub error: Option<String>,
+    /// Prompt logprobs (`Request::prompt_logprobs`), once the prompt has been computed.
+    pub prompt_logprobs: Option<Vec<f32>>,
+    /// Set when the request finished.
+    pub timings: Option<Timings>,
 }
 
 /// What happened to one request in one step.
@@ -63,6 +68,12 @@ pub struct Event {
     pub finish: Option<FinishReason>,
     /// Why the request failed (`finish == Some(Error)`).
     pub error: Option<String>,
+    /// On the event of the first generated token of a request that asked for them:
+    /// the logprob of each prompt token given those before it (entry 0 is NaN).
+    pub prompt_logprobs: Vec<f32>,
+    /// On the finish event (from the scheduler's view; a cancel raced with a finish keeps
+    /// the finish's timings).
+    pub timings: Option<Timings>,
 }
 
 #[derive(Clone, Debug, Default, PartialEq, Serialize)]
@@ -342,8 +353,23 @@ impl Engine {
         let id = sh.next_id;
         sh.next_id += 1;
         sh.arrivals += 1;
-        let seq = Seq::new(id, sh.arrivals, req.prompt, req.priority, sampler, stop);
-        sh.outputs.insert(id, RequestOutput { id, tag: req.tag, tokens: Vec::new(), finish: None, error: None });
+        let want_plp = req.prompt_logprobs;
+        let mut seq = Seq::new(id, sh.arrivals, req.prompt, req.priority, sampler, stop);
+        if want_plp {
+            seq = seq.with_prompt_logprobs();
+        }
+        sh.outputs.insert(
+            id,
+            RequestOutput {
+                id,
+                tag: req.tag,
+                tokens: Vec::new(),
+                finish: None,
+                error: None,
+                prompt_logprobs: None,
+                timings: None,
+            },
+        );
         sh.incoming.push((seq, req.tag));
         sh.waiting += 1;
         Ok(id)
@@ -426,9 +452,13 @@ impl Engine {
                 if let Some(t) = e.token {
                     o.tokens.push(t);
                 }
+                if !e.prompt_logprobs.is_empty() {
+                    o.prompt_logprobs = Some(e.prompt_logprobs.clone());
+                }
                 if e.finish.is_some() {
                     o.finish = e.finish;
                     o.error.clone_from(&e.error);
+                    o.timings = e.timings;
                 }
             }
             if e.finish.is_some() {

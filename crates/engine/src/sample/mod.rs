@@ -12,5 +12,5 @@ mod sampler;
 mod stop;
 
 pub use params::SamplingParams;
-pub use sampler::{Sampled, Sampler};
+pub use sampler::{token_logprob, Sampled, Sampler};
 pub use stop::{FinishReason, StopCriteria};

@@ -528,6 +528,13 @@ fn draw_by_buckets(
     last_positive
 }
 
+/// Log-softmax of the raw row at `token` (prompt logprobs, perplexity).
+pub fn token_logprob(logits: &[f32], token: u32) -> f32 {
+    let (max, ..) = finite_range(logits);
+    let sum: f64 = logits.iter().filter(|x| x.is_finite()).map(|&x| (x as f64 - max as f64).exp()).sum();
+    (logits[token as usize] as f64 - (max as f64 + sum.ln())) as f32
+}
+
 /// Log-softmax of the raw row for `token` plus its `n` best entries.
 fn raw_logprobs(logits: &[f32], token: u32, n: usize, s: &mut Scratch) -> (Option<f32>, Vec<(u32, f32)>) {
     let (max, min, n_finite, _) = finite_range(logits);

@@ -24,6 +24,9 @@ mod request;
 pub use request::{Request, RequestId};
 
 use std::collections::BTreeMap;
+use std::time::Instant;
+
+use serde::Serialize;
 
 use crate::kv::{KvManager, SeqWork};
 use crate::sample::{Sampler, StopCriteria};
@@ -55,6 +58,15 @@ pub struct Seq {
     /// Prompt tokens computed so far that count as prompt work (not recomputation after a
     /// preemption), for the engine's `prompt_tokens` stat.
     pub prompt_counted: usize,
+    /// When requested: log-probability of prompt token i given tokens < i, for the i
+    /// computed so far (entry 0, which has no context, is NaN).
+    pub prompt_logprobs: Option<Vec<f32>>,
+    pub enqueued: Instant,
+    /// First admission.
+    pub started: Option<Instant>,
+    pub first_token: Option<Instant>,
+    /// Prompt tokens the prefix cache supplied at the first admission.
+    pub cached_prompt: usize,
 }
 
 impl Seq {
@@ -80,12 +92,51 @@ impl Seq {
             preemptions: 0,
             ever_admitted: false,
             prompt_counted: 0,
+            prompt_logprobs: None,
+            enqueued: Instant::now(),
+            started: None,
+            first_token: None,
+            cached_prompt: 0,
+        }
+    }
+
+    /// Asks for prompt logprobs (see `Request::prompt_logprobs`).
+    pub fn with_prompt_logprobs(mut self) -> Seq {
+        self.prompt_logprobs = Some(vec![f32::NAN]);
+        self
+    }
+
+    /// The request's timings, as of now (the finish event carries them).
+    pub fn timings(&self) -> Timings {
+        let ms = |t: Instant| t.duration_since(self.enqueued).as_secs_f64() * 1e3;
+        let now = Instant::now();
+        Timings {
+            queued_ms: ms(self.started.unwrap_or(now)),
+            first_token_ms: self.first_token.map(ms),
+            total_ms: ms(now),
+            prompt_tokens: self.prompt_len,
+            cached_prompt_tokens: self.cached_prompt,
+            preemptions: self.preemptions,
         }
     }
 
     pub fn generated(&self) -> &[u32] {
         &self.tokens[self.prompt_len..]
     }
+}
+
+/// Where a request's time went, in milliseconds since it was enqueued.
+#[derive(Clone, Copy, Debug, PartialEq, Serialize)]
+pub struct Timings {
+    /// Until its first admission (all of its life if it never started).
+    pub queued_ms: f64,
+    /// Until its first generated token; None if it produced none.
+    pub first_token_ms: Option<f64>,
+    /// Until it finished.
+    pub total_ms: f64,
+    pub prompt_tokens: usize,
+    pub cached_prompt_tokens: usize,
+    pub preemptions: u32,
 }
 
 /// One sequence's share of a step.
@@ -207,7 +258,8 @@ impl Scheduler {
             let Some((&key, s)) = self.waiting.iter().next() else { break };
             // Prefix cache: reuse full blocks of the longest cached prefix, but always leave
             // the last token to compute (its logits are needed).
-            let max_blocks = (s.tokens.len() - 1) / bs;
+            // A request that wants prompt logprobs needs the logits of every prompt row.
+            let max_blocks = if s.prompt_logprobs.is_some() { 0 } else { (s.tokens.len() - 1) / bs };
             let hit = kv.lookup_prefix(&s.tokens, max_blocks);
             let cached = hit.tokens(bs);
             let n = (s.tokens.len() - cached).min(budget);
@@ -219,6 +271,8 @@ impl Scheduler {
                 self.counters.prefix_hit_tokens += cached as u64;
                 // Cached prompt tokens count as prompt work done once.
                 s.prompt_counted = cached.min(s.prompt_len);
+                s.cached_prompt = cached.min(s.prompt_len);
+                s.started = Some(Instant::now());
             }
             s.computed = cached;
             s.ever_admitted = true;

@@ -21,6 +21,10 @@ pub struct Request {
     pub priority: i32,
     /// Opaque value returned with every event (hosts map it to their own request object).
     pub tag: u64,
+    /// Compute the log-probability of every prompt token given the ones before it (for
+    /// evaluation harnesses and perplexity). Such a request computes its whole prompt: the
+    /// prefix cache is not used for it.
+    pub prompt_logprobs: bool,
 }
 
 impl Request {
@@ -35,6 +39,7 @@ impl Request {
             stop_sequences: Vec::new(),
             priority: 0,
             tag: 0,
+            prompt_logprobs: false,
         }
     }
 }

@@ -117,6 +117,63 @@ impl ChatTemplate {
 
     /// Renders `messages`; `add_generation_prompt` appends the assistant-turn opener.
     pub fn render(&self, messages: &[Message], add_generation_prompt: bool) -> Result<String> {
+        let text_bytes: u64 = messages.iter().map(|m| (m.role.len() + m.content.len()) as u64).sum();
+        let msgs: Vec<Value> = messages
+            .iter()
+            .map(|m| {
+                Value::from_pairs([
+                    ("role", Value::from(m.role.as_str())),
+                    ("content", Value::from(m.content.as_str())),
+                ])
+            })
+            .collect();
+        self.render_with(vec![("messages".into(), Value::from(msgs))], add_generation_prompt, text_bytes)
+    }
+
+    /// Renders an OpenAI-style request given as JSON: an array of messages, or an object with
+    /// `messages` and any other variables the template reads (`tools`, `documents`...).
+    /// Messages are objects with a string `role`; their other fields (`content` as text or
+    /// parts, `tool_calls`, `name`...) reach the template as they are. `what` names the input
+    /// in errors.
+    pub fn render_json(&self, request: &Json, add_generation_prompt: bool, what: &str) -> Result<String> {
+        let (messages, extra) = match request {
+            Json::Array(m) => (m, None),
+            Json::Object(o) => match o.get("messages") {
+                Some(Json::Array(m)) => (m, Some(o)),
+                _ => return Err(Error::invalid(what, "an object needs a `messages` array")),
+            },
+            _ => return Err(Error::invalid(what, "must be an array of messages or an object with `messages`")),
+        };
+        for (i, m) in messages.iter().enumerate() {
+            if !m.get("role").is_some_and(Json::is_string) {
+                return Err(Error::invalid(format!("{what}: messages[{i}]"), "needs a string `role`"));
+            }
+        }
+        let mut vars: Vec<(String, Value)> = Vec::new();
+        for (k, v) in extra.into_iter().flatten() {
+            if !matches!(k.as_str(), "messages" | "add_generation_prompt" | "bos_token" | "eos_token") {
+                vars.push((k.clone(), json_value(v)));
+            }
+        }
+        vars.push(("messages".into(), Value::from(messages.iter().map(json_value).collect::<Vec<_>>())));
+        let text_bytes = request.to_string().len() as u64;
+        self.render_with(vars, add_generation_prompt, text_bytes)
+    }
+
+    /// The model's stop strings for chat: the texts of its end-of-generation tokens.
+    pub fn stop_strings(tokenizer: &super::Tokenizer) -> Vec<String> {
+        let mut out: Vec<String> = Vec::new();
+        for &id in tokenizer.eos_ids() {
+            if let Some(t) = tokenizer.token_text(id).filter(|t| !t.is_empty()) {
+                if !out.iter().any(|o| o == t) {
+                    out.push(t.to_owned());
+                }
+            }
+        }
+        out
+    }
+
+    fn render_with(&self, vars: Vec<(String, Value)>, add_generation_prompt: bool, text_bytes: u64) -> Result<String> {
         let mut env = Environment::new();
         // Hugging Face renders chat templates with trim_blocks and lstrip_blocks on.
         let syntax = minijinja::syntax::SyntaxConfig::builder()
@@ -146,27 +203,15 @@ impl ChatTemplate {
         });
         env.add_function("strftime_now", |fmt: String| strftime_utc_now(&fmt));
         // The template is model-file input: bound the render's time and memory.
-        let text_bytes: u64 = messages.iter().map(|m| (m.role.len() + m.content.len()) as u64).sum();
         env.set_fuel(Some(
             limits::CHAT_TEMPLATE_FUEL.saturating_add(text_bytes.saturating_mul(limits::CHAT_TEMPLATE_FUEL_PER_BYTE)),
         ));
         let tmpl = env.template_from_str(&self.source).map_err(|e| self.err(e))?;
-        let msgs: Vec<Value> = messages
-            .iter()
-            .map(|m| {
-                Value::from_pairs([
-                    ("role", Value::from(m.role.as_str())),
-                    ("content", Value::from(m.content.as_str())),
-                ])
-            })
-            .collect();
-        let ctx = Value::from_pairs([
-            ("messages", Value::from(msgs)),
-            ("add_generation_prompt", Value::from(add_generation_prompt)),
-            ("bos_token", Value::from(self.bos_token.as_str())),
-            ("eos_token", Value::from(self.eos_token.as_str())),
-        ]);
-        tmpl.render(ctx).map_err(|e| self.err(e))
+        let mut pairs = vars;
+        pairs.push(("add_generation_prompt".into(), Value::from(add_generation_prompt)));
+        pairs.push(("bos_token".into(), Value::from(self.bos_token.as_str())));
+        pairs.push(("eos_token".into(), Value::from(self.eos_token.as_str())));
+        tmpl.render(Value::from_iter(pairs)).map_err(|e| self.err(e))
     }
 
     fn err(&self, e: minijinja::Error) -> Error {
@@ -178,6 +223,22 @@ impl ChatTemplate {
             src = s.source();
         }
         Error::invalid(self.origin.clone(), msg)
+    }
+}
+
+/// A JSON value as a template value (serde_json bounds the nesting when it parses).
+fn json_value(v: &Json) -> Value {
+    match v {
+        Json::Null => Value::from(()),
+        Json::Bool(b) => Value::from(*b),
+        Json::Number(n) => match (n.as_i64(), n.as_u64()) {
+            (Some(i), _) => Value::from(i),
+            (_, Some(u)) => Value::from(u),
+            _ => Value::from(n.as_f64().unwrap_or(f64::NAN)),
+        },
+        Json::String(s) => Value::from(s.as_str()),
+        Json::Array(a) => Value::from(a.iter().map(json_value).collect::<Vec<_>>()),
+        Json::Object(o) => Value::from_iter(o.iter().map(|(k, v)| (k.clone(), json_value(v)))),
     }
 }
 
