@@ -75,6 +75,11 @@
 #define TBOOST_ABI_VERSION 1
 
 /**
+ * Most top alternatives an event carries (`tboost_sampling_params::logprobs`).
+ */
+#define TBOOST_MAX_TOP_LOGPROBS 20
+
+/**
  * Most dimensions a `tboost_tensor` describes.
  */
 #define TBOOST_TENSOR_MAX_DIMS 8
@@ -504,8 +509,9 @@ typedef struct tboost_sampling_params {
    */
   float frequency_penalty;
   /**
-   * -1 = no logprobs; n >= 0 = events carry the chosen token's logprob (this ABI
-   * version does not return the n most likely alternatives). Default -1.
+   * -1 = no logprobs; n >= 0 = events carry the chosen token's logprob and the n most
+   * likely alternatives (at most `TBOOST_MAX_TOP_LOGPROBS` of them; a larger n gets
+   * that many). Default -1.
    */
   int32_t logprobs;
   /**
@@ -525,6 +531,24 @@ typedef struct tboost_sampling_params {
    * Opaque host value echoed in every event of the request. Default 0.
    */
   uint64_t user_tag;
+  /**
+   * Nonzero: compute the logprob of every prompt token given those before it, read with
+   * `tboost_engine_prompt_logprobs` once the first token's event has come. Such a request
+   * computes its whole prompt (no prefix-cache reuse) and its prefill computes lm_head
+   * rows for every prompt position. Default 0. (Appended: ABI 1, second version.)
+   */
+  uint32_t prompt_logprobs;
+  /**
+   * Entries of `logit_bias_tokens` / `logit_bias_values`. Default 0.
+   */
+  uint32_t n_logit_bias;
+  /**
+   * Token ids whose logits get `logit_bias_values` added before sampling (OpenAI's
+   * `logit_bias`; -INFINITY bans a token). Both arrays are copied by enqueue; NULL when
+   * `n_logit_bias` is 0. Logprobs stay those of the raw model. Default NULL.
+   */
+  const int32_t *logit_bias_tokens;
+  const float *logit_bias_values;
 } tboost_sampling_params;
 
 /**
@@ -566,6 +590,45 @@ typedef struct tboost_event {
    * `TBOOST_ERR_REQUEST_FAILED` on a `TBOOST_FINISH_ERROR` event, else `TBOOST_OK`.
    */
   tboost_status error;
+  /**
+   * How many entries of `top_tokens`/`top_logprobs` are filled: min(the request's
+   * `logprobs`, `TBOOST_MAX_TOP_LOGPROBS`) on a token event, else 0.
+   */
+  uint32_t n_top;
+  /**
+   * On the last event (`finish` != NONE): times the request was preempted; else 0.
+   */
+  uint32_t preemptions;
+  /**
+   * On the last event: the prompt's length in tokens; else 0.
+   */
+  uint32_t prompt_tokens;
+  /**
+   * On the last event: prompt tokens the prefix cache supplied; else 0.
+   */
+  uint32_t cached_prompt_tokens;
+  /**
+   * On the last event: milliseconds from enqueue to the request's first admission (to
+   * its end if it never started); else 0.
+   */
+  double queued_ms;
+  /**
+   * On the last event: milliseconds from enqueue to its first token; NaN if it produced
+   * none or on other events.
+   */
+  double first_token_ms;
+  /**
+   * On the last event: milliseconds from enqueue to its end; else 0.
+   */
+  double total_ms;
+  /**
+   * The most likely tokens at this position, most likely first.
+   */
+  int32_t top_tokens[TBOOST_MAX_TOP_LOGPROBS];
+  /**
+   * Their natural-log probabilities under the model's raw distribution.
+   */
+  float top_logprobs[TBOOST_MAX_TOP_LOGPROBS];
 } tboost_event;
 
 /**
@@ -1027,6 +1090,10 @@ tboost_status tboost_config_free(struct tboost_config *cfg);
  * - `prefix_caching` 0/1: reuse cached prompt prefixes (default 1)
  * - `queue_limit` [1, ..]: most waiting requests; enqueue beyond it is
  *   `TBOOST_ERR_QUEUE_FULL` (default 4096)
+ * - `spec_ngram` [0, 16]: prompt-lookup speculative decoding for greedy requests: up to
+ *   this many tokens drafted from an earlier occurrence of a request's last tokens and
+ *   verified in one chunk; the output is unchanged, a step may bring several events of one
+ *   request (default 0: off)
  * - `finished_records` [1, ..]: finished requests whose records `tboost_engine_output`
  *   and `tboost_engine_cancel` still answer for (default 65536; events lose nothing)
  * - `pin_threads` 0/1: pin each CPU compute thread to its own CPU (default 0;
@@ -1165,6 +1232,42 @@ tboost_status tboost_model_info_json(const struct tboost_model *model,
                                      char *buf,
                                      size_t cap,
                                      size_t *needed);
+
+/**
+ * Renders chat messages with the model's chat template into the prompt text (NUL-terminated
+ * UTF-8 in `buf`; buffer rules as in `tboost_last_error`). Tokenize the text with
+ * `tboost_engine_tokenize` and `add_special` false: the template writes BOS itself.
+ *
+ * `messages_json` (NUL-terminated UTF-8) is an array of messages, e.g.
+ * `[{"role":"system","content":"..."},{"role":"user","content":"..."}]`, or an object
+ * with `messages` and other variables the template reads, e.g. `tools` (a list of
+ * function schemas), as in an OpenAI chat request. Message fields other than `role`
+ * (`content`, `tool_calls`, `name`...) reach the template as given. `add_generation_prompt`
+ * appends the opening of the assistant's turn.
+ *
+ * Returns `TBOOST_ERR_UNSUPPORTED` when the model has no chat template,
+ * `TBOOST_ERR_INVALID_ARGUMENT` for JSON that does not parse (line and column named), a
+ * message without a string `role`, or a template that fails on these messages (its
+ * `raise_exception` message and the template line named). Thread-safe.
+ */
+tboost_status tboost_model_chat_apply(const struct tboost_model *model,
+                                      const char *messages_json,
+                                      bool add_generation_prompt,
+                                      char *buf,
+                                      size_t cap,
+                                      size_t *needed);
+
+/**
+ * Writes the model's chat stop strings as a JSON array of strings into `buf` (buffer rules
+ * as in `tboost_last_error`): the texts of its end-of-generation tokens, e.g.
+ * `["<|im_end|>","<|endoftext|>"]`. The engine already stops on these tokens; a host that
+ * matches text (or runs another engine) uses the strings. `[]` for a model without a
+ * tokenizer. Thread-safe.
+ */
+tboost_status tboost_model_chat_stops(const struct tboost_model *model,
+                                      char *buf,
+                                      size_t cap,
+                                      size_t *needed);
 
 /**
  * Creates an engine for `model` with the options in `cfg` (may be NULL: defaults): plans
@@ -1308,6 +1411,23 @@ tboost_status tboost_engine_request_error(const struct tboost_engine *engine,
                                           char *buf,
                                           size_t cap,
                                           size_t *needed);
+
+/**
+ * Copies request `id`'s prompt logprobs into `logprobs`: entry i is the natural-log
+ * probability of prompt token i given tokens 0..i under the model's raw distribution
+ * (entry 0, which has no context, is NaN); `*n_out` receives the prompt's length, and
+ * `TBOOST_ERR_BUFFER_TOO_SMALL` with nothing written when `cap` is smaller. They are ready
+ * once the request's first token event has come (its prompt was computed).
+ *
+ * Returns `TBOOST_ERR_NOT_FOUND` for an unknown id, `TBOOST_ERR_INVALID_ARGUMENT` when the
+ * request did not set `prompt_logprobs` or its prompt is not computed yet (both named in
+ * the last error). Kept with the request's record (`tboost_engine_output`). Thread-safe.
+ */
+tboost_status tboost_engine_prompt_logprobs(const struct tboost_engine *engine,
+                                            tboost_request_id id,
+                                            float *logprobs,
+                                            size_t cap,
+                                            size_t *n_out);
 
 /**
  * Fills `*out` with the engine's counters as of the last step. Set `out->struct_size` to

@@ -291,20 +291,35 @@ grep '^  request [0-9]* failed' "$SCRATCH/kill.out" | head -n 1
 echo "follower killed; mpirun ended $took_ms ms later with status $status"
 ok
 
-step "Go (cgo) host gives the C++ host's tokens"
+# The Go and Java hosts also chat with the demo model: its template, stop strings, top
+# alternatives and timings through the C ABI.
+CHAT_MODEL=${TBOOST_DEMO_MODEL:-$("$ROOT/scripts/fetch-demo-model.sh")}
+check_chat() { # OUTPUT HOST
+  grep -q '^chat prompt: .*<|im_start|>user.*<|im_start|>assistant' "$1" &&
+    grep -q '^chat stops: \[.*"<|im_end|>".*\]$' "$1" &&
+    grep -Eq '^chat reply: .+ \((eos|length)\)$' "$1" &&
+    grep -Eq '^chat first-token alternatives: [0-9]+ \(-?[0-9.]+\), [0-9]+ \(-?[0-9.]+\), [0-9]+ \(-?[0-9.]+\)$' "$1" &&
+    grep -Eq '^chat timings: prompt [1-9][0-9]* tokens, queued [0-9.]+ ms, first token [0-9.]+ ms, total [0-9.]+ ms$' "$1" ||
+    { grep '^chat' "$1"; die "the $2 host's chat (template, stops, alternatives, timings) is not as expected"; }
+  grep '^chat reply' "$1"
+}
+
+step "Go (cgo) host gives the C++ host's tokens, and chats with the demo model"
 # A fresh build cache: Go 1.19's cache does not notice that pkg-config's -L path changed.
 export GOCACHE=$SCRATCH/gocache GOPATH=$SCRATCH/gopath GOFLAGS=-buildvcs=false GOPROXY=off
 (cd "$ROOT/examples/go" && go vet . && go build -o "$SCRATCH/tboost-go" .) || die "the Go example does not build"
-LD_LIBRARY_PATH=$PREFIX/lib "$SCRATCH/tboost-go" "$GOLDEN" 4 2 12 >"$SCRATCH/go.out" || die "the Go example failed"
+LD_LIBRARY_PATH=$PREFIX/lib "$SCRATCH/tboost-go" "$GOLDEN" 4 2 12 "$CHAT_MODEL" >"$SCRATCH/go.out" || die "the Go example failed"
 request_lines "$SCRATCH/go.out" | diff -u "$SCRATCH/cpp.txt" - || die "Go's tokens differ from the C++ host's"
+check_chat "$SCRATCH/go.out" Go
 ok
 
-step "Java (JNA) host gives the C++ host's tokens"
+step "Java (JNA) host gives the C++ host's tokens, and chats with the demo model"
 javac -Xlint:all -Werror -cp "$JNA_JAR" -d "$SCRATCH/java" "$ROOT/examples/java/TBoostExample.java" ||
   die "the Java example does not compile"
-java -cp "$SCRATCH/java:$JNA_JAR" -Djna.library.path="$PREFIX/lib" TBoostExample "$GOLDEN" 4 2 12 >"$SCRATCH/java.out" ||
-  die "the Java example failed"
+java -cp "$SCRATCH/java:$JNA_JAR" -Djna.library.path="$PREFIX/lib" TBoostExample "$GOLDEN" 4 2 12 "$CHAT_MODEL" \
+  >"$SCRATCH/java.out" || die "the Java example failed"
 request_lines "$SCRATCH/java.out" | diff -u "$SCRATCH/cpp.txt" - || die "Java's tokens differ from the C++ host's"
+check_chat "$SCRATCH/java.out" Java
 ok
 
 echo

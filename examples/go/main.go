@@ -1,8 +1,10 @@
 // A Go host embedding tboost through cgo: the same prompts and sampling as the C++ example
 // (examples/cpp/main.cpp), submitted from goroutines while one goroutine steps; prints each
 // request's tokens in the same "request k: ..." lines so the outputs can be compared.
+// With CHAT_MODEL (a model with a tokenizer and a chat template), it also renders a chat with
+// the model's template, generates a reply and prints its top alternatives and timings.
 //
-//	PKG_CONFIG_PATH=<prefix>/lib/pkgconfig go run . MODEL [THREADS] [PER_THREAD] [MAX_TOKENS]
+//	PKG_CONFIG_PATH=<prefix>/lib/pkgconfig go run . MODEL [THREADS] [PER_THREAD] [MAX_TOKENS] [CHAT_MODEL]
 package main
 
 /*
@@ -48,6 +50,18 @@ static tb_result tb_wait(tboost_engine *e, tboost_request_id id, uint32_t ms, si
 static tb_result tb_read(tboost_engine *e, tboost_request_id id, tboost_event *ev, size_t cap, size_t *n) {
 	return tb_result_of(tboost_engine_read(e, id, ev, sizeof(tboost_event), cap, n));
 }
+static tb_result tb_chat_apply(const tboost_model *m, const char *json, char *buf, size_t cap, size_t *need) {
+	return tb_result_of(tboost_model_chat_apply(m, json, true, buf, cap, need));
+}
+static tb_result tb_chat_stops(const tboost_model *m, char *buf, size_t cap, size_t *need) {
+	return tb_result_of(tboost_model_chat_stops(m, buf, cap, need));
+}
+static tb_result tb_tokenize(tboost_engine *e, const char *text, size_t len, int32_t *out, size_t cap, size_t *n) {
+	return tb_result_of(tboost_engine_tokenize(e, text, len, false, out, cap, n));
+}
+static tb_result tb_detokenize(tboost_engine *e, const int32_t *ids, size_t n, char *buf, size_t cap, size_t *need) {
+	return tb_result_of(tboost_engine_detokenize(e, ids, n, buf, cap, need));
+}
 static tb_result tb_stats(tboost_engine *e, tboost_stats *st) {
 	st->struct_size = sizeof *st;
 	return tb_result_of(tboost_engine_stats(e, st));
@@ -92,9 +106,89 @@ func arg(i, def int) int {
 	return def
 }
 
+// text calls f once to learn the size of its NUL-terminated answer, then again to fill it.
+func text(what string, f func(buf *C.char, cap C.size_t, need *C.size_t) C.tb_result) string {
+	var need C.size_t
+	if r := f(nil, 0, &need); r.status != C.TBOOST_ERR_BUFFER_TOO_SMALL {
+		check(r, what)
+	}
+	buf := (*C.char)(C.malloc(need))
+	defer C.free(unsafe.Pointer(buf))
+	check(f(buf, need, &need), what)
+	return C.GoString(buf)
+}
+
+// chat renders a conversation with the model's template, generates a greedy reply and prints
+// it with the alternatives of its first token and the request's timings.
+func chat(path string) {
+	var cfg *C.tboost_config
+	check(C.tb_config_new(&cfg), "config_new")
+	key := C.CString("kv_cache_blocks")
+	check(C.tb_config_set_int(cfg, key, 64), "kv_cache_blocks")
+	C.free(unsafe.Pointer(key))
+	cpath := C.CString(path)
+	var model *C.tboost_model
+	check(C.tb_model_load(cpath, cfg, &model), "chat model_load")
+	C.free(unsafe.Pointer(cpath))
+	messages := C.CString(`[{"role":"system","content":"You are a terse assistant."},` +
+		`{"role":"user","content":"Write a Go function that adds two ints."}]`)
+	prompt := text("chat_apply", func(b *C.char, c C.size_t, n *C.size_t) C.tb_result {
+		return C.tb_chat_apply(model, messages, b, c, n)
+	})
+	C.free(unsafe.Pointer(messages))
+	stops := text("chat_stops", func(b *C.char, c C.size_t, n *C.size_t) C.tb_result { return C.tb_chat_stops(model, b, c, n) })
+	fmt.Printf("chat prompt: %q\nchat stops: %s\n", prompt, stops)
+	var engine *C.tboost_engine
+	check(C.tb_engine_new(model, cfg, &engine), "chat engine_new")
+	C.tboost_model_free(model)
+	C.tboost_config_free(cfg)
+
+	ctext := C.CString(prompt)
+	ids := make([]int32, len(prompt)+8) // never more tokens than bytes
+	var n C.size_t
+	// add_special false: the template wrote BOS itself where the model wants one.
+	check(C.tb_tokenize(engine, ctext, C.size_t(len(prompt)), (*C.int32_t)(unsafe.Pointer(&ids[0])), C.size_t(len(ids)), &n), "tokenize")
+	C.free(unsafe.Pointer(ctext))
+	var sp C.tboost_sampling_params
+	C.tboost_sampling_params_init(&sp)
+	sp.max_tokens = 24
+	sp.logprobs = 3
+	var id C.tboost_request_id
+	check(C.tb_enqueue(engine, (*C.int32_t)(unsafe.Pointer(&ids[0])), n, &sp, &id), "chat enqueue")
+	var reply []int32
+	var last C.tboost_event
+	var top []string
+	for finished := false; !finished; {
+		check(C.tb_step(engine), "chat step")
+		var ev [8]C.tboost_event
+		var got C.size_t
+		check(C.tb_read(engine, id, &ev[0], 8, &got), "chat read")
+		for _, e := range ev[:got] {
+			if e.token >= 0 {
+				reply = append(reply, int32(e.token))
+			}
+			if len(top) == 0 {
+				for k := 0; k < int(e.n_top); k++ {
+					top = append(top, fmt.Sprintf("%d (%.3f)", int32(e.top_tokens[k]), float32(e.top_logprobs[k])))
+				}
+			}
+			last, finished = e, e.finish != C.TBOOST_FINISH_NONE
+		}
+	}
+	reply = append(reply, 0)[:len(reply)] // a valid pointer even for an empty reply
+	answer := text("detokenize", func(b *C.char, c C.size_t, need *C.size_t) C.tb_result {
+		return C.tb_detokenize(engine, (*C.int32_t)(unsafe.Pointer(&reply[:1][0])), C.size_t(len(reply)), b, c, need)
+	})
+	fmt.Printf("chat reply: %q (%s)\n", answer, C.GoString(C.tboost_finish_reason_name(C.int32_t(last.finish))))
+	fmt.Printf("chat first-token alternatives: %s\n", strings.Join(top, ", "))
+	fmt.Printf("chat timings: prompt %d tokens, queued %.1f ms, first token %.1f ms, total %.1f ms\n",
+		uint32(last.prompt_tokens), float64(last.queued_ms), float64(last.first_token_ms), float64(last.total_ms))
+	C.tboost_engine_free(engine)
+}
+
 func main() {
 	if len(os.Args) < 2 {
-		fmt.Fprintf(os.Stderr, "usage: %s MODEL [THREADS=4] [REQUESTS_PER_THREAD=2] [MAX_TOKENS=12]\n", os.Args[0])
+		fmt.Fprintf(os.Stderr, "usage: %s MODEL [THREADS=4] [REQUESTS_PER_THREAD=2] [MAX_TOKENS=12] [CHAT_MODEL]\n", os.Args[0])
 		os.Exit(2)
 	}
 	threads, perThread, maxTokens := arg(2, 4), arg(3, 2), arg(4, 12)
@@ -203,4 +297,7 @@ func main() {
 	check(C.tb_stats(engine, &st), "stats")
 	fmt.Printf("stats: %d steps, %d generated tokens, %d finished\n", uint64(st.steps), uint64(st.generated_tokens), uint64(st.finished))
 	C.tboost_engine_free(engine)
+	if len(os.Args) > 5 {
+		chat(os.Args[5])
+	}
 }

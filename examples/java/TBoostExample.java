@@ -1,9 +1,12 @@
 // A Java host embedding tboost through JNA: the same prompts and sampling as the C++ example
 // (examples/cpp/main.cpp), submitted from several threads while one thread steps; prints each
 // request's tokens in the same "request k: ..." lines so the outputs can be compared.
+// With CHAT_MODEL (a model with a tokenizer and a chat template), it also renders a chat with
+// the model's template, generates a reply and prints its top alternatives and timings.
 //
 //   javac -cp /usr/share/java/jna.jar -d out TBoostExample.java
-//   java -cp out:/usr/share/java/jna.jar -Djna.library.path=<prefix>/lib TBoostExample MODEL
+//   java -cp out:/usr/share/java/jna.jar -Djna.library.path=<prefix>/lib TBoostExample MODEL \
+//     [THREADS] [PER_THREAD] [MAX_TOKENS] [CHAT_MODEL]
 //
 // size_t is mapped to long: 64-bit platforms only. Java platform threads stay on their OS
 // thread, so reading tboost_last_error right after a failed call on the same thread is safe.
@@ -48,12 +51,21 @@ public final class TBoostExample {
     int tboost_engine_wait(Pointer engine, long id, int timeoutMs, LongByReference nReady);
     int tboost_engine_read(Pointer engine, long id, Event[] events, long eventSize, long cap, LongByReference nOut);
     int tboost_engine_stats(Pointer engine, Stats out);
+
+    int tboost_model_chat_apply(Pointer model, String messagesJson, boolean addGenerationPrompt, byte[] buf,
+        long cap, LongByReference needed);
+    int tboost_model_chat_stops(Pointer model, byte[] buf, long cap, LongByReference needed);
+    int tboost_engine_tokenize(Pointer engine, byte[] text, long textLen, boolean addSpecial, int[] tokens,
+        long cap, LongByReference nOut);
+    int tboost_engine_detokenize(Pointer engine, int[] tokens, long nTokens, byte[] buf, long cap,
+        LongByReference needed);
   }
 
-  /** tboost_sampling_params (64 bytes, no padding). */
+  /** tboost_sampling_params (second version, 88 bytes, no padding). */
   @Structure.FieldOrder({"struct_size", "max_tokens", "temperature", "top_k", "top_p", "min_p",
       "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs", "priority",
-      "ignore_eos", "seed", "user_tag"})
+      "ignore_eos", "seed", "user_tag", "prompt_logprobs", "n_logit_bias", "logit_bias_tokens",
+      "logit_bias_values"})
   public static class SamplingParams extends Structure {
     public int struct_size, max_tokens;
     public float temperature;
@@ -61,15 +73,23 @@ public final class TBoostExample {
     public float top_p, min_p, repetition_penalty, presence_penalty, frequency_penalty;
     public int logprobs, priority, ignore_eos;
     public long seed, user_tag;
+    public int prompt_logprobs, n_logit_bias;
+    public Pointer logit_bias_tokens, logit_bias_values;
   }
 
-  /** tboost_event (40 bytes). */
-  @Structure.FieldOrder({"struct_size", "token", "request_id", "user_tag", "logprob", "index", "finish", "error"})
+  /** tboost_event (second version, 240 bytes): top alternatives and, on the last event, timings. */
+  @Structure.FieldOrder({"struct_size", "token", "request_id", "user_tag", "logprob", "index", "finish", "error",
+      "n_top", "preemptions", "prompt_tokens", "cached_prompt_tokens", "queued_ms", "first_token_ms", "total_ms",
+      "top_tokens", "top_logprobs"})
   public static class Event extends Structure {
     public int struct_size, token;
     public long request_id, user_tag;
     public float logprob;
     public int index, finish, error;
+    public int n_top, preemptions, prompt_tokens, cached_prompt_tokens;
+    public double queued_ms, first_token_ms, total_ms;
+    public int[] top_tokens = new int[20];  // TBOOST_MAX_TOP_LOGPROBS
+    public float[] top_logprobs = new float[20];
   }
 
   /** tboost_stats (144 bytes). */
@@ -95,6 +115,80 @@ public final class TBoostExample {
     while (n < buf.length && buf[n] != 0) n++;
     throw new IllegalStateException(what + ": " + T.tboost_status_name(status) + ": "
         + new String(buf, 0, n, StandardCharsets.UTF_8));
+  }
+
+  /** A call that writes a NUL-terminated string: once for its size, once to fill it. */
+  interface StringCall {
+    int call(byte[] buf, long cap, LongByReference needed);
+  }
+
+  static String text(String what, StringCall f) {
+    LongByReference need = new LongByReference();
+    int s = f.call(null, 0, need);
+    if (s != 4 /* TBOOST_ERR_BUFFER_TOO_SMALL */) check(s, what);
+    byte[] buf = new byte[(int) need.getValue()];
+    check(f.call(buf, buf.length, need), what);
+    return new String(buf, 0, buf.length - 1, StandardCharsets.UTF_8);
+  }
+
+  /** Renders a chat with the model's template, generates a greedy reply, prints it with the
+   *  alternatives of its first token and the request's timings. */
+  static void chat(String path) {
+    PointerByReference ref = new PointerByReference();
+    check(T.tboost_config_new(ref), "config_new");
+    Pointer cfg = ref.getValue();
+    check(T.tboost_config_set_int(cfg, "kv_cache_blocks", 64), "kv_cache_blocks");
+    check(T.tboost_model_load(path, cfg, null, null, ref), "chat model_load");
+    Pointer model = ref.getValue();
+    String messages = "[{\"role\":\"system\",\"content\":\"You are a terse assistant.\"},"
+        + "{\"role\":\"user\",\"content\":\"Write a Java method that adds two ints.\"}]";
+    String prompt = text("chat_apply", (b, c, n) -> T.tboost_model_chat_apply(model, messages, true, b, c, n));
+    String stops = text("chat_stops", (b, c, n) -> T.tboost_model_chat_stops(model, b, c, n));
+    System.out.println("chat prompt: " + prompt.replace("\n", "\\n"));
+    System.out.println("chat stops: " + stops);
+    check(T.tboost_engine_new(model, cfg, ref), "chat engine_new");
+    Pointer engine = ref.getValue();
+    check(T.tboost_model_free(model), "model_free");
+    check(T.tboost_config_free(cfg), "config_free");
+
+    byte[] utf8 = prompt.getBytes(StandardCharsets.UTF_8);
+    int[] ids = new int[utf8.length + 8];  // never more tokens than bytes
+    LongByReference n = new LongByReference();
+    // add_special false: the template wrote BOS itself where the model wants one.
+    check(T.tboost_engine_tokenize(engine, utf8, utf8.length, false, ids, ids.length, n), "tokenize");
+    SamplingParams sp = new SamplingParams();
+    T.tboost_sampling_params_init(sp);
+    sp.read();
+    sp.max_tokens = 24;
+    sp.logprobs = 3;
+    LongByReference id = new LongByReference();
+    check(T.tboost_engine_enqueue(engine, java.util.Arrays.copyOf(ids, (int) n.getValue()), n.getValue(), sp,
+        null, null, 0, id), "chat enqueue");
+    List<Integer> reply = new ArrayList<>();
+    StringBuilder top = new StringBuilder();
+    Event[] ev = (Event[]) new Event().toArray(8);
+    Event last = null;
+    while (last == null || last.finish == 0) {
+      check(T.tboost_engine_step(engine, null), "chat step");
+      check(T.tboost_engine_read(engine, id.getValue(), ev, ev[0].size(), ev.length, n), "chat read");
+      for (int e = 0; e < n.getValue(); e++) {
+        if (ev[e].token >= 0) reply.add(ev[e].token);
+        if (top.length() == 0) {
+          for (int k = 0; k < ev[e].n_top; k++) {
+            top.append(k > 0 ? ", " : "").append(ev[e].top_tokens[k])
+                .append(String.format(" (%.3f)", ev[e].top_logprobs[k]));
+          }
+        }
+        last = ev[e];
+      }
+    }
+    int[] out = reply.stream().mapToInt(Integer::intValue).toArray();
+    String answer = text("detokenize", (b, c, need) -> T.tboost_engine_detokenize(engine, out, out.length, b, c, need));
+    System.out.println("chat reply: " + answer.replace("\n", "\\n") + " (" + T.tboost_finish_reason_name(last.finish) + ")");
+    System.out.println("chat first-token alternatives: " + top);
+    System.out.println(String.format("chat timings: prompt %d tokens, queued %.1f ms, first token %.1f ms, total %.1f ms",
+        last.prompt_tokens, last.queued_ms, last.first_token_ms, last.total_ms));
+    check(T.tboost_engine_free(engine), "engine_free");
   }
 
   /** The C++ example's prompt_for. */
@@ -201,5 +295,6 @@ public final class TBoostExample {
     System.out.println("stats: " + st.steps + " steps, " + st.generated_tokens + " generated tokens, "
         + st.finished + " finished");
     check(T.tboost_engine_free(engine), "engine_free");
+    if (args.length > 4) chat(args[4]);
   }
 }

@@ -41,6 +41,16 @@ fn which(id: tboost_request_id) -> Option<RequestId> {
 fn to_c(q: &QueuedEvent) -> tboost_event {
     let e = &q.event;
     let failed = e.finish == Some(FinishReason::Error);
+    let mut top_tokens = [0i32; TBOOST_MAX_TOP_LOGPROBS];
+    let mut top_logprobs = [0f32; TBOOST_MAX_TOP_LOGPROBS];
+    let n_top = e.top_logprobs.len().min(TBOOST_MAX_TOP_LOGPROBS);
+    for (i, &(t, lp)) in e.top_logprobs.iter().take(n_top).enumerate() {
+        top_tokens[i] = t as i32;
+        top_logprobs[i] = lp;
+    }
+    let t = e.timings;
+    // Prompts and preemption counts fit u32: prompts are bounded by the KV cache.
+    let n32 = |v: usize| u32::try_from(v).unwrap_or(u32::MAX);
     tboost_event {
         struct_size: std::mem::size_of::<tboost_event>() as u32,
         // Token ids are below the vocabulary size, far below i32::MAX.
@@ -51,6 +61,15 @@ fn to_c(q: &QueuedEvent) -> tboost_event {
         index: q.index,
         finish: tboost_finish_reason::from_engine(e.finish),
         error: if failed { Status::TBOOST_ERR_REQUEST_FAILED } else { Status::TBOOST_OK },
+        n_top: n_top as u32,
+        preemptions: t.map_or(0, |t| t.preemptions),
+        prompt_tokens: t.map_or(0, |t| n32(t.prompt_tokens)),
+        cached_prompt_tokens: t.map_or(0, |t| n32(t.cached_prompt_tokens)),
+        queued_ms: t.map_or(0.0, |t| t.queued_ms),
+        first_token_ms: t.and_then(|t| t.first_token_ms).unwrap_or(f64::NAN),
+        total_ms: t.map_or(0.0, |t| t.total_ms),
+        top_tokens,
+        top_logprobs,
     }
 }
 
@@ -126,11 +145,16 @@ pub unsafe extern "C" fn tboost_sampling_params_init(params: *mut tboost_samplin
 }
 
 fn sampling(p: &tboost_sampling_params) -> FfiResult<SamplingParams> {
+    let n = p.n_logit_bias as usize;
+    // SAFETY: arrays of `n_logit_bias` elements per the contract (NULL only with 0).
+    let tokens = unsafe { read_slice(p.logit_bias_tokens, n, "params->logit_bias_tokens") }?;
+    let values = unsafe { read_slice(p.logit_bias_values, n, "params->logit_bias_values") }?;
+    let logit_bias = token_ids(tokens, "params->logit_bias_tokens")?.into_iter().zip(values.iter().copied()).collect();
     let top_k = usize::try_from(p.top_k)
         .map_err(|_| Failure::invalid(format!("`top_k` = {} must be >= 0 (0 = off)", p.top_k)))?;
     let logprobs = match p.logprobs {
         -1 => None,
-        n if n >= 0 => Some(n as usize),
+        n if n >= 0 => Some((n as usize).min(TBOOST_MAX_TOP_LOGPROBS)),
         n => return Err(Failure::invalid(format!("`logprobs` = {n} must be -1 (off) or >= 0"))),
     };
     Ok(SamplingParams {
@@ -143,6 +167,7 @@ fn sampling(p: &tboost_sampling_params) -> FfiResult<SamplingParams> {
         frequency_penalty: p.frequency_penalty,
         seed: p.seed,
         logprobs,
+        logit_bias,
     })
 }
 
@@ -204,6 +229,7 @@ pub unsafe extern "C" fn tboost_engine_enqueue(
             stop_sequences,
             priority: p.priority,
             tag: p.user_tag,
+            prompt_logprobs: p.prompt_logprobs != 0,
         };
         let id = inner.ev.engine().enqueue(req)?;
         // SAFETY: checked non-null above.
@@ -382,6 +408,38 @@ pub unsafe extern "C" fn tboost_engine_request_error(
         let o = inner.ev.engine().output(id)?;
         // SAFETY: buffer contract as documented.
         unsafe { write_str(o.error.as_deref().unwrap_or(""), buf, cap, needed) }
+    })
+}
+
+/// Copies request `id`'s prompt logprobs into `logprobs`: entry i is the natural-log
+/// probability of prompt token i given tokens 0..i under the model's raw distribution
+/// (entry 0, which has no context, is NaN); `*n_out` receives the prompt's length, and
+/// `TBOOST_ERR_BUFFER_TOO_SMALL` with nothing written when `cap` is smaller. They are ready
+/// once the request's first token event has come (its prompt was computed).
+///
+/// Returns `TBOOST_ERR_NOT_FOUND` for an unknown id, `TBOOST_ERR_INVALID_ARGUMENT` when the
+/// request did not set `prompt_logprobs` or its prompt is not computed yet (both named in
+/// the last error). Kept with the request's record (`tboost_engine_output`). Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_engine_prompt_logprobs(
+    engine: *const tboost_engine,
+    id: tboost_request_id,
+    logprobs: *mut f32,
+    cap: usize,
+    n_out: *mut usize,
+) -> tboost_status {
+    guard("tboost_engine_prompt_logprobs", |ctx| {
+        let inner = engine_of(ctx, engine)?;
+        require(n_out, "n_out")?;
+        let o = inner.ev.engine().output(id)?;
+        let Some(lp) = o.prompt_logprobs else {
+            return Err(Failure::invalid(format!(
+                "request {id} has no prompt logprobs: it did not set `prompt_logprobs`, or its prompt is not \
+                 computed yet (they come with its first token)"
+            )));
+        };
+        // SAFETY: `logprobs` holds `cap` elements per the contract.
+        unsafe { write_array(&lp, logprobs, cap, n_out, "logprobs") }
     })
 }
 

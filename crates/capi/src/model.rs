@@ -13,6 +13,7 @@ use super::types::{tboost_config, tboost_model, tboost_progress_fn};
 use super::util::{read_cstr, require, write_out, write_str};
 use ::tboost_engine::engine::{model_info, EngineConfig};
 use ::tboost_engine::model::Model;
+use ::tboost_engine::tokenizer::ChatTemplate;
 
 pub(crate) struct ModelInner {
     pub model: Model,
@@ -148,5 +149,69 @@ pub unsafe extern "C" fn tboost_model_info_json(
         let info = m.info()?;
         // SAFETY: buffer contract as documented.
         unsafe { write_str(&info, buf, cap, needed) }
+    })
+}
+
+/// Renders chat messages with the model's chat template into the prompt text (NUL-terminated
+/// UTF-8 in `buf`; buffer rules as in `tboost_last_error`). Tokenize the text with
+/// `tboost_engine_tokenize` and `add_special` false: the template writes BOS itself.
+///
+/// `messages_json` (NUL-terminated UTF-8) is an array of messages, e.g.
+/// `[{"role":"system","content":"..."},{"role":"user","content":"..."}]`, or an object
+/// with `messages` and other variables the template reads, e.g. `tools` (a list of
+/// function schemas), as in an OpenAI chat request. Message fields other than `role`
+/// (`content`, `tool_calls`, `name`...) reach the template as given. `add_generation_prompt`
+/// appends the opening of the assistant's turn.
+///
+/// Returns `TBOOST_ERR_UNSUPPORTED` when the model has no chat template,
+/// `TBOOST_ERR_INVALID_ARGUMENT` for JSON that does not parse (line and column named), a
+/// message without a string `role`, or a template that fails on these messages (its
+/// `raise_exception` message and the template line named). Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_model_chat_apply(
+    model: *const tboost_model,
+    messages_json: *const c_char,
+    add_generation_prompt: bool,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+) -> tboost_status {
+    guard("tboost_model_chat_apply", |_| {
+        let m = MODELS.get(model, "model")?;
+        // SAFETY: NUL-terminated per the contract.
+        let text = unsafe { read_cstr(messages_json, "messages_json") }?;
+        let request: serde_json::Value = serde_json::from_str(text)
+            .map_err(|e| Failure::invalid(format!("`messages_json` is not valid JSON: {e}")))?;
+        let path = m.model.path.display().to_string();
+        let tmpl = m.model.chat_template.as_ref().ok_or_else(|| {
+            Failure::new(
+                Status::TBOOST_ERR_UNSUPPORTED,
+                format!("{path}: the model has no chat template (no `tokenizer.chat_template` / `chat_template`)"),
+            )
+        })?;
+        let prompt = tmpl.render_json(&request, add_generation_prompt, "messages_json")?;
+        // SAFETY: buffer contract as documented.
+        unsafe { write_str(&prompt, buf, cap, needed) }
+    })
+}
+
+/// Writes the model's chat stop strings as a JSON array of strings into `buf` (buffer rules
+/// as in `tboost_last_error`): the texts of its end-of-generation tokens, e.g.
+/// `["<|im_end|>","<|endoftext|>"]`. The engine already stops on these tokens; a host that
+/// matches text (or runs another engine) uses the strings. `[]` for a model without a
+/// tokenizer. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_model_chat_stops(
+    model: *const tboost_model,
+    buf: *mut c_char,
+    cap: usize,
+    needed: *mut usize,
+) -> tboost_status {
+    guard("tboost_model_chat_stops", |_| {
+        let m = MODELS.get(model, "model")?;
+        let stops = m.model.tokenizer.as_deref().map(ChatTemplate::stop_strings).unwrap_or_default();
+        let json = serde_json::Value::from(stops).to_string();
+        // SAFETY: buffer contract as documented.
+        unsafe { write_str(&json, buf, cap, needed) }
     })
 }

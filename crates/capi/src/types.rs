@@ -119,8 +119,9 @@ pub struct tboost_sampling_params {
     pub presence_penalty: f32,
     /// In [-2, 2]; 0 = off. Default 0.
     pub frequency_penalty: f32,
-    /// -1 = no logprobs; n >= 0 = events carry the chosen token's logprob (this ABI
-    /// version does not return the n most likely alternatives). Default -1.
+    /// -1 = no logprobs; n >= 0 = events carry the chosen token's logprob and the n most
+    /// likely alternatives (at most `TBOOST_MAX_TOP_LOGPROBS` of them; a larger n gets
+    /// that many). Default -1.
     pub logprobs: i32,
     /// Higher is served first. Default 0.
     pub priority: i32,
@@ -131,6 +132,18 @@ pub struct tboost_sampling_params {
     pub seed: u64,
     /// Opaque host value echoed in every event of the request. Default 0.
     pub user_tag: u64,
+    /// Nonzero: compute the logprob of every prompt token given those before it, read with
+    /// `tboost_engine_prompt_logprobs` once the first token's event has come. Such a request
+    /// computes its whole prompt (no prefix-cache reuse) and its prefill computes lm_head
+    /// rows for every prompt position. Default 0. (Appended: ABI 1, second version.)
+    pub prompt_logprobs: u32,
+    /// Entries of `logit_bias_tokens` / `logit_bias_values`. Default 0.
+    pub n_logit_bias: u32,
+    /// Token ids whose logits get `logit_bias_values` added before sampling (OpenAI's
+    /// `logit_bias`; -INFINITY bans a token). Both arrays are copied by enqueue; NULL when
+    /// `n_logit_bias` is 0. Logprobs stay those of the raw model. Default NULL.
+    pub logit_bias_tokens: *const i32,
+    pub logit_bias_values: *const f32,
 }
 
 /// Size of the first version of `tboost_sampling_params` (the minimum `struct_size`).
@@ -153,6 +166,10 @@ impl Default for tboost_sampling_params {
             ignore_eos: 0,
             seed: 0,
             user_tag: 0,
+            prompt_logprobs: 0,
+            n_logit_bias: 0,
+            logit_bias_tokens: std::ptr::null(),
+            logit_bias_values: std::ptr::null(),
         }
     }
 }
@@ -179,7 +196,32 @@ pub struct tboost_event {
     pub finish: tboost_finish_reason,
     /// `TBOOST_ERR_REQUEST_FAILED` on a `TBOOST_FINISH_ERROR` event, else `TBOOST_OK`.
     pub error: super::tboost_status,
+    // Appended (ABI 1, second version): top alternatives and, on the last event, timings.
+    /// How many entries of `top_tokens`/`top_logprobs` are filled: min(the request's
+    /// `logprobs`, `TBOOST_MAX_TOP_LOGPROBS`) on a token event, else 0.
+    pub n_top: u32,
+    /// On the last event (`finish` != NONE): times the request was preempted; else 0.
+    pub preemptions: u32,
+    /// On the last event: the prompt's length in tokens; else 0.
+    pub prompt_tokens: u32,
+    /// On the last event: prompt tokens the prefix cache supplied; else 0.
+    pub cached_prompt_tokens: u32,
+    /// On the last event: milliseconds from enqueue to the request's first admission (to
+    /// its end if it never started); else 0.
+    pub queued_ms: f64,
+    /// On the last event: milliseconds from enqueue to its first token; NaN if it produced
+    /// none or on other events.
+    pub first_token_ms: f64,
+    /// On the last event: milliseconds from enqueue to its end; else 0.
+    pub total_ms: f64,
+    /// The most likely tokens at this position, most likely first.
+    pub top_tokens: [i32; TBOOST_MAX_TOP_LOGPROBS],
+    /// Their natural-log probabilities under the model's raw distribution.
+    pub top_logprobs: [f32; TBOOST_MAX_TOP_LOGPROBS],
 }
+
+/// Most top alternatives an event carries (`tboost_sampling_params::logprobs`).
+pub const TBOOST_MAX_TOP_LOGPROBS: usize = 20;
 
 pub(crate) const EVENT_V1: usize = 40;
 
@@ -222,11 +264,20 @@ pub(crate) const STATS_V1: usize = 144;
 mod tests {
     use super::*;
 
-    /// The first-version sizes are part of the ABI: they must never change.
+    /// The first-version sizes are part of the ABI: they must never change, and the first
+    /// version's fields keep their places.
     #[test]
-    fn struct_sizes_match_their_first_version() {
-        assert_eq!(std::mem::size_of::<tboost_sampling_params>(), SAMPLING_PARAMS_V1);
-        assert_eq!(std::mem::size_of::<tboost_event>(), EVENT_V1);
+    fn first_versions_keep_their_size_and_places() {
+        assert_eq!((SAMPLING_PARAMS_V1, EVENT_V1, STATS_V1), (64, 40, 144));
         assert_eq!(std::mem::size_of::<tboost_stats>(), STATS_V1);
+        assert_eq!(std::mem::offset_of!(tboost_sampling_params, user_tag), 56);
+        assert_eq!(std::mem::offset_of!(tboost_event, error), 36);
+    }
+
+    /// The second versions have no padding (every FFI mapping lays them out alike).
+    #[test]
+    fn second_versions_are_packed() {
+        assert_eq!(std::mem::size_of::<tboost_sampling_params>(), 88);
+        assert_eq!(std::mem::size_of::<tboost_event>(), 40 + 16 + 24 + 8 * TBOOST_MAX_TOP_LOGPROBS);
     }
 }

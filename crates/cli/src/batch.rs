@@ -51,6 +51,7 @@ const SAMPLING_KEYS: &[&str] = &[
     "frequency_penalty",
     "seed",
     "logprobs",
+    "logit_bias",
 ];
 
 #[derive(Deserialize)]

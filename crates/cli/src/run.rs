@@ -140,6 +140,11 @@ pub(crate) fn run(a: RunArgs) -> Result<()> {
             "prompt_ids": prompt, "generated_ids": generated, "finish_reason": finish.as_str(), "seed": seed,
             "prefill_tokens_per_s": prefill_tps, "decode_tokens_per_s": decode_tps,
         });
+        let st = engine.stats()?;
+        if st.spec_drafted > 0 {
+            v["spec_drafted"] = json!(st.spec_drafted);
+            v["spec_accepted"] = json!(st.spec_accepted);
+        }
         if let Some(tk) = &tok {
             v["text"] = json!(tk.decode(&generated)?);
         }

@@ -337,3 +337,75 @@ fn bench_op_prints_one_row_per_swept_value() {
     assert!(!ok);
     assert!(err.contains("flash_attention.tile_kv") && err.contains("48 is not a power of two in 16..=256"), "{err}");
 }
+
+/// `tboost perplexity` computes llama-perplexity's quantity, recomputed here from the
+/// session's all-position logits on a model with a real tokenizer that adds BOS
+/// (llama-2-tiny-random: SPM): the text tokenized once, chunks of `-c` tokens each starting
+/// with BOS, and only positions c/2+1 .. c-1 of each chunk scored.
+#[test]
+fn perplexity_scores_the_second_half_of_each_chunk_as_llama_perplexity() {
+    use tboost_engine::model::Model;
+    use tboost_engine::session::Session;
+    let path = model_file("llama-2-tiny-random.gguf");
+    let dir = tempfile::tempdir().unwrap();
+    let text_file = dir.path().join("text.txt");
+    let text = "The quick brown fox jumps over the lazy dog. A stitch in time saves nine. \
+                Perplexity is the exponential of the mean negative log-likelihood of a text. "
+        .repeat(6);
+    std::fs::write(&text_file, &text).unwrap();
+    let (ctx, chunks) = (32usize, 3usize);
+    let v = ok_json(&[
+        "perplexity",
+        "--model",
+        &path.display().to_string(),
+        "-f",
+        &text_file.display().to_string(),
+        "-c",
+        &ctx.to_string(),
+        "--chunks",
+        &chunks.to_string(),
+        "--json",
+    ]);
+
+    let model = Model::load(&path).unwrap();
+    let tok = model.tokenizer.clone().unwrap();
+    let tokens = tok.encode(&text, true).unwrap();
+    assert!(tokens.len() >= ctx * chunks && tok.add_bos(), "the text must make {chunks} chunks: {}", tokens.len());
+    let bos = tok.bos_id().unwrap();
+    let vocab = model.config.vocab_size;
+    let mut r = runner(&path);
+    let (mut nll, mut count) = (0f64, 0usize);
+    for c in 0..chunks {
+        let mut p = tokens[c * ctx..(c + 1) * ctx].to_vec();
+        p[0] = bos;
+        let mut s = Session::new(&mut r, ctx).unwrap();
+        let all = s.feed(&p, true).unwrap();
+        for i in ctx / 2..ctx - 1 {
+            let row = &all[i * vocab..(i + 1) * vocab];
+            let max = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+            let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+            nll -= row[p[i + 1] as usize] as f64 - lse;
+            count += 1;
+        }
+    }
+    let want = (nll / count as f64).exp();
+    let got = v["ppl"].as_f64().unwrap();
+    assert_eq!(v["scored_tokens"].as_u64(), Some(count as u64), "{v}");
+    assert_eq!(v["chunks"].as_u64(), Some(chunks as u64), "{v}");
+    assert!(
+        (got - want).abs() <= 1e-4 * want,
+        "tboost perplexity {got} vs {want} recomputed from the session's logits"
+    );
+
+    // Too little text for one chunk: an error naming the file and the counts.
+    let (ok, _, err) = tboost(&[
+        "perplexity",
+        "--model",
+        &path.display().to_string(),
+        "-f",
+        &text_file.display().to_string(),
+        "-c",
+        "100000",
+    ]);
+    assert!(!ok && err.contains("text.txt") && err.contains("fewer than one chunk"), "{err}");
+}

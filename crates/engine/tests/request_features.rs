@@ -176,3 +176,35 @@ fn finish_events_carry_timings() {
     assert_eq!(t.first_token_ms, None, "{t:?}");
     assert!(t.queued_ms <= t.total_ms, "{t:?}");
 }
+
+/// Logit bias: banning a request's greedy token gives the runner-up instead, a large bias
+/// forces a token, and the logprobs stay those of the raw model. Bad entries are refused
+/// at enqueue, naming the entry.
+#[test]
+fn logit_bias_bans_and_forces_tokens() {
+    use tboost_engine::sample::SamplingParams;
+    let e = engine("llama_gqa", cfg(64, 512));
+    let prompt: Vec<u32> = (0..9).map(|j| 3 + j * 41).collect();
+    let with = |bias: Vec<(u32, f32)>| Request {
+        ignore_eos: true,
+        sampling: SamplingParams { logprobs: Some(2), logit_bias: bias, ..SamplingParams::greedy() },
+        ..Request::new(prompt.clone(), 1)
+    };
+    let first = |r: Request| {
+        let id = e.enqueue(r).unwrap();
+        let evs = e.run_to_completion().unwrap();
+        evs.into_iter().find(|ev| ev.id == id && ev.token.is_some()).unwrap()
+    };
+    let plain = first(with(vec![]));
+    let (best, second) = (plain.top_logprobs[0].0, plain.top_logprobs[1].0);
+    assert_eq!(plain.token, Some(best));
+    let banned = first(with(vec![(best, f32::NEG_INFINITY)]));
+    assert_eq!(banned.token, Some(second), "the runner-up once the best is banned");
+    assert_eq!(banned.top_logprobs, plain.top_logprobs, "logprobs are the raw model's");
+    let forced = first(with(vec![(17, 1000.0)]));
+    assert_eq!(forced.token, Some(17));
+    for (bias, what) in [(vec![(640, 1.0)], "vocabulary size"), (vec![(5, f32::NAN)], "-inf to ban")] {
+        let err = e.enqueue(with(bias)).unwrap_err().to_string();
+        assert!(err.contains("logit_bias[0]") && err.contains(what), "{err}");
+    }
+}

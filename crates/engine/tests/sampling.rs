@@ -29,6 +29,7 @@ fn varied_params(seed: u64) -> SamplingParams {
         frequency_penalty: 0.1,
         seed,
         logprobs: Some(3),
+        logit_bias: vec![(7, -1.5), (11, 2.0)],
     }
 }
 

@@ -580,6 +580,11 @@ TEST(NullPointers, EveryRequiredPointerIsChecked) {
       {"tokenize n_out", tboost_engine_tokenize(e.p, "a", 1, false, nullptr, 0, nullptr)},
       {"detokenize engine", tboost_engine_detokenize(nullptr, prompt.data(), 3, nullptr, 0, &n)},
       {"detokenize tokens", tboost_engine_detokenize(e.p, nullptr, 3, nullptr, 0, &n)},
+      {"prompt_logprobs engine", tboost_engine_prompt_logprobs(nullptr, 1, nullptr, 0, &n)},
+      {"prompt_logprobs n_out", tboost_engine_prompt_logprobs(e.p, 1, nullptr, 0, nullptr)},
+      {"chat_apply model", tboost_model_chat_apply(nullptr, "[]", true, nullptr, 0, &n)},
+      {"chat_apply messages_json", tboost_model_chat_apply(m.p, nullptr, true, nullptr, 0, &n)},
+      {"chat_stops", tboost_model_chat_stops(nullptr, nullptr, 0, &n)},
   };
   for (auto& [what, status] : calls) EXPECT_EQ(Name(status), "TBOOST_ERR_NULL_POINTER") << what;
   // A NULL buffer with a nonzero capacity.
@@ -818,6 +823,171 @@ TEST(Engine, StreamsTokensWithTagsIndexesAndLogprobs) {
   EXPECT_EQ(need, 1u);
   EXPECT_STREQ(text, "");
   EXPECT_STATUS(TBOOST_ERR_NOT_FOUND, tboost_engine_request_error(e.p, 4242, text, sizeof text, &need));
+}
+
+TEST(Engine, TopLogprobsTimingsAndPromptLogprobs) {
+  Model m(Golden("llama_gqa"));
+  std::unique_ptr<Config> cfg(SmallConfig());
+  Engine e(m.p, cfg->p);
+  tboost_sampling_params sp = Params(4);
+  sp.logprobs = 5;
+  sp.prompt_logprobs = 1;
+  const Tokens prompt = Prompt(4, 21);
+  const tboost_request_id a = Enqueue(e.p, prompt, sp);
+  tboost_sampling_params many = Params(2);
+  many.logprobs = 50;  // more than an event carries: capped
+  const tboost_request_id b = Enqueue(e.p, Prompt(5, 6), many);
+  const tboost_request_id c = Enqueue(e.p, Prompt(6, 6), Params(2));  // no prompt logprobs
+  RunToCompletion(e.p);
+  const auto ev = ReadAll(e.p, a);
+  ExpectWellFormed(ev, a);
+  ASSERT_EQ(ev.size(), 4u);
+  for (size_t i = 0; i < ev.size(); ++i) {
+    ASSERT_EQ(ev[i].n_top, 5u) << "event " << i;
+    EXPECT_EQ(ev[i].top_tokens[0], ev[i].token) << "greedy takes the most likely token";
+    EXPECT_FLOAT_EQ(ev[i].top_logprobs[0], ev[i].logprob);
+    for (int k = 1; k < 5; ++k) EXPECT_LE(ev[i].top_logprobs[k], ev[i].top_logprobs[k - 1]) << "event " << i;
+    if (i + 1 < ev.size()) {
+      EXPECT_EQ(ev[i].total_ms, 0.0) << "timings only on the last event";
+      EXPECT_TRUE(std::isnan(ev[i].first_token_ms));
+      EXPECT_EQ(ev[i].prompt_tokens, 0u);
+    }
+  }
+  const tboost_event& last = ev.back();
+  EXPECT_EQ(last.prompt_tokens, prompt.size());
+  EXPECT_EQ(last.cached_prompt_tokens, 0u);
+  EXPECT_EQ(last.preemptions, 0u);
+  EXPECT_LE(0.0, last.queued_ms);
+  EXPECT_LE(last.queued_ms, last.first_token_ms);
+  EXPECT_LE(last.first_token_ms, last.total_ms);
+  const auto ev_b = ReadAll(e.p, b);
+  EXPECT_EQ(ev_b[0].n_top, (uint32_t)TBOOST_MAX_TOP_LOGPROBS);
+  const auto ev_c = ReadAll(e.p, c);
+  EXPECT_EQ(ev_c[0].n_top, 0u) << "no alternatives unless asked";
+
+  // Prompt logprobs: one per prompt token, entry 0 NaN (no context), the rest finite and <= 0.
+  size_t n = 0;
+  EXPECT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_engine_prompt_logprobs(e.p, a, nullptr, 0, &n));
+  ASSERT_EQ(n, prompt.size());
+  std::vector<float> lp(n);
+  ASSERT_OK(tboost_engine_prompt_logprobs(e.p, a, lp.data(), lp.size(), &n));
+  EXPECT_TRUE(std::isnan(lp[0]));
+  for (size_t i = 1; i < n; ++i) EXPECT_TRUE(std::isfinite(lp[i]) && lp[i] <= 0.0f) << i << ": " << lp[i];
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_engine_prompt_logprobs(e.p, c, lp.data(), lp.size(), &n));
+  EXPECT_NE(LastError().find("prompt_logprobs"), std::string::npos) << LastError();
+  EXPECT_STATUS(TBOOST_ERR_NOT_FOUND, tboost_engine_prompt_logprobs(e.p, 4242, lp.data(), lp.size(), &n));
+  EXPECT_STATUS(TBOOST_ERR_NULL_POINTER, tboost_engine_prompt_logprobs(e.p, a, lp.data(), lp.size(), nullptr));
+
+  // A host built against the first header (40-byte events, 64-byte params) still works.
+  tboost_sampling_params v1 = Params(2);
+  v1.struct_size = 64;
+  v1.prompt_logprobs = 1;  // beyond a first-version struct: not read
+  const tboost_request_id d = Enqueue(e.p, Prompt(7, 5), v1);
+  RunToCompletion(e.p);
+  alignas(8) unsigned char old[2][40];
+  std::memset(old, 0xcd, sizeof old);
+  ASSERT_OK(tboost_engine_read(e.p, d, reinterpret_cast<tboost_event*>(old), 40, 2, &n));
+  ASSERT_EQ(n, 2u);
+  tboost_event first{};
+  std::memcpy(&first, old[0], 40);
+  EXPECT_EQ(first.struct_size, 40u);
+  EXPECT_EQ(first.index, 0u);
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_engine_prompt_logprobs(e.p, d, lp.data(), lp.size(), &n));
+}
+
+TEST(Engine, LogitBiasBansAndForcesTokensAndChecksItsArrays) {
+  Model m(Golden("llama_gqa"));
+  std::unique_ptr<Config> cfg(SmallConfig());
+  Engine e(m.p, cfg->p);
+  auto first = [&](const tboost_sampling_params& sp) {
+    const tboost_request_id id = Enqueue(e.p, Prompt(8, 9), sp);
+    RunToCompletion(e.p);
+    return ReadAll(e.p, id).front();
+  };
+  tboost_sampling_params sp = Params(1);
+  sp.logprobs = 2;
+  const tboost_event plain = first(sp);
+  const int32_t best = plain.top_tokens[0];
+  const float ban = -INFINITY;
+  sp.n_logit_bias = 1;
+  sp.logit_bias_tokens = &best;
+  sp.logit_bias_values = &ban;
+  const tboost_event banned = first(sp);
+  EXPECT_EQ(banned.token, plain.top_tokens[1]) << "the runner-up once the best is banned";
+  EXPECT_FLOAT_EQ(banned.top_logprobs[0], plain.top_logprobs[0]) << "logprobs stay the raw model's";
+  const int32_t forced_token = 17;
+  const float push = 1000.0f;
+  sp.logit_bias_tokens = &forced_token;
+  sp.logit_bias_values = &push;
+  EXPECT_EQ(first(sp).token, 17);
+  // Bad arrays: each named.
+  tboost_request_id id = 0;
+  const Tokens prompt = Prompt(8, 9);
+  sp.logit_bias_values = nullptr;
+  EXPECT_STATUS(TBOOST_ERR_NULL_POINTER,
+                tboost_engine_enqueue(e.p, prompt.data(), prompt.size(), &sp, nullptr, nullptr, 0, &id));
+  EXPECT_NE(LastError().find("logit_bias_values"), std::string::npos) << LastError();
+  const int32_t outside = 640;
+  sp.logit_bias_tokens = &outside;
+  sp.logit_bias_values = &push;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT,
+                tboost_engine_enqueue(e.p, prompt.data(), prompt.size(), &sp, nullptr, nullptr, 0, &id));
+  EXPECT_NE(LastError().find("logit_bias[0]"), std::string::npos) << LastError();
+  const float nan = NAN;
+  sp.logit_bias_tokens = &forced_token;
+  sp.logit_bias_values = &nan;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT,
+                tboost_engine_enqueue(e.p, prompt.data(), prompt.size(), &sp, nullptr, nullptr, 0, &id));
+  EXPECT_NE(LastError().find("logit_bias[0]"), std::string::npos) << LastError();
+}
+
+TEST(Chat, TemplateRendersMessagesWithToolsAndNamesBadInput) {
+  // A Hugging Face directory: the golden weights plus a tokenizer_config.json with a template.
+  const std::string dir = TempDir();
+  for (const char* f : {"/config.json", "/model.safetensors"}) WriteFile(dir + f, ReadFile(Golden("llama_gqa") + f));
+  WriteFile(dir + "/tokenizer_config.json", R"({"bos_token": "<s>", "eos_token": "</s>", "chat_template":
+    "{{ bos_token }}{% if tools %}[{{ tools | length }} tools: {{ tools[0].function.name }}]{% endif %}{% for m in messages %}{% if m.role not in ['system', 'user', 'assistant', 'tool'] %}{{ raise_exception('unknown role ' + m.role) }}{% endif %}<|{{ m.role }}|>{{ m.content }}{% if m.tool_calls %}(call {{ m.tool_calls[0].function.name }}){% endif %}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"})");
+  tboost_model* raw = nullptr;
+  ASSERT_OK(tboost_model_load(dir.c_str(), nullptr, nullptr, nullptr, &raw));
+  auto render = [&](const char* json, bool gen, std::string* out) {
+    size_t need = 0;
+    const tboost_status s = tboost_model_chat_apply(raw, json, gen, nullptr, 0, &need);
+    if (s != TBOOST_ERR_BUFFER_TOO_SMALL) return s;
+    std::string text(need, '\0');
+    const tboost_status s2 = tboost_model_chat_apply(raw, json, gen, text.data(), text.size(), &need);
+    text.resize(need - 1);
+    *out = text;
+    return s2;
+  };
+  std::string text;
+  ASSERT_OK(render(R"([{"role":"system","content":"Be brief."},{"role":"user","content":"Hi"}])", true, &text));
+  EXPECT_EQ(text, "<s><|system|>Be brief.\n<|user|>Hi\n<|assistant|>");
+  ASSERT_OK(render(R"({"messages":[{"role":"user","content":"Weather?"},
+      {"role":"assistant","content":"","tool_calls":[{"type":"function","function":{"name":"get_weather","arguments":{}}}]}],
+      "tools":[{"type":"function","function":{"name":"get_weather","parameters":{}}}]})",
+                   false, &text));
+  EXPECT_EQ(text, "<s>[1 tools: get_weather]<|user|>Weather?\n<|assistant|>(call get_weather)\n");
+  // Bad input: each named.
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, render("[{\"role\": ", true, &text));
+  EXPECT_NE(LastError().find("messages_json"), std::string::npos) << LastError();
+  EXPECT_NE(LastError().find("column"), std::string::npos) << LastError();
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, render(R"([{"content":"no role"}])", true, &text));
+  EXPECT_NE(LastError().find("messages[0]"), std::string::npos) << LastError();
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, render(R"([{"role":"wizard","content":"x"}])", true, &text));
+  EXPECT_NE(LastError().find("unknown role wizard"), std::string::npos) << LastError();
+  EXPECT_STATUS(TBOOST_ERR_NULL_POINTER, render(nullptr, true, &text));
+  // No tokenizer here: no stop strings.
+  char stops[16];
+  size_t need = 0;
+  ASSERT_OK(tboost_model_chat_stops(raw, stops, sizeof stops, &need));
+  EXPECT_STREQ(stops, "[]");
+  tboost_model_free(raw);
+  // A model without a template says so, naming the file.
+  Model plain(Golden("llama_gqa"));
+  EXPECT_STATUS(TBOOST_ERR_UNSUPPORTED, tboost_model_chat_apply(plain.p, "[]", true, nullptr, 0, &need));
+  EXPECT_NE(LastError().find("chat template"), std::string::npos) << LastError();
+  for (const char* f : {"/config.json", "/model.safetensors", "/tokenizer_config.json"}) std::remove((dir + f).c_str());
+  rmdir(dir.c_str());
 }
 
 TEST(Engine, ReadRulesEventSizeCapAndUnknownIds) {

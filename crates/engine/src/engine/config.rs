@@ -93,6 +93,10 @@ pub struct EngineConfig {
     /// The Ascend devices of the ranks with `comm` = hccl (`devices`: `ascend:0,1`; empty: the
     /// backend's device and the next `tp - 1`).
     pub devices: String,
+    /// Prompt-lookup speculative decoding (`spec_ngram`): greedy requests propose up to this
+    /// many tokens a step from an earlier occurrence of their last tokens, verified in one
+    /// chunk; 0 = off.
+    pub spec_ngram: usize,
 }
 
 impl Default for EngineConfig {
@@ -118,6 +122,7 @@ impl Default for EngineConfig {
             weight_pages: WeightPages::Huge,
             ascend_known_bad: String::new(),
             tp: 1,
+            spec_ngram: 0,
             comm: CommKind::Local,
             comm_timeout_ms: 60_000,
             devices: String::new(),

@@ -22,6 +22,10 @@ pub(super) struct Core {
     pub total_step_ms: f64,
     pub finished: u64,
     pub cancelled: u64,
+    /// Prompt-lookup draft length (`spec_ngram`; 0 = off) and its counters.
+    pub spec_ngram: usize,
+    pub spec_drafted: u64,
+    pub spec_accepted: u64,
     // Reused per-step buffers.
     logits: Vec<f32>,
     work: Vec<SeqWork>,
@@ -30,6 +34,21 @@ pub(super) struct Core {
     rows: Vec<u32>,
     /// Prompt-logprob rows of this step: (index into the work, prompt position scored, row).
     plp_rows: Vec<(usize, usize, usize)>,
+    draft: Vec<u32>,
+}
+
+/// Prompt lookup: into `out`, up to `k` tokens that followed the latest earlier occurrence of
+/// the last n tokens of `tokens` (n = 3, else 2, else 1); empty when none occurs.
+pub(crate) fn ngram_draft(tokens: &[u32], k: usize, out: &mut Vec<u32>) {
+    out.clear();
+    let len = tokens.len();
+    for n in (2..=4.min(len.saturating_sub(1))).rev() {
+        let tail = &tokens[len - n..];
+        if let Some(i) = (0..len - n).rev().find(|&i| &tokens[i..i + n] == tail) {
+            out.extend_from_slice(&tokens[i + n..(i + n + k).min(len)]);
+            return;
+        }
+    }
 }
 
 /// The last event of a request that ends without a new token.
@@ -61,12 +80,16 @@ impl Core {
             total_step_ms: 0.0,
             finished: 0,
             cancelled: 0,
+            spec_ngram: 0,
+            spec_drafted: 0,
+            spec_accepted: 0,
             logits: Vec::new(),
             work: Vec::new(),
             layout: StepLayout::default(),
             tokens: Vec::new(),
             rows: Vec::new(),
             plp_rows: Vec::new(),
+            draft: Vec::new(),
         }
     }
 
@@ -93,12 +116,54 @@ impl Core {
 
     /// Schedules and runs one batch. Per-request failures become events.
     pub fn run(&mut self, limits: SchedLimits, out: &mut StepOutput) -> Result<bool> {
+        self.propose_drafts();
         let work = self.sched.schedule(limits, &mut self.kv);
+        // A sequence the budget left out this step takes its drafts off again.
+        for (i, s) in self.sched.running.iter_mut().enumerate() {
+            if s.drafts > 0 && !work.iter().any(|w| w.index == i) {
+                s.tokens.truncate(s.tokens.len() - s.drafts);
+                s.drafts = 0;
+            }
+        }
         if work.is_empty() {
             return Ok(false);
         }
         self.run_batch(&work, out);
         Ok(true)
+    }
+
+    /// Prompt lookup: each greedy decode drafts the tokens that followed the latest earlier
+    /// occurrence of its last tokens. Drafts only take blocks no plain decode of this step
+    /// needs, so speculation never preempts anyone.
+    fn propose_drafts(&mut self) {
+        if self.spec_ngram == 0 {
+            return;
+        }
+        let decode_need: usize = self.sched.running.iter().map(|s| self.kv.blocks_needed(s.id, s.tokens.len())).sum();
+        let mut free = self.kv.available().saturating_sub(decode_need);
+        for s in self.sched.running.iter_mut() {
+            if s.tokens.len() != s.computed + 1 || s.drafts > 0 || s.sampler.params().temperature != 0.0 {
+                continue;
+            }
+            // The verification yields up to drafts + 1 tokens.
+            let left = s.stop.max_tokens.saturating_sub(s.generated().len());
+            if s.draft_len == 0 {
+                s.draft_len = self.spec_ngram;
+            }
+            let k = s.draft_len.min(left.saturating_sub(1));
+            if k == 0 {
+                continue;
+            }
+            ngram_draft(&s.tokens, k, &mut self.draft);
+            let plain = self.kv.blocks_needed(s.id, s.tokens.len());
+            let need = self.kv.blocks_needed(s.id, s.tokens.len() + self.draft.len()) - plain;
+            if self.draft.is_empty() || need > free {
+                continue;
+            }
+            free -= need;
+            s.drafts = self.draft.len();
+            s.tokens.extend_from_slice(&self.draft);
+        }
     }
 
     fn run_batch(&mut self, work: &[Scheduled], out: &mut StepOutput) {
@@ -107,7 +172,9 @@ impl Core {
         self.tokens.clear();
         self.rows.clear();
         self.plp_rows.clear();
-        let mut sampled = Vec::new(); // (index into `work`, logits row) of those that produce a token
+        // (index into `work`, first logits row, rows) of those that produce tokens: one row,
+        // or every row of a speculative chunk.
+        let mut sampled = Vec::new();
         for (wi, w) in work.iter().enumerate() {
             let s = &self.sched.running[w.index];
             let base = self.tokens.len();
@@ -122,8 +189,12 @@ impl Core {
                     }
                 }
             }
-            if s.computed + w.n == s.tokens.len() {
-                sampled.push((wi, self.rows.len()));
+            if s.drafts > 0 {
+                // Verification: each row of the chunk predicts the token after it.
+                sampled.push((wi, self.rows.len(), w.n));
+                self.rows.extend((base..base + w.n).map(|r| r as u32));
+            } else if s.computed + w.n == s.tokens.len() {
+                sampled.push((wi, self.rows.len(), 1));
                 self.rows.push(self.tokens.len() as u32 - 1);
             }
         }
@@ -156,36 +227,63 @@ impl Core {
             }
         }
         let mut done = Vec::new();
-        for &(wi, row) in &sampled {
+        for &(wi, row0, rows) in &sampled {
             let s = &mut self.sched.running[work[wi].index];
-            let lg = &self.logits[row * vocab..(row + 1) * vocab];
             let tag = self.tags.get(&s.id).copied().unwrap_or(0);
-            let (prompt, generated) = s.tokens.split_at(s.prompt_len);
-            let ev = match s.sampler.sample(lg, prompt, generated) {
-                Ok(x) => {
-                    s.tokens.push(x.token);
-                    s.first_token.get_or_insert_with(std::time::Instant::now);
-                    self.generated_tokens += 1;
-                    let finish = s.stop.check(s.generated());
-                    let first = s.tokens.len() == s.prompt_len + 1;
-                    Event {
-                        id: s.id,
-                        tag,
-                        token: Some(x.token),
-                        logprob: x.logprob,
-                        top_logprobs: x.top,
-                        finish,
-                        error: None,
-                        prompt_logprobs: s.prompt_logprobs.as_ref().filter(|_| first).cloned().unwrap_or_default(),
-                        timings: finish.map(|_| s.timings()),
+            let drafts = s.tokens.split_off(s.tokens.len() - s.drafts);
+            let speculated = s.drafts > 0;
+            s.drafts = 0;
+            // Each row samples the next token; while it equals the next draft, that draft
+            // (whose K/V this chunk computed) is kept and the next row counts.
+            let mut kept = 0;
+            for i in 0..rows {
+                let lg = &self.logits[(row0 + i) * vocab..(row0 + i + 1) * vocab];
+                let (prompt, generated) = s.tokens.split_at(s.prompt_len);
+                let ev = match s.sampler.sample(lg, prompt, generated) {
+                    Ok(x) => {
+                        s.tokens.push(x.token);
+                        s.first_token.get_or_insert_with(std::time::Instant::now);
+                        self.generated_tokens += 1;
+                        let finish = s.stop.check(s.generated());
+                        let first = s.tokens.len() == s.prompt_len + 1;
+                        Event {
+                            id: s.id,
+                            tag,
+                            token: Some(x.token),
+                            logprob: x.logprob,
+                            top_logprobs: x.top,
+                            finish,
+                            error: None,
+                            prompt_logprobs: s.prompt_logprobs.as_ref().filter(|_| first).cloned().unwrap_or_default(),
+                            timings: finish.map(|_| s.timings()),
+                        }
                     }
+                    Err(e) => finish_event(s, tag, FinishReason::Error, Some(e.to_string())),
+                };
+                let (token, finished) = (ev.token, ev.finish.is_some());
+                out.events.push(ev);
+                if finished {
+                    done.push(s.id);
+                    break;
                 }
-                Err(e) => finish_event(s, tag, FinishReason::Error, Some(e.to_string())),
-            };
-            if ev.finish.is_some() {
-                done.push(s.id);
+                if i + 1 < rows && token.is_some() && token == drafts.get(i).copied() {
+                    kept += 1;
+                } else {
+                    break;
+                }
             }
-            out.events.push(ev);
+            if speculated {
+                // The chunk started at the last real token: it and the kept drafts have their
+                // K/V; the rest of the chunk is discarded with the blocks only it used.
+                s.computed = s.computed - rows + 1 + kept;
+                self.kv.commit(s.id, &s.tokens, s.computed);
+                self.kv.shrink(s.id, s.computed);
+                self.spec_drafted += drafts.len() as u64;
+                self.spec_accepted += kept as u64;
+                // Rejected rows are compute spent for nothing: draft as far as the model has
+                // been following lately, doubling back up after a fully kept draft.
+                s.draft_len = if kept == drafts.len() { (2 * kept).clamp(1, self.spec_ngram) } else { kept + 1 };
+            }
         }
         for id in done {
             self.sched.remove(id, &mut self.kv);

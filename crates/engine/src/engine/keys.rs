@@ -73,6 +73,14 @@ const FIXED: &[(&str, KeyType, &str, Option<&str>, &str)] = &[
     ("prefix_caching", KeyType::Bool, "true", None, "reuse cached prompt prefixes"),
     ("queue_limit", KeyType::Int { min: 1, max: MAX }, "4096", None, "most waiting requests"),
     (
+        "spec_ngram",
+        KeyType::Int { min: 0, max: 16 },
+        "0",
+        None,
+        "prompt-lookup speculative decoding: greedy requests draft up to this many tokens a step from \
+         an earlier occurrence of their last tokens, verified in one chunk (0 = off)",
+    ),
+    (
         "disabled_ops",
         KeyType::Str,
         "",
@@ -266,6 +274,7 @@ impl EngineConfig {
             ("max_batched_tokens", Typed::Int(v)) => self.max_batched_tokens = usize_of(v)?,
             ("prefix_caching", Typed::Bool(b)) => self.prefix_caching = b,
             ("queue_limit", Typed::Int(v)) => self.queue_limit = usize_of(v)?,
+            ("spec_ngram", Typed::Int(v)) => self.spec_ngram = usize_of(v)?,
             ("disabled_ops", Typed::Str(list)) => {
                 self.disabled_ops = PlanOptions::parse_disabled(list).map_err(named)?
             }
@@ -336,6 +345,7 @@ impl EngineConfig {
             "max_batched_tokens": self.max_batched_tokens,
             "prefix_caching": self.prefix_caching,
             "queue_limit": self.queue_limit,
+            "spec_ngram": self.spec_ngram,
             "disabled_ops": self.disabled_ops.iter().cloned().collect::<Vec<_>>().join(","),
             "tiling.attention.tile_kv": auto(self.attention_tile_kv),
             "pin_threads": self.pin_threads,

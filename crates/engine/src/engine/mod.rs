@@ -108,6 +108,9 @@ pub struct Stats {
     pub cancelled: u64,
     /// Bytes copied between the backend and the CPU beside it (per-op fallbacks).
     pub fallback_copied_bytes: u64,
+    /// Speculative decoding (`spec_ngram`): draft tokens proposed, and those the model kept.
+    pub spec_drafted: u64,
+    pub spec_accepted: u64,
 }
 
 /// What `enqueue` needs to validate a request, and what readers ask about the model,
@@ -249,7 +252,9 @@ impl Engine {
         let mut kv = KvManager::new(blocks, bs, self.config.prefix_caching);
         // One sliding window in every layer (Mistral-style): blocks behind it go back to the pool.
         kv.set_window(cfg.features.uniform_window().unwrap_or(0));
-        *core = Some(Core::new(runner, kv));
+        let mut c = Core::new(runner, kv);
+        c.spec_ngram = self.config.spec_ngram;
+        *core = Some(c);
         let mut sh = self.shared()?;
         sh.following = facts.follower.is_some();
         sh.facts = Some(facts);
@@ -322,6 +327,7 @@ impl Engine {
             return Err(Error::invalid("max_tokens", "must be at least 1"));
         }
         req.sampling.validate()?;
+        req.sampling.validate_tokens(vocab)?;
         let eos_ids = req.eos_ids.clone().unwrap_or_else(|| f.eos_ids.clone());
         let stop = StopCriteria {
             max_tokens: req.max_tokens,
@@ -487,6 +493,8 @@ impl Engine {
             finished: c.finished,
             cancelled: c.cancelled,
             fallback_copied_bytes: c.runner.fallback_copied_bytes(),
+            spec_drafted: c.spec_drafted,
+            spec_accepted: c.spec_accepted,
         };
         Ok(())
     }

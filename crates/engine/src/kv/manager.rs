@@ -188,6 +188,18 @@ impl KvManager {
         }
     }
 
+    /// Gives back `seq`'s blocks beyond what `positions` positions need (the room a rejected
+    /// speculative draft took). Registered and window-dropped blocks stay.
+    pub fn shrink(&mut self, seq: SeqKey, positions: usize) {
+        let bs = self.block_size();
+        let Some(s) = self.seqs.get_mut(&seq) else { return };
+        let keep = positions.div_ceil(bs).max(s.hashed).max(s.dropped);
+        if s.table.len() > keep {
+            let tail = s.table.split_off(keep);
+            self.blocks.release(&tail);
+        }
+    }
+
     /// After a forward pass: `seq` now has `computed` positions of `tokens` in the cache;
     /// registers its newly full blocks in the prefix cache.
     pub fn commit(&mut self, seq: SeqKey, tokens: &[u32], computed: usize) {

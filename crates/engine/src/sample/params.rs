@@ -37,6 +37,9 @@ pub struct SamplingParams {
     /// `None`: no logprobs. `Some(n)`: the chosen token's logprob plus the `n` most likely
     /// alternatives, all taken from the model's raw distribution (see [`super::Sampled`]).
     pub logprobs: Option<usize>,
+    /// `(token, bias)` pairs added to the logits before every other stage (OpenAI's
+    /// `logit_bias`); a bias of -inf bans the token. Logprobs stay those of the raw model.
+    pub logit_bias: Vec<(u32, f32)>,
 }
 
 impl Default for SamplingParams {
@@ -51,6 +54,7 @@ impl Default for SamplingParams {
             frequency_penalty: 0.0,
             seed: 0,
             logprobs: None,
+            logit_bias: Vec::new(),
         }
     }
 }
@@ -95,11 +99,33 @@ impl SamplingParams {
                 return Err(Error::invalid(name, format!("must lie in [-2, 2] (0 = off), got {v}")));
             }
         }
+        for (i, &(t, b)) in self.logit_bias.iter().enumerate() {
+            if b.is_nan() || b == f32::INFINITY {
+                return Err(Error::invalid(
+                    format!("logit_bias[{i}]"),
+                    format!("the bias of token {t} is {b}: a finite number, or -inf to ban the token"),
+                ));
+            }
+        }
         Ok(())
+    }
+
+    /// Token ids of `logit_bias` below the vocabulary size (the engine checks at enqueue).
+    pub fn validate_tokens(&self, vocab: usize) -> Result<()> {
+        match self.logit_bias.iter().enumerate().find(|(_, &(t, _))| t as usize >= vocab) {
+            Some((i, &(t, _))) => Err(Error::invalid(
+                format!("logit_bias[{i}]"),
+                format!("token {t} is not below the vocabulary size {vocab}"),
+            )),
+            None => Ok(()),
+        }
     }
 
     /// Whether any penalty stage changes logits (the sampler then works on a copy).
     pub(crate) fn has_penalties(&self) -> bool {
-        self.repetition_penalty != 1.0 || self.presence_penalty != 0.0 || self.frequency_penalty != 0.0
+        self.repetition_penalty != 1.0
+            || self.presence_penalty != 0.0
+            || self.frequency_penalty != 0.0
+            || !self.logit_bias.is_empty()
     }
 }

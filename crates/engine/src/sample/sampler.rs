@@ -159,6 +159,9 @@ impl Sampler {
         if repetition || additive {
             check_ids("generated", generated, vocab)?;
         }
+        if let Some(&(t, _)) = p.logit_bias.iter().find(|&&(t, _)| t as usize >= vocab) {
+            return Err(Error::invalid("logit_bias", format!("token {t} is not below the vocabulary size {vocab}")));
+        }
 
         let mut saw_bad = false;
         self.work.clear();
@@ -200,6 +203,9 @@ impl Sampler {
                 self.marks[t as usize] = 0;
             }
             self.touched.clear();
+        }
+        for &(t, b) in &p.logit_bias {
+            self.work[t as usize] += b;
         }
         // A penalty can overflow an extreme logit; keep the rule "only finite logits compete".
         for l in &mut self.work {

@@ -8,7 +8,11 @@
 //! - chunked prefill is a sequence many tokens behind, catching up a budget at a time;
 //! - a prefix-cache hit starts `computed` at the cached length;
 //! - preemption frees the blocks and resets `computed` to 0 — the generated tokens stay in
-//!   `tokens`, so recomputation is just a longer prefill and the output continues unchanged.
+//!   `tokens`, so recomputation is just a longer prefill and the output continues unchanged;
+//! - speculative decoding appends `drafts` guessed tokens for one step: the chunk from the
+//!   last real token through the drafts is computed, every row is sampled, the drafts that
+//!   match are kept and `computed` steps back to just past them (the rest is cut off and
+//!   its blocks freed), so after the step the sequence is one token behind again.
 //!
 //! Policy per step (`Scheduler::schedule`): first every running decode (one token each),
 //! then running prefills, then waiting requests, highest priority first and first-come
@@ -67,6 +71,12 @@ pub struct Seq {
     pub first_token: Option<Instant>,
     /// Prompt tokens the prefix cache supplied at the first admission.
     pub cached_prompt: usize,
+    /// Speculative tokens at the end of `tokens`, proposed this step and not yet verified
+    /// (0 outside a step). They are never cached, counted or kept across a preemption.
+    pub drafts: usize,
+    /// Draft length for the next speculative step, adapted to how many were kept (0: not yet
+    /// speculated; starts at the engine's maximum).
+    pub draft_len: usize,
 }
 
 impl Seq {
@@ -97,6 +107,8 @@ impl Seq {
             started: None,
             first_token: None,
             cached_prompt: 0,
+            drafts: 0,
+            draft_len: 0,
         }
     }
 
@@ -184,6 +196,8 @@ impl Scheduler {
     fn preempt(&mut self, index: usize, kv: &mut KvManager) {
         let mut s = self.running.remove(index);
         kv.release(s.id);
+        s.tokens.truncate(s.tokens.len() - s.drafts);
+        s.drafts = 0;
         s.computed = 0;
         s.preemptions += 1;
         self.counters.preemptions += 1;
@@ -310,7 +324,9 @@ impl Scheduler {
             let first_time = s.computed.min(s.prompt_len).saturating_sub(s.prompt_counted);
             s.prompt_counted += first_time;
             prompt += first_time as u64;
-            kv.commit(s.id, &s.tokens, s.computed);
+            // Draft positions are not known to be right yet: their blocks are registered once
+            // the verification has kept them.
+            kv.commit(s.id, &s.tokens, s.computed.min(s.tokens.len() - s.drafts));
         }
         prompt
     }

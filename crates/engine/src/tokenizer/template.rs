@@ -211,7 +211,7 @@ impl ChatTemplate {
         pairs.push(("add_generation_prompt".into(), Value::from(add_generation_prompt)));
         pairs.push(("bos_token".into(), Value::from(self.bos_token.as_str())));
         pairs.push(("eos_token".into(), Value::from(self.eos_token.as_str())));
-        tmpl.render(Value::from_iter(pairs)).map_err(|e| self.err(e))
+        tmpl.render(Value::from_pairs(pairs)).map_err(|e| self.err(e))
     }
 
     fn err(&self, e: minijinja::Error) -> Error {
@@ -238,7 +238,7 @@ fn json_value(v: &Json) -> Value {
         },
         Json::String(s) => Value::from(s.as_str()),
         Json::Array(a) => Value::from(a.iter().map(json_value).collect::<Vec<_>>()),
-        Json::Object(o) => Value::from_iter(o.iter().map(|(k, v)| (k.clone(), json_value(v)))),
+        Json::Object(o) => Value::from_pairs(o.iter().map(|(k, v)| (k.as_str(), json_value(v)))),
     }
 }
 
