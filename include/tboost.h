@@ -246,6 +246,39 @@ typedef int32_t tboost_log_level;
 #endif // __cplusplus
 
 /**
+ * What `tboost_sampling_params::grammar` holds (structured output).
+ */
+enum tboost_grammar_kind
+#if defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+  : int32_t
+#endif // defined(__cplusplus) || __STDC_VERSION__ >= 202311L
+ {
+  /**
+   * No constraint.
+   */
+  TBOOST_GRAMMAR_NONE = 0,
+  /**
+   * A JSON schema (JSON text): the output is one JSON value that validates.
+   */
+  TBOOST_GRAMMAR_JSON_SCHEMA = 1,
+  /**
+   * A regular expression the whole output matches.
+   */
+  TBOOST_GRAMMAR_REGEX = 2,
+  /**
+   * A grammar in llguidance's Lark syntax (`start: ...`).
+   */
+  TBOOST_GRAMMAR_LARK = 3,
+};
+#ifndef __cplusplus
+#if __STDC_VERSION__ >= 202311L
+typedef enum tboost_grammar_kind tboost_grammar_kind;
+#else
+typedef int32_t tboost_grammar_kind;
+#endif // __STDC_VERSION__ >= 202311L
+#endif // __cplusplus
+
+/**
  * Element types. The numbers are stable.
  */
 enum tboost_dtype
@@ -549,6 +582,23 @@ typedef struct tboost_sampling_params {
    */
   const int32_t *logit_bias_tokens;
   const float *logit_bias_values;
+  /**
+   * Structured output: the request's output must match `grammar` (NUL-terminated UTF-8,
+   * copied by enqueue), read as `grammar_kind` says; the request ends (`TBOOST_FINISH_EOS`)
+   * when the grammar is complete. A grammar that does not compile fails the enqueue with
+   * `TBOOST_ERR_INVALID_ARGUMENT` naming its kind and position. Its logprobs are those of
+   * the masked distribution. Needs the model's tokenizer. Default NULL.
+   */
+  const char *grammar;
+  /**
+   * A `tboost_grammar_kind` (an int here, so that any value a host writes is defined
+   * and an unknown one is refused by name). Default `TBOOST_GRAMMAR_NONE`.
+   */
+  int32_t grammar_kind;
+  /**
+   * Zero.
+   */
+  uint32_t reserved;
 } tboost_sampling_params;
 
 /**

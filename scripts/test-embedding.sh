@@ -299,9 +299,10 @@ check_chat() { # OUTPUT HOST
     grep -q '^chat stops: \[.*"<|im_end|>".*\]$' "$1" &&
     grep -Eq '^chat reply: .+ \((eos|length)\)$' "$1" &&
     grep -Eq '^chat first-token alternatives: [0-9]+ \(-?[0-9.]+\), [0-9]+ \(-?[0-9.]+\), [0-9]+ \(-?[0-9.]+\)$' "$1" &&
-    grep -Eq '^chat timings: prompt [1-9][0-9]* tokens, queued [0-9.]+ ms, first token [0-9.]+ ms, total [0-9.]+ ms$' "$1" ||
-    { grep '^chat' "$1"; die "the $2 host's chat (template, stops, alternatives, timings) is not as expected"; }
-  grep '^chat reply' "$1"
+    grep -Eq '^chat timings: prompt [1-9][0-9]* tokens, queued [0-9.]+ ms, first token [0-9.]+ ms, total [0-9.]+ ms$' "$1" &&
+    grep -Eq '^chat json: \{.*\} \(valid: name ".*", [0-3] args\)$' "$1" ||
+    { grep '^chat' "$1"; die "the $2 host's chat (template, stops, alternatives, timings, JSON schema) is not as expected"; }
+  grep -E '^chat (reply|json)' "$1"
 }
 
 step "Go (cgo) host gives the C++ host's tokens, and chats with the demo model"

@@ -70,6 +70,8 @@ static tb_result tb_stats(tboost_engine *e, tboost_stats *st) {
 import "C"
 
 import (
+	"bytes"
+	"encoding/json"
 	"fmt"
 	"os"
 	"sort"
@@ -118,6 +120,38 @@ func text(what string, f func(buf *C.char, cap C.size_t, need *C.size_t) C.tb_re
 	return C.GoString(buf)
 }
 
+// generate runs one request to its end and returns its text, its last event and the
+// alternatives of its first token.
+func generate(engine *C.tboost_engine, ids []int32, sp *C.tboost_sampling_params) (string, C.tboost_event, []string) {
+	var id C.tboost_request_id
+	check(C.tb_enqueue(engine, (*C.int32_t)(unsafe.Pointer(&ids[0])), C.size_t(len(ids)), sp, &id), "chat enqueue")
+	var reply []int32
+	var last C.tboost_event
+	var top []string
+	for finished := false; !finished; {
+		check(C.tb_step(engine), "chat step")
+		var ev [8]C.tboost_event
+		var got C.size_t
+		check(C.tb_read(engine, id, &ev[0], 8, &got), "chat read")
+		for _, e := range ev[:got] {
+			if e.token >= 0 {
+				reply = append(reply, int32(e.token))
+			}
+			if len(top) == 0 {
+				for k := 0; k < int(e.n_top); k++ {
+					top = append(top, fmt.Sprintf("%d (%.3f)", int32(e.top_tokens[k]), float32(e.top_logprobs[k])))
+				}
+			}
+			last, finished = e, e.finish != C.TBOOST_FINISH_NONE
+		}
+	}
+	reply = append(reply, 0)[:len(reply)] // a valid pointer even for an empty reply
+	out := text("detokenize", func(b *C.char, c C.size_t, need *C.size_t) C.tb_result {
+		return C.tb_detokenize(engine, (*C.int32_t)(unsafe.Pointer(&reply[:1][0])), C.size_t(len(reply)), b, c, need)
+	})
+	return out, last, top
+}
+
 // chat renders a conversation with the model's template, generates a greedy reply and prints
 // it with the alternatives of its first token and the request's timings.
 func chat(path string) {
@@ -153,36 +187,35 @@ func chat(path string) {
 	C.tboost_sampling_params_init(&sp)
 	sp.max_tokens = 24
 	sp.logprobs = 3
-	var id C.tboost_request_id
-	check(C.tb_enqueue(engine, (*C.int32_t)(unsafe.Pointer(&ids[0])), n, &sp, &id), "chat enqueue")
-	var reply []int32
-	var last C.tboost_event
-	var top []string
-	for finished := false; !finished; {
-		check(C.tb_step(engine), "chat step")
-		var ev [8]C.tboost_event
-		var got C.size_t
-		check(C.tb_read(engine, id, &ev[0], 8, &got), "chat read")
-		for _, e := range ev[:got] {
-			if e.token >= 0 {
-				reply = append(reply, int32(e.token))
-			}
-			if len(top) == 0 {
-				for k := 0; k < int(e.n_top); k++ {
-					top = append(top, fmt.Sprintf("%d (%.3f)", int32(e.top_tokens[k]), float32(e.top_logprobs[k])))
-				}
-			}
-			last, finished = e, e.finish != C.TBOOST_FINISH_NONE
-		}
-	}
-	reply = append(reply, 0)[:len(reply)] // a valid pointer even for an empty reply
-	answer := text("detokenize", func(b *C.char, c C.size_t, need *C.size_t) C.tb_result {
-		return C.tb_detokenize(engine, (*C.int32_t)(unsafe.Pointer(&reply[:1][0])), C.size_t(len(reply)), b, c, need)
-	})
-	fmt.Printf("chat reply: %q (%s)\n", answer, C.GoString(C.tboost_finish_reason_name(C.int32_t(last.finish))))
+	reply, last, top := generate(engine, ids[:n], &sp)
+	fmt.Printf("chat reply: %q (%s)\n", reply, C.GoString(C.tboost_finish_reason_name(C.int32_t(last.finish))))
 	fmt.Printf("chat first-token alternatives: %s\n", strings.Join(top, ", "))
 	fmt.Printf("chat timings: prompt %d tokens, queued %.1f ms, first token %.1f ms, total %.1f ms\n",
 		uint32(last.prompt_tokens), float64(last.queued_ms), float64(last.first_token_ms), float64(last.total_ms))
+
+	// Structured output: the same conversation, the reply held to a JSON schema.
+	schema := C.CString(`{"type":"object","properties":{"name":{"type":"string","maxLength":20},` +
+		`"args":{"type":"array","items":{"type":"string"},"maxItems":3}},"required":["name","args"],` +
+		`"additionalProperties":false}`)
+	C.tboost_sampling_params_init(&sp)
+	sp.max_tokens = 64
+	sp.grammar = schema
+	sp.grammar_kind = C.TBOOST_GRAMMAR_JSON_SCHEMA
+	structured, last, _ := generate(engine, ids[:n], &sp)
+	C.free(unsafe.Pointer(schema))
+	var v struct {
+		Name string   `json:"name"`
+		Args []string `json:"args"`
+	}
+	dec := json.NewDecoder(strings.NewReader(structured))
+	dec.DisallowUnknownFields()
+	if err := dec.Decode(&v); err != nil || last.finish != C.TBOOST_FINISH_EOS {
+		fmt.Fprintf(os.Stderr, "structured reply %q does not validate: %v\n", structured, err)
+		os.Exit(1)
+	}
+	var compact bytes.Buffer
+	_ = json.Compact(&compact, []byte(structured)) // it decoded above, so it compacts
+	fmt.Printf("chat json: %s (valid: name %q, %d args)\n", compact.String(), v.Name, len(v.Args))
 	C.tboost_engine_free(engine)
 }
 

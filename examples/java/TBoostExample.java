@@ -61,11 +61,11 @@ public final class TBoostExample {
         LongByReference needed);
   }
 
-  /** tboost_sampling_params (second version, 88 bytes, no padding). */
+  /** tboost_sampling_params (second version, 104 bytes, no padding). */
   @Structure.FieldOrder({"struct_size", "max_tokens", "temperature", "top_k", "top_p", "min_p",
       "repetition_penalty", "presence_penalty", "frequency_penalty", "logprobs", "priority",
       "ignore_eos", "seed", "user_tag", "prompt_logprobs", "n_logit_bias", "logit_bias_tokens",
-      "logit_bias_values"})
+      "logit_bias_values", "grammar", "grammar_kind", "reserved"})
   public static class SamplingParams extends Structure {
     public int struct_size, max_tokens;
     public float temperature;
@@ -75,7 +75,11 @@ public final class TBoostExample {
     public long seed, user_tag;
     public int prompt_logprobs, n_logit_bias;
     public Pointer logit_bias_tokens, logit_bias_values;
+    public String grammar;  // JNA passes a NUL-terminated copy
+    public int grammar_kind, reserved;
   }
+
+  static final int TBOOST_GRAMMAR_JSON_SCHEMA = 1;
 
   /** tboost_event (second version, 240 bytes): top alternatives and, on the last event, timings. */
   @Structure.FieldOrder({"struct_size", "token", "request_id", "user_tag", "logprob", "index", "finish", "error",
@@ -131,6 +135,36 @@ public final class TBoostExample {
     return new String(buf, 0, buf.length - 1, StandardCharsets.UTF_8);
   }
 
+  static String lastText = "";
+
+  /** Runs one request to its end; returns its last event, sets `lastText` to its text and
+   *  appends the alternatives of its first token to `top`. */
+  static Event generate(Pointer engine, int[] prompt, SamplingParams sp, StringBuilder top) {
+    LongByReference id = new LongByReference();
+    LongByReference n = new LongByReference();
+    check(T.tboost_engine_enqueue(engine, prompt, prompt.length, sp, null, null, 0, id), "chat enqueue");
+    List<Integer> reply = new ArrayList<>();
+    Event[] ev = (Event[]) new Event().toArray(8);
+    Event last = null;
+    while (last == null || last.finish == 0) {
+      check(T.tboost_engine_step(engine, null), "chat step");
+      check(T.tboost_engine_read(engine, id.getValue(), ev, ev[0].size(), ev.length, n), "chat read");
+      for (int e = 0; e < n.getValue(); e++) {
+        if (ev[e].token >= 0) reply.add(ev[e].token);
+        if (top.length() == 0) {
+          for (int k = 0; k < ev[e].n_top; k++) {
+            top.append(k > 0 ? ", " : "").append(ev[e].top_tokens[k])
+                .append(String.format(" (%.3f)", ev[e].top_logprobs[k]));
+          }
+        }
+        last = ev[e];
+      }
+    }
+    int[] out = reply.stream().mapToInt(Integer::intValue).toArray();
+    lastText = text("detokenize", (b, c, need) -> T.tboost_engine_detokenize(engine, out, out.length, b, c, need));
+    return last;
+  }
+
   /** Renders a chat with the model's template, generates a greedy reply, prints it with the
    *  alternatives of its first token and the request's timings. */
   static void chat(String path) {
@@ -156,38 +190,39 @@ public final class TBoostExample {
     LongByReference n = new LongByReference();
     // add_special false: the template wrote BOS itself where the model wants one.
     check(T.tboost_engine_tokenize(engine, utf8, utf8.length, false, ids, ids.length, n), "tokenize");
+    int[] promptIds = java.util.Arrays.copyOf(ids, (int) n.getValue());
     SamplingParams sp = new SamplingParams();
     T.tboost_sampling_params_init(sp);
     sp.read();
     sp.max_tokens = 24;
     sp.logprobs = 3;
-    LongByReference id = new LongByReference();
-    check(T.tboost_engine_enqueue(engine, java.util.Arrays.copyOf(ids, (int) n.getValue()), n.getValue(), sp,
-        null, null, 0, id), "chat enqueue");
-    List<Integer> reply = new ArrayList<>();
     StringBuilder top = new StringBuilder();
-    Event[] ev = (Event[]) new Event().toArray(8);
-    Event last = null;
-    while (last == null || last.finish == 0) {
-      check(T.tboost_engine_step(engine, null), "chat step");
-      check(T.tboost_engine_read(engine, id.getValue(), ev, ev[0].size(), ev.length, n), "chat read");
-      for (int e = 0; e < n.getValue(); e++) {
-        if (ev[e].token >= 0) reply.add(ev[e].token);
-        if (top.length() == 0) {
-          for (int k = 0; k < ev[e].n_top; k++) {
-            top.append(k > 0 ? ", " : "").append(ev[e].top_tokens[k])
-                .append(String.format(" (%.3f)", ev[e].top_logprobs[k]));
-          }
-        }
-        last = ev[e];
-      }
-    }
-    int[] out = reply.stream().mapToInt(Integer::intValue).toArray();
-    String answer = text("detokenize", (b, c, need) -> T.tboost_engine_detokenize(engine, out, out.length, b, c, need));
-    System.out.println("chat reply: " + answer.replace("\n", "\\n") + " (" + T.tboost_finish_reason_name(last.finish) + ")");
+    Event last = generate(engine, promptIds, sp, top);
+    System.out.println("chat reply: " + lastText.replace("\n", "\\n") + " (" + T.tboost_finish_reason_name(last.finish) + ")");
     System.out.println("chat first-token alternatives: " + top);
     System.out.println(String.format("chat timings: prompt %d tokens, queued %.1f ms, first token %.1f ms, total %.1f ms",
         last.prompt_tokens, last.queued_ms, last.first_token_ms, last.total_ms));
+
+    // Structured output: the same conversation, the reply held to a JSON schema.
+    T.tboost_sampling_params_init(sp);
+    sp.read();
+    sp.max_tokens = 64;
+    sp.grammar = "{\"type\":\"object\",\"properties\":{\"name\":{\"type\":\"string\",\"maxLength\":20},"
+        + "\"args\":{\"type\":\"array\",\"items\":{\"type\":\"string\"},\"maxItems\":3}},"
+        + "\"required\":[\"name\",\"args\"],\"additionalProperties\":false}";
+    sp.grammar_kind = TBOOST_GRAMMAR_JSON_SCHEMA;
+    last = generate(engine, promptIds, sp, new StringBuilder());
+    String json = lastText;
+    // No JSON library in the JDK: check the shape the schema allows, {"name": "...", "args": [...]}.
+    java.util.regex.Matcher mm = java.util.regex.Pattern
+        .compile("\\{\\s*\"name\"\\s*:\\s*\"((?:[^\"\\\\]|\\\\.)*)\"\\s*,\\s*\"args\"\\s*:\\s*\\[(.*)\\]\\s*\\}", java.util.regex.Pattern.DOTALL)
+        .matcher(json);
+    if (!mm.matches() || last.finish != 2 /* TBOOST_FINISH_EOS */) {
+      throw new IllegalStateException("structured reply does not validate: " + json);
+    }
+    int args = mm.group(2).trim().isEmpty() ? 0 : mm.group(2).split("\"\\s*,\\s*\"").length;
+    System.out.println("chat json: " + json.replaceAll("\\s*\n\\s*", "") + " (valid: name \"" + mm.group(1) + "\", " + args
+        + " args)");
     check(T.tboost_engine_free(engine), "engine_free");
   }
 

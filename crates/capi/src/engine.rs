@@ -15,7 +15,7 @@ use super::status::{tboost_status, Failure, FfiResult, Status};
 use super::types::*;
 use super::util::*;
 use ::tboost_engine::engine::{Engine, EventEngine, QueuedEvent};
-use ::tboost_engine::sample::{FinishReason, SamplingParams};
+use ::tboost_engine::sample::{FinishReason, Grammar, SamplingParams};
 use ::tboost_engine::sched::{Request, RequestId};
 use ::tboost_engine::Error;
 
@@ -171,6 +171,23 @@ fn sampling(p: &tboost_sampling_params) -> FfiResult<SamplingParams> {
     })
 }
 
+fn grammar(p: &tboost_sampling_params) -> FfiResult<Option<Grammar>> {
+    let kind = p.grammar_kind;
+    if kind == tboost_grammar_kind::TBOOST_GRAMMAR_NONE as i32 {
+        return Ok(None);
+    }
+    // SAFETY: NULL or NUL-terminated per the contract.
+    let text = unsafe { read_cstr(p.grammar, "params->grammar") }?.to_owned();
+    Ok(Some(match kind {
+        1 => Grammar::JsonSchema(text),
+        2 => Grammar::Regex(text),
+        3 => Grammar::Lark(text),
+        k => {
+            return Err(Failure::invalid(format!("`params->grammar_kind` = {k} is not a tboost_grammar_kind (0..=3)")))
+        }
+    }))
+}
+
 /// Queues a request; `*id_out` receives its id. Everything is copied before the call
 /// returns, so the caller may free its arrays at once.
 ///
@@ -230,6 +247,7 @@ pub unsafe extern "C" fn tboost_engine_enqueue(
             priority: p.priority,
             tag: p.user_tag,
             prompt_logprobs: p.prompt_logprobs != 0,
+            grammar: grammar(&p)?,
         };
         let id = inner.ev.engine().enqueue(req)?;
         // SAFETY: checked non-null above.

@@ -33,6 +33,20 @@ pub type tboost_request_id = u64;
 /// "Any request" for `tboost_engine_read` and `tboost_engine_wait`.
 pub const TBOOST_ANY_REQUEST: tboost_request_id = 0;
 
+/// What `tboost_sampling_params::grammar` holds (structured output).
+#[repr(i32)]
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum tboost_grammar_kind {
+    /// No constraint.
+    TBOOST_GRAMMAR_NONE = 0,
+    /// A JSON schema (JSON text): the output is one JSON value that validates.
+    TBOOST_GRAMMAR_JSON_SCHEMA = 1,
+    /// A regular expression the whole output matches.
+    TBOOST_GRAMMAR_REGEX = 2,
+    /// A grammar in llguidance's Lark syntax (`start: ...`).
+    TBOOST_GRAMMAR_LARK = 3,
+}
+
 /// Why a request finished (`TBOOST_FINISH_NONE` while it runs).
 #[repr(i32)]
 #[derive(Clone, Copy, Debug, PartialEq, Eq)]
@@ -144,6 +158,17 @@ pub struct tboost_sampling_params {
     /// `n_logit_bias` is 0. Logprobs stay those of the raw model. Default NULL.
     pub logit_bias_tokens: *const i32,
     pub logit_bias_values: *const f32,
+    /// Structured output: the request's output must match `grammar` (NUL-terminated UTF-8,
+    /// copied by enqueue), read as `grammar_kind` says; the request ends (`TBOOST_FINISH_EOS`)
+    /// when the grammar is complete. A grammar that does not compile fails the enqueue with
+    /// `TBOOST_ERR_INVALID_ARGUMENT` naming its kind and position. Its logprobs are those of
+    /// the masked distribution. Needs the model's tokenizer. Default NULL.
+    pub grammar: *const c_char,
+    /// A `tboost_grammar_kind` (an int here, so that any value a host writes is defined
+    /// and an unknown one is refused by name). Default `TBOOST_GRAMMAR_NONE`.
+    pub grammar_kind: i32,
+    /// Zero.
+    pub reserved: u32,
 }
 
 /// Size of the first version of `tboost_sampling_params` (the minimum `struct_size`).
@@ -170,6 +195,9 @@ impl Default for tboost_sampling_params {
             n_logit_bias: 0,
             logit_bias_tokens: std::ptr::null(),
             logit_bias_values: std::ptr::null(),
+            grammar: std::ptr::null(),
+            grammar_kind: tboost_grammar_kind::TBOOST_GRAMMAR_NONE as i32,
+            reserved: 0,
         }
     }
 }
@@ -277,7 +305,7 @@ mod tests {
     /// The second versions have no padding (every FFI mapping lays them out alike).
     #[test]
     fn second_versions_are_packed() {
-        assert_eq!(std::mem::size_of::<tboost_sampling_params>(), 88);
+        assert_eq!(std::mem::size_of::<tboost_sampling_params>(), 104);
         assert_eq!(std::mem::size_of::<tboost_event>(), 40 + 16 + 24 + 8 * TBOOST_MAX_TOP_LOGPROBS);
     }
 }

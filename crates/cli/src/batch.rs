@@ -11,7 +11,7 @@ use serde_json::{json, Value};
 
 use super::EngineArgs;
 use tboost_engine::engine::{Engine, EngineConfig, KvSize};
-use tboost_engine::sample::SamplingParams;
+use tboost_engine::sample::{Grammar, SamplingParams};
 use tboost_engine::sched::{Request, RequestId};
 use tboost_engine::{Error, Result};
 
@@ -40,7 +40,8 @@ pub(crate) struct BatchArgs {
 }
 
 /// Keys a request line may have besides the sampling parameters.
-const LINE_KEYS: &[&str] = &["tokens", "max_tokens", "stop", "priority", "ignore_eos", "eos_ids", "prompt_logprobs"];
+const LINE_KEYS: &[&str] =
+    &["tokens", "max_tokens", "stop", "priority", "ignore_eos", "eos_ids", "prompt_logprobs", "grammar"];
 const SAMPLING_KEYS: &[&str] = &[
     "temperature",
     "top_k",
@@ -69,6 +70,9 @@ struct Line {
     eos_ids: Option<Vec<u32>>,
     #[serde(default)]
     prompt_logprobs: bool,
+    /// `{"json_schema": "..."}`, `{"regex": "..."}` or `{"lark": "..."}`.
+    #[serde(default)]
+    grammar: Option<Grammar>,
 }
 
 fn default_max_tokens() -> usize {
@@ -104,6 +108,7 @@ fn parse_line(n: usize, text: &str, file: &std::path::Path) -> Result<Request> {
         priority: l.priority,
         tag: n as u64,
         prompt_logprobs: l.prompt_logprobs,
+        grammar: l.grammar,
     })
 }
 
@@ -137,6 +142,7 @@ pub(crate) fn run(a: BatchArgs) -> Result<()> {
     // Results stream out as requests finish, in input order: a finished request waits only
     // for the ones before it. They are built from the step events, so nothing depends on
     // how many finished-request records the engine keeps.
+    let tok = engine.tokenizer().ok();
     let index: HashMap<RequestId, usize> = ids.iter().enumerate().map(|(i, &id)| (id, i)).collect();
     let mut tokens: HashMap<RequestId, Vec<u32>> = HashMap::new();
     let mut prompt_lps: HashMap<RequestId, Vec<f32>> = HashMap::new();
@@ -155,10 +161,14 @@ pub(crate) fn run(a: BatchArgs) -> Result<()> {
                 prompt_lps.insert(e.id, e.prompt_logprobs);
             }
             let (Some(finish), Some(&i)) = (e.finish, index.get(&e.id)) else { continue };
+            let generated = tokens.remove(&e.id).unwrap_or_default();
             let mut v = json!({
-                "index": i, "id": e.id, "generated_ids": tokens.remove(&e.id).unwrap_or_default(),
+                "index": i, "id": e.id, "generated_ids": generated,
                 "finish_reason": finish.as_str(), "timings": e.timings,
             });
+            if let Some(t) = &tok {
+                v["text"] = json!(t.decode(&generated)?);
+            }
             if let Some(lp) = prompt_lps.remove(&e.id) {
                 // Entry 0 has no context: null (JSON has no NaN).
                 v["prompt_logprobs"] = json!(lp.iter().map(|x| x.is_finite().then_some(*x)).collect::<Vec<_>>());

@@ -9,9 +9,9 @@
 static_assert(std::is_same_v<std::underlying_type_t<tboost_status>, int32_t>);
 static_assert(std::is_same_v<std::underlying_type_t<tboost_finish_reason>, int32_t>);
 static_assert(std::is_same_v<std::underlying_type_t<tboost_log_level>, int32_t>);
-// Second versions: sampling params grew from 64 to 88 bytes, events from 40 to 240; the
+// Second versions: sampling params grew from 64 to 104 bytes, events from 40 to 240; the
 // first version's fields keep their places.
-static_assert(std::is_standard_layout_v<tboost_sampling_params> && sizeof(tboost_sampling_params) == 88);
+static_assert(std::is_standard_layout_v<tboost_sampling_params> && sizeof(tboost_sampling_params) == 104);
 static_assert(offsetof(tboost_sampling_params, user_tag) == 56 && offsetof(tboost_sampling_params, prompt_logprobs) == 64);
 static_assert(std::is_standard_layout_v<tboost_event> && sizeof(tboost_event) == 240);
 static_assert(offsetof(tboost_event, error) == 36 && offsetof(tboost_event, n_top) == 40);

@@ -6,9 +6,13 @@ use std::collections::HashMap;
 use super::{Event, StepOutput};
 use crate::kv::{KvManager, SeqWork, StepLayout};
 use crate::runner::{ModelRunner, StepBatch};
+use crate::sample::constrain::{apply_mask, Constraint};
 use crate::sample::{token_logprob, FinishReason};
 use crate::sched::{RequestId, SchedLimits, Scheduled, Scheduler, Seq};
+use crate::Error;
 use crate::Result;
+use llguidance::toktrie::SimpleVob;
+use std::time::Instant;
 
 pub(super) struct Core {
     pub runner: ModelRunner,
@@ -26,6 +30,9 @@ pub(super) struct Core {
     pub spec_ngram: usize,
     pub spec_drafted: u64,
     pub spec_accepted: u64,
+    /// Structured output: grammar masks computed and the host time they took.
+    pub masks: u64,
+    pub mask_ms: f64,
     // Reused per-step buffers.
     logits: Vec<f32>,
     work: Vec<SeqWork>,
@@ -35,6 +42,7 @@ pub(super) struct Core {
     /// Prompt-logprob rows of this step: (index into the work, prompt position scored, row).
     plp_rows: Vec<(usize, usize, usize)>,
     draft: Vec<u32>,
+    masked: Vec<f32>,
 }
 
 /// Prompt lookup: into `out`, up to `k` tokens that followed the latest earlier occurrence of
@@ -83,6 +91,8 @@ impl Core {
             spec_ngram: 0,
             spec_drafted: 0,
             spec_accepted: 0,
+            masks: 0,
+            mask_ms: 0.0,
             logits: Vec::new(),
             work: Vec::new(),
             layout: StepLayout::default(),
@@ -90,6 +100,7 @@ impl Core {
             rows: Vec::new(),
             plp_rows: Vec::new(),
             draft: Vec::new(),
+            masked: Vec::new(),
         }
     }
 
@@ -199,7 +210,44 @@ impl Core {
             }
         }
         let batch = StepBatch { tokens: &self.tokens, layout: &self.layout, logit_rows: &self.rows };
-        if let Err(e) = self.runner.forward(&batch, &mut self.logits) {
+        // Structured output: the mask of each constrained sequence's next token depends only on
+        // the tokens it has consumed, so a helper thread computes it while the backend runs
+        // the batch.
+        let mut first_masks: HashMap<usize, Result<SimpleVob>> = HashMap::new();
+        let constrained: Vec<(usize, &mut Constraint)> = {
+            let idx: Vec<usize> = sampled.iter().map(|&(wi, _, _)| work[wi].index).collect();
+            self.sched
+                .running
+                .iter_mut()
+                .enumerate()
+                .filter(|(i, _)| idx.contains(i))
+                .filter_map(|(i, s)| s.constraint.as_mut().map(|c| (i, c)))
+                .collect()
+        };
+        let (runner, logits) = (&mut self.runner, &mut self.logits);
+        let fwd = if constrained.is_empty() {
+            runner.forward(&batch, logits)
+        } else {
+            let t = Instant::now();
+            let (fwd, masks) = std::thread::scope(|sc| {
+                let h = sc.spawn(move || {
+                    constrained.into_iter().map(|(i, c)| (i, c.mask(), t.elapsed())).collect::<Vec<_>>()
+                });
+                (runner.forward(&batch, logits), h.join())
+            });
+            match masks {
+                Ok(masks) => {
+                    for (i, m, at) in masks {
+                        self.mask_ms += at.as_secs_f64() * 1e3;
+                        self.masks += 1;
+                        first_masks.insert(i, m);
+                    }
+                }
+                Err(_) => log::error!("the grammar mask thread panicked; its requests fail"),
+            }
+            fwd
+        };
+        if let Err(e) = fwd {
             // The batch failed as a whole (a backend error): fail its requests, keep the engine.
             log::error!("step failed: {e}");
             let mut failed: Vec<RequestId> = work.iter().map(|w| self.sched.running[w.index].id).collect();
@@ -237,14 +285,49 @@ impl Core {
             // (whose K/V this chunk computed) is kept and the next row counts.
             let mut kept = 0;
             for i in 0..rows {
-                let lg = &self.logits[(row0 + i) * vocab..(row0 + i + 1) * vocab];
+                let mut lg = &self.logits[(row0 + i) * vocab..(row0 + i + 1) * vocab];
+                // A constrained sequence samples from its row with the disallowed tokens at
+                // -inf: the first mask came from the helper thread, a speculative chunk's
+                // later ones are computed here, after the kept drafts were consumed.
+                let masked = match s.constraint.as_mut() {
+                    None => Ok(()),
+                    Some(c) => {
+                        let m = match first_masks.remove(&work[wi].index).filter(|_| i == 0) {
+                            Some(m) => m,
+                            None if i == 0 => Err(Error::invalid("grammar", "the token mask was not computed")),
+                            None => {
+                                let t = Instant::now();
+                                let m = c.mask();
+                                self.mask_ms += t.elapsed().as_secs_f64() * 1e3;
+                                self.masks += 1;
+                                m
+                            }
+                        };
+                        m.map(|m| {
+                            self.masked.clear();
+                            self.masked.extend_from_slice(lg);
+                            apply_mask(&mut self.masked, &m);
+                        })
+                    }
+                };
+                if s.constraint.is_some() && masked.is_ok() {
+                    lg = &self.masked;
+                }
                 let (prompt, generated) = s.tokens.split_at(s.prompt_len);
-                let ev = match s.sampler.sample(lg, prompt, generated) {
+                let sampled_token = masked.and_then(|()| s.sampler.sample(lg, prompt, generated)).and_then(|x| {
+                    if let Some(c) = s.constraint.as_mut() {
+                        c.consume(x.token)?;
+                    }
+                    Ok(x)
+                });
+                let ev = match sampled_token {
                     Ok(x) => {
                         s.tokens.push(x.token);
                         s.first_token.get_or_insert_with(std::time::Instant::now);
                         self.generated_tokens += 1;
-                        let finish = s.stop.check(s.generated());
+                        // A complete grammar allows nothing more: the request ends as at EOS.
+                        let done_grammar = s.constraint.as_ref().is_some_and(|c| c.is_stopped());
+                        let finish = s.stop.check(s.generated()).or(done_grammar.then_some(FinishReason::Eos));
                         let first = s.tokens.len() == s.prompt_len + 1;
                         Event {
                             id: s.id,

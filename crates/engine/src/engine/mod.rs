@@ -36,6 +36,7 @@ use crate::backend;
 use crate::kv::{KvManager, KvPools};
 use crate::model::{Model, ModelConfig};
 use crate::plan::Plan;
+use crate::sample::constrain::Grammars;
 use crate::sample::{FinishReason, Sampler, StopCriteria};
 pub use crate::sched::Timings;
 use crate::sched::{Request, RequestId, SchedLimits, Seq};
@@ -111,6 +112,10 @@ pub struct Stats {
     /// Speculative decoding (`spec_ngram`): draft tokens proposed, and those the model kept.
     pub spec_drafted: u64,
     pub spec_accepted: u64,
+    /// Structured output: token masks computed and the host milliseconds they took (the
+    /// first mask of a step overlaps the backend's forward pass).
+    pub grammar_masks: u64,
+    pub grammar_mask_ms: f64,
 }
 
 /// What `enqueue` needs to validate a request, and what readers ask about the model,
@@ -125,6 +130,8 @@ struct ModelFacts {
     block_size: usize,
     /// This process's rank when it follows a tensor-parallel leader (takes no requests).
     follower: Option<usize>,
+    /// The token trie grammars compile against, built at the first constrained request.
+    grammars: std::sync::OnceLock<std::result::Result<Arc<Grammars>, String>>,
 }
 
 #[derive(Default)]
@@ -248,6 +255,7 @@ impl Engine {
             kv_blocks: blocks,
             block_size: bs,
             follower: runner.follower_rank(),
+            grammars: std::sync::OnceLock::new(),
         };
         let mut kv = KvManager::new(blocks, bs, self.config.prefix_caching);
         // One sliding window in every layer (Mistral-style): blocks behind it go back to the pool.
@@ -355,6 +363,23 @@ impl Engine {
         if sh.waiting >= self.config.queue_limit {
             return Err(Error::QueueFull(self.config.queue_limit));
         }
+        let constraint = match &req.grammar {
+            None => None,
+            Some(g) => {
+                let grammars = f
+                    .grammars
+                    .get_or_init(|| {
+                        let tok = f.tokenizer.as_ref().ok_or_else(|| {
+                            format!("{}: structured output needs the model's tokenizer, and it has none", f.name)
+                        })?;
+                        let eos = f.eos_ids.first().copied().or(tok.eos_id()).unwrap_or(0);
+                        Grammars::new(tok, vocab, eos).map(Arc::new).map_err(|e| e.to_string())
+                    })
+                    .as_ref()
+                    .map_err(|e| Error::invalid("grammar", e.clone()))?;
+                Some(grammars.constraint(g)?)
+            }
+        };
         let sampler = Sampler::new(req.sampling.clone())?;
         let id = sh.next_id;
         sh.next_id += 1;
@@ -364,6 +389,7 @@ impl Engine {
         if want_plp {
             seq = seq.with_prompt_logprobs();
         }
+        seq.constraint = constraint;
         sh.outputs.insert(
             id,
             RequestOutput {
@@ -495,6 +521,8 @@ impl Engine {
             fallback_copied_bytes: c.runner.fallback_copied_bytes(),
             spec_drafted: c.spec_drafted,
             spec_accepted: c.spec_accepted,
+            grammar_masks: c.masks,
+            grammar_mask_ms: c.mask_ms,
         };
         Ok(())
     }

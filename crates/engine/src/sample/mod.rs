@@ -6,11 +6,13 @@
 //!   depends on its own seed only, so a request gets the same tokens whatever else is batched.
 //! - [`StopCriteria`] / [`FinishReason`]: when a request ends (length, EOS, stop sequences).
 
+pub mod constrain;
 mod params;
 mod rng;
 mod sampler;
 mod stop;
 
+pub use constrain::Grammar;
 pub use params::SamplingParams;
 pub use sampler::{token_logprob, Sampled, Sampler};
 pub use stop::{FinishReason, StopCriteria};

@@ -33,6 +33,7 @@ use std::time::Instant;
 use serde::Serialize;
 
 use crate::kv::{KvManager, SeqWork};
+use crate::sample::constrain::Constraint;
 use crate::sample::{Sampler, StopCriteria};
 
 /// Scheduler limits.
@@ -77,6 +78,8 @@ pub struct Seq {
     /// Draft length for the next speculative step, adapted to how many were kept (0: not yet
     /// speculated; starts at the engine's maximum).
     pub draft_len: usize,
+    /// Structured output's state (`Request::grammar`): every generated token is consumed.
+    pub constraint: Option<Constraint>,
 }
 
 impl Seq {
@@ -109,6 +112,7 @@ impl Seq {
             cached_prompt: 0,
             drafts: 0,
             draft_len: 0,
+            constraint: None,
         }
     }
 

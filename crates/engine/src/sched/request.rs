@@ -1,6 +1,6 @@
 //! What a host submits.
 
-use crate::sample::SamplingParams;
+use crate::sample::{Grammar, SamplingParams};
 
 /// Engine-unique, increasing request id (never reused within an engine).
 pub type RequestId = u64;
@@ -25,6 +25,9 @@ pub struct Request {
     /// evaluation harnesses and perplexity). Such a request computes its whole prompt: the
     /// prefix cache is not used for it.
     pub prompt_logprobs: bool,
+    /// Structured output: what the generated text must match (a JSON schema, a regex or a
+    /// Lark grammar). The request ends when the grammar is complete.
+    pub grammar: Option<Grammar>,
 }
 
 impl Request {
@@ -40,6 +43,7 @@ impl Request {
             priority: 0,
             tag: 0,
             prompt_logprobs: false,
+            grammar: None,
         }
     }
 }
