@@ -131,7 +131,7 @@ struct ModelFacts {
     /// This process's rank when it follows a tensor-parallel leader (takes no requests).
     follower: Option<usize>,
     /// The token trie grammars compile against, built at the first constrained request.
-    grammars: std::sync::OnceLock<std::result::Result<Arc<Grammars>, String>>,
+    grammars: Arc<std::sync::OnceLock<std::result::Result<Arc<Grammars>, String>>>,
 }
 
 #[derive(Default)]
@@ -255,7 +255,7 @@ impl Engine {
             kv_blocks: blocks,
             block_size: bs,
             follower: runner.follower_rank(),
-            grammars: std::sync::OnceLock::new(),
+            grammars: Arc::default(),
         };
         let mut kv = KvManager::new(blocks, bs, self.config.prefix_caching);
         // One sliding window in every layer (Mistral-style): blocks behind it go back to the pool.
@@ -313,6 +313,12 @@ impl Engine {
 
     /// Validates and queues a request; returns its id.
     pub fn enqueue(&self, req: Request) -> Result<RequestId> {
+        // Compiling a grammar (and, the first time, the vocabulary's token trie) takes
+        // milliseconds: done before taking the shared lock, so a step can publish meanwhile.
+        let constraint = match &req.grammar {
+            None => None,
+            Some(g) => Some(self.grammars()?.constraint(g)?),
+        };
         let mut sh = self.shared()?;
         let f = sh.facts.as_ref().ok_or(Error::NoModel)?;
         if let Some(rank) = f.follower {
@@ -363,23 +369,6 @@ impl Engine {
         if sh.waiting >= self.config.queue_limit {
             return Err(Error::QueueFull(self.config.queue_limit));
         }
-        let constraint = match &req.grammar {
-            None => None,
-            Some(g) => {
-                let grammars = f
-                    .grammars
-                    .get_or_init(|| {
-                        let tok = f.tokenizer.as_ref().ok_or_else(|| {
-                            format!("{}: structured output needs the model's tokenizer, and it has none", f.name)
-                        })?;
-                        let eos = f.eos_ids.first().copied().or(tok.eos_id()).unwrap_or(0);
-                        Grammars::new(tok, vocab, eos).map(Arc::new).map_err(|e| e.to_string())
-                    })
-                    .as_ref()
-                    .map_err(|e| Error::invalid("grammar", e.clone()))?;
-                Some(grammars.constraint(g)?)
-            }
-        };
         let sampler = Sampler::new(req.sampling.clone())?;
         let id = sh.next_id;
         sh.next_id += 1;
@@ -405,6 +394,23 @@ impl Engine {
         sh.incoming.push((seq, req.tag));
         sh.waiting += 1;
         Ok(id)
+    }
+
+    /// The token trie grammars compile against, built at the first call.
+    fn grammars(&self) -> Result<Arc<Grammars>> {
+        let (cell, tok, name, vocab, eos) = {
+            let sh = self.shared()?;
+            let f = sh.facts.as_ref().ok_or(Error::NoModel)?;
+            (f.grammars.clone(), f.tokenizer.clone(), f.name.clone(), f.config.vocab_size, f.eos_ids.first().copied())
+        };
+        cell.get_or_init(|| {
+            let tok =
+                tok.ok_or_else(|| format!("{name}: structured output needs the model's tokenizer, and it has none"))?;
+            let eos = eos.or(tok.eos_id()).unwrap_or(0);
+            Grammars::new(&tok, vocab, eos).map(Arc::new).map_err(|e| e.to_string())
+        })
+        .clone()
+        .map_err(|e| Error::invalid("grammar", e))
     }
 
     /// Cancels a request (see the module doc for the contract). An unknown id, or one that
