@@ -134,7 +134,8 @@ pub extern "C" fn tboost_config_free(cfg: *mut tboost_config) -> tboost_status {
 /// - `prefix_caching` 0/1: reuse cached prompt prefixes (default 1)
 /// - `queue_limit` [1, ..]: most waiting requests; enqueue beyond it is
 ///   `TBOOST_ERR_QUEUE_FULL` (default 4096)
-/// - `spec_ngram` [0, 16]: prompt-lookup speculative decoding for greedy requests: up to
+/// - `spec_ngram` [0, 16]: prompt-lookup speculative decoding (greedy and sampled requests):
+///   up to
 ///   this many tokens drafted from an earlier occurrence of a request's last tokens and
 ///   verified in one chunk; the output is unchanged, a step may bring several events of one
 ///   request (default 0: off)

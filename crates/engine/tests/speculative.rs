@@ -1,5 +1,5 @@
-//! Prompt-lookup speculative decoding (`spec_ngram`): greedy output is the same token for
-//! token as without it, on every golden model and the demo model, beside other requests,
+//! Prompt-lookup speculative decoding (`spec_ngram`): greedy and sampled output is the same
+//! token for token as without it (the same seed), on every golden model and the demo model, beside other requests,
 //! with the prefix cache and through preemption; rejected drafts give their blocks back.
 
 use tboost_testkit::golden as common;
@@ -66,8 +66,10 @@ fn greedy_ids_equal_non_speculative_on_the_golden_models() {
     assert!(kept > 0 && kept < drafted, "{kept} of {drafted} drafted tokens kept");
 }
 
-/// Beside sampled requests (which do not speculate), with a cached prefix, and in a pool so
-/// small that requests are preempted: the same greedy ids, the same sampled ids.
+/// Sampled requests beside greedy ones, with a cached prefix, and in a pool so small that
+/// requests are preempted: the same greedy ids, the same sampled ids for the same seeds
+/// (each row of a verification draws the token it emits: one draw per token, as without
+/// speculation).
 #[test]
 fn speculation_keeps_outputs_with_batching_prefix_cache_and_preemption() {
     let path = golden_dir("llama_gqa");
@@ -91,12 +93,27 @@ fn speculation_keeps_outputs_with_batching_prefix_cache_and_preemption() {
     let st = e.stats().unwrap();
     assert!(st.preemptions_total > 0, "no preemption: {st:?}");
     assert_eq!(st.kv_blocks_used, 0, "{st:?}");
+
+    // Sampled requests alone, cool enough to repeat themselves: drafts are kept, and every
+    // request's tokens are those of the same seed without speculation.
+    let sampled: Vec<Request> = (0..6)
+        .map(|i| {
+            let sampling = SamplingParams { temperature: 0.3, top_k: 20, seed: 7 + i, ..SamplingParams::greedy() };
+            Request { sampling, ..greedy(repetitive(30 + i as usize, 640, 2), 32) }
+        })
+        .collect();
+    let want = run(&engine(&path, cfg(256, 0)), &sampled);
+    let e = engine(&path, cfg(256, 6));
+    assert_eq!(run(&e, &sampled), want, "sampled requests");
+    let st = e.stats().unwrap();
+    assert!(st.spec_accepted > 0 && st.spec_accepted < st.spec_drafted, "sampled drafts: {st:?}");
 }
 
 /// The demo model rewriting a function it was given (scripts/bench-speculative.sh's request):
-/// greedy ids equal non-speculative, and many drafts are kept (the output copies the input).
+/// greedy and sampled ids equal non-speculative, and many drafts are kept (the output copies
+/// the input).
 #[test]
-fn demo_model_code_edit_keeps_greedy_ids() {
+fn demo_model_code_edit_keeps_its_greedy_and_sampled_tokens() {
     let path = demo_model();
     let probe = engine(&path, cfg(64, 0));
     let text = "<|im_start|>system\nYou are Qwen, created by Alibaba Cloud. You are a helpful assistant.<|im_end|>\n\
@@ -108,7 +125,8 @@ fn demo_model_code_edit_keeps_greedy_ids() {
                 mean = total / count\n    return {\"total\": total, \"count\": count, \"mean\": mean}<|im_end|>\n\
                 <|im_start|>assistant\n";
     let prompt = probe.tokenize(text, false).unwrap();
-    let reqs = [Request::new(prompt, 160)];
+    let sampling = SamplingParams { temperature: 0.7, top_p: 0.9, seed: 3, ..SamplingParams::default() };
+    let reqs = [Request::new(prompt.clone(), 160), Request { sampling, ..Request::new(prompt, 160) }];
     let want = run(&probe, &reqs);
     let e = engine(&path, cfg(64, 8));
     assert_eq!(run(&e, &reqs), want, "demo model: speculative greedy ids differ");

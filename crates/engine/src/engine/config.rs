@@ -93,7 +93,7 @@ pub struct EngineConfig {
     /// The Ascend devices of the ranks with `comm` = hccl (`devices`: `ascend:0,1`; empty: the
     /// backend's device and the next `tp - 1`).
     pub devices: String,
-    /// Prompt-lookup speculative decoding (`spec_ngram`): greedy requests propose up to this
+    /// Prompt-lookup speculative decoding (`spec_ngram`): requests propose up to this
     /// many tokens a step from an earlier occurrence of their last tokens, verified in one
     /// chunk; 0 = off.
     pub spec_ngram: usize,

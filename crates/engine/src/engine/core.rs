@@ -143,9 +143,15 @@ impl Core {
         Ok(true)
     }
 
-    /// Prompt lookup: each greedy decode drafts the tokens that followed the latest earlier
+    /// Prompt lookup: each decode drafts the tokens that followed the latest earlier
     /// occurrence of its last tokens. Drafts only take blocks no plain decode of this step
     /// needs, so speculation never preempts anyone.
+    ///
+    /// Sampled requests speculate too. A draft is one fixed token, so the standard rejection
+    /// rule (keep it with probability p(d), else draw from p without d) gives the same joint
+    /// law as drawing x from p and keeping the draft iff x = d, which is what the
+    /// verification does: every row draws the token it emits, one draw per token as without
+    /// speculation, so a request's tokens are the same as without it for the same seed.
     fn propose_drafts(&mut self) {
         if self.spec_ngram == 0 {
             return;
@@ -153,7 +159,7 @@ impl Core {
         let decode_need: usize = self.sched.running.iter().map(|s| self.kv.blocks_needed(s.id, s.tokens.len())).sum();
         let mut free = self.kv.available().saturating_sub(decode_need);
         for s in self.sched.running.iter_mut() {
-            if s.tokens.len() != s.computed + 1 || s.drafts > 0 || s.sampler.params().temperature != 0.0 {
+            if s.tokens.len() != s.computed + 1 || s.drafts > 0 {
                 continue;
             }
             // The verification yields up to drafts + 1 tokens.

@@ -77,7 +77,7 @@ const FIXED: &[(&str, KeyType, &str, Option<&str>, &str)] = &[
         KeyType::Int { min: 0, max: 16 },
         "0",
         None,
-        "prompt-lookup speculative decoding: greedy requests draft up to this many tokens a step from \
+        "prompt-lookup speculative decoding: requests draft up to this many tokens a step from \
          an earlier occurrence of their last tokens, verified in one chunk (0 = off)",
     ),
     (
