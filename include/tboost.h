@@ -1140,7 +1140,8 @@ tboost_status tboost_config_free(struct tboost_config *cfg);
  * - `prefix_caching` 0/1: reuse cached prompt prefixes (default 1)
  * - `queue_limit` [1, ..]: most waiting requests; enqueue beyond it is
  *   `TBOOST_ERR_QUEUE_FULL` (default 4096)
- * - `spec_ngram` [0, 16]: prompt-lookup speculative decoding for greedy requests: up to
+ * - `spec_ngram` [0, 16]: prompt-lookup speculative decoding (greedy and sampled requests):
+ *   up to
  *   this many tokens drafted from an earlier occurrence of a request's last tokens and
  *   verified in one chunk; the output is unchanged, a step may bring several events of one
  *   request (default 0: off)
@@ -1295,7 +1296,9 @@ tboost_status tboost_model_info_json(const struct tboost_model *model,
  * (`content`, `tool_calls`, `name`...) reach the template as given. `add_generation_prompt`
  * appends the opening of the assistant's turn.
  *
- * Returns `TBOOST_ERR_UNSUPPORTED` when the model has no chat template,
+ * A model file without a template uses its family's conventional one (ChatML for Qwen,
+ * Gemma's turns, Phi-3's tags, Llama 3 headers or Llama 2 / Mistral `[INST]`), logged at
+ * load. Returns `TBOOST_ERR_UNSUPPORTED` when the model has no template and no tokenizer,
  * `TBOOST_ERR_INVALID_ARGUMENT` for JSON that does not parse (line and column named), a
  * message without a string `role`, or a template that fails on these messages (its
  * `raise_exception` message and the template line named). Thread-safe.

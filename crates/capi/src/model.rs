@@ -163,7 +163,9 @@ pub unsafe extern "C" fn tboost_model_info_json(
 /// (`content`, `tool_calls`, `name`...) reach the template as given. `add_generation_prompt`
 /// appends the opening of the assistant's turn.
 ///
-/// Returns `TBOOST_ERR_UNSUPPORTED` when the model has no chat template,
+/// A model file without a template uses its family's conventional one (ChatML for Qwen,
+/// Gemma's turns, Phi-3's tags, Llama 3 headers or Llama 2 / Mistral `[INST]`), logged at
+/// load. Returns `TBOOST_ERR_UNSUPPORTED` when the model has no template and no tokenizer,
 /// `TBOOST_ERR_INVALID_ARGUMENT` for JSON that does not parse (line and column named), a
 /// message without a string `role`, or a template that fails on these messages (its
 /// `raise_exception` message and the template line named). Thread-safe.

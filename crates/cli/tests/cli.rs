@@ -157,6 +157,16 @@ fn batch_of_more_requests_than_finished_records_loses_nothing() {
     assert_eq!(stats["stats"]["finished"], n);
 }
 
+/// A GGUF without a chat template chats with its family's built-in one (Llama 2's `[INST]`).
+#[test]
+fn chat_without_a_template_in_the_file_uses_the_built_in_one() {
+    let m = model_file("llama-2-tiny-random.gguf").display().to_string();
+    let v = ok_json(&["run", "--model", &m, "--chat", "hi", "-n", "2", "--temp", "0", "--json"]);
+    let prompt = ids(&v["prompt_ids"]);
+    assert_eq!(prompt[0], 1, "BOS written by the template: {v}");
+    assert!(prompt.len() > 4, "[INST] hi [/INST]: {v}");
+}
+
 #[test]
 fn bad_input_is_a_clear_error() {
     for (args, needle) in [
@@ -164,10 +174,6 @@ fn bad_input_is_a_clear_error() {
         (vec!["logits", "--model", "/nonexistent/model.gguf", "--tokens", "1"], "/nonexistent/model.gguf"),
         (vec!["plan", "--model", &model(), "--disable", "warp"], "unknown op or fusion `warp`"),
         (vec!["run", "--model", &model(), "--prompt", "hello"], "has no tokenizer"),
-        (
-            vec!["run", "--model", &model_file("llama-2-tiny-random.gguf").display().to_string(), "--chat", "hi"],
-            "has no chat template",
-        ),
         (vec!["bench", "--synthetic", "gpt5", "--decode", "1"], "unknown shape `gpt5`"),
     ] {
         let (ok, _, err) = tboost(&args);

@@ -121,6 +121,13 @@ impl Model {
                 }
             }
         }
+        // A file without a template gets its family's conventional one (only with a tokenizer:
+        // without one the rendered text could not be tokenized anyway).
+        let tmpl = tmpl.or_else(|| {
+            let t = ChatTemplate::builtin(self.config.arch, tok.as_ref()?);
+            log::info!("{}: no chat template in the file; using the {}", self.path.display(), t.origin());
+            Some(t)
+        });
         self.tokenizer = tok.map(Arc::new);
         self.chat_template = tmpl;
         Ok(())

@@ -99,6 +99,34 @@ impl ChatTemplate {
         }))
     }
 
+    /// The conventional template of `arch`, for a model file that carries none (as
+    /// llama.cpp's built-in templates): ChatML for Qwen, Gemma's turns, Phi-3's tags, Llama 3's
+    /// headers when the vocabulary has them (else Llama 2's `[INST]`), Mistral's `[INST]`.
+    /// A system message goes where each family's own template puts it.
+    pub fn builtin(arch: crate::model::Arch, tok: &super::Tokenizer) -> ChatTemplate {
+        use crate::model::Arch;
+        let text = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or_default().to_owned();
+        let (name, source) = match arch {
+            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => ("ChatML", BUILTIN_CHATML),
+            Arch::Gemma3 => ("Gemma", BUILTIN_GEMMA),
+            Arch::Phi3 => ("Phi-3", BUILTIN_PHI3),
+            Arch::Llama if tok.token_id("<|start_header_id|>").is_some() => ("Llama 3", BUILTIN_LLAMA3),
+            Arch::Llama => ("Llama 2", BUILTIN_INST),
+            Arch::Mistral | Arch::Mixtral => ("Mistral", BUILTIN_INST),
+        };
+        ChatTemplate {
+            source: source.to_owned(),
+            bos_token: text(tok.bos_id()),
+            eos_token: text(tok.eos_id()),
+            origin: format!("built-in {name} chat template for {}", arch.name()),
+        }
+    }
+
+    /// Where the template came from (the file, or `built-in ...`).
+    pub fn origin(&self) -> &str {
+        &self.origin
+    }
+
     /// For the CLI: the template, or an error naming the model that has none.
     pub fn require(template: Option<ChatTemplate>, model: &str) -> Result<ChatTemplate> {
         template.ok_or_else(|| {
@@ -225,6 +253,33 @@ impl ChatTemplate {
         Error::invalid(self.origin.clone(), msg)
     }
 }
+
+const BUILTIN_CHATML: &str =
+    "{%- for m in messages %}{{ '<|im_start|>' + m['role'] + '\\n' + m['content'] + '<|im_end|>\\n' }}\
+{%- endfor %}{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}";
+
+const BUILTIN_GEMMA: &str = "{{ bos_token }}{%- if messages and messages[0]['role'] == 'system' %}\
+{%- set first = messages[0]['content'] + '\\n\\n' %}{%- set rest = messages[1:] %}\
+{%- else %}{%- set first = '' %}{%- set rest = messages %}{%- endif %}\
+{%- for m in rest %}{%- set role = 'model' if m['role'] == 'assistant' else m['role'] %}\
+{{ '<start_of_turn>' + role + '\\n' + (first if loop.first else '') + m['content'] | trim + '<end_of_turn>\\n' }}\
+{%- endfor %}{%- if add_generation_prompt %}{{ '<start_of_turn>model\\n' }}{%- endif %}";
+
+const BUILTIN_PHI3: &str = "{%- for m in messages %}{{ '<|' + m['role'] + '|>\\n' + m['content'] + '<|end|>\\n' }}\
+{%- endfor %}{%- if add_generation_prompt %}{{ '<|assistant|>\\n' }}{%- endif %}";
+
+const BUILTIN_LLAMA3: &str = "{{ bos_token }}{%- for m in messages %}\
+{{ '<|start_header_id|>' + m['role'] + '<|end_header_id|>\\n\\n' + m['content'] | trim + '<|eot_id|>' }}\
+{%- endfor %}{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}";
+
+/// Llama 2 and Mistral: a system message is put before the first user message.
+const BUILTIN_INST: &str = "{%- if messages and messages[0]['role'] == 'system' %}\
+{%- set first = messages[0]['content'] + '\\n\\n' %}{%- set rest = messages[1:] %}\
+{%- else %}{%- set first = '' %}{%- set rest = messages %}{%- endif %}{{ bos_token }}\
+{%- for m in rest %}{%- if m['role'] == 'user' %}{{ '[INST] ' + (first if loop.first else '') + m['content'] | trim + ' [/INST]' }}\
+{%- elif m['role'] == 'assistant' %}{{ ' ' + m['content'] | trim + eos_token }}\
+{%- else %}{{ raise_exception('this template knows the roles system, user and assistant, not ' + m['role']) }}\
+{%- endif %}{%- endfor %}";
 
 /// A JSON value as a template value (serde_json bounds the nesting when it parses).
 fn json_value(v: &Json) -> Value {
