@@ -3,8 +3,8 @@
 
 use tboost_testkit::golden::model_file;
 
-use tboost_engine::model::{Arch, Model};
-use tboost_engine::tokenizer::{ChatTemplate, Message};
+use tboost_engine::model::Model;
+use tboost_engine::tokenizer::{ChatTemplate, Family, Message};
 
 fn msgs() -> Vec<Message> {
     vec![
@@ -27,23 +27,24 @@ fn a_file_without_a_template_gets_its_familys() {
     assert_eq!(ids[0], 1, "BOS from the template");
 
     let tok = m.tokenizer.as_ref().unwrap();
-    let render = |arch| ChatTemplate::builtin(arch, tok).render(&msgs(), true).unwrap();
+    let render = |f| ChatTemplate::builtin(f, tok, "test").render(&msgs(), true).unwrap();
     assert_eq!(
-        render(Arch::Qwen3),
+        render(Family::ChatMl),
         "<|im_start|>system\nBe brief.<|im_end|>\n<|im_start|>user\nHi<|im_end|>\n<|im_start|>assistant\nHello.<|im_end|>\n\
          <|im_start|>user\nBye<|im_end|>\n<|im_start|>assistant\n"
     );
     assert_eq!(
-        render(Arch::Gemma3),
+        render(Family::Gemma),
         "<s><start_of_turn>user\nBe brief.\n\nHi<end_of_turn>\n<start_of_turn>model\nHello.<end_of_turn>\n\
          <start_of_turn>user\nBye<end_of_turn>\n<start_of_turn>model\n"
     );
     assert_eq!(
-        render(Arch::Phi3),
+        render(Family::Phi3),
         "<|system|>\nBe brief.<|end|>\n<|user|>\nHi<|end|>\n<|assistant|>\nHello.<|end|>\n<|user|>\nBye<|end|>\n<|assistant|>\n"
     );
-    assert_eq!(render(Arch::Mistral), render(Arch::Llama));
+    assert_eq!(render(Family::Mistral), render(Family::Llama));
     // A role the [INST] format has no place for is an error naming it, not dropped text.
-    let err = ChatTemplate::builtin(Arch::Mistral, tok).render(&[Message::new("tool", "42")], true).unwrap_err();
+    let err =
+        ChatTemplate::builtin(Family::Mistral, tok, "test").render(&[Message::new("tool", "42")], true).unwrap_err();
     assert!(err.to_string().contains("not tool"), "{err}");
 }

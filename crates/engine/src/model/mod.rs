@@ -26,7 +26,7 @@ pub use config::ModelConfig;
 pub use tensor::{Storage, Tensor};
 pub use weights::{ExpertWeights, LayerExtras, LayerWeights, Mlp, ModelWeights, RopeFactors};
 
-use crate::tokenizer::{ChatTemplate, Tokenizer};
+use crate::tokenizer::{ChatTemplate, Family, Tokenizer};
 use crate::{Error, Result};
 
 /// Where a model came from.
@@ -124,7 +124,14 @@ impl Model {
         // A file without a template gets its family's conventional one (only with a tokenizer:
         // without one the rendered text could not be tokenized anyway).
         let tmpl = tmpl.or_else(|| {
-            let t = ChatTemplate::builtin(self.config.arch, tok.as_ref()?);
+            let family = match self.config.arch {
+                Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => Family::ChatMl,
+                Arch::Gemma3 => Family::Gemma,
+                Arch::Phi3 => Family::Phi3,
+                Arch::Llama => Family::Llama,
+                Arch::Mistral | Arch::Mixtral => Family::Mistral,
+            };
+            let t = ChatTemplate::builtin(family, tok.as_ref()?, self.config.arch.name());
             log::info!("{}: no chat template in the file; using the {}", self.path.display(), t.origin());
             Some(t)
         });

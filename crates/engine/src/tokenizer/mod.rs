@@ -33,7 +33,7 @@ use crate::{Error, Result};
 
 pub use pretok::PreTokenizer;
 pub use stream::Decoder;
-pub use template::{ChatTemplate, Message};
+pub use template::{ChatTemplate, Family, Message};
 pub use vocab::TokenAttr;
 
 use vocab::{Fragment, Vocab};

@@ -28,6 +28,18 @@ impl Message {
     }
 }
 
+/// The built-in templates (`ChatTemplate::builtin`), one per model family.
+#[derive(Clone, Copy, Debug, PartialEq, Eq)]
+pub enum Family {
+    /// `<|im_start|>role ... <|im_end|>` (Qwen).
+    ChatMl,
+    Gemma,
+    Phi3,
+    /// Llama 3 headers, or Llama 2 `[INST]` for a vocabulary without them.
+    Llama,
+    Mistral,
+}
+
 /// A model's chat template with the BOS/EOS strings it may refer to.
 #[derive(Clone, Debug)]
 pub struct ChatTemplate {
@@ -99,26 +111,25 @@ impl ChatTemplate {
         }))
     }
 
-    /// The conventional template of `arch`, for a model file that carries none (as
-    /// llama.cpp's built-in templates): ChatML for Qwen, Gemma's turns, Phi-3's tags, Llama 3's
-    /// headers when the vocabulary has them (else Llama 2's `[INST]`), Mistral's `[INST]`.
-    /// A system message goes where each family's own template puts it.
-    pub fn builtin(arch: crate::model::Arch, tok: &super::Tokenizer) -> ChatTemplate {
-        use crate::model::Arch;
+    /// A family's conventional template, for a model file that carries none (as llama.cpp's
+    /// built-in templates); `Llama` is Llama 3's headers when the vocabulary has them, else
+    /// Llama 2's `[INST]`. A system message goes where the family's own template puts it.
+    /// `model` names the architecture in `origin`.
+    pub fn builtin(family: Family, tok: &super::Tokenizer, model: &str) -> ChatTemplate {
         let text = |id: Option<u32>| id.and_then(|i| tok.token_text(i)).unwrap_or_default().to_owned();
-        let (name, source) = match arch {
-            Arch::Qwen2 | Arch::Qwen3 | Arch::Qwen3Moe => ("ChatML", BUILTIN_CHATML),
-            Arch::Gemma3 => ("Gemma", BUILTIN_GEMMA),
-            Arch::Phi3 => ("Phi-3", BUILTIN_PHI3),
-            Arch::Llama if tok.token_id("<|start_header_id|>").is_some() => ("Llama 3", BUILTIN_LLAMA3),
-            Arch::Llama => ("Llama 2", BUILTIN_INST),
-            Arch::Mistral | Arch::Mixtral => ("Mistral", BUILTIN_INST),
+        let (name, source) = match family {
+            Family::ChatMl => ("ChatML", BUILTIN_CHATML),
+            Family::Gemma => ("Gemma", BUILTIN_GEMMA),
+            Family::Phi3 => ("Phi-3", BUILTIN_PHI3),
+            Family::Llama if tok.token_id("<|start_header_id|>").is_some() => ("Llama 3", BUILTIN_LLAMA3),
+            Family::Llama => ("Llama 2", BUILTIN_INST),
+            Family::Mistral => ("Mistral", BUILTIN_INST),
         };
         ChatTemplate {
             source: source.to_owned(),
             bos_token: text(tok.bos_id()),
             eos_token: text(tok.eos_id()),
-            origin: format!("built-in {name} chat template for {}", arch.name()),
+            origin: format!("built-in {name} chat template for {model}"),
         }
     }
 
