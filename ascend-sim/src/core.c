@@ -26,6 +26,8 @@ typedef struct {
     int64_t at;
     int status;
     int execPhase;
+    /* -1: any device; else only calls made with this device current (a fault on one rank) */
+    int device;
     int64_t calls;
 } OpFault;
 
@@ -60,7 +62,7 @@ static int64_t env_int(const char *name, int64_t dflt) {
 }
 
 static void parse_faults(const char *spec) {
-    /* op:n:status[:exec][,op:n:status...] */
+    /* op:n:status[:exec][@device][,op:n:status...]; with @device only that device's calls count */
     g_cfg.nfaults = 0;
     if (!spec || !*spec) return;
     char buf[1024];
@@ -71,9 +73,16 @@ static void parse_faults(const char *spec) {
         memset(f, 0, sizeof *f);
         char phase[16] = {0};
         long long at = 0, status = 0;
+        f->device = -1;
+        char *dev = strchr(item, '@');
+        if (dev) {
+            *dev = 0;
+            f->device = atoi(dev + 1);
+        }
         int n = sscanf(item, "%127[^:]:%lld:%lld:%15s", f->name, &at, &status, phase);
         if (n < 3 || at < 1) {
-            fprintf(stderr, SIM_TAG " ignoring TBOOST_SIM_FAIL_OP item '%s': expected op:call:status[:exec]\n", item);
+            fprintf(stderr, SIM_TAG " ignoring TBOOST_SIM_FAIL_OP item '%s': expected op:call:status[:exec][@device]\n",
+                    item);
             continue;
         }
         f->at = at;
@@ -1071,6 +1080,7 @@ SIM_API aclnnStatus tboostSimInternal_opFault(const char *op, int execPhase) {
     for (int i = 0; i < c->nfaults; i++) {
         OpFault *f = &c->faults[i];
         if (f->execPhase != execPhase || strcmp(f->name, op) != 0) continue;
+        if (f->device >= 0 && f->device != t_device) continue;
         f->calls++;
         if (f->calls == f->at && hit < 0) hit = i;
     }
@@ -1081,8 +1091,8 @@ SIM_API aclnnStatus tboostSimInternal_opFault(const char *op, int execPhase) {
     int st = c->faults[hit].status;
     long long at = (long long)c->faults[hit].at;
     UNLOCK();
-    sim_error("%s%s: fault injection: call #%lld returns %d (TBOOST_SIM_FAIL_OP)", op, execPhase ? "" : "GetWorkspaceSize",
-              at, st);
+    sim_error("%s%s: fault injection: call #%lld on device %d returns %d (TBOOST_SIM_FAIL_OP)", op,
+              execPhase ? "" : "GetWorkspaceSize", at, (int)t_device, st);
     return st;
 }
 

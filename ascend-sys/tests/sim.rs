@@ -1275,7 +1275,8 @@ fn op_status_faults_come_back_with_the_op_name_status_and_message() {
                 "{err}"
             );
             assert!(
-                err.message().contains("aclnnRmsNormGetWorkspaceSize: fault injection: call #2 returns 161002"),
+                err.message()
+                    .contains("aclnnRmsNormGetWorkspaceSize: fault injection: call #2 on device 0 returns 161002"),
                 "{err}"
             );
             assert!(err.to_string().contains("ACLNN_ERR_PARAM_INVALID"), "{err}");

@@ -269,3 +269,47 @@ fn comm_hccl_on_the_cpu_backend_is_refused_naming_what_it_needs() {
     let err = e.load(&golden_dir("llama_gqa")).unwrap_err().to_string();
     assert!(err.contains("comm = hccl needs backend = ascend"), "{err}");
 }
+
+/// A device error on one rank only (rank 1's third RmsNorm fails on device 1; device 0 never
+/// errs): rank 0 waits at its next device all-reduce until HCCL_EXEC_TIMEOUT, and the
+/// in-flight requests fail within it, naming the collective and the missing rank; the next
+/// request fails at once with the cause on rank 1 (op, device, status), and the engine asks to
+/// be re-created. (The in-flight errors cannot name the cause yet: rank 1 is itself waiting in
+/// a host collective for rank 0 when rank 0's device timeout fires.)
+#[test]
+fn a_device_error_on_one_rank_fails_the_requests_and_then_names_the_cause() {
+    let name = "a_device_error_on_one_rank_fails_the_requests_and_then_names_the_cause";
+    let env = [("HCCL_EXEC_TIMEOUT", "2"), ("TBOOST_SIM_FAIL_OP", "aclnnRmsNorm:3:561002:exec@1")];
+    isolated(name, &env, Duration::from_secs(120), || {
+        let e = Engine::new(EngineConfig {
+            kv_size: KvSize::Blocks(16),
+            max_seqs: 4,
+            comm_timeout_ms: 10_000,
+            ..hccl_config(2)
+        })
+        .unwrap();
+        e.load(&golden_dir("llama_gqa")).unwrap();
+        let prompt: Vec<u32> = vec![1, 2, 3, 4, 5, 6, 7];
+        let reqs: Vec<u64> = (0..2)
+            .map(|_| e.enqueue(Request { ignore_eos: true, ..Request::new(prompt.clone(), 4) }).unwrap())
+            .collect();
+        let t = Instant::now();
+        let _ = e.run_to_completion();
+        let took = t.elapsed();
+        for id in reqs {
+            let o = e.output(id).unwrap();
+            let err = o.error.unwrap_or_else(|| panic!("request {id} finished without an error: {:?}", o.finish));
+            assert!(err.contains("HcclAllReduce") && err.contains("rank 1 did not arrive"), "{err}");
+            eprintln!("request {id}: {err}");
+        }
+        assert!(took < Duration::from_secs(8), "the requests ended {took:?} after the start (HCCL_EXEC_TIMEOUT 2 s)");
+        let id = e.enqueue(Request::new(prompt, 2)).unwrap();
+        let t = Instant::now();
+        let _ = e.run_to_completion();
+        let err = e.output(id).unwrap().error.expect("a request on a broken group fails");
+        assert!(err.contains("rank 1 left the group"), "{err}");
+        assert!(err.contains("aclnnRmsNorm") && err.contains("on device 1") && err.contains("561002"), "{err}");
+        assert!(t.elapsed() < Duration::from_secs(2), "{:?}", t.elapsed());
+        eprintln!("next request: {err}");
+    });
+}
