@@ -220,27 +220,32 @@ fn golden_cases_at_tp_2_and_4_over_simulated_hccl_match_the_reference_and_tp_1()
     });
 }
 
+/// A tp = 2 HCCL engine on llama_gqa running two requests to their (failing) end: the engine,
+/// the prompt, the request ids and how long they took.
+fn two_requests_on_a_failing_group() -> (Engine, Vec<u32>, Vec<u64>, Duration) {
+    let e = Engine::new(EngineConfig {
+        kv_size: KvSize::Blocks(16),
+        max_seqs: 4,
+        comm_timeout_ms: 10_000,
+        ..hccl_config(2)
+    })
+    .unwrap();
+    e.load(&golden_dir("llama_gqa")).unwrap();
+    let prompt: Vec<u32> = vec![1, 2, 3, 4, 5, 6, 7];
+    let reqs: Vec<u64> =
+        (0..2).map(|_| e.enqueue(Request { ignore_eos: true, ..Request::new(prompt.clone(), 4) }).unwrap()).collect();
+    let t = Instant::now();
+    let _ = e.run_to_completion();
+    (e, prompt, reqs, t.elapsed())
+}
+
 #[test]
 fn an_hccl_timeout_on_one_rank_fails_every_request_naming_the_rank_and_the_engine_says_recreate() {
     let name = "an_hccl_timeout_on_one_rank_fails_every_request_naming_the_rank_and_the_engine_says_recreate";
     // rank 1 never arrives at its 5th collective (inside the first prefill's layers)
     let env = [("HCCL_EXEC_TIMEOUT", "2"), ("TBOOST_SIM_HCCL_FAULT", "timeout@5:1")];
     isolated(name, &env, Duration::from_secs(120), || {
-        let e = Engine::new(EngineConfig {
-            kv_size: KvSize::Blocks(16),
-            max_seqs: 4,
-            comm_timeout_ms: 10_000,
-            ..hccl_config(2)
-        })
-        .unwrap();
-        e.load(&golden_dir("llama_gqa")).unwrap();
-        let prompt: Vec<u32> = vec![1, 2, 3, 4, 5, 6, 7];
-        let reqs: Vec<u64> = (0..2)
-            .map(|_| e.enqueue(Request { ignore_eos: true, ..Request::new(prompt.clone(), 4) }).unwrap())
-            .collect();
-        let t = Instant::now();
-        let _ = e.run_to_completion();
-        let took = t.elapsed();
+        let (e, prompt, reqs, took) = two_requests_on_a_failing_group();
         for id in reqs {
             let o = e.output(id).unwrap();
             let err = o.error.unwrap_or_else(|| panic!("request {id} finished without an error: {:?}", o.finish));
@@ -281,21 +286,7 @@ fn a_device_error_on_one_rank_fails_the_requests_and_then_names_the_cause() {
     let name = "a_device_error_on_one_rank_fails_the_requests_and_then_names_the_cause";
     let env = [("HCCL_EXEC_TIMEOUT", "2"), ("TBOOST_SIM_FAIL_OP", "aclnnRmsNorm:3:561002:exec@1")];
     isolated(name, &env, Duration::from_secs(120), || {
-        let e = Engine::new(EngineConfig {
-            kv_size: KvSize::Blocks(16),
-            max_seqs: 4,
-            comm_timeout_ms: 10_000,
-            ..hccl_config(2)
-        })
-        .unwrap();
-        e.load(&golden_dir("llama_gqa")).unwrap();
-        let prompt: Vec<u32> = vec![1, 2, 3, 4, 5, 6, 7];
-        let reqs: Vec<u64> = (0..2)
-            .map(|_| e.enqueue(Request { ignore_eos: true, ..Request::new(prompt.clone(), 4) }).unwrap())
-            .collect();
-        let t = Instant::now();
-        let _ = e.run_to_completion();
-        let took = t.elapsed();
+        let (e, prompt, reqs, took) = two_requests_on_a_failing_group();
         for id in reqs {
             let o = e.output(id).unwrap();
             let err = o.error.unwrap_or_else(|| panic!("request {id} finished without an error: {:?}", o.finish));

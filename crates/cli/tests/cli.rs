@@ -387,10 +387,7 @@ fn perplexity_scores_the_second_half_of_each_chunk_as_llama_perplexity() {
         let mut s = Session::new(&mut r, ctx).unwrap();
         let all = s.feed(&p, true).unwrap();
         for i in ctx / 2..ctx - 1 {
-            let row = &all[i * vocab..(i + 1) * vocab];
-            let max = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-            let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
-            nll -= row[p[i + 1] as usize] as f64 - lse;
+            nll -= log_softmax_at(&all[i * vocab..(i + 1) * vocab], p[i + 1]);
             count += 1;
         }
     }

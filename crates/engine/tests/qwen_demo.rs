@@ -174,11 +174,8 @@ fn prompt_logprobs_match_the_f64_reference() {
         e.run_to_completion().unwrap();
         for (i, (id, s)) in ids.iter().zip(&seqs).enumerate() {
             let lp = e.output(*id).unwrap().prompt_logprobs.expect("prompt logprobs");
-            let row = &data[i * vocab..(i + 1) * vocab];
-            let max = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-            let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
             let n = s.len() - 1;
-            let want = row[s[n] as usize] as f64 - lse;
+            let want = log_softmax_at(&data[i * vocab..(i + 1) * vocab], s[n]);
             let d = (lp[n] as f64 - want).abs();
             eprintln!("prompt {i} ({precision:?}): logprob {} vs f64 {want:.5} ({d:.2e})", lp[n]);
             assert!(d <= tol, "prompt {i} ({precision:?}): logprob {} vs f64 {want} ({d:.2e} > {tol})", lp[n]);

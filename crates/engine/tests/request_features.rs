@@ -30,13 +30,6 @@ fn scored(prompt: Vec<u32>) -> Request {
     Request { ignore_eos: true, prompt_logprobs: true, ..Request::new(prompt, 1) }
 }
 
-/// log-softmax of `row` at `id`, in f64.
-fn log_softmax_at(row: &[f32], id: u32) -> f64 {
-    let max = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
-    let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
-    row[id as usize] as f64 - lse
-}
-
 /// Runs `reqs` together; returns each one's prompt logprobs and all events.
 fn prompt_logprobs(e: &Engine, reqs: &[Request]) -> (Vec<Vec<f32>>, Vec<Event>) {
     let ids: Vec<u64> = reqs.iter().map(|r| e.enqueue(r.clone()).unwrap()).collect();

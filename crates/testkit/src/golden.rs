@@ -66,6 +66,13 @@ pub fn floats(v: &Value) -> Vec<f32> {
     v.as_array().expect("float list").iter().map(|x| x.as_f64().expect("float") as f32).collect()
 }
 
+/// log-softmax of `row` at `id`, in f64 (the tests' reference for logprobs).
+pub fn log_softmax_at(row: &[f32], id: u32) -> f64 {
+    let max = row.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(x as f64));
+    let lse = max + row.iter().map(|&x| (x as f64 - max).exp()).sum::<f64>().ln();
+    row[id as usize] as f64 - lse
+}
+
 pub fn max_abs_diff(a: &[f32], b: &[f32]) -> f32 {
     assert_eq!(a.len(), b.len(), "length mismatch");
     a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0, f32::max)

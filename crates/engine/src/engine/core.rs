@@ -220,7 +220,7 @@ impl Core {
         // the tokens it has consumed, so a helper thread computes it while the backend runs
         // the batch.
         let mut first_masks: HashMap<usize, Result<SimpleVob>> = HashMap::new();
-        let constrained: Vec<(usize, &mut Constraint)> = {
+        let constrained: Vec<(usize, &mut Constraint)> = if self.sched.running.iter().any(|s| s.constraint.is_some()) {
             let idx: Vec<usize> = sampled.iter().map(|&(wi, _, _)| work[wi].index).collect();
             self.sched
                 .running
@@ -229,6 +229,8 @@ impl Core {
                 .filter(|(i, _)| idx.contains(i))
                 .filter_map(|(i, s)| s.constraint.as_mut().map(|c| (i, c)))
                 .collect()
+        } else {
+            Vec::new()
         };
         let (runner, logits) = (&mut self.runner, &mut self.logits);
         let fwd = if constrained.is_empty() {

@@ -536,16 +536,19 @@ fn draw_by_buckets(
 
 /// Log-softmax of the raw row at `token` (prompt logprobs, perplexity).
 pub fn token_logprob(logits: &[f32], token: u32) -> f32 {
-    let (max, ..) = finite_range(logits);
+    (logits[token as usize] as f64 - log_sum_exp(logits, finite_range(logits).0)) as f32
+}
+
+/// log Σ exp over the finite entries, `max` their largest, in f64.
+fn log_sum_exp(logits: &[f32], max: f32) -> f64 {
     let sum: f64 = logits.iter().filter(|x| x.is_finite()).map(|&x| (x as f64 - max as f64).exp()).sum();
-    (logits[token as usize] as f64 - (max as f64 + sum.ln())) as f32
+    max as f64 + sum.ln()
 }
 
 /// Log-softmax of the raw row for `token` plus its `n` best entries.
 fn raw_logprobs(logits: &[f32], token: u32, n: usize, s: &mut Scratch) -> (Option<f32>, Vec<(u32, f32)>) {
     let (max, min, n_finite, _) = finite_range(logits);
-    let sum: f64 = logits.iter().filter(|x| x.is_finite()).map(|&x| (x as f64 - max as f64).exp()).sum();
-    let lse = max as f64 + sum.ln();
+    let lse = log_sum_exp(logits, max);
     let logprob = |id: u32| (logits[id as usize] as f64 - lse) as f32;
 
     let mut top = Vec::new();
