@@ -206,7 +206,8 @@ pub unsafe extern "C" fn tboost_config_set_int(
 ///   without the path, gets f16 and the plan says why)
 /// - `precision`: matmul activation precision, "auto" (default: "fast" for GGUF
 ///   block-quantized weights, "exact" for float weights), "exact" (f32 activations) or
-///   "fast" (8-bit activations with integer dot products where the backend has them)
+///   "fast" (8-bit activations with integer dot products where the backend has them); env
+///   `TBOOST_PRECISION`
 /// - `disabled_ops`: comma-separated ops and fusions the operator plan must not use
 ///   (flash_attention, paged_decode_attention, standard_attention, moe_grouped,
 ///   convert_weights, pack_weights, fuse_qkv, fuse_gate_up, fuse_add_norm); env

@@ -60,7 +60,7 @@ const FIXED: &[(&str, KeyType, &str, Option<&str>, &str)] = &[
     ("kv_cache_blocks", KeyType::Int { min: 1, max: MAX }, "", None, "KV cache size in blocks instead of bytes"),
     ("block_size", KeyType::Int { min: 1, max: 1024 }, "auto", None, "tokens per KV block (auto: the backend's)"),
     ("kv_dtype", KeyType::Str, "auto", None, "KV cache element type: auto, f32, f16, bf16 or q8_0 (int8 with an f16 scale per 32 values; needs head_dim % 32 == 0, else f16 with a logged reason)"),
-    ("precision", KeyType::Str, "auto", None, "matmul activation precision: auto, exact or fast"),
+    ("precision", KeyType::Str, "auto", Some("TBOOST_PRECISION"), "matmul activation precision: auto, exact or fast"),
     (
         "finished_records",
         KeyType::Int { min: 1, max: MAX },
