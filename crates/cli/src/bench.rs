@@ -11,7 +11,6 @@ use super::{print_json, EngineArgs};
 use tboost_engine::backend::cpu::measure_bandwidth;
 use tboost_engine::engine::{Engine, EngineConfig, KvSize};
 use tboost_engine::model::Model;
-use tboost_engine::runner::ModelRunner;
 use tboost_engine::sched::Request;
 use tboost_engine::session::{argmax, Session};
 use tboost_engine::{Error, Result};
@@ -152,7 +151,12 @@ pub(crate) fn run(a: BenchArgs) -> Result<()> {
     let opts = ecfg.plan_options(backend.as_ref())?;
     let threads =
         if ecfg.threads == 0 { std::thread::available_parallelism().map_or(1, |n| n.get()) } else { ecfg.threads };
-    let mut runner = ModelRunner::new(&model, backend, &opts, ecfg.threads)?;
+    // With `--tp` or under mpirun, the leader's shard (its `local` followers beside it), as
+    // an engine builds it; an MPI follower runs the leader's passes and prints nothing.
+    let mut runner = ecfg.runner(&model, backend, &opts)?;
+    if runner.follower_rank().is_some() {
+        return runner.follow();
+    }
     let kv_dtype = runner.plan.kv_dtype;
     let cfg = model.config.clone();
     let bs = runner.plan.block_size;

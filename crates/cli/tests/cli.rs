@@ -232,6 +232,32 @@ fn bench_reports_rates_and_the_bandwidth_share() {
     }
 }
 
+/// `--tp 2` benches the leader's shard (an earlier bench ignored `tp` and ran one whole rank).
+#[test]
+fn bench_with_tp_2_runs_a_shard() {
+    let bench = |tp: &str| {
+        let v = ok_json(&[
+            "bench",
+            "--synthetic",
+            "small",
+            "--prefill",
+            "8",
+            "--decode",
+            "2",
+            "--repeat",
+            "1",
+            "--threads",
+            "2",
+            "--tp",
+            tp,
+            "--json",
+        ]);
+        v["weight_bytes"].as_f64().unwrap_or_else(|| panic!("weight_bytes: {v}"))
+    };
+    let (one, two) = (bench("1"), bench("2"));
+    assert!(two < 0.6 * one, "rank 0 of tp 2 holds {two} weight bytes, tp 1 {one}");
+}
+
 #[test]
 fn bench_text_shows_the_spread_of_its_repeats() {
     let args = ["bench", "--synthetic", "small", "--prefill", "8", "--decode", "4", "--threads", "1"];

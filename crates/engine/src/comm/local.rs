@@ -2,7 +2,13 @@
 //! rendezvous on host memory. Each collective is one exchange round: every rank deposits
 //! its bytes, the last to arrive publishes all contributions, and each rank combines them
 //! itself (in rank order, so every rank computes the same sum).
+//!
+//! A rank that arrives early spins (yielding) for a short while before it sleeps on the
+//! condition variable: ranks of a step arrive within microseconds of each other, and waking a
+//! sleeping thread costs far more than that on a VM (the woken vCPU has to be scheduled),
+//! which with two collectives per layer dominated the `local` decode step.
 
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Condvar, Mutex, MutexGuard};
 use std::time::{Duration, Instant};
 
@@ -26,7 +32,20 @@ struct State {
 struct Group {
     state: Mutex<State>,
     cv: Condvar,
+    /// Bumped (under the lock) at every change a waiter may be waiting for, beside each
+    /// `notify_all`, so a spinning waiter sees it without the lock.
+    changes: AtomicU64,
     timeout: Duration,
+}
+
+/// How long an early rank spins before it sleeps.
+const SPIN: Duration = Duration::from_micros(500);
+
+impl Group {
+    fn notify(&self) {
+        self.changes.fetch_add(1, Ordering::Release);
+        self.cv.notify_all();
+    }
 }
 
 /// Makes the ranks of a local group.
@@ -47,6 +66,7 @@ impl LocalGroup {
                 gone: vec![None; world],
             }),
             cv: Condvar::new(),
+            changes: AtomicU64::new(0),
             timeout,
         });
         (0..world).map(|rank| LocalComm { rank, world, group: group.clone() }).collect()
@@ -71,7 +91,7 @@ impl LocalComm {
         if s.gone[self.rank].is_none() {
             s.gone[self.rank] = Some(why);
         }
-        self.group.cv.notify_all();
+        self.group.notify();
     }
 
     /// One round: deposits `mine`, returns every rank's contribution.
@@ -85,7 +105,7 @@ impl LocalComm {
             Some(other) if other != op => {
                 let why = format!("rank {rank} called {op} while the others are in {other}");
                 s.broken = Some(why.clone());
-                g.cv.notify_all();
+                g.notify();
                 return Err(error(rank, op, why));
             }
             _ => s.op = Some(op),
@@ -96,10 +116,11 @@ impl LocalComm {
             s.result = Arc::new(s.arrived.iter_mut().map(|a| a.take().unwrap_or_default()).collect());
             s.round += 1;
             s.op = None;
-            g.cv.notify_all();
+            g.notify();
             return Ok(s.result.clone());
         }
         let deadline = Instant::now() + g.timeout;
+        let spin_until = Instant::now() + SPIN;
         loop {
             if s.round > round {
                 return Ok(s.result.clone());
@@ -111,7 +132,7 @@ impl LocalComm {
             if let Some((r, why)) = missing.iter().find_map(|&r| s.gone[r].as_ref().map(|w| (r, w.clone()))) {
                 let why = format!("rank {r} left the group ({why})");
                 s.broken = Some(why.clone());
-                g.cv.notify_all();
+                g.notify();
                 return Err(error(rank, op, why));
             }
             let now = Instant::now();
@@ -119,8 +140,17 @@ impl LocalComm {
                 let names: Vec<String> = missing.iter().map(|r| format!("rank {r}")).collect();
                 let why = format!("{} did not join {op} within {:?}", names.join(", "), g.timeout);
                 s.broken = Some(why.clone());
-                g.cv.notify_all();
+                g.notify();
                 return Err(error(rank, op, why));
+            }
+            if now < spin_until {
+                let seen = g.changes.load(Ordering::Acquire);
+                drop(s);
+                while g.changes.load(Ordering::Acquire) == seen && Instant::now() < spin_until {
+                    std::thread::yield_now();
+                }
+                s = self.lock();
+                continue;
             }
             s = g.cv.wait_timeout(s, deadline - now).map(|(s, _)| s).unwrap_or_else(|p| p.into_inner().0);
         }
