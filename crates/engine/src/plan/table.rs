@@ -572,100 +572,110 @@ impl<'a> Planner<'a> {
         detail: String,
         only: Option<Placement>,
     ) -> Result<Decision, (Error, Vec<Tried>)> {
-        for (be, placement, act) in self.backends() {
-            if only.is_some_and(|p| p != placement) {
-                continue;
+        // Every candidate with its weights as stored first; converting weights at upload (more
+        // memory, maybe less precision) only when none of them fits. A block-quantized
+        // embedding table is tried as stored on every backend before any conversion: a device
+        // whose gather copies activation-dtype rows would hold it converted (f16: 3.6x a Q4_0
+        // table), while on the host it stays in its file bytes and a lookup sends one row per
+        // token to the device.
+        let stored_everywhere_first = matches!(sw, SlotWeights::Embed(t) if t.dtype.is_quantized());
+        let backends: Vec<_> = self.backends().into_iter().filter(|b| only.is_none_or(|p| p == b.1)).collect();
+        let mut order = Vec::new();
+        for convert in [false, true] {
+            for &(be, placement, act) in &backends {
+                order.push((be, placement, act, convert));
             }
-            // Every candidate with its weights as stored first; converting weights at upload
-            // (more memory, maybe less precision) only when none of them fits.
-            for convert in [false, true] {
-                for &choice in candidates {
-                    if let Some(name) = choice.disable_name().filter(|n| !self.opts.allows(n)) {
-                        if !convert {
-                            tried.push(Tried {
-                                candidate: choice,
-                                backend: be.name().into(),
-                                verdict: Verdict::Disabled { name },
-                            });
-                        }
-                        continue;
-                    }
-                    let Some(answer) = self.evaluate(
-                        be,
-                        act,
-                        choice,
-                        &|a| build(choice, a),
-                        sw,
-                        convert,
-                        native_param(&tried, choice, be),
-                    ) else {
-                        continue;
-                    };
-                    match answer {
-                        Ok((_, _, _, Some(tiling))) => {
-                            // Refused loudly, never dropped: the user asked for this split.
-                            let at = layer.map_or("model".to_string(), |l| format!("layer {l}"));
-                            let e = Error::Unsupported(format!(
-                                "{tiling} ({at}: {} runs {} on {})",
-                                slot.name(),
-                                choice.name(),
-                                be.name()
-                            ));
-                            return Err((e, tried));
-                        }
-                        Ok((weights, precision, kernel, None)) => {
-                            let weights = self.packed_mode(be, weights, precision, sw);
-                            tried.push(Tried {
-                                candidate: choice,
-                                backend: be.name().into(),
-                                verdict: Verdict::Chosen,
-                            });
-                            // Converting weights at upload is not a fallback: the preferred op
-                            // runs where it should (the reason still says why the stored weights
-                            // were refused). A fallback is a less preferred candidate or the CPU.
-                            let rank = |c: Choice| candidates.iter().position(|&x| x == c);
-                            let fallback = placement != Placement::Primary
-                                || tried.iter().any(|t| rank(t.candidate) < rank(choice));
-                            let refused: Vec<String> =
-                                tried.iter().filter(|t| t.verdict != Verdict::Chosen).map(tried_text).collect();
-                            let reason = match () {
-                                _ if fallback => fallback_reason(choice, &tried),
-                                _ if refused.is_empty() => detail,
-                                _ => format!("{detail}; stored weights refused: {}", refused.join("; ")),
-                            };
-                            let copy = if placement == Placement::Cpu { self.copy_bytes(slot) } else { 0 };
-                            return Ok(Decision {
-                                slot,
-                                choice,
-                                backend: be.name().into(),
-                                kernel,
-                                placement,
-                                weights,
-                                precision,
-                                fallback,
-                                copy_bytes_per_token: copy,
-                                reason,
-                                tried,
-                            });
-                        }
-                        // A conversion failing on another parameter than the stored weights
-                        // (a missing symbol, a gated version) names what really blocks; one
-                        // failing on the same adds nothing.
-                        Err(no) if convert => {
-                            let native =
-                                tried.iter_mut().rev().find(|t| t.candidate == choice && t.backend == be.name());
-                            if let Some(t) = native {
-                                if matches!(&t.verdict, Verdict::Rejected { why, .. } if why.param != no.1.param) {
-                                    t.verdict = Verdict::Rejected { query: no.0, why: no.1 };
-                                }
-                            }
-                        }
-                        Err(no) => tried.push(Tried {
+        }
+        if !stored_everywhere_first {
+            order.sort_by_key(|&(_, placement, _, convert)| (placement != Placement::Primary, convert));
+        }
+        for (be, placement, act, convert) in order {
+            for &choice in candidates {
+                if let Some(name) = choice.disable_name().filter(|n| !self.opts.allows(n)) {
+                    if !convert {
+                        tried.push(Tried {
                             candidate: choice,
                             backend: be.name().into(),
-                            verdict: Verdict::Rejected { query: no.0, why: no.1 },
-                        }),
+                            verdict: Verdict::Disabled { name },
+                        });
                     }
+                    continue;
+                }
+                let Some(answer) = self.evaluate(
+                    be,
+                    act,
+                    choice,
+                    &|a| build(choice, a),
+                    sw,
+                    convert,
+                    native_param(&tried, choice, be),
+                ) else {
+                    continue;
+                };
+                match answer {
+                    Ok((_, _, _, Some(tiling))) => {
+                        // Refused loudly, never dropped: the user asked for this split.
+                        let at = layer.map_or("model".to_string(), |l| format!("layer {l}"));
+                        let e = Error::Unsupported(format!(
+                            "{tiling} ({at}: {} runs {} on {})",
+                            slot.name(),
+                            choice.name(),
+                            be.name()
+                        ));
+                        return Err((e, tried));
+                    }
+                    Ok((weights, precision, kernel, None)) => {
+                        let weights = self.packed_mode(be, weights, precision, sw);
+                        tried.push(Tried { candidate: choice, backend: be.name().into(), verdict: Verdict::Chosen });
+                        // Converting weights at upload is not a fallback: the preferred op
+                        // runs where it should (the reason still says why the stored weights
+                        // were refused). A fallback is a less preferred candidate or the CPU.
+                        let rank = |c: Choice| candidates.iter().position(|&x| x == c);
+                        let fallback =
+                            placement != Placement::Primary || tried.iter().any(|t| rank(t.candidate) < rank(choice));
+                        let refused: Vec<String> =
+                            tried.iter().filter(|t| t.verdict != Verdict::Chosen).map(tried_text).collect();
+                        let reason = match () {
+                            _ if fallback && stored_everywhere_first && !convert => format!(
+                                "{}; the table stays on the host as stored rather than converted on the device \
+                                     (a lookup copies one row per token)",
+                                fallback_reason(choice, &tried)
+                            ),
+                            _ if fallback => fallback_reason(choice, &tried),
+                            _ if refused.is_empty() => detail,
+                            _ => format!("{detail}; stored weights refused: {}", refused.join("; ")),
+                        };
+                        let copy = if placement == Placement::Cpu { self.copy_bytes(slot) } else { 0 };
+                        return Ok(Decision {
+                            slot,
+                            choice,
+                            backend: be.name().into(),
+                            kernel,
+                            placement,
+                            weights,
+                            precision,
+                            fallback,
+                            copy_bytes_per_token: copy,
+                            reason,
+                            tried,
+                        });
+                    }
+                    // A conversion failing on another parameter than the stored weights
+                    // (a missing symbol, a gated version) names what really blocks; one
+                    // failing on the same adds nothing.
+                    Err(no) if convert => {
+                        let native = tried.iter_mut().rev().find(|t| t.candidate == choice && t.backend == be.name());
+                        if let Some(t) = native {
+                            if matches!(&t.verdict, Verdict::Rejected { why, .. } if why.param != no.1.param) {
+                                t.verdict = Verdict::Rejected { query: no.0, why: no.1 };
+                            }
+                        }
+                    }
+                    Err(no) => tried.push(Tried {
+                        candidate: choice,
+                        backend: be.name().into(),
+                        verdict: Verdict::Rejected { query: no.0, why: no.1 },
+                    }),
                 }
             }
         }
