@@ -277,10 +277,9 @@ fn comm_hccl_on_the_cpu_backend_is_refused_naming_what_it_needs() {
 
 /// A device error on one rank only (rank 1's third RmsNorm fails on device 1; device 0 never
 /// errs): rank 0 waits at its next device all-reduce until HCCL_EXEC_TIMEOUT, and the
-/// in-flight requests fail within it, naming the collective and the missing rank; the next
-/// request fails at once with the cause on rank 1 (op, device, status), and the engine asks to
-/// be re-created. (The in-flight errors cannot name the cause yet: rank 1 is itself waiting in
-/// a host collective for rank 0 when rank 0's device timeout fires.)
+/// in-flight requests fail within it, naming the collective, the missing rank and its cause
+/// (rank 1 left the host group with it when its launch failed: op, device, status); the next
+/// request fails at once with the same cause, and the engine asks to be re-created.
 #[test]
 fn a_device_error_on_one_rank_fails_the_requests_and_then_names_the_cause() {
     let name = "a_device_error_on_one_rank_fails_the_requests_and_then_names_the_cause";
@@ -291,6 +290,9 @@ fn a_device_error_on_one_rank_fails_the_requests_and_then_names_the_cause() {
             let o = e.output(id).unwrap();
             let err = o.error.unwrap_or_else(|| panic!("request {id} finished without an error: {:?}", o.finish));
             assert!(err.contains("HcclAllReduce") && err.contains("rank 1 did not arrive"), "{err}");
+            // and the cause: rank 1's failed op, its device and status
+            assert!(err.contains("rank 1 had failed") && err.contains("aclnnRmsNorm"), "{err}");
+            assert!(err.contains("on device 1") && err.contains("561002"), "{err}");
             eprintln!("request {id}: {err}");
         }
         assert!(took < Duration::from_secs(8), "the requests ended {took:?} after the start (HCCL_EXEC_TIMEOUT 2 s)");

@@ -88,4 +88,17 @@ impl Error {
     pub fn invalid(param: impl Into<String>, msg: impl Into<String>) -> Self {
         Error::InvalidArgument { param: param.into(), msg: msg.into() }
     }
+
+    /// This error with `note` appended to its message, keeping its kind (and so the C ABI
+    /// status it maps to). Kinds without a free-text message stay as they are.
+    pub fn with_note(mut self, note: &str) -> Self {
+        match &mut self {
+            Error::Backend { msg, .. } | Error::Comm { msg, .. } | Error::InvalidArgument { msg, .. } => {
+                msg.push_str(note)
+            }
+            Error::Unsupported(msg) => msg.push_str(note),
+            _ => {}
+        }
+        self
+    }
 }

@@ -41,6 +41,9 @@ impl Communicator for HcclControl {
     fn abandon(&self, why: &str) {
         self.0.abandon(why)
     }
+    fn departed(&self) -> Option<(usize, String)> {
+        self.0.departed()
+    }
 }
 
 /// The devices of `world` ranks from the `devices` key (`ascend:0,1`, `0,1`, or empty: `first`

@@ -248,4 +248,8 @@ impl Communicator for LocalComm {
     fn abandon(&self, why: &str) {
         self.leave(why.to_string());
     }
+    fn departed(&self) -> Option<(usize, String)> {
+        let s = self.lock();
+        s.gone.iter().enumerate().find_map(|(r, why)| why.as_ref().filter(|_| r != self.rank).map(|w| (r, w.clone())))
+    }
 }

@@ -74,6 +74,11 @@ pub trait Communicator: Send + Sync {
     /// Leaves the group for `why` (a failed load or step): the other ranks' collectives fail
     /// at once with this reason instead of waiting for the timeout.
     fn abandon(&self, why: &str);
+    /// Another rank that has left the group, and why, when this end knows without waiting (a
+    /// `local` group does; MPI does not say).
+    fn departed(&self) -> Option<(usize, String)> {
+        None
+    }
 }
 
 /// The error of a collective on `rank`.

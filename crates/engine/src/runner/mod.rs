@@ -480,7 +480,27 @@ impl ModelRunner {
             layout: b.layout.clone(),
             logit_rows: b.logit_rows.to_vec(),
         })?;
-        self.forward_local(b, logits)
+        self.forward_local(b, logits).map_err(|e| self.with_departed_cause(e))
+    }
+
+    /// A leader's failed step, with the cause of a rank that left the group first: a device
+    /// error on a follower surfaces on the leader as a collective that timed out, while the
+    /// follower has already left with the real cause (the op, its device and status).
+    fn with_departed_cause(&self, e: Error) -> Error {
+        let Some(link) = self.tp.as_ref() else { return e };
+        // The follower leaves as soon as its launch fails, long before the leader's timeout;
+        // a short wait covers a failure found at the same moment on both sides.
+        let until = std::time::Instant::now() + Duration::from_millis(200);
+        loop {
+            if let Some((rank, why)) = link.comm.departed() {
+                let text = e.to_string();
+                return if text.contains(&why) { e } else { e.with_note(&format!("; rank {rank} had failed: {why}")) };
+            }
+            if std::time::Instant::now() >= until {
+                return e;
+            }
+            std::thread::sleep(Duration::from_millis(5));
+        }
     }
 
     /// This rank's part of a forward pass (the whole pass without tensor parallelism).
