@@ -220,6 +220,26 @@ fn golden_cases_at_tp_2_and_4_over_simulated_hccl_match_the_reference_and_tp_1()
     });
 }
 
+/// The architectures added later (Qwen3's q/k norms, Qwen3-MoE's experts, Gemma 3's sliding
+/// window and extra norms, Phi-3's fused weights) the same way: each rank's shard of the new
+/// slots runs on its simulated device.
+#[test]
+fn new_architectures_at_tp_2_and_4_over_simulated_hccl_match_the_reference_and_tp_1() {
+    let name = "new_architectures_at_tp_2_and_4_over_simulated_hccl_match_the_reference_and_tp_1";
+    isolated(name, &[], Duration::from_secs(1800), || {
+        let (mut ran, mut refused) = (Vec::new(), Vec::new());
+        for case in NEW_ARCH_CASES {
+            golden_case_over_hccl(case, &mut ran, &mut refused);
+        }
+        eprintln!("tp = 4 ran on {ran:?}; refused by the plan: {refused:?}");
+        for r in &refused {
+            assert!(r.contains("head") || r.contains("kv"), "tp = 4 refused for a reason other than heads: {r}");
+        }
+        let s = tboost_engine::backend::ascend::sys::Cann::load().unwrap().sim_stats().unwrap();
+        assert_eq!(s.rule_violations, 0, "simulator rule violations (HCCL or aclnn): {s:?}");
+    });
+}
+
 /// A tp = 2 HCCL engine on llama_gqa running two requests to their (failing) end: the engine,
 /// the prompt, the request ids and how long they took.
 fn two_requests_on_a_failing_group() -> (Engine, Vec<u32>, Vec<u64>, Duration) {
