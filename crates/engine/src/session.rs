@@ -55,7 +55,8 @@ impl<'r> Session<'r> {
         self.kv.layout(&[SeqWork { seq: SEQ, start: self.len, n: tokens.len() }], &mut self.layout);
         let rows: Vec<u32> = if all { (0..tokens.len() as u32).collect() } else { vec![tokens.len() as u32 - 1] };
         let mut logits = Vec::new();
-        self.runner.forward(&StepBatch { tokens, layout: &self.layout, logit_rows: &rows }, &mut logits)?;
+        self.runner
+            .forward(&StepBatch { tokens, layout: &self.layout, logit_rows: &rows, argmax_only: false }, &mut logits)?;
         self.len = end;
         Ok(logits)
     }

@@ -86,7 +86,8 @@ fn check_model(case: &str, path: &std::path::Path) {
         let mut layout = StepLayout::default();
         kv.layout(&work, &mut layout);
         let mut logits = Vec::new();
-        r.forward(&StepBatch { tokens: &tokens, layout: &layout, logit_rows: &rows }, &mut logits).unwrap();
+        r.forward(&StepBatch { tokens: &tokens, layout: &layout, logit_rows: &rows, argmax_only: false }, &mut logits)
+            .unwrap();
         for (i, want) in b["last_logits"].as_array().unwrap().iter().enumerate() {
             let d = max_abs_diff(&logits[i * vocab..(i + 1) * vocab], &floats(want));
             assert!(d <= TOL, "{case}/batch[{i}]: last_logits max abs diff {d}");

@@ -324,3 +324,45 @@ fn demo_model_greedy_ids_at_tp_2_equal_tp_1_and_each_rank_holds_at_most_0_6_of_t
         assert!(ratio <= 0.6, "rank {rank} holds {ratio:.3} of the weights");
     }
 }
+
+/// Tokens, their logprobs and the leader's gathered logit bytes of one request (8 tokens) on a
+/// `tp`-rank engine over llama_gqa.
+fn gathered(tp: usize, logprobs: Option<usize>) -> (Vec<u32>, Vec<f32>, u64) {
+    let cfg = EngineConfig { threads: 2, kv_size: KvSize::Blocks(32), tp, ..Default::default() };
+    let e = Engine::new(cfg).unwrap();
+    e.load(&golden_dir("llama_gqa")).unwrap();
+    let mut req = Request { ignore_eos: true, ..Request::new(vec![5, 17, 300, 42, 7], 8) };
+    req.sampling.logprobs = logprobs;
+    let id = e.enqueue(req).unwrap();
+    let (mut tokens, mut lps) = (Vec::new(), Vec::new());
+    while e.has_work().unwrap() {
+        for ev in e.step().unwrap().events.into_iter().filter(|ev| ev.id == id) {
+            if let Some(t) = ev.token {
+                tokens.push(t);
+                lps.push(ev.logprob.unwrap_or(f32::NAN));
+            }
+        }
+    }
+    (tokens, lps, e.stats().unwrap().tp_gathered_logit_bytes)
+}
+
+/// A step whose rows are all greedy gathers each rank's best candidate of a row (value and
+/// index, 8 bytes) instead of its vocabulary part; a row that reports logprobs still gathers
+/// the whole part. Both give tp = 1's tokens (and logprobs within 1e-4).
+#[test]
+fn greedy_rows_gather_each_ranks_best_candidate_and_logprob_rows_the_whole_row() {
+    let vocab = Model::load(&golden_dir("llama_gqa")).unwrap().config.vocab_size;
+    let (want, _, none) = gathered(1, None);
+    assert_eq!(none, 0, "one rank gathers nothing");
+    let (got, _, bytes) = gathered(2, None);
+    assert_eq!(got, want, "greedy tokens at tp = 2 (best-candidate gather)");
+    assert_eq!(bytes, (8 * 2 * 8) as u64, "8 rows x 2 ranks x (value, index) of 4 bytes each");
+
+    let (want, want_lp, _) = gathered(1, Some(2));
+    let (got, got_lp, bytes) = gathered(2, Some(2));
+    assert_eq!(got, want, "greedy tokens with logprobs at tp = 2");
+    for (i, (a, b)) in got_lp.iter().zip(&want_lp).enumerate() {
+        assert!((a - b).abs() <= 1e-4, "token {i}: logprob {a} at tp = 2, {b} at tp = 1");
+    }
+    assert_eq!(bytes, (8 * 2 * vocab.div_ceil(2) * 4) as u64, "8 rows x 2 ranks x the vocabulary part in f32");
+}

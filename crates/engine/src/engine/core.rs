@@ -215,7 +215,14 @@ impl Core {
                 self.rows.push(self.tokens.len() as u32 - 1);
             }
         }
-        let batch = StepBatch { tokens: &self.tokens, layout: &self.layout, logit_rows: &self.rows };
+        // Rows read only for their argmax let a tensor-parallel leader gather each rank's best
+        // candidate instead of every logit.
+        let argmax_only = self.plp_rows.is_empty()
+            && sampled.iter().all(|&(wi, _, _)| {
+                let s = &self.sched.running[work[wi].index];
+                s.constraint.is_none() && s.sampler.params().argmax_only()
+            });
+        let batch = StepBatch { tokens: &self.tokens, layout: &self.layout, logit_rows: &self.rows, argmax_only };
         // Structured output: the mask of each constrained sequence's next token depends only on
         // the tokens it has consumed, so a helper thread computes it while the backend runs
         // the batch.

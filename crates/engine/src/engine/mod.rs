@@ -109,6 +109,9 @@ pub struct Stats {
     pub cancelled: u64,
     /// Bytes copied between the backend and the CPU beside it (per-op fallbacks).
     pub fallback_copied_bytes: u64,
+    /// Tensor parallelism: bytes of logits the leader's host all-gathers brought in (every
+    /// rank's vocabulary part of a row, or only its best candidate for greedy rows).
+    pub tp_gathered_logit_bytes: u64,
     /// Speculative decoding (`spec_ngram`): draft tokens proposed, and those the model kept.
     pub spec_drafted: u64,
     pub spec_accepted: u64,
@@ -525,6 +528,7 @@ impl Engine {
             finished: c.finished,
             cancelled: c.cancelled,
             fallback_copied_bytes: c.runner.fallback_copied_bytes(),
+            tp_gathered_logit_bytes: c.runner.gathered_logit_bytes(),
             spec_drafted: c.spec_drafted,
             spec_accepted: c.spec_accepted,
             grammar_masks: c.masks,

@@ -239,7 +239,11 @@ pub fn collective_decisions(
                         ),
                         chosen(Choice::HostAllGather),
                     ],
-                    format!("host all-gather of each rank's logits over `{comm}`"),
+                    format!(
+                        "host all-gather of each rank's logits over `{comm}` ({} bytes a row; a step whose rows \
+                         are all greedy gathers each rank's best candidate, 8 bytes a row)",
+                        4 * cfg.vocab_size.div_ceil(world)
+                    ),
                 )
             };
             vec![
@@ -274,7 +278,11 @@ pub fn collective_decisions(
                     Slot::AllGather,
                     Choice::HostAllGather,
                     vec![chosen(Choice::HostAllGather)],
-                    format!("host all-gather of each rank's logits over `{comm}`"),
+                    format!(
+                        "host all-gather of each rank's logits over `{comm}` ({} bytes a row; a step whose rows \
+                         are all greedy gathers each rank's best candidate, 8 bytes a row)",
+                        4 * cfg.vocab_size.div_ceil(world)
+                    ),
                 ),
             ]
         }

@@ -42,6 +42,11 @@ pub struct StepBatch<'a> {
     pub layout: &'a StepLayout,
     /// Rows of `tokens` whose logits are wanted, in output order.
     pub logit_rows: &'a [u32],
+    /// Every logits row is read only for its argmax (greedy sampling with no penalty, bias,
+    /// logprobs or grammar). A tensor-parallel leader that gathers logits on the host then
+    /// gathers each rank's best candidate of a row (8 bytes) instead of its vocabulary part;
+    /// the other entries of the row are -inf.
+    pub argmax_only: bool,
 }
 
 /// The KV pools of every layer: on the primary, on the CPU beside it, or both when layers
@@ -72,6 +77,8 @@ pub struct ModelRunner {
     /// A rank's logits before the all-gather, and after it.
     part: Vec<f32>,
     gathered: Vec<f32>,
+    /// Bytes of logits the all-gathers brought to this rank (every rank's contribution).
+    gathered_bytes: u64,
 }
 
 impl ModelRunner {
@@ -230,6 +237,7 @@ impl ModelRunner {
             tp,
             part: Vec::new(),
             gathered: Vec::new(),
+            gathered_bytes: 0,
         })
     }
 
@@ -268,8 +276,8 @@ impl ModelRunner {
                 tp::Cmd::Reserve { tokens, rows, seqs, max_blocks } => {
                     self.ensure_buffers(Capacity { tokens, rows, seqs, max_blocks })?
                 }
-                tp::Cmd::Forward { tokens, layout, logit_rows } => {
-                    let b = StepBatch { tokens: &tokens, layout: &layout, logit_rows: &logit_rows };
+                tp::Cmd::Forward { tokens, layout, logit_rows, argmax_only } => {
+                    let b = StepBatch { tokens: &tokens, layout: &layout, logit_rows: &logit_rows, argmax_only };
                     self.validate(&b)?;
                     self.forward_local(&b, &mut logits)?;
                 }
@@ -295,6 +303,12 @@ impl ModelRunner {
     }
 
     /// Bytes copied between the primary backend and the CPU beside it so far.
+    /// Bytes of logits the all-gathers brought to this rank so far (0 without tensor
+    /// parallelism, or with the all-gather on the device).
+    pub fn gathered_logit_bytes(&self) -> u64 {
+        self.gathered_bytes
+    }
+
     pub fn fallback_copied_bytes(&self) -> u64 {
         self.fallback.as_ref().map_or(0, |f| f.copied)
     }
@@ -479,6 +493,7 @@ impl ModelRunner {
             tokens: b.tokens.to_vec(),
             layout: b.layout.clone(),
             logit_rows: b.logit_rows.to_vec(),
+            argmax_only: b.argmax_only,
         })?;
         self.forward_local(b, logits).map_err(|e| self.with_departed_cause(e))
     }
@@ -509,7 +524,8 @@ impl ModelRunner {
         let l = b.layout;
         let (t, r) = (b.tokens.len(), b.logit_rows.len());
         self.ensure_buffers(Capacity { tokens: t, rows: r, seqs: l.seqs.len(), max_blocks: l.max_blocks })?;
-        let ModelRunner { cfg, local, plan, primary, fallback, ids, bufs, tp, part, gathered, .. } = self;
+        let ModelRunner { cfg, local, plan, primary, fallback, ids, bufs, tp, part, gathered, gathered_bytes, .. } =
+            self;
         let bufs = bufs.as_ref().ok_or_else(|| Error::invalid("buffers", "activation buffers missing"))?;
         let views = bufs.step_views(t, l.seqs.len(), l.max_blocks, r);
         // A rank embeds the tokens of its vocabulary part; the others read its row 0 and are
@@ -595,9 +611,26 @@ impl ModelRunner {
             let read = primary.read_typed(d, gathered);
             primary.free(d.buf);
             read?;
+        } else if b.argmax_only && cfg.vocab_size <= MAX_EXACT_INDEX {
+            self::host_argmax_gather(link, primary.as_mut(), out, r, vloc, part, gathered)?;
+            *gathered_bytes += (gathered.len() * 4) as u64;
+            // Each rank's best (value, index) of each row; the rest of the row stays -inf,
+            // so a row's argmax (first index of the largest) is the whole row's.
+            logits.clear();
+            logits.resize(r * cfg.vocab_size, f32::NEG_INFINITY);
+            for (k, range) in link.spec.vocab_splits.iter().enumerate() {
+                for row in 0..r {
+                    let (value, index) = (gathered[(k * r + row) * 2], gathered[(k * r + row) * 2 + 1] as usize);
+                    if value > f32::NEG_INFINITY && index < range.len() {
+                        logits[row * cfg.vocab_size + range.start + index] = value;
+                    }
+                }
+            }
+            return Ok(());
         } else {
             self::host_gather(link, primary.as_mut(), out, r, vloc, part, gathered)?;
         }
+        *gathered_bytes += (gathered.len() * 4) as u64;
         logits.resize(r * cfg.vocab_size, 0.0);
         for (k, range) in link.spec.vocab_splits.iter().enumerate() {
             for row in 0..r {
@@ -607,6 +640,39 @@ impl ModelRunner {
         }
         Ok(())
     }
+}
+
+/// Token indices travel as f32 in the argmax gather: exact up to 2^24.
+const MAX_EXACT_INDEX: usize = 1 << 24;
+
+/// The argmax gather through the host: each rank's best finite logit of every row and its
+/// index in the rank's part, as `[value, index]` pairs (`-inf, 0` for a row with none). The
+/// first of equal values wins, as in the sampler's argmax; NaN and +inf count as -inf.
+fn host_argmax_gather(
+    link: &tp::TpLink,
+    primary: &mut dyn Backend,
+    out: View,
+    r: usize,
+    vloc: usize,
+    part: &mut Vec<f32>,
+    gathered: &mut Vec<f32>,
+) -> Result<()> {
+    part.resize(r * vloc, 0.0);
+    if r > 0 {
+        primary.read_typed(out, part)?;
+    }
+    let mut best = Vec::with_capacity(2 * r);
+    for row in part.chunks(vloc.max(1)).take(r) {
+        let (mut value, mut index) = (f32::NEG_INFINITY, 0usize);
+        for (i, &x) in row.iter().enumerate() {
+            if x > value && x.is_finite() {
+                (value, index) = (x, i);
+            }
+        }
+        best.extend([value, index as f32]);
+    }
+    gathered.resize(link.spec.world * 2 * r, 0.0);
+    link.comm.all_gather(&best, gathered)
 }
 
 /// The logits all-gather through the host: every rank's vocabulary part of every row, padded to

@@ -68,7 +68,7 @@ pub(super) enum Cmd {
     Stop,
     AllocKv { blocks: usize, block_size: usize },
     Reserve { tokens: usize, rows: usize, seqs: usize, max_blocks: usize },
-    Forward { tokens: Vec<u32>, layout: StepLayout, logit_rows: Vec<u32> },
+    Forward { tokens: Vec<u32>, layout: StepLayout, logit_rows: Vec<u32>, argmax_only: bool },
 }
 
 fn put(out: &mut Vec<u8>, v: &[u32]) {
@@ -105,8 +105,8 @@ impl Cmd {
             Cmd::Reserve { tokens, rows, seqs, max_blocks } => {
                 put(&mut out, &[2, *tokens as u32, *rows as u32, *seqs as u32, *max_blocks as u32])
             }
-            Cmd::Forward { tokens, layout: l, logit_rows } => {
-                put(&mut out, &[3, l.max_blocks as u32]);
+            Cmd::Forward { tokens, layout: l, logit_rows, argmax_only } => {
+                put(&mut out, &[3, l.max_blocks as u32, *argmax_only as u32]);
                 put(&mut out, tokens);
                 put(&mut out, &l.positions);
                 put(&mut out, &l.slots);
@@ -128,7 +128,7 @@ impl Cmd {
             1 => Cmd::AllocKv { blocks: at(1)?, block_size: at(2)? },
             2 => Cmd::Reserve { tokens: at(1)?, rows: at(2)?, seqs: at(3)?, max_blocks: at(4)? },
             3 => {
-                let max_blocks = at(1)?;
+                let (max_blocks, argmax_only) = (at(1)?, at(2)? != 0);
                 let tokens = r.vec()?;
                 let positions = r.vec()?;
                 let slots = r.vec()?;
@@ -136,7 +136,7 @@ impl Cmd {
                 let block_tables = r.vec()?;
                 let logit_rows = r.vec()?;
                 let layout = StepLayout { positions, slots, seqs, block_tables, max_blocks };
-                Cmd::Forward { tokens, layout, logit_rows }
+                Cmd::Forward { tokens, layout, logit_rows, argmax_only }
             }
             other => return Err(Error::invalid("tp command", format!("unknown command {other}"))),
         })

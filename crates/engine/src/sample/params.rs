@@ -122,6 +122,12 @@ impl SamplingParams {
     }
 
     /// Whether any penalty stage changes logits (the sampler then works on a copy).
+    /// Whether a row is only read for its argmax: greedy, with nothing that changes or reports
+    /// other logits (penalties, bias, logprobs).
+    pub(crate) fn argmax_only(&self) -> bool {
+        self.temperature == 0.0 && !self.has_penalties() && self.logprobs.is_none()
+    }
+
     pub(crate) fn has_penalties(&self) -> bool {
         self.repetition_penalty != 1.0
             || self.presence_penalty != 0.0
