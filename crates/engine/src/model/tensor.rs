@@ -247,8 +247,15 @@ impl Tensor {
     /// (the page cache keeps them, a later read maps them again). Copies and owned tensors,
     /// and platforms other than Linux, keep their memory.
     pub fn release_resident(&self) {
+        self.release_resident_range(0, self.len)
+    }
+
+    /// [`Tensor::release_resident`] of the whole pages inside bytes `start..start + len` of
+    /// this tensor.
+    pub fn release_resident_range(&self, start: usize, len: usize) {
         if let Storage::Mmap(m) = &self.storage {
-            hugepages::release_file_pages(m, self.offset, self.len)
+            let len = len.min(self.len.saturating_sub(start));
+            hugepages::release_file_pages(m, self.offset + start, len)
         }
     }
 }

@@ -89,6 +89,12 @@ fn packed_len(dtype: DType, layout: Layout, rows: usize, cols: usize) -> usize {
     }
 }
 
+/// Rows of a panel, in every packed layout.
+const PANEL: usize = panel_pack::PANEL;
+const _: () = assert!(exact_panels::PANEL == PANEL);
+/// Stored bytes packed before their file pages are given back.
+const PACK_PART_BYTES: usize = 16 << 20;
+
 /// `t` repacked into panels on `pool` for matmuls at `precision`, or `None` when it is not a
 /// matrix [`packable`] covers (then it is used as stored). The tensor's own pages are handed
 /// back (`Tensor::release_resident`), so the weights are not resident twice.
@@ -108,12 +114,26 @@ pub(super) fn pack(
     let mut bytes = arena
         .alloc(n)
         .map_err(|e| CpuBackend::err(format!("tensor `{}`: no memory for its {n} repacked bytes: {e}", t.name)))?;
-    pool.install(|| match layout {
-        Layout::PairPanels if t.dtype == DType::F16 => amx_pair_panels::pack(rows, cols, t.bytes(), &mut bytes[..n]),
-        Layout::PairPanels => bf16_pair_panels::pack(rows, cols, t.bytes(), &mut bytes[..n]),
-        _ if block => panel_pack::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n]),
-        _ => exact_panels::pack(t.dtype, rows, cols, t.bytes(), &mut bytes[..n]),
-    });
+    // In parts of about PACK_PART_BYTES of stored rows, each part's file pages given back once
+    // it is packed: a large matrix (an lm_head) is then never resident twice, which set the
+    // load's peak RSS.
+    let panels = rows.div_ceil(PANEL);
+    let row_bytes = t.bytes().len() / rows.max(1);
+    let per_part = (PACK_PART_BYTES / (row_bytes * PANEL).max(1)).max(1);
+    let mut p0 = 0;
+    while p0 < panels {
+        let part = p0..(p0 + per_part).min(panels);
+        let (src, dst) = (t.bytes(), &mut bytes[..n]);
+        pool.install(|| match layout {
+            // F16 pair panels hold the stored 2-byte values as BF16 ones do.
+            Layout::PairPanels => bf16_pair_panels::pack_panels(rows, cols, src, dst, part.clone()),
+            _ if block => panel_pack::pack_panels(t.dtype, rows, cols, src, dst, part.clone()),
+            _ => exact_panels::pack_panels(t.dtype, rows, cols, src, dst, part.clone()),
+        });
+        let (r0, r1) = (part.start * PANEL, (part.end * PANEL).min(rows));
+        t.release_resident_range(r0 * row_bytes, (r1 - r0) * row_bytes);
+        p0 = part.end;
+    }
     let bytes = bytes.freeze();
     t.release_resident();
     log::debug!("tensor `{}`: {rows}x{cols} {} repacked into 16-row panels ({n} bytes)", t.name, t.dtype);

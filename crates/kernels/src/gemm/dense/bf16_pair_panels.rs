@@ -62,13 +62,20 @@ pub fn packed_bytes(rows: usize, cols: usize) -> usize {
 /// `src`, a row-major `[rows, cols]` BF16 matrix, in the pair-panel layout (panels in parallel
 /// on the current rayon pool). Panics when the sizes disagree (a caller bug).
 pub fn pack(rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) {
+    pack_panels(rows, cols, src, dst, 0..rows.div_ceil(PANEL))
+}
+
+/// [`pack`] of panels `panels` only (the rest of `dst` untouched).
+pub fn pack_panels(rows: usize, cols: usize, src: &[u8], dst: &mut [u8], panels: std::ops::Range<usize>) {
     assert_eq!(src.len(), rows * cols * 2, "{rows}x{cols} bf16 source size");
     assert_eq!(dst.len(), packed_bytes(rows, cols), "{rows}x{cols} bf16 pair-panel size");
     let pb = PANEL * padded(cols) * 2;
     if pb == 0 {
         return;
     }
-    dst.par_chunks_mut(pb).enumerate().for_each(|(p, d)| {
+    let first = panels.start;
+    dst[panels.start * pb..panels.end * pb].par_chunks_mut(pb).enumerate().for_each(|(i, d)| {
+        let p = first + i;
         d.fill(0);
         for r in 0..PANEL.min(rows - p * PANEL) {
             let row = &src[(p * PANEL + r) * cols * 2..][..cols * 2];

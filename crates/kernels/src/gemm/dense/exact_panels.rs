@@ -68,6 +68,11 @@ const KB: usize = 256;
 /// parallel on the current rayon pool). Panics when `dtype` is not packable or the sizes
 /// disagree (a caller bug).
 pub fn pack(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) {
+    pack_panels(dtype, rows, cols, src, dst, 0..rows.div_ceil(PANEL))
+}
+
+/// [`pack`] of panels `panels` only (the rest of `dst` untouched).
+pub fn pack_panels(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8], panels: std::ops::Range<usize>) {
     assert!(packable(dtype), "{dtype} has no dense packed layout");
     let es = dtype.block_bytes();
     assert_eq!(src.len(), rows * cols * es, "{rows}x{cols} {dtype} source size");
@@ -76,7 +81,9 @@ pub fn pack(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) 
     if pb == 0 {
         return;
     }
-    dst.par_chunks_mut(pb).enumerate().for_each(|(p, d)| {
+    let first = panels.start;
+    dst[panels.start * pb..panels.end * pb].par_chunks_mut(pb).enumerate().for_each(|(i, d)| {
+        let p = first + i;
         d.fill(0);
         for r in 0..PANEL.min(rows - p * PANEL) {
             let row = &src[(p * PANEL + r) * cols * es..][..cols * es];

@@ -136,6 +136,12 @@ impl Geometry {
 /// parallel on the current rayon pool). Panics when `dtype` is not packable or the sizes
 /// disagree (a caller bug: [`crate::WeightMat::new`] checks a matrix).
 pub fn pack(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) {
+    pack_panels(dtype, rows, cols, src, dst, 0..rows.div_ceil(PANEL))
+}
+
+/// [`pack`] of panels `panels` only (the rest of `dst` untouched): a caller can pack a large
+/// matrix in parts and give back each part's source pages as it goes.
+pub fn pack_panels(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8], panels: std::ops::Range<usize>) {
     use rayon::prelude::*;
     assert!(packable(dtype) && cols.is_multiple_of(GROUP), "{rows}x{cols} {dtype} has no packed layout");
     assert_eq!(Some(src.len()), dtype.bytes_for(cols).map(|rb| rb * rows), "{rows}x{cols} {dtype} source size");
@@ -144,8 +150,9 @@ pub fn pack(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) 
     if geo.q_stride == 0 {
         return;
     }
+    assert!(panels.end <= geo.panels, "panels {panels:?} of {}", geo.panels);
     let out = SharedOut(dst.as_mut_ptr());
-    (0..geo.panels).into_par_iter().for_each(|p| {
+    panels.into_par_iter().for_each(|p| {
         let (qo, so) = geo.offsets(p);
         // SAFETY: panels' quant and scale ranges are disjoint and inside `dst` (sized by
         // `packed_bytes`, checked above); `dst` stays mutably borrowed until all are done.
