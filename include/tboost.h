@@ -1145,6 +1145,8 @@ tboost_status tboost_config_free(struct tboost_config *cfg);
  *   this many tokens drafted from an earlier occurrence of a request's last tokens and
  *   verified in one chunk; the output is unchanged, a step may bring several events of one
  *   request (default 0: off)
+ * - `spec_draft_tokens` [1, 16]: with `spec_draft_model`, the most tokens the draft model
+ *   proposes a step (default 4)
  * - `finished_records` [1, ..]: finished requests whose records `tboost_engine_output`
  *   and `tboost_engine_cancel` still answer for (default 65536; events lose nothing)
  * - `pin_threads` 0/1: pin each CPU compute thread to its own CPU (default 0;
@@ -1225,6 +1227,12 @@ tboost_status tboost_config_set_int(struct tboost_config *cfg, const char *key, 
  *   and libhccl.so beside CANN). Env `TBOOST_COMM`
  * - `devices`: with `comm` "hccl", the Ascend devices of the ranks, rank i on the i-th
  *   (`ascend:0,1`; default: the backend's device and the next `tp` - 1); env `TBOOST_DEVICES`
+ * - `spec_draft_model`: speculative decoding with a draft model: the path of a GGUF file or
+ *   Hugging Face directory of a smaller model with the target's vocabulary, loaded beside the
+ *   model by `tboost_engine_new`; its greedy tokens are drafts the model verifies in one chunk
+ *   (greedy output unchanged, sampled output by the rejection rule). A file that cannot be
+ *   loaded, or whose vocabulary size differs, fails `tboost_engine_new` naming it; not with
+ *   `spec_ngram` (default "": off)
  *
  * Errors as for `tboost_config_set_int`.
  */

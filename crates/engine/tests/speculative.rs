@@ -1,6 +1,7 @@
-//! Prompt-lookup speculative decoding (`spec_ngram`): greedy and sampled output is the same
-//! token for token as without it (the same seed), on every golden model and the demo model, beside other requests,
-//! with the prefix cache and through preemption; rejected drafts give their blocks back.
+//! Speculative decoding, prompt lookup (`spec_ngram`) and a draft model (`spec_draft_model`):
+//! greedy and sampled output is the same token for token as without it (the same seed), on every
+//! golden model and the demo model, beside other requests, with the prefix cache and through
+//! preemption; rejected drafts give their blocks back.
 
 use tboost_testkit::golden as common;
 
@@ -140,4 +141,67 @@ fn demo_model_code_edit_keeps_its_greedy_and_sampled_tokens() {
     );
     assert!(st.spec_accepted * 5 >= st.spec_drafted * 2, "under 40% of the drafts kept on a copying task: {st:?}");
     assert!(st.steps * 3 <= want[0].len() as u64 * 2, "speculation saved under a third of the steps: {st:?}");
+}
+
+fn draft_cfg(blocks: usize, draft: &str, tokens: usize) -> EngineConfig {
+    EngineConfig {
+        spec_draft_model: golden_dir(draft).display().to_string(),
+        spec_draft_tokens: tokens,
+        prefix_caching: false,
+        ..cfg(blocks, 0)
+    }
+}
+
+/// A draft model (`spec_draft_model`) on two synthetic pairs over llama_gqa: its own weights
+/// in bf16 (a close draft: most drafts kept) and qwen3_moe's random weights with the same
+/// vocabulary size (a poor one: most rejected). Greedy and seeded sampled requests batched
+/// together give the tokens of a run without speculation, also in a pool small enough to
+/// preempt; the draft model's own pool is empty once they end.
+#[test]
+fn a_draft_model_keeps_greedy_and_sampled_outputs_and_gives_its_blocks_back() {
+    let path = golden_dir("llama_gqa");
+    let mut reqs: Vec<Request> = (0..6).map(|i| greedy(repetitive(12 + 7 * i, 640, i as u32), 24)).collect();
+    for i in 0..3 {
+        let sampling = SamplingParams { temperature: 0.7, top_k: 40, seed: 90 + i, ..SamplingParams::greedy() };
+        reqs.push(Request { sampling, ..greedy(repetitive(21, 640, 8), 20) });
+    }
+    let want = run(&engine(&path, cfg(256, 0)), &reqs);
+    for (draft, blocks, close) in
+        [("llama_gqa_bf16", 256, true), ("qwen3_moe", 256, false), ("llama_gqa_bf16", 16, true)]
+    {
+        let e = engine(&path, draft_cfg(blocks, draft, 4));
+        assert_eq!(run(&e, &reqs), want, "draft {draft}, {blocks} blocks");
+        let st = e.stats().unwrap();
+        eprintln!(
+            "draft {draft} ({blocks} blocks): {} of {} drafted tokens kept, {} preemptions",
+            st.spec_accepted, st.spec_drafted, st.preemptions_total
+        );
+        assert!(st.spec_drafted > 0, "{draft}: nothing drafted: {st:?}");
+        if close {
+            assert!(st.spec_accepted * 2 > st.spec_drafted, "{draft}: a close draft kept less than half: {st:?}");
+        } else {
+            assert!(st.spec_accepted < st.spec_drafted, "{draft}: a poor draft never rejected: {st:?}");
+        }
+        if blocks == 16 {
+            assert!(st.preemptions_total > 0, "no preemption with {blocks} blocks: {st:?}");
+        }
+        assert_eq!((st.kv_blocks_used, st.spec_draft_blocks_used), (0, 0), "{draft}: {st:?}");
+    }
+}
+
+/// A draft model whose vocabulary differs, a missing file, and a draft model beside prompt
+/// lookup are refused at load, naming the key and the file.
+#[test]
+fn a_draft_model_that_cannot_serve_is_refused_at_load_naming_it() {
+    let path = golden_dir("llama_gqa");
+    let cases = [
+        (draft_cfg(64, "mistral", 4), "vocabulary of 512 tokens"),
+        (EngineConfig { spec_draft_model: "/nonexistent/draft.gguf".into(), ..cfg(64, 0) }, "/nonexistent/draft.gguf"),
+        (EngineConfig { spec_ngram: 4, ..draft_cfg(64, "llama_gqa_bf16", 4) }, "exclusive"),
+    ];
+    for (c, want) in cases {
+        let e = Engine::new(c).unwrap();
+        let err = e.load(&path).unwrap_err().to_string();
+        assert!(err.contains("spec_draft_model") && err.contains(want), "{err}");
+    }
 }

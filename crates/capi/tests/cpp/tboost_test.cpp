@@ -1103,6 +1103,36 @@ TEST(Engine, StopSequencesEndTheRequest) {
   EXPECT_EQ(evs.back().finish, TBOOST_FINISH_STOP_SEQUENCE);
 }
 
+// A draft model (its bf16 copy) beside llama_gqa gives the greedy tokens of the model alone; a
+// draft whose vocabulary differs fails engine_new naming the key and the file.
+TEST(Engine, DraftModelKeepsTheTokensAndABadOneIsNamed) {
+  Model m(Golden("llama_gqa"));
+  std::unique_ptr<Config> plain(SmallConfig());
+  Engine alone(m.p, plain->p);
+  const Tokens prompt = Prompt(2, 9);
+  const tboost_request_id a = Enqueue(alone.p, prompt, Params(16));
+  RunToCompletion(alone.p);
+  const Tokens want = TokensOf(ReadAll(alone.p, a));
+  ASSERT_EQ(want.size(), 16u);
+
+  std::unique_ptr<Config> cfg(SmallConfig());
+  const std::string draft = Golden("llama_gqa_bf16");
+  EXPECT_STATUS(TBOOST_OK, tboost_config_set_str(cfg->p, "spec_draft_model", draft.c_str()));
+  EXPECT_STATUS(TBOOST_OK, tboost_config_set_int(cfg->p, "spec_draft_tokens", 4));
+  Engine e(m.p, cfg->p);
+  const tboost_request_id b = Enqueue(e.p, prompt, Params(16));
+  RunToCompletion(e.p);
+  EXPECT_EQ(TokensOf(ReadAll(e.p, b)), want);
+
+  const std::string other = Golden("mistral");
+  EXPECT_STATUS(TBOOST_OK, tboost_config_set_str(cfg->p, "spec_draft_model", other.c_str()));
+  tboost_engine* bad = nullptr;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_engine_new(m.p, cfg->p, &bad));
+  EXPECT_EQ(bad, nullptr);
+  EXPECT_NE(LastError().find("spec_draft_model"), std::string::npos) << LastError();
+  EXPECT_NE(LastError().find("vocabulary"), std::string::npos) << LastError();
+}
+
 TEST(Engine, HasWorkStatsAndPlan) {
   Model m(Golden("llama_gqa"));
   Config cfg{{"threads", "1"}, {"kv_cache_blocks", "64"}, {"disabled_ops", "flash_attention"}};

@@ -97,6 +97,11 @@ pub struct EngineConfig {
     /// many tokens a step from an earlier occurrence of their last tokens, verified in one
     /// chunk; 0 = off.
     pub spec_ngram: usize,
+    /// Speculative decoding with a draft model (`spec_draft_model`): a model file or
+    /// directory sharing the target's vocabulary; empty = off.
+    pub spec_draft_model: String,
+    /// Tokens the draft model proposes a step, at most (`spec_draft_tokens`).
+    pub spec_draft_tokens: usize,
 }
 
 impl Default for EngineConfig {
@@ -123,6 +128,8 @@ impl Default for EngineConfig {
             ascend_known_bad: String::new(),
             tp: 1,
             spec_ngram: 0,
+            spec_draft_model: String::new(),
+            spec_draft_tokens: 4,
             comm: CommKind::Local,
             comm_timeout_ms: 60_000,
             devices: String::new(),

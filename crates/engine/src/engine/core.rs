@@ -1,8 +1,9 @@
 //! What a step works on, owned by the stepping thread: the runner (plan, weights, device
 //! buffers), the KV manager, the scheduler and the counters.
 
-use std::collections::HashMap;
+use std::collections::{HashMap, HashSet};
 
+use super::draft::{Ask, Drafter};
 use super::{Event, StepOutput};
 use crate::kv::{KvManager, SeqWork, StepLayout};
 use crate::runner::{ModelRunner, StepBatch};
@@ -28,6 +29,8 @@ pub(super) struct Core {
     pub cancelled: u64,
     /// Prompt-lookup draft length (`spec_ngram`; 0 = off) and its counters.
     pub spec_ngram: usize,
+    /// The draft model (`spec_draft_model`), instead of prompt lookup.
+    pub drafter: Option<Drafter>,
     pub spec_drafted: u64,
     pub spec_accepted: u64,
     /// Structured output: grammar masks computed and the host time they took.
@@ -89,6 +92,7 @@ impl Core {
             finished: 0,
             cancelled: 0,
             spec_ngram: 0,
+            drafter: None,
             spec_drafted: 0,
             spec_accepted: 0,
             masks: 0,
@@ -123,6 +127,12 @@ impl Core {
                 events.push(finish_event(&s, self.tags.remove(&id).unwrap_or(0), FinishReason::Cancelled, None));
             }
         }
+        self.forget_drafts();
+    }
+
+    /// The longest draft a request proposes: the draft model's, or prompt lookup's.
+    fn spec_max(&self) -> usize {
+        self.drafter.as_ref().map_or(self.spec_ngram, |d| d.tokens)
     }
 
     /// Schedules and runs one batch. Per-request failures become events.
@@ -140,12 +150,21 @@ impl Core {
             return Ok(false);
         }
         self.run_batch(&work, out);
+        self.forget_drafts();
         Ok(true)
     }
 
-    /// Prompt lookup: each decode drafts the tokens that followed the latest earlier
-    /// occurrence of its last tokens. Drafts only take blocks no plain decode of this step
-    /// needs, so speculation never preempts anyone.
+    /// The draft model's cache of requests that stopped running goes back to its pool.
+    fn forget_drafts(&mut self) {
+        if let Some(d) = self.drafter.as_mut() {
+            d.retain(&self.sched.running.iter().map(|s| s.id).collect());
+        }
+    }
+
+    /// Drafts for every decode: the tokens that followed the latest earlier occurrence of its
+    /// last tokens (prompt lookup), or the draft model's greedy tokens (`draft.rs`). Drafts
+    /// only take blocks no plain decode of this step needs, so speculation never preempts
+    /// anyone.
     ///
     /// Sampled requests speculate too. A draft is one fixed token, so the standard rejection
     /// rule (keep it with probability p(d), else draw from p without d) gives the same joint
@@ -153,25 +172,49 @@ impl Core {
     /// verification does: every row draws the token it emits, one draw per token as without
     /// speculation, so a request's tokens are the same as without it for the same seed.
     fn propose_drafts(&mut self) {
-        if self.spec_ngram == 0 {
+        let max = self.spec_max();
+        if max == 0 {
             return;
         }
-        let decode_need: usize = self.sched.running.iter().map(|s| self.kv.blocks_needed(s.id, s.tokens.len())).sum();
-        let mut free = self.kv.available().saturating_sub(decode_need);
+        // Each decode's draft length: what its verification can still emit (drafts + 1 tokens).
+        let mut ks = Vec::with_capacity(self.sched.running.len());
         for s in self.sched.running.iter_mut() {
-            if s.tokens.len() != s.computed + 1 || s.drafts > 0 {
-                continue;
-            }
-            // The verification yields up to drafts + 1 tokens.
             let left = s.stop.max_tokens.saturating_sub(s.generated().len());
             if s.draft_len == 0 {
-                s.draft_len = self.spec_ngram;
+                s.draft_len = max;
             }
-            let k = s.draft_len.min(left.saturating_sub(1));
+            let decoding = s.tokens.len() == s.computed + 1 && s.drafts == 0;
+            ks.push(if decoding { s.draft_len.min(left.saturating_sub(1)) } else { 0 });
+        }
+        // With a draft model, every decode's draft comes from one batched round of it.
+        let mut from_model = match self.drafter.as_mut() {
+            Some(d) => {
+                let running: HashSet<RequestId> = self.sched.running.iter().map(|s| s.id).collect();
+                d.retain(&running);
+                let asks: Vec<Ask<'_>> =
+                    self.sched.running.iter().zip(&ks).map(|(s, &k)| Ask { id: s.id, tokens: &s.tokens, k }).collect();
+                match d.draft(&asks) {
+                    Ok(v) => Some(v),
+                    Err(e) => {
+                        // The target decodes on without drafts; its requests are not at fault.
+                        log::warn!("draft model: {e}; this step decodes without drafts");
+                        return;
+                    }
+                }
+            }
+            None => None,
+        };
+        let decode_need: usize = self.sched.running.iter().map(|s| self.kv.blocks_needed(s.id, s.tokens.len())).sum();
+        let mut free = self.kv.available().saturating_sub(decode_need);
+        for (i, s) in self.sched.running.iter_mut().enumerate() {
+            let k = ks[i];
             if k == 0 {
                 continue;
             }
-            ngram_draft(&s.tokens, k, &mut self.draft);
+            match from_model.as_mut() {
+                Some(v) => std::mem::swap(&mut self.draft, &mut v[i]),
+                None => ngram_draft(&s.tokens, k, &mut self.draft),
+            }
             let plain = self.kv.blocks_needed(s.id, s.tokens.len());
             let need = self.kv.blocks_needed(s.id, s.tokens.len() + self.draft.len()) - plain;
             if self.draft.is_empty() || need > free {
@@ -290,6 +333,7 @@ impl Core {
             }
         }
         let mut done = Vec::new();
+        let spec_max = self.spec_max();
         for &(wi, row0, rows) in &sampled {
             let s = &mut self.sched.running[work[wi].index];
             let tag = self.tags.get(&s.id).copied().unwrap_or(0);
@@ -376,11 +420,14 @@ impl Core {
                 s.computed = s.computed - rows + 1 + kept;
                 self.kv.commit(s.id, &s.tokens, s.computed);
                 self.kv.shrink(s.id, s.computed);
+                if let Some(d) = self.drafter.as_mut() {
+                    d.keep(s.id, s.computed);
+                }
                 self.spec_drafted += drafts.len() as u64;
                 self.spec_accepted += kept as u64;
                 // Rejected rows are compute spent for nothing: draft as far as the model has
                 // been following lately, doubling back up after a fully kept draft.
-                s.draft_len = if kept == drafts.len() { (2 * kept).clamp(1, self.spec_ngram) } else { kept + 1 };
+                s.draft_len = if kept == drafts.len() { (2 * kept).clamp(1, spec_max) } else { kept + 1 };
             }
         }
         for id in done {

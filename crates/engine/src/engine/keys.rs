@@ -81,6 +81,21 @@ const FIXED: &[(&str, KeyType, &str, Option<&str>, &str)] = &[
          an earlier occurrence of their last tokens, verified in one chunk (0 = off)",
     ),
     (
+        "spec_draft_model",
+        KeyType::Str,
+        "",
+        None,
+        "speculative decoding with a draft model: a GGUF file or HF directory of a smaller model with the \
+         target's vocabulary whose greedy tokens are verified in one chunk (empty = off; not with spec_ngram)",
+    ),
+    (
+        "spec_draft_tokens",
+        KeyType::Int { min: 1, max: 16 },
+        "4",
+        None,
+        "tokens the draft model proposes a step (at most; fewer after rejections)",
+    ),
+    (
         "disabled_ops",
         KeyType::Str,
         "",
@@ -275,6 +290,8 @@ impl EngineConfig {
             ("prefix_caching", Typed::Bool(b)) => self.prefix_caching = b,
             ("queue_limit", Typed::Int(v)) => self.queue_limit = usize_of(v)?,
             ("spec_ngram", Typed::Int(v)) => self.spec_ngram = usize_of(v)?,
+            ("spec_draft_model", Typed::Str(p)) => self.spec_draft_model = p.trim().to_string(),
+            ("spec_draft_tokens", Typed::Int(v)) => self.spec_draft_tokens = usize_of(v)?,
             ("disabled_ops", Typed::Str(list)) => {
                 self.disabled_ops = PlanOptions::parse_disabled(list).map_err(named)?
             }
@@ -346,6 +363,8 @@ impl EngineConfig {
             "prefix_caching": self.prefix_caching,
             "queue_limit": self.queue_limit,
             "spec_ngram": self.spec_ngram,
+            "spec_draft_model": self.spec_draft_model,
+            "spec_draft_tokens": self.spec_draft_tokens,
             "disabled_ops": self.disabled_ops.iter().cloned().collect::<Vec<_>>().join(","),
             "tiling.attention.tile_kv": auto(self.attention_tile_kv),
             "pin_threads": self.pin_threads,

@@ -15,6 +15,7 @@
 
 mod config;
 mod core;
+mod draft;
 mod events;
 pub mod keys;
 mod model_info;
@@ -36,6 +37,7 @@ use crate::backend;
 use crate::kv::{KvManager, KvPools};
 use crate::model::{Model, ModelConfig};
 use crate::plan::Plan;
+use crate::runner::ModelRunner;
 use crate::sample::constrain::Grammars;
 use crate::sample::{FinishReason, Sampler, StopCriteria};
 pub use crate::sched::Timings;
@@ -115,6 +117,8 @@ pub struct Stats {
     /// Speculative decoding (`spec_ngram`): draft tokens proposed, and those the model kept.
     pub spec_drafted: u64,
     pub spec_accepted: u64,
+    /// KV blocks the draft model's own pool holds (`spec_draft_model`).
+    pub spec_draft_blocks_used: usize,
     /// Structured output: token masks computed and the host milliseconds they took (the
     /// first mask of a step overlaps the backend's forward pass).
     pub grammar_masks: u64,
@@ -265,12 +269,58 @@ impl Engine {
         kv.set_window(cfg.features.uniform_window().unwrap_or(0));
         let mut c = Core::new(runner, kv);
         c.spec_ngram = self.config.spec_ngram;
+        if !self.config.spec_draft_model.is_empty() && facts.follower.is_none() {
+            c.drafter = Some(self.drafter(cfg, blocks)?);
+        }
         *core = Some(c);
         let mut sh = self.shared()?;
         sh.following = facts.follower.is_some();
         sh.facts = Some(facts);
         sh.stats = Stats { kv_blocks_total: blocks, block_size: bs, ..Default::default() };
         Ok(())
+    }
+
+    /// The draft model of `spec_draft_model` beside a target of config `target`: its own runner
+    /// on the configured backend (the whole model, on the leader only) and a pool of `blocks`
+    /// blocks.
+    fn drafter(&self, target: &ModelConfig, blocks: usize) -> Result<draft::Drafter> {
+        let path = Path::new(&self.config.spec_draft_model);
+        let named = |e: Error| Error::invalid("spec_draft_model", format!("draft model {}: {e}", path.display()));
+        if self.config.spec_ngram > 0 {
+            return Err(Error::invalid(
+                "spec_draft_model",
+                "a draft model and prompt lookup (spec_ngram) are exclusive: set one of them",
+            ));
+        }
+        let model = Model::load(path).map_err(named)?;
+        if model.config.vocab_size != target.vocab_size {
+            return Err(Error::invalid(
+                "spec_draft_model",
+                format!(
+                    "draft model {} has a vocabulary of {} tokens, the model {}: drafts must be the model's token ids",
+                    path.display(),
+                    model.config.vocab_size,
+                    target.vocab_size
+                ),
+            ));
+        }
+        let be = self.config.open_backend()?;
+        let opts = self.config.plan_options(be.as_ref())?;
+        let bs = opts.block_size;
+        let mut runner = ModelRunner::new(&model, be, &opts, self.config.threads).map_err(named)?;
+        runner.set_interrupt(self.interrupted.clone());
+        runner.alloc_kv(blocks, bs)?;
+        let seq_blocks = model.config.max_position_embeddings.div_ceil(bs).clamp(1, blocks);
+        runner.reserve(self.config.max_batched_tokens, self.config.max_seqs, self.config.max_seqs, seq_blocks)?;
+        let mut kv = KvManager::new(blocks, bs, false);
+        kv.set_window(model.config.features.uniform_window().unwrap_or(0));
+        log::info!(
+            "draft model {}: {} layers, {} draft tokens a step, {blocks} KV blocks of its own",
+            path.display(),
+            model.config.num_layers,
+            self.config.spec_draft_tokens
+        );
+        Ok(draft::Drafter::new(runner, kv, self.config.spec_draft_tokens, self.config.max_batched_tokens))
     }
 
     fn facts<T>(&self, f: impl FnOnce(&ModelFacts) -> T) -> Result<T> {
@@ -531,6 +581,7 @@ impl Engine {
             tp_gathered_logit_bytes: c.runner.gathered_logit_bytes(),
             spec_drafted: c.spec_drafted,
             spec_accepted: c.spec_accepted,
+            spec_draft_blocks_used: c.drafter.as_ref().map_or(0, |d| d.blocks_used()),
             grammar_masks: c.masks,
             grammar_mask_ms: c.mask_ms,
         };
