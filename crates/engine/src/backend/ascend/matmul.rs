@@ -73,9 +73,9 @@ impl AscendBackend {
     ) -> Result<()> {
         self.mem.ensure_quant_scales(&mut self.ctx, w, act)?;
         let (ctx, mem) = (&mut self.ctx, &self.mem);
-        let (wv, sv) = mem.quant_operands(w, act)?;
+        let q = mem.quant_operands(w, act)?;
         let (xt, ot) = views(mem)?;
-        aclnn::weight_quant_batch_matmul_v2(ctx, &xt, &wv, &sv, None, QUANT_GROUP as i32, &ot)
+        aclnn::weight_quant_batch_matmul_v2(ctx, &xt, &q.weight, &q.scales, q.offsets.as_ref(), QUANT_GROUP as i32, &ot)
             .map_err(|e| acl_err(WQBMM, e))
     }
 

@@ -23,11 +23,12 @@ use std::collections::HashMap;
 use ascend_sys::{aclnn, Context, DType as Acl, Device, DeviceBuffer, TensorRef};
 use tboost_ops::DType;
 
-use super::supports::{quant_kept, QUANT_GROUP};
+use super::supports::{quant_kept, quant_layout, QUANT_GROUP};
 use super::{acl_err, be_err};
 use crate::backend::{BufId, View, WeightId};
 use crate::model::Tensor;
 use crate::Result;
+use tboost_kernels::gemm::quant::affine_group;
 
 /// The aclnn element type of a buffer of `d` (u32 index buffers as INT32: see the module docs).
 pub(super) fn acl_dtype(d: DType) -> Result<Acl> {
@@ -61,45 +62,83 @@ pub(super) struct Weight {
     pub cols: usize,
     pub numel: usize,
     pub name: String,
-    /// A GGUF block type kept quantized (Q8_0 as INT8, Q4_0 as INT4 `[rows, cols]`, see [`repack_quant`]):
-    /// the byte offset in the same store of its f16 scales `[rows, cols / 32]`.
+    /// A GGUF block type kept quantized (INT8 or INT4 `[rows, cols]`, see [`repack_quant`]): the byte
+    /// offset in the same store of its f16 scales `[rows, cols / 32]`.
     pub scales: Option<usize>,
+    /// Of a kept type with mins: the byte offset of its f16 antiquant offsets, shaped as the scales.
+    pub offsets: Option<usize>,
 }
 
-/// Repacks Q8_0 / Q4_0 rows for aclnnWeightQuantBatchMatmulV2: the values as INT8 (Q8_0's `qs`) or INT4
-/// (Q4_0's `q - 8`, already in -8..7, so no antiquant offset; element 2i in the low nibble of byte i), then
-/// the blocks' f16 scales in block order, which is `[rows, cols / 32]`. The same byte count as the file.
-pub(super) fn repack_quant(dtype: DType, bytes: &[u8], numel: usize) -> Result<(Vec<u8>, usize)> {
-    let blocks = numel / 32;
-    let bb = dtype.block_bytes();
-    if !numel.is_multiple_of(32) || bytes.len() != blocks * bb {
-        return Err(be_err(format!("repack {dtype}: {} bytes for {numel} values", bytes.len())));
+/// A GGUF weight repacked for aclnnWeightQuantBatchMatmulV2 ([`repack_quant`]): the values, then the
+/// per-group f16 scales `[rows, cols / 32]` at `scales`, then (types with mins) the per-group f16
+/// antiquant offsets `[rows, cols / 32]` at `offsets`.
+pub(super) struct Repacked {
+    pub bytes: Vec<u8>,
+    pub scales: usize,
+    pub offsets: Option<usize>,
+}
+
+/// Repacks GGUF rows for aclnnWeightQuantBatchMatmulV2, whose weight is `(w + offset) · scale` per
+/// group of 32 (`supports::quant_layout` says INT4 or INT8 and whether there is an offset). A group
+/// `value = a · w − m` (`affine_group`) becomes `w' = w − c` in the signed range, `scale = a` and
+/// `offset = c − m / a` (c = 8 for 4-bit and 16 for 5-bit unsigned values, 0 for the signed types,
+/// which need no offset). Q8_0 and Q4_0 keep their bytes (their scales are the file's f16); a group
+/// whose `a` is 0 (every value `−m`) stores `w' = 0`, `scale = −m`, `offset = 1`. INT4 holds element
+/// 2i in the low nibble of byte i.
+pub(super) fn repack_quant(dtype: DType, bytes: &[u8], rows: usize, cols: usize) -> Result<Repacked> {
+    let (int4, with_offset) =
+        quant_layout(dtype).ok_or_else(|| be_err(format!("repack: {dtype} is not kept quantized on Ascend")))?;
+    let row_bytes = dtype.bytes_for(cols).filter(|_| cols.is_multiple_of(QUANT_GROUP));
+    if row_bytes.map(|rb| rb * rows) != Some(bytes.len()) {
+        return Err(be_err(format!("repack {dtype}: {} bytes for {rows} x {cols} values", bytes.len())));
     }
-    let qbytes = match dtype {
-        DType::Q8_0 => numel,
-        DType::Q4_0 => numel / 2,
-        d => return Err(be_err(format!("repack: {d} is not kept quantized on Ascend"))),
+    let (row_bytes, groups) = (row_bytes.unwrap_or(0), cols / QUANT_GROUP);
+    let qbytes = if int4 { rows * cols / 2 } else { rows * cols };
+    let n = rows * groups;
+    let mut out = vec![0u8; qbytes + 2 * n * if with_offset { 2 } else { 1 }];
+    let (q, rest) = out.split_at_mut(qbytes);
+    let (sc, of) = rest.split_at_mut(2 * n);
+    let c = match (with_offset, int4) {
+        (false, _) => 0,
+        (true, true) => 8,
+        (true, false) => 16,
     };
-    let mut out = vec![0u8; qbytes + 2 * blocks];
-    let (q, sc) = out.split_at_mut(qbytes);
-    for (b, blk) in bytes.chunks_exact(bb).enumerate() {
-        sc[2 * b..2 * b + 2].copy_from_slice(&blk[..2]);
-        let qs = &blk[2..];
-        match dtype {
-            DType::Q8_0 => q[32 * b..32 * b + 32].copy_from_slice(qs),
-            _ => {
-                // GGUF Q4_0: element j < 16 is qs[j] & 0xf, element j + 16 is qs[j] >> 4, both minus 8
-                let val = |e: usize| {
-                    let n = if e < 16 { qs[e] & 0xf } else { qs[e - 16] >> 4 };
-                    (n as i8 - 8) as u8 & 0xf
-                };
-                for i in 0..16 {
-                    q[16 * b + i] = val(2 * i) | (val(2 * i + 1) << 4);
+    for r in 0..rows {
+        let row = &bytes[r * row_bytes..(r + 1) * row_bytes];
+        for g in 0..groups {
+            let (a, m, w) = affine_group(dtype, row, g)
+                .ok_or_else(|| be_err(format!("repack: {dtype} has no per-group scale and min")))?;
+            let mut wq = w.map(|v| v - c);
+            let (mut scale, mut offset) = (a, c as f32 - m / a);
+            if with_offset && (a == 0.0 || !offset.is_finite()) {
+                wq = [0; 32];
+                (scale, offset) = if m == 0.0 { (0.0, 0.0) } else { (-m, 1.0) };
+            }
+            let at = 2 * (r * groups + g);
+            sc[at..at + 2].copy_from_slice(&half::f16::from_f32(scale).to_le_bytes());
+            if with_offset {
+                of[at..at + 2].copy_from_slice(&half::f16::from_f32(offset).to_le_bytes());
+            }
+            let base = r * cols + g * QUANT_GROUP;
+            if int4 {
+                for i in 0..QUANT_GROUP / 2 {
+                    q[base / 2 + i] = (wq[2 * i] as u8 & 0xf) | ((wq[2 * i + 1] as u8 & 0xf) << 4);
+                }
+            } else {
+                for (d, v) in q[base..base + QUANT_GROUP].iter_mut().zip(wq) {
+                    *d = v as u8;
                 }
             }
         }
     }
-    Ok((out, qbytes))
+    Ok(Repacked { bytes: out, scales: qbytes, offsets: with_offset.then_some(qbytes + 2 * n) })
+}
+
+/// What aclnnWeightQuantBatchMatmulV2 takes of a kept weight ([`Memory::quant_operands`]).
+pub(super) struct QuantOperands<'m> {
+    pub weight: TensorRef<'m>,
+    pub scales: TensorRef<'m>,
+    pub offsets: Option<TensorRef<'m>>,
 }
 
 /// An MoE layer's experts stacked for GroupedMatmul: `gate_up` is `[experts, 2·inter, hidden]`
@@ -170,8 +209,10 @@ pub(super) struct Memory {
     /// Weights in another dtype, made once on the device (`aclnnCast`): biases as stored in the
     /// file meeting f16/bf16 activations.
     casts: HashMap<(u32, DType), Weight>,
-    /// The bf16 copy (a store) of a quantized weight's f16 scales, made at its first bf16 use.
+    /// The bf16 copy (a store) of a quantized weight's f16 scales, and of its offsets, made at its
+    /// first bf16 use.
     scale_casts: HashMap<u32, usize>,
+    offset_casts: HashMap<u32, usize>,
     /// Device bytes of the uploaded weights per stored dtype, in first-upload order.
     weight_bytes: Vec<(DType, usize)>,
     stacks: HashMap<u32, MoeStack>,
@@ -195,6 +236,7 @@ impl Memory {
             stores: Vec::new(),
             casts: HashMap::new(),
             scale_casts: HashMap::new(),
+            offset_casts: HashMap::new(),
             weight_bytes: Vec::new(),
             stacks: HashMap::new(),
             scratch: HashMap::new(),
@@ -285,16 +327,16 @@ impl Memory {
 
     pub fn upload_weight(&mut self, t: &Tensor) -> Result<WeightId> {
         let numel = t.numel();
-        let (repacked, scales) = if quant_kept(t.dtype) && t.rows_cols().1.is_multiple_of(32) {
-            let (b, at) =
-                repack_quant(t.dtype, t.bytes(), numel).map_err(|e| be_err(format!("weight `{}`: {e}", t.name)))?;
-            (Some(b), Some(at))
+        let (rows, cols) = t.rows_cols();
+        let (repacked, scales, offsets) = if quant_kept(t.dtype) && cols.is_multiple_of(QUANT_GROUP) {
+            let r = repack_quant(t.dtype, t.bytes(), rows, cols)
+                .map_err(|e| be_err(format!("weight `{}`: {e}", t.name)))?;
+            (Some(r.bytes), Some(r.scales), r.offsets)
         } else {
-            (None, None)
+            (None, None, None)
         };
         let bytes = repacked.as_deref().unwrap_or(t.bytes());
-        if t.dtype.bytes_for(numel) != Some(bytes.len()) {
-            // (a repack keeps the byte count)
+        if repacked.is_none() && t.dtype.bytes_for(numel) != Some(bytes.len()) {
             return Err(be_err(format!(
                 "weight `{}`: {} bytes do not hold {numel} x {}",
                 t.name,
@@ -304,7 +346,6 @@ impl Memory {
         }
         let buf = self.malloc(&format!("upload_weight `{}`", t.name), bytes.len())?;
         buf.write(0, bytes).map_err(|e| acl_err(&format!("upload_weight `{}`", t.name), e))?;
-        let (rows, cols) = t.rows_cols();
         self.stores.push(Some(buf));
         self.weights.push(Weight {
             store: self.stores.len() - 1,
@@ -315,6 +356,7 @@ impl Memory {
             numel,
             name: t.name.clone(),
             scales,
+            offsets,
         });
         match self.weight_bytes.iter_mut().find(|(d, _)| *d == t.dtype) {
             Some((_, b)) => *b += bytes.len(),
@@ -369,48 +411,66 @@ impl Memory {
         let at = w.scales.ok_or_else(|| be_err(format!("weight `{}` is not kept quantized", w.name)))?;
         match act {
             DType::F16 => Ok(()),
-            DType::BF16 if self.scale_casts.contains_key(&id.0) => Ok(()),
             DType::BF16 => {
-                let len = (w.rows * (w.cols / QUANT_GROUP)) as i64;
-                let buf = self.malloc(&format!("weight `{}` scales as bf16", w.name), 2 * len as usize)?;
-                self.stores.push(Some(buf));
-                let s = self.stores.len() - 1;
-                let what = format!("weight `{}` scales", w.name);
-                let src = TensorRef::new(self.store(w.store)?, at, Acl::F16, &[len]).map_err(|e| acl_err(&what, e))?;
-                let dst = TensorRef::new(self.store(s)?, 0, Acl::Bf16, &[len]).map_err(|e| acl_err(&what, e))?;
-                aclnn::cast(ctx, &src, &dst).map_err(|e| acl_err(&format!("{what} cast"), e))?;
-                self.scale_casts.insert(id.0, s);
+                if !self.scale_casts.contains_key(&id.0) {
+                    let s = self.cast_groups(ctx, &w, at, "scales")?;
+                    self.scale_casts.insert(id.0, s);
+                }
+                if let Some(of) = w.offsets.filter(|_| !self.offset_casts.contains_key(&id.0)) {
+                    let s = self.cast_groups(ctx, &w, of, "offsets")?;
+                    self.offset_casts.insert(id.0, s);
+                }
                 Ok(())
             }
             other => Err(be_err(format!("weight `{}`: activations {other} (f16 or bf16)", w.name))),
         }
     }
 
+    /// A bf16 copy (a new store) of the per-group f16 values at byte `at` of `w`'s store, cast on
+    /// `ctx`.
+    fn cast_groups(&mut self, ctx: &mut ascend_sys::Context, w: &Weight, at: usize, what: &str) -> Result<usize> {
+        let len = (w.rows * (w.cols / QUANT_GROUP)) as i64;
+        let buf = self.malloc(&format!("weight `{}` {what} as bf16", w.name), 2 * len as usize)?;
+        self.stores.push(Some(buf));
+        let s = self.stores.len() - 1;
+        let what = format!("weight `{}` {what}", w.name);
+        let src = TensorRef::new(self.store(w.store)?, at, Acl::F16, &[len]).map_err(|e| acl_err(&what, e))?;
+        let dst = TensorRef::new(self.store(s)?, 0, Acl::Bf16, &[len]).map_err(|e| acl_err(&what, e))?;
+        aclnn::cast(ctx, &src, &dst).map_err(|e| acl_err(&format!("{what} cast"), e))?;
+        Ok(s)
+    }
+
     /// A weight kept quantized as aclnnWeightQuantBatchMatmulV2 takes it: the weight `[cols, rows]` (a
-    /// transposed view of the `[rows, cols]` store, INT8 or INT4) and its per-group scales
-    /// `[cols / 32, rows]` in `act` (a transposed view; [`Memory::ensure_quant_scales`] first).
-    pub fn quant_operands(&self, id: WeightId, act: DType) -> Result<(TensorRef<'_>, TensorRef<'_>)> {
+    /// transposed view of the `[rows, cols]` store, INT8 or INT4), its per-group scales `[cols / 32, rows]`
+    /// in `act` (a transposed view; [`Memory::ensure_quant_scales`] first) and, for a type with mins, its
+    /// antiquant offsets alike.
+    pub fn quant_operands(&self, id: WeightId, act: DType) -> Result<QuantOperands<'_>> {
         let w = self.weight(id)?;
         let at = w.scales.ok_or_else(|| be_err(format!("weight `{}` is not kept quantized", w.name)))?;
         let (n, k, groups) = (w.rows as i64, w.cols as i64, (w.cols / QUANT_GROUP) as i64);
-        let (store, at) = match act {
-            DType::BF16 => {
-                let s = self.scale_casts.get(&id.0).ok_or_else(|| {
-                    be_err(format!("weight `{}`: bf16 scales not made (a bug in the caller)", w.name))
-                })?;
-                (*s, 0)
-            }
-            _ => (w.store, at),
-        };
-        let qt = if w.dtype == DType::Q4_0 { Acl::I4 } else { Acl::I8 };
         let what = format!("weight `{}`", w.name);
-        let wt = TensorRef::new(self.store(w.store)?, w.offset, qt, &[n, k])
+        let groups_of = |stored: usize, casts: &HashMap<u32, usize>| -> Result<TensorRef<'_>> {
+            let (store, at) = match act {
+                DType::BF16 => {
+                    let s = casts.get(&id.0).ok_or_else(|| {
+                        be_err(format!("weight `{}`: bf16 scales not made (a bug in the caller)", w.name))
+                    })?;
+                    (*s, 0)
+                }
+                _ => (w.store, stored),
+            };
+            TensorRef::new(self.store(store)?, at, acl_dtype(act)?, &[n, groups])
+                .and_then(|t| t.transpose(0, 1))
+                .map_err(|e| acl_err(&what, e))
+        };
+        let (int4, _) = quant_layout(w.dtype).ok_or_else(|| be_err(format!("{what}: {} is not kept", w.dtype)))?;
+        let qt = if int4 { Acl::I4 } else { Acl::I8 };
+        let weight = TensorRef::new(self.store(w.store)?, w.offset, qt, &[n, k])
             .and_then(|t| t.transpose(0, 1))
             .map_err(|e| acl_err(&what, e))?;
-        let st = TensorRef::new(self.store(store)?, at, acl_dtype(act)?, &[n, groups])
-            .and_then(|t| t.transpose(0, 1))
-            .map_err(|e| acl_err(&what, e))?;
-        Ok((wt, st))
+        let scales = groups_of(at, &self.scale_casts)?;
+        let offsets = w.offsets.map(|of| groups_of(of, &self.offset_casts)).transpose()?;
+        Ok(QuantOperands { weight, scales, offsets })
     }
 
     /// `id` in `dtype`: itself, or a copy cast on the device once (queued on `ctx`).

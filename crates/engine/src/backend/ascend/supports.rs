@@ -31,8 +31,10 @@
 //!   f32 matmul would keep f32 weights (twice the device memory) and f32 outputs. Int8 activations have
 //!   no declared op.
 //! - WeightQuantBatchMatmulV2 (NN `matmul/weight_quant_batch_matmul_v2/docs/aclnnWeightQuantBatchMatmulV2.md`):
-//!   Q8_0 and Q4_0 weights stay quantized as A16W8/A16W4 per group of 32 (an f16/bf16 scale per block;
-//!   Q4_0's `q - 8` fits INT4, so no offset). The doc: x f16/bf16, weight INT8/INT4, scale in x's dtype,
+//!   GGUF types with one scale and min per 32 values stay quantized as A16W8/A16W4 per group of 32
+//!   ([`quant_layout`]): the weight is `(w + antiquantOffset) · antiquantScale`, so a group `a·q − m`
+//!   is `w = q − c`, scale `a`, offset `c − m/a` (signed types need no offset). The doc: x f16/bf16,
+//!   weight INT8/INT4, scale and offset in x's dtype and of one shape,
 //!   antiquantGroupSize a multiple of 32 in [32, k-1] (so k > 32), k and n in [1, 65535]. tboost uses it on
 //!   A2/A3 (and 950) only: Atlas inference (310P) takes INT8 with FLOAT16 and other scale layouts (not
 //!   built), 310B and the training series are not in its product table. Elsewhere the plan converts the
@@ -126,7 +128,21 @@ pub(super) const QUANT_GROUP: usize = 32;
 
 /// The block types kept quantized on the device (A16W8 / A16W4 per 32-value group).
 pub(super) fn quant_kept(d: DType) -> bool {
-    matches!(d, DType::Q8_0 | DType::Q4_0)
+    quant_layout(d).is_some()
+}
+
+/// How aclnnWeightQuantBatchMatmulV2 holds a kept GGUF type: `(int4, offsets)`. Q4_0 as INT4 and Q8_0,
+/// Q5_0 as INT8 (signed values, scale only); Q4_1, Q4_K as INT4 and Q5_1, Q5_K as INT8 with a per-group
+/// antiquant offset for their mins. The K-quants with 16-value scales (Q2_K, Q3_K, Q6_K) and IQ4 have
+/// no such form: they are converted at upload.
+pub(super) fn quant_layout(d: DType) -> Option<(bool, bool)> {
+    match d {
+        DType::Q4_0 => Some((true, false)),
+        DType::Q8_0 | DType::Q5_0 => Some((false, false)),
+        DType::Q4_1 | DType::Q4K => Some((true, true)),
+        DType::Q5_1 | DType::Q5K => Some((false, true)),
+        _ => None,
+    }
 }
 
 const GROUPED: [&str; 5] =
@@ -268,7 +284,11 @@ impl Caps {
             return no(
                 "weight_dtype",
                 c.dtype,
-                format!("q8_0 or q4_0 for aclnnWeightQuantBatchMatmulV2, or {} (converted at upload)", c.act_dtype),
+                format!(
+                    "q4_0, q4_1, q5_0, q5_1, q8_0, q4_k or q5_k for aclnnWeightQuantBatchMatmulV2 (one scale and \
+                     min per 32 values), or {} (converted at upload)",
+                    c.act_dtype
+                ),
             );
         }
         self.op(WQBMM)?;

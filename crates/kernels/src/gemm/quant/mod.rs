@@ -46,6 +46,21 @@ use super::reference::quant as reference;
 pub use reference::{dequantize_row, fast_reference, quantize_row_reference, FastReference};
 pub use tboost_ops::Precision;
 
+/// Group `g` (values `32g..32g + 32`) of a GGUF row of `dtype` as `(a, m, w)` with
+/// `value = a · w − m` and integer `w` (Q4_0, Q5_0, Q8_0: signed, `m` = 0; Q4_1, Q4_K: 0..15;
+/// Q5_1, Q5_K: 0..31), for the types whose 32-value groups have one scale and one min; `None`
+/// for the others (Q2_K, Q3_K and Q6_K scale each 16 values, IQ4 maps through a table). A
+/// device whose quantized matmul takes per-group scales and offsets holds these as they are.
+pub fn affine_group(dtype: crate::DType, row: &[u8], g: usize) -> Option<(f32, f32, [i8; 32])> {
+    use crate::DType::*;
+    if !matches!(dtype, Q4_0 | Q4_1 | Q5_0 | Q5_1 | Q8_0 | Q4K | Q5K) {
+        return None;
+    }
+    let gr = crate::gemm::gguf::group(dtype, row, g);
+    debug_assert!(gr.sc == [1, 1] && gr.ms == [1, 1], "{dtype}: a group with sub-scales");
+    Some((gr.a, gr.m, gr.w))
+}
+
 use crate::gemm::{check_tiling, MatMulCase, MatMulTiling, MatSeg};
 use crate::isa::{self, Isa};
 use crate::{Layout, WeightMat, WeightVec};
