@@ -1171,6 +1171,11 @@ tboost_status tboost_config_free(struct tboost_config *cfg);
  * - `tp` [1, 64]: tensor-parallel ranks the model is split over (default 1; env `TBOOST_TP`).
  *   With `comm` "local" the ranks are threads of this engine and `threads` is shared between
  *   them; under `mpirun` (`comm` "mpi") leave it unset: the ranks are the MPI processes
+ * - `rank` [0, 63] and `world` [1, 64]: this process's rank and the group's size, when the host
+ *   states them (default auto: MPI_COMM_WORLD's under `comm` "mpi"; rank 0 of `tp` otherwise).
+ *   A stated value the group contradicts fails `tboost_engine_new` with
+ *   `TBOOST_ERR_INVALID_ARGUMENT` naming the key and what the group says; `tboost_engine_rank`
+ *   reports the group's
  * - `comm_timeout_ms` [1, 86400000]: longest wait of a collective for the other ranks
  *   (default 60000; env `TBOOST_COMM_TIMEOUT_MS`); past it the step's requests end with
  *   `TBOOST_FINISH_ERROR` naming the missing rank and the engine must be re-created

@@ -150,6 +150,19 @@ fn tp_2_local_and_mpirun_np_2_give_the_ids_of_one_rank() {
     }
 }
 
+/// Under `mpirun` the stated `world` is checked against MPI_COMM_WORLD: a contradiction fails
+/// every rank's load naming the key and MPI's size; the right value runs.
+#[test]
+fn under_mpirun_a_stated_world_is_checked_against_mpi() {
+    let args = with(&run_args(&golden_dir("llama_gqa")), &["--comm", "mpi"]);
+    let (ok, out, err) = run_limited(mpi(2, &[], &with(&args, &["--set", "world=3"])), Duration::from_secs(120));
+    assert!(!ok, "world=3 under mpirun -np 2 ran: {out}");
+    assert!(err.contains("world = 3, but MPI_COMM_WORLD says 2 ranks"), "{err}");
+    let (ok, out, err) = run_limited(mpi(2, &[], &with(&args, &["--set", "world=2"])), Duration::from_secs(120));
+    assert!(ok, "world=2 under mpirun -np 2: {err}\n{out}");
+    assert_eq!(ids(&out).len(), 8, "{out}");
+}
+
 /// The ranks `mpirun` (process `parent`) started, as (MPI rank, pid), from their environment.
 fn mpi_ranks(parent: u32) -> Vec<(usize, u32)> {
     let mut out = Vec::new();

@@ -366,3 +366,18 @@ fn greedy_rows_gather_each_ranks_best_candidate_and_logprob_rows_the_whole_row()
     }
     assert_eq!(bytes, (8 * 2 * vocab.div_ceil(2) * 4) as u64, "8 rows x 2 ranks x the vocabulary part in f32");
 }
+
+/// Stated `rank` and `world` keys are checked against the group: with `local` ranks (threads)
+/// this process is rank 0 of `tp`; a contradiction fails the load naming the key.
+#[test]
+fn stated_rank_and_world_are_checked_against_the_group() {
+    let load = |rank: Option<usize>, world: Option<usize>| {
+        let cfg = EngineConfig { threads: 2, kv_size: KvSize::Blocks(16), tp: 2, rank, world, ..Default::default() };
+        Engine::new(cfg).unwrap().load(&golden_dir("llama_gqa"))
+    };
+    load(Some(0), Some(2)).expect("rank 0 of 2 is what a local group of tp 2 is");
+    let err = load(Some(1), None).unwrap_err().to_string();
+    assert!(err.contains("rank = 1") && err.contains("rank 0"), "{err}");
+    let err = load(None, Some(4)).unwrap_err().to_string();
+    assert!(err.contains("world = 4") && err.contains("2 ranks"), "{err}");
+}

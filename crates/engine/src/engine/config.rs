@@ -86,6 +86,10 @@ pub struct EngineConfig {
     pub ascend_known_bad: String,
     /// Tensor-parallel ranks (`tp`); 1 = the whole model on one backend.
     pub tp: usize,
+    /// This process's rank and the group's size (`rank`, `world`), when the host states them:
+    /// checked against MPI_COMM_WORLD under `comm` = mpi, against 0 and `tp` otherwise.
+    pub rank: Option<usize>,
+    pub world: Option<usize>,
     /// How the ranks talk (`comm`).
     pub comm: crate::comm::CommKind,
     /// A collective's longest wait for the other ranks (`comm_timeout_ms`).
@@ -127,6 +131,8 @@ impl Default for EngineConfig {
             weight_pages: WeightPages::Huge,
             ascend_known_bad: String::new(),
             tp: 1,
+            rank: None,
+            world: None,
             spec_ngram: 0,
             spec_draft_model: String::new(),
             spec_draft_tokens: 4,
@@ -217,6 +223,11 @@ impl EngineConfig {
     /// mpi this process's rank.
     pub fn runner(&self, model: &Model, be: Box<dyn Backend>, opts: &PlanOptions) -> Result<ModelRunner> {
         let timeout = Duration::from_millis(self.comm_timeout_ms);
+        if self.comm != CommKind::Mpi {
+            // The ranks are threads of this process, which the host drives as rank 0 of `tp`.
+            let why = format!("with comm = {} the ranks are threads of this process: it is", self.comm.name());
+            self.check_rank_world(0, self.tp, &why)?;
+        }
         match (self.comm, self.tp) {
             (CommKind::Mpi, want) => {
                 let comm = crate::comm::mpi::MpiComm::join_world(timeout)?;
@@ -226,6 +237,7 @@ impl EngineConfig {
                         format!("tp = {want} but mpirun started {} ranks (leave tp unset under mpirun)", comm.world()),
                     ));
                 }
+                self.check_rank_world(comm.rank(), comm.world(), "MPI_COMM_WORLD says")?;
                 ModelRunner::new_rank(&model.config, &model.weights, be, opts, self.threads, Arc::new(comm))
             }
             (CommKind::Local | CommKind::Hccl, 1) => ModelRunner::new(model, be, opts, self.threads),
@@ -236,6 +248,23 @@ impl EngineConfig {
                 ModelRunner::new_local_group(model, be, opts, self.rank_threads(), world, timeout, open)
             }
         }
+    }
+
+    /// The stated `rank` and `world` (if any) against the ones the group has.
+    fn check_rank_world(&self, rank: usize, world: usize, source: &str) -> Result<()> {
+        if let Some(r) = self.rank.filter(|&r| r != rank) {
+            return Err(Error::invalid(
+                "rank",
+                format!("rank = {r}, but {source} rank {rank} (leave rank unset: auto)"),
+            ));
+        }
+        if let Some(w) = self.world.filter(|&w| w != world) {
+            return Err(Error::invalid(
+                "world",
+                format!("world = {w}, but {source} {world} ranks (leave world unset: auto)"),
+            ));
+        }
+        Ok(())
     }
 
     /// The leader of an `hccl` group of `world` ranks: threads of this process, rank i on the

@@ -128,6 +128,22 @@ const FIXED: &[(&str, KeyType, &str, Option<&str>, &str)] = &[
     ),
     ("tp", KeyType::Int { min: 1, max: 64 }, "1", Some("TBOOST_TP"), "tensor-parallel ranks the model is split over"),
     (
+        "rank",
+        KeyType::Int { min: 0, max: 63 },
+        "auto",
+        None,
+        "this process's rank (auto: MPI_COMM_WORLD's under comm = mpi, 0 otherwise); a value MPI contradicts is an \
+         error",
+    ),
+    (
+        "world",
+        KeyType::Int { min: 1, max: 64 },
+        "auto",
+        None,
+        "ranks in the group (auto: MPI_COMM_WORLD's size under comm = mpi, tp otherwise); a value that differs is \
+         an error",
+    ),
+    (
         "comm",
         KeyType::Str,
         "local",
@@ -321,6 +337,8 @@ impl EngineConfig {
                 self.ascend_known_bad = s.trim().to_string()
             }
             ("tp", Typed::Int(v)) => self.tp = usize_of(v)?,
+            ("rank", Typed::Int(v)) => self.rank = Some(usize_of(v)?),
+            ("world", Typed::Int(v)) => self.world = Some(usize_of(v)?),
             ("comm", Typed::Str(c)) => self.comm = crate::comm::CommKind::parse(c).map_err(named)?,
             ("comm_timeout_ms", Typed::Int(v)) => self.comm_timeout_ms = v as u64,
             ("devices", Typed::Str(d)) => {
@@ -372,6 +390,8 @@ impl EngineConfig {
             "weight_pages": match self.weight_pages { WeightPages::Huge => "huge", WeightPages::Small => "small" },
             "ascend_known_bad": self.ascend_known_bad,
             "tp": self.tp,
+            "rank": auto(self.rank),
+            "world": auto(self.world),
             "comm": self.comm.name(),
             "comm_timeout_ms": self.comm_timeout_ms,
             "devices": self.devices,
