@@ -1325,6 +1325,20 @@ tboost_status tboost_model_chat_apply(const struct tboost_model *model,
                                       size_t *needed);
 
 /**
+ * `tboost_model_chat_apply`, then the text to token ids with the model's tokenizer (no BOS added:
+ * the template writes it), ready for `tboost_engine_enqueue`. `*n_out` receives the number of
+ * ids; `TBOOST_ERR_BUFFER_TOO_SMALL` and nothing written when `cap` is smaller (ask with `cap` 0).
+ * Errors as `tboost_model_chat_apply`, and `TBOOST_ERR_NO_TOKENIZER` for a model without a
+ * tokenizer. Thread-safe.
+ */
+tboost_status tboost_model_chat_tokens(const struct tboost_model *model,
+                                       const char *messages_json,
+                                       bool add_generation_prompt,
+                                       int32_t *tokens,
+                                       size_t cap,
+                                       size_t *n_out);
+
+/**
  * Writes the model's chat stop strings as a JSON array of strings into `buf` (buffer rules
  * as in `tboost_last_error`): the texts of its end-of-generation tokens, e.g.
  * `["<|im_end|>","<|endoftext|>"]`. The engine already stops on these tokens; a host that

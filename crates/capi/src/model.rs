@@ -10,7 +10,7 @@ use super::handle::Registry;
 use super::log_bridge::ensure_logger;
 use super::status::{tboost_status, Failure, FfiResult, Status};
 use super::types::{tboost_config, tboost_model, tboost_progress_fn};
-use super::util::{read_cstr, require, write_out, write_str};
+use super::util::{read_cstr, require, write_array, write_out, write_str};
 use ::tboost_engine::engine::{model_info, EngineConfig};
 use ::tboost_engine::model::Model;
 use ::tboost_engine::tokenizer::ChatTemplate;
@@ -181,20 +181,63 @@ pub unsafe extern "C" fn tboost_model_chat_apply(
     guard("tboost_model_chat_apply", |_| {
         let m = MODELS.get(model, "model")?;
         // SAFETY: NUL-terminated per the contract.
-        let text = unsafe { read_cstr(messages_json, "messages_json") }?;
-        let request: serde_json::Value = serde_json::from_str(text)
-            .map_err(|e| Failure::invalid(format!("`messages_json` is not valid JSON: {e}")))?;
-        let path = m.model.path.display().to_string();
-        let tmpl = m.model.chat_template.as_ref().ok_or_else(|| {
-            Failure::new(
-                Status::TBOOST_ERR_UNSUPPORTED,
-                format!("{path}: the model has no chat template (no `tokenizer.chat_template` / `chat_template`)"),
-            )
-        })?;
-        let prompt = tmpl.render_json(&request, add_generation_prompt, "messages_json")?;
+        let prompt = unsafe { render_chat(&m.model, messages_json, add_generation_prompt) }?;
         // SAFETY: buffer contract as documented.
         unsafe { write_str(&prompt, buf, cap, needed) }
     })
+}
+
+/// `tboost_model_chat_apply`, then the text to token ids with the model's tokenizer (no BOS added:
+/// the template writes it), ready for `tboost_engine_enqueue`. `*n_out` receives the number of
+/// ids; `TBOOST_ERR_BUFFER_TOO_SMALL` and nothing written when `cap` is smaller (ask with `cap` 0).
+/// Errors as `tboost_model_chat_apply`, and `TBOOST_ERR_NO_TOKENIZER` for a model without a
+/// tokenizer. Thread-safe.
+#[no_mangle]
+pub unsafe extern "C" fn tboost_model_chat_tokens(
+    model: *const tboost_model,
+    messages_json: *const c_char,
+    add_generation_prompt: bool,
+    tokens: *mut i32,
+    cap: usize,
+    n_out: *mut usize,
+) -> tboost_status {
+    guard("tboost_model_chat_tokens", |_| {
+        let m = MODELS.get(model, "model")?;
+        require(n_out, "n_out")?;
+        // SAFETY: NUL-terminated per the contract.
+        let prompt = unsafe { render_chat(&m.model, messages_json, add_generation_prompt) }?;
+        let tk = m
+            .model
+            .tokenizer
+            .as_ref()
+            .ok_or_else(|| ::tboost_engine::Error::NoTokenizer(m.model.path.display().to_string()))?;
+        let ids: Vec<i32> = tk.encode(&prompt, false)?.iter().map(|&t| t as i32).collect();
+        // SAFETY: `tokens` holds `cap` elements per the contract.
+        unsafe { write_array(&ids, tokens, cap, n_out, "tokens") }
+    })
+}
+
+/// The prompt text of chat messages (`tboost_model_chat_apply`'s rules).
+///
+/// # Safety
+/// `messages_json` is NULL or a NUL-terminated string.
+unsafe fn render_chat(
+    model: &Model,
+    messages_json: *const c_char,
+    add_generation_prompt: bool,
+) -> Result<String, Failure> {
+    // SAFETY: as the caller promised.
+    let text = unsafe { read_cstr(messages_json, "messages_json") }?;
+    let request: serde_json::Value =
+        serde_json::from_str(text).map_err(|e| Failure::invalid(format!("`messages_json` is not valid JSON: {e}")))?;
+    let path = model.path.display().to_string();
+    let tmpl = model.chat_template.as_ref().ok_or_else(|| {
+        Failure::new(
+            Status::TBOOST_ERR_UNSUPPORTED,
+            format!("{path}: the model has no chat template (no `tokenizer.chat_template` / `chat_template`)"),
+        )
+    })?;
+    Ok(tmpl.render_json(&request, add_generation_prompt, "messages_json")?)
 }
 
 /// Writes the model's chat stop strings as a JSON array of strings into `buf` (buffer rules

@@ -80,6 +80,11 @@ std::string Name(int32_t s) { return tboost_status_name(s); }
     const tboost_status got_ = (call);                                            \
     ASSERT_EQ(Name(got_), "TBOOST_OK") << #call << ": " << LastError();           \
   } while (0)
+#define ASSERT_STATUS(want, call)                                                 \
+  do {                                                                            \
+    const tboost_status got_ = (call);                                            \
+    ASSERT_EQ(Name(got_), Name(want)) << #call << ": " << LastError();            \
+  } while (0)
 
 // ---- RAII handles -----------------------------------------------------------------------
 
@@ -585,6 +590,9 @@ TEST(NullPointers, EveryRequiredPointerIsChecked) {
       {"chat_apply model", tboost_model_chat_apply(nullptr, "[]", true, nullptr, 0, &n)},
       {"chat_apply messages_json", tboost_model_chat_apply(m.p, nullptr, true, nullptr, 0, &n)},
       {"chat_stops", tboost_model_chat_stops(nullptr, nullptr, 0, &n)},
+      {"chat_tokens model", tboost_model_chat_tokens(nullptr, "[]", true, nullptr, 0, &n)},
+      {"chat_tokens messages_json", tboost_model_chat_tokens(m.p, nullptr, true, nullptr, 0, &n)},
+      {"chat_tokens n_out", tboost_model_chat_tokens(m.p, "[]", true, nullptr, 0, nullptr)},
   };
   for (auto& [what, status] : calls) EXPECT_EQ(Name(status), "TBOOST_ERR_NULL_POINTER") << what;
   // A NULL buffer with a nonzero capacity.
@@ -1035,7 +1043,10 @@ TEST(Chat, TemplateRendersMessagesWithToolsAndNamesBadInput) {
   EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, render(R"([{"role":"wizard","content":"x"}])", true, &text));
   EXPECT_NE(LastError().find("unknown role wizard"), std::string::npos) << LastError();
   EXPECT_STATUS(TBOOST_ERR_NULL_POINTER, render(nullptr, true, &text));
-  // No tokenizer here: no stop strings.
+  // No tokenizer here: no token ids, and no stop strings.
+  size_t n_ids = 0;
+  EXPECT_STATUS(TBOOST_ERR_NO_TOKENIZER,
+                tboost_model_chat_tokens(raw, R"([{"role":"user","content":"Hi"}])", true, nullptr, 0, &n_ids));
   char stops[16];
   size_t need = 0;
   ASSERT_OK(tboost_model_chat_stops(raw, stops, sizeof stops, &need));
@@ -1047,6 +1058,33 @@ TEST(Chat, TemplateRendersMessagesWithToolsAndNamesBadInput) {
   EXPECT_NE(LastError().find("chat template"), std::string::npos) << LastError();
   for (const char* f : {"/config.json", "/model.safetensors", "/tokenizer_config.json"}) std::remove((dir + f).c_str());
   rmdir(dir.c_str());
+}
+
+// Chat messages straight to token ids: the rendered text (a GGUF with a real Llama-2 vocabulary
+// and no template of its own, so the built-in Llama 2 `[INST]` one) tokenized without BOS added.
+TEST(Chat, TokensAreTheRenderedTextsIds) {
+  Model m(SharedDir() + "/models/llama-2-tiny-random.gguf");
+  const char* msgs = R"([{"role":"user","content":"Name three colours."}])";
+  size_t need = 0;
+  ASSERT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_model_chat_apply(m.p, msgs, true, nullptr, 0, &need));
+  std::string text(need, '\0');
+  ASSERT_OK(tboost_model_chat_apply(m.p, msgs, true, text.data(), text.size(), &need));
+  text.resize(need - 1);
+  std::unique_ptr<Config> cfg(SmallConfig());
+  Engine e(m.p, cfg->p);
+  size_t n = 0;
+  ASSERT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_engine_tokenize(e.p, text.data(), text.size(), false, nullptr, 0, &n));
+  std::vector<int32_t> want(n);
+  ASSERT_OK(tboost_engine_tokenize(e.p, text.data(), text.size(), false, want.data(), want.size(), &n));
+  size_t got_n = 0;
+  ASSERT_STATUS(TBOOST_ERR_BUFFER_TOO_SMALL, tboost_model_chat_tokens(m.p, msgs, true, nullptr, 0, &got_n));
+  ASSERT_EQ(got_n, want.size());
+  std::vector<int32_t> got(got_n);
+  ASSERT_OK(tboost_model_chat_tokens(m.p, msgs, true, got.data(), got.size(), &got_n));
+  EXPECT_EQ(got, want);
+  EXPECT_EQ(got.front(), 1) << "the template writes BOS (<s>, id 1) itself";
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT, tboost_model_chat_tokens(m.p, "[{", true, nullptr, 0, &got_n));
+  EXPECT_NE(LastError().find("messages_json"), std::string::npos) << LastError();
 }
 
 TEST(Engine, ReadRulesEventSizeCapAndUnknownIds) {
