@@ -55,10 +55,13 @@ struct AttnCase {
     /// Tokens per KV block: the phase's, or the backend's preferred size when it is larger than
     /// the CPU's 16 (FIA's paged prefill takes multiples of 128).
     block: usize,
+    /// Sliding window (0 = causal over every earlier position): the query at `p` sees
+    /// `p + 1 - window ..= p`; on Ascend FIA's band mode.
+    window: usize,
 }
 
 /// Causal attention in f64 over `k`/`v` given per sequence in position order (`[ctx,
-/// kv_heads, hd]`, values as stored), with the bound of `TOL_ATTN`.
+/// kv_heads, hd]`, values as stored), within the case's window, with the bound of `TOL_ATTN`.
 fn attention_ref(
     q: &[f32],
     seqs: &[(usize, usize, usize)],
@@ -77,9 +80,10 @@ fn attention_ref(
             for h in 0..nh {
                 let g = h / group;
                 let qo = ((q_start + r) * nh + h) * hd;
+                let first = if c.window > 0 { (pos + 1).saturating_sub(c.window) } else { 0 };
                 let mut scores = Vec::with_capacity(pos + 1);
                 let mut delta = 0f64;
-                for j in 0..=pos {
+                for j in first..=pos {
                     let ko = (j * kvh + g) * hd;
                     let (mut dot, mut abs) = (0f64, 0f64);
                     for dd in 0..hd {
@@ -93,13 +97,13 @@ fn attention_ref(
                 let mx = scores.iter().cloned().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = scores.iter().map(|x| (x - mx).exp()).collect();
                 let sum: f64 = e.iter().sum();
-                let eps = (2.0 * delta).exp_m1() + (3 * (pos + 1) + 32) as f64 * U;
+                let eps = (2.0 * delta).exp_m1() + (3 * (pos + 1 - first) + 32) as f64 * U;
                 for dd in 0..hd {
                     let (mut acc, mut abs) = (0f64, 0f64);
-                    for j in 0..=pos {
+                    for j in first..=pos {
                         let vv = v[s][(j * kvh + g) * hd + dd] as f64;
-                        acc += e[j] * vv;
-                        abs += e[j] * vv.abs();
+                        acc += e[j - first] * vv;
+                        abs += e[j - first] * vv.abs();
                     }
                     out[qo + dd] = acc / sum;
                     bound[qo + dd] = (eps + 2.0 * u_act(c.act)) * abs / sum + MIN_NORMAL + tiny_act(c.act);
@@ -188,7 +192,7 @@ fn attention_case(d: &mut Dev<'_>, c: &AttnCase, runs: &[(AttnKind, usize, usize
     let (kv_, vv) = (d.acts(act, &k1)?, d.acts(act, &v1)?);
     d.launch(Op::WriteKv { k: kv_, v: vv, slots: sv.slots, cache })?;
     let scale = 1.0 / (hd as f32).sqrt();
-    let params = AttnParams::new(nh, kvh, hd, scale);
+    let params = AttnParams { window: c.window, ..AttnParams::new(nh, kvh, hd, scale) };
     for &(kind, first, count) in runs {
         let row_start = seq_table[first][0] as usize;
         let last = seq_table[first + count - 1];
@@ -232,18 +236,28 @@ fn attention(s: &mut Suite<'_>, rng: &mut Rng, kind: AttnKind) {
         for (heads, kv_heads) in [(4usize, 4usize), (8, 2)] {
             for phase in [Phase::Prefill, Phase::Chunked, Phase::Decode, Phase::Mixed] {
                 for kv in [DType::F32, DType::F16] {
-                    cases.push(AttnCase { kind, hd, heads, kv_heads, kv, phase, act, block: block(phase) });
+                    cases.push(AttnCase { kind, hd, heads, kv_heads, kv, phase, act, block: block(phase), window: 0 });
                 }
             }
         }
     }
     if matches!(kind, AttnKind::Flash | AttnKind::Standard) {
         let phase = Phase::Chunked;
-        cases.push(AttnCase { kind, hd: 64, heads: 8, kv_heads: 2, kv: DType::BF16, phase, act, block: block(phase) });
+        let (kv, block) = (DType::BF16, block(phase));
+        cases.push(AttnCase { kind, hd: 64, heads: 8, kv_heads: 2, kv, phase, act, block, window: 0 });
     }
     // An odd GQA group: Qwen2.5-0.5B's 14 query heads over 2 kv heads of 64.
     for phase in [Phase::Prefill, Phase::Chunked, Phase::Decode, Phase::Mixed] {
-        cases.push(AttnCase { kind, hd: 64, heads: 14, kv_heads: 2, kv: DType::F16, phase, act, block: block(phase) });
+        let block = block(phase);
+        cases.push(AttnCase { kind, hd: 64, heads: 14, kv_heads: 2, kv: DType::F16, phase, act, block, window: 0 });
+    }
+    // Sliding windows (Mistral, Gemma 3's local layers): 24 positions, shorter than most
+    // contexts of every phase, so each sequence's early blocks fall outside it; 1 (only itself).
+    for window in [24, 1] {
+        for phase in [Phase::Prefill, Phase::Chunked, Phase::Decode, Phase::Mixed] {
+            let block = block(phase);
+            cases.push(AttnCase { kind, hd: 64, heads: 8, kv_heads: 2, kv: DType::F16, phase, act, block, window });
+        }
     }
     for c in cases {
         let (lens, _) = c.phase.seqs();
@@ -257,7 +271,7 @@ fn attention(s: &mut Suite<'_>, rng: &mut Rng, kind: AttnKind) {
             kv_dtype: c.kv,
             block_size: bs,
             max_context: 4096,
-            sliding_window: 0,
+            sliding_window: c.window,
         };
         // The launches of the step (kind, first sequence, count) and what the plan asks.
         let runs: Vec<(AttnKind, usize, usize)> = match c.phase {
@@ -278,8 +292,9 @@ fn attention(s: &mut Suite<'_>, rng: &mut Rng, kind: AttnKind) {
             .collect();
         let group = format!("attention {}", c.kind.name());
         let ratio = c.heads / c.kv_heads;
+        let window = if c.window > 0 { format!(" window={}", c.window) } else { String::new() };
         let name = format!(
-            "{:?} hd={} heads {}/{} (gqa {ratio}) kv {} bs={bs} seqs(ctx,q)={lens:?}",
+            "{:?} hd={} heads {}/{} (gqa {ratio}) kv {} bs={bs}{window} seqs(ctx,q)={lens:?}",
             c.phase, c.hd, c.heads, c.kv_heads, c.kv
         );
         // The plan-level rule: a paged decode kernel takes decodes only, and says so through
