@@ -313,6 +313,7 @@ CHAT_MODEL=$DEMO_MODEL
 check_chat() { # OUTPUT HOST
   grep -q '^chat prompt: .*<|im_start|>user.*<|im_start|>assistant' "$1" &&
     grep -q '^chat stops: \[.*"<|im_end|>".*\]$' "$1" &&
+    grep -Eq "^chat tokens: [0-9]+ ids, as the rendered text's$" "$1" &&
     grep -Eq '^chat reply: .+ \((eos|length)\)$' "$1" &&
     grep -Eq '^chat first-token alternatives: [0-9]+ \(-?[0-9.]+\), [0-9]+ \(-?[0-9.]+\), [0-9]+ \(-?[0-9.]+\)$' "$1" &&
     grep -Eq '^chat timings: prompt [1-9][0-9]* tokens, queued [0-9.]+ ms, first token [0-9.]+ ms, total [0-9.]+ ms$' "$1" &&

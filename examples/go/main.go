@@ -53,6 +53,9 @@ static tb_result tb_read(tboost_engine *e, tboost_request_id id, tboost_event *e
 static tb_result tb_chat_apply(const tboost_model *m, const char *json, char *buf, size_t cap, size_t *need) {
 	return tb_result_of(tboost_model_chat_apply(m, json, true, buf, cap, need));
 }
+static tb_result tb_chat_tokens(const tboost_model *m, const char *json, int32_t *out, size_t cap, size_t *n) {
+	return tb_result_of(tboost_model_chat_tokens(m, json, true, out, cap, n));
+}
 static tb_result tb_chat_stops(const tboost_model *m, char *buf, size_t cap, size_t *need) {
 	return tb_result_of(tboost_model_chat_stops(m, buf, cap, need));
 }
@@ -169,6 +172,11 @@ func chat(path string) {
 	prompt := text("chat_apply", func(b *C.char, c C.size_t, n *C.size_t) C.tb_result {
 		return C.tb_chat_apply(model, messages, b, c, n)
 	})
+	// The same messages straight to token ids (no engine needed).
+	direct := make([]int32, len(prompt)+8) // never more tokens than bytes
+	var nd C.size_t
+	check(C.tb_chat_tokens(model, messages, (*C.int32_t)(unsafe.Pointer(&direct[0])), C.size_t(len(direct)), &nd), "chat_tokens")
+	direct = direct[:nd]
 	C.free(unsafe.Pointer(messages))
 	stops := text("chat_stops", func(b *C.char, c C.size_t, n *C.size_t) C.tb_result { return C.tb_chat_stops(model, b, c, n) })
 	fmt.Printf("chat prompt: %q\nchat stops: %s\n", prompt, stops)
@@ -183,6 +191,11 @@ func chat(path string) {
 	// add_special false: the template wrote BOS itself where the model wants one.
 	check(C.tb_tokenize(engine, ctext, C.size_t(len(prompt)), (*C.int32_t)(unsafe.Pointer(&ids[0])), C.size_t(len(ids)), &n), "tokenize")
 	C.free(unsafe.Pointer(ctext))
+	if fmt.Sprint(direct) != fmt.Sprint(ids[:n]) {
+		fmt.Fprintf(os.Stderr, "chat_tokens gave %v, the rendered text tokenizes to %v\n", direct, ids[:n])
+		os.Exit(1)
+	}
+	fmt.Printf("chat tokens: %d ids, as the rendered text's\n", len(direct))
 	var sp C.tboost_sampling_params
 	C.tboost_sampling_params_init(&sp)
 	sp.max_tokens = 24

@@ -55,6 +55,8 @@ public final class TBoostExample {
     int tboost_model_chat_apply(Pointer model, String messagesJson, boolean addGenerationPrompt, byte[] buf,
         long cap, LongByReference needed);
     int tboost_model_chat_stops(Pointer model, byte[] buf, long cap, LongByReference needed);
+    int tboost_model_chat_tokens(Pointer model, String messagesJson, boolean addGenerationPrompt, int[] tokens,
+        long cap, LongByReference nOut);
     int tboost_engine_tokenize(Pointer engine, byte[] text, long textLen, boolean addSpecial, int[] tokens,
         long cap, LongByReference nOut);
     int tboost_engine_detokenize(Pointer engine, int[] tokens, long nTokens, byte[] buf, long cap,
@@ -178,6 +180,11 @@ public final class TBoostExample {
         + "{\"role\":\"user\",\"content\":\"Write a Java method that adds two ints.\"}]";
     String prompt = text("chat_apply", (b, c, n) -> T.tboost_model_chat_apply(model, messages, true, b, c, n));
     String stops = text("chat_stops", (b, c, n) -> T.tboost_model_chat_stops(model, b, c, n));
+    // The same messages straight to token ids (no engine needed).
+    int[] direct = new int[prompt.getBytes(StandardCharsets.UTF_8).length + 8];
+    LongByReference nd = new LongByReference();
+    check(T.tboost_model_chat_tokens(model, messages, true, direct, direct.length, nd), "chat_tokens");
+    direct = java.util.Arrays.copyOf(direct, (int) nd.getValue());
     System.out.println("chat prompt: " + prompt.replace("\n", "\\n"));
     System.out.println("chat stops: " + stops);
     check(T.tboost_engine_new(model, cfg, ref), "chat engine_new");
@@ -191,6 +198,12 @@ public final class TBoostExample {
     // add_special false: the template wrote BOS itself where the model wants one.
     check(T.tboost_engine_tokenize(engine, utf8, utf8.length, false, ids, ids.length, n), "tokenize");
     int[] promptIds = java.util.Arrays.copyOf(ids, (int) n.getValue());
+    if (!java.util.Arrays.equals(direct, promptIds)) {
+      System.err.println("chat_tokens gave " + java.util.Arrays.toString(direct) + ", the rendered text tokenizes to "
+          + java.util.Arrays.toString(promptIds));
+      System.exit(1);
+    }
+    System.out.println("chat tokens: " + direct.length + " ids, as the rendered text's");
     SamplingParams sp = new SamplingParams();
     T.tboost_sampling_params_init(sp);
     sp.read();
