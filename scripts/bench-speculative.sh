@@ -45,17 +45,18 @@ def summarize(values, weights=None):
 TXT
 OUT=$(mktemp -d)
 trap 'rm -rf "$OUT"' EXIT
-if target/release/tboost tokenize --model "$MODEL" "x" >/dev/null 2>&1; then
+if target/release/tboost tokenize --model "$MODEL" --text x >/dev/null 2>&1; then
   PROMPT=(--chat "$ASK")
 else
-  PROMPT=(--tokens "$(python3 -c 'print(",".join(str(3 + (j * 37) % 997) for j in range(48)))')")
+  # No tokenizer (a synthetic model): token ids, and no end of sequence to stop at.
+  PROMPT=(--tokens "$(python3 -c 'print(",".join(str(3 + (j * 37) % 997) for j in range(48)))')" --ignore-eos)
 fi
 for r in $(seq 1 "$RUNS"); do
   for k in 0 "$DRAFT"; do
     if [ "$k" = 0 ]; then SPEC=(--set spec_ngram=0)
     elif [ -n "$DRAFT_MODEL" ]; then SPEC=(--set "spec_draft_model=$DRAFT_MODEL" --set "spec_draft_tokens=$k")
     else SPEC=(--set "spec_ngram=$k"); fi
-    target/release/tboost run --model "$MODEL" "${PROMPT[@]}" --temp 0 -n "$TOKENS" --ignore-eos --threads "$THREADS" \
+    target/release/tboost run --model "$MODEL" "${PROMPT[@]}" --temp 0 -n "$TOKENS" --threads "$THREADS" \
       "${SPEC[@]}" --json >"$OUT/run-$r-$k.json"
   done
 done
