@@ -202,12 +202,12 @@ fn golden_case_over_hccl(case: &str, tp4_ran: &mut Vec<String>, tp4_refused: &mu
     }
 }
 
-#[test]
-fn golden_cases_at_tp_2_and_4_over_simulated_hccl_match_the_reference_and_tp_1() {
-    let name = "golden_cases_at_tp_2_and_4_over_simulated_hccl_match_the_reference_and_tp_1";
+/// [`golden_case_over_hccl`] for each of `cases` in a child process: at least one runs at tp = 4,
+/// any refusal at tp = 4 is for its heads, and the simulator saw no rule broken.
+fn cases_over_hccl(name: &str, cases: &[&str]) {
     isolated(name, &[], Duration::from_secs(1800), || {
         let (mut ran, mut refused) = (Vec::new(), Vec::new());
-        for case in CASES {
+        for case in cases {
             golden_case_over_hccl(case, &mut ran, &mut refused);
         }
         eprintln!("tp = 4 ran on {ran:?}; refused by the plan: {refused:?}");
@@ -220,24 +220,17 @@ fn golden_cases_at_tp_2_and_4_over_simulated_hccl_match_the_reference_and_tp_1()
     });
 }
 
+#[test]
+fn golden_cases_at_tp_2_and_4_over_simulated_hccl_match_the_reference_and_tp_1() {
+    cases_over_hccl("golden_cases_at_tp_2_and_4_over_simulated_hccl_match_the_reference_and_tp_1", CASES);
+}
+
 /// The architectures added later (Qwen3's q/k norms, Qwen3-MoE's experts, Gemma 3's sliding
 /// window and extra norms, Phi-3's fused weights) the same way: each rank's shard of the new
 /// slots runs on its simulated device.
 #[test]
 fn new_architectures_at_tp_2_and_4_over_simulated_hccl_match_the_reference_and_tp_1() {
-    let name = "new_architectures_at_tp_2_and_4_over_simulated_hccl_match_the_reference_and_tp_1";
-    isolated(name, &[], Duration::from_secs(1800), || {
-        let (mut ran, mut refused) = (Vec::new(), Vec::new());
-        for case in NEW_ARCH_CASES {
-            golden_case_over_hccl(case, &mut ran, &mut refused);
-        }
-        eprintln!("tp = 4 ran on {ran:?}; refused by the plan: {refused:?}");
-        for r in &refused {
-            assert!(r.contains("head") || r.contains("kv"), "tp = 4 refused for a reason other than heads: {r}");
-        }
-        let s = tboost_engine::backend::ascend::sys::Cann::load().unwrap().sim_stats().unwrap();
-        assert_eq!(s.rule_violations, 0, "simulator rule violations (HCCL or aclnn): {s:?}");
-    });
+    cases_over_hccl("new_architectures_at_tp_2_and_4_over_simulated_hccl_match_the_reference_and_tp_1", NEW_ARCH_CASES);
 }
 
 /// A tp = 2 HCCL engine on llama_gqa running two requests to their (failing) end: the engine,

@@ -1,7 +1,7 @@
 //! What a step works on, owned by the stepping thread: the runner (plan, weights, device
 //! buffers), the KV manager, the scheduler and the counters.
 
-use std::collections::{HashMap, HashSet};
+use std::collections::HashMap;
 
 use super::draft::{Ask, Drafter};
 use super::{Event, StepOutput};
@@ -189,8 +189,6 @@ impl Core {
         // With a draft model, every decode's draft comes from one batched round of it.
         let mut from_model = match self.drafter.as_mut() {
             Some(d) => {
-                let running: HashSet<RequestId> = self.sched.running.iter().map(|s| s.id).collect();
-                d.retain(&running);
                 let asks: Vec<Ask<'_>> =
                     self.sched.running.iter().zip(&ks).map(|(s, &k)| Ask { id: s.id, tokens: &s.tokens, k }).collect();
                 match d.draft(&asks) {

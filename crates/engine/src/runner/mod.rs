@@ -642,6 +642,15 @@ impl ModelRunner {
     }
 }
 
+/// This rank's logits, `r` rows of its `vloc` vocabulary entries, into `part`.
+fn read_part(primary: &mut dyn Backend, out: View, r: usize, vloc: usize, part: &mut Vec<f32>) -> Result<()> {
+    part.resize(r * vloc, 0.0);
+    if r > 0 {
+        primary.read_typed(out, part)?;
+    }
+    Ok(())
+}
+
 /// Token indices travel as f32 in the argmax gather: exact up to 2^24.
 const MAX_EXACT_INDEX: usize = 1 << 24;
 
@@ -657,10 +666,7 @@ fn host_argmax_gather(
     part: &mut Vec<f32>,
     gathered: &mut Vec<f32>,
 ) -> Result<()> {
-    part.resize(r * vloc, 0.0);
-    if r > 0 {
-        primary.read_typed(out, part)?;
-    }
+    read_part(primary, out, r, vloc, part)?;
     let mut best = Vec::with_capacity(2 * r);
     for row in part.chunks(vloc.max(1)).take(r) {
         let (mut value, mut index) = (f32::NEG_INFINITY, 0usize);
@@ -687,10 +693,7 @@ fn host_gather(
     gathered: &mut Vec<f32>,
 ) -> Result<()> {
     let (vmax, world) = (link.spec.vocab_max(), link.spec.world);
-    part.resize(r * vloc, 0.0);
-    if r > 0 {
-        primary.read_typed(out, part)?;
-    }
+    read_part(primary, out, r, vloc, part)?;
     let mut padded = vec![0f32; r * vmax];
     for (dst, src) in padded.chunks_mut(vmax).zip(part.chunks(vloc.max(1))) {
         dst[..vloc].copy_from_slice(src);
