@@ -75,17 +75,17 @@ link() { # name soname objs... -- libs...
 }
 if [ ! -f "$OBJ/.stamp" ] || [ "$(cat "$OBJ/.stamp")" != "$obj_stamp" ]; then
   rm -f "$OBJ/.stamp"
-  for f in core nnopbase ops_nn ops_math ops_attention ops_moe hccl; do cc_obj "$f"; done
+  for f in core nnopbase ops_nn ops_math ops_attention ops_moe ops_mc2 hccl; do cc_obj "$f"; done
   echo "$obj_stamp" >"$OBJ/.stamp"
 fi
 link libascendcl.so "$OBJ/core.o" -lpthread -lm
 link libnnopbase.so "$OBJ/nnopbase.o" -L"$LIB" -lascendcl
 if [ "$split" = 1 ]; then
   link libopapi.so "$OBJ/ops_nn.o" "$OBJ/ops_math.o" -L"$LIB" -lnnopbase -lascendcl -lm
-  link libopapi_transformer.so "$OBJ/ops_attention.o" "$OBJ/ops_moe.o" -L"$LIB" -lnnopbase -lascendcl -lm
+  link libopapi_transformer.so "$OBJ/ops_attention.o" "$OBJ/ops_moe.o" "$OBJ/ops_mc2.o" -L"$LIB" -lnnopbase -lascendcl -lm -ldl -lpthread
 else
-  link libopapi.so "$OBJ/ops_nn.o" "$OBJ/ops_math.o" "$OBJ/ops_attention.o" "$OBJ/ops_moe.o" \
-    -L"$LIB" -lnnopbase -lascendcl -lm
+  link libopapi.so "$OBJ/ops_nn.o" "$OBJ/ops_math.o" "$OBJ/ops_attention.o" "$OBJ/ops_moe.o" "$OBJ/ops_mc2.o" \
+    -L"$LIB" -lnnopbase -lascendcl -lm -ldl -lpthread
 fi
 link libhccl.so "$OBJ/hccl.o" -L"$LIB" -lascendcl -lpthread -lm
 cat >"$OUT/VARIANT" <<INFO

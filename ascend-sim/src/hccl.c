@@ -353,6 +353,39 @@ HcclResult HcclGetRankSize(HcclComm comm, uint32_t *rankSize) {
     return HCCL_SUCCESS;
 }
 
+/* "commName: the communication domain name, at most COMM_NAME_MAX_LENGTH (128) bytes" (HcclGetCommName,
+ * HCCL API reference): the name fused MC2 ops take as `group`. The simulator names each communicator
+ * by its group and rank. */
+HcclResult HcclGetCommName(HcclComm comm, char *commName) {
+    SimComm *c;
+    HcclResult rc = live_comm("HcclGetCommName", comm, &c);
+    if (rc) return rc;
+    if (!commName) hccl_fail(HCCL_E_PTR, "HcclGetCommName: commName is NULL");
+    snprintf(commName, 128, "sim-hccl-%p-rank%u", (void *)c, c->rank);
+    return HCCL_SUCCESS;
+}
+
+/* The live communicator HcclGetCommName named `name`, or NULL (for the simulated MC2 ops). */
+SIM_API HcclComm tboostSimInternal_hcclByName(const char *name) {
+    HcclComm found = NULL;
+    char buf[128];
+    pthread_mutex_lock(&g_regMu);
+    for (size_t i = 0; i < g_ncomms && !found; i++) {
+        SimComm *c = g_comms[i];
+        if (c->destroyed) continue;
+        snprintf(buf, sizeof buf, "sim-hccl-%p-rank%u", (void *)c, c->rank);
+        if (name && strcmp(buf, name) == 0) found = c;
+    }
+    pthread_mutex_unlock(&g_regMu);
+    return found;
+}
+
+/* Ranks of a live communicator (0 when `comm` is not one), for the simulated MC2 ops' rank rules. */
+SIM_API uint32_t tboostSimInternal_hcclRanks(HcclComm comm) {
+    SimComm *c = comm;
+    return c && comm_known(c) && !c->destroyed ? c->g->n : 0;
+}
+
 HcclResult HcclGetRankId(HcclComm comm, uint32_t *rank) {
     SimComm *c;
     HcclResult rc = live_comm("HcclGetRankId", comm, &c);

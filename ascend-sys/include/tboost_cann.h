@@ -352,6 +352,15 @@ TBOOST_ACLNN_OP(aclnnWeightQuantBatchMatmulV2,
                  const aclTensor *quantOffsetOptional, const aclTensor *biasOptional, int antiquantGroupSize,
                  const aclTensor *y, uint64_t *workspaceSize, aclOpExecutor **executor))
 
+/* OT mc2/matmul_all_reduce/docs/aclnnMatmulAllReduce.md (MC2): output = allreduce(x1 @ x2 + bias) over the
+ * communicator named `group` (HcclGetCommName); x1 (m, k) or (b, s, k) and x2 (k, n) FLOAT16/BFLOAT16, bias
+ * (n) or NULL, output x1's dims with n last; reduceOp "sum", commTurn 0, streamMode 1; Atlas A2 (1, 2, 4 or 8
+ * ranks) and Ascend950, not A3 or the inference/training series. */
+TBOOST_ACLNN_OP(aclnnMatmulAllReduce,
+                (const aclTensor *x1, const aclTensor *x2, const aclTensor *bias, const char *group,
+                 const char *reduceOp, int64_t commTurn, int64_t streamMode, const aclTensor *output,
+                 uint64_t *workspaceSize, aclOpExecutor **executor))
+
 /* NN activation/swi_glu/docs/aclnnSwiGlu.md: out = Swish(A) * B, A/B the halves of x along dim. */
 TBOOST_ACLNN_OP(aclnnSwiGlu,
                 (const aclTensor *x, int64_t dim, const aclTensor *out, uint64_t *workspaceSize, aclOpExecutor **executor))
@@ -489,6 +498,8 @@ TBOOST_CANN_FN(HcclResult, HcclCommInitRootInfo,
 TBOOST_CANN_FN(HcclResult, HcclCommInitAll, (uint32_t ndev, int32_t *devices, HcclComm *comms))
 TBOOST_CANN_FN(HcclResult, HcclGetRankSize, (HcclComm comm, uint32_t *rankSize))
 TBOOST_CANN_FN(HcclResult, HcclGetRankId, (HcclComm comm, uint32_t *rank))
+/* HCCL hccl.h: the communicator's name (at most 128 bytes with the NUL), the `group` of MC2 ops. */
+TBOOST_CANN_FN(HcclResult, HcclGetCommName, (HcclComm comm, char *commName))
 TBOOST_CANN_FN(HcclResult, HcclCommDestroy, (HcclComm comm))
 TBOOST_CANN_FN(const char *, HcclGetErrorString, (HcclResult code))
 TBOOST_CANN_FN(HcclResult, HcclAllReduce,

@@ -132,6 +132,29 @@ pub fn weight_quant_batch_matmul_v2(
     })
 }
 
+/// `aclnnMatmulAllReduce` (MC2): `y = allreduce(x1 @ x2 + bias)` over the communicator named `group`
+/// (`HcclComm::name`), `x1` `[m, k]` and `x2` `[k, n]` (a transposed view allowed) f16/bf16, `bias` `[n]` or
+/// none, `y` `[m, n]`, all of one dtype; reduceOp "sum", commTurn 0, streamMode 1 (the only values the doc
+/// allows). Rules: ops-transformer `mc2/matmul_all_reduce/docs/aclnnMatmulAllReduce.md`.
+pub fn matmul_all_reduce(
+    ctx: &mut Context,
+    x1: &TensorRef,
+    x2: &TensorRef,
+    bias: Option<&TensorRef>,
+    group: &std::ffi::CStr,
+    y: &TensorRef,
+) -> Result<()> {
+    const OP: &str = "aclnnMatmulAllReduce";
+    // SAFETY: the type is this op's first phase in the header.
+    let f = unsafe { ctx.first_phase_fn::<raw::aclnnMatmulAllReduceGetWorkspaceSize_fn>(OP)? };
+    let (a, b, y) = (acl(ctx, x1)?, acl(ctx, x2)?, acl(ctx, y)?);
+    let bias = acl_opt(ctx, bias)?;
+    let sum = c"sum";
+    ctx.run(OP, |ws, ex| {
+        first_phase!(f, a.as_ptr(), b.as_ptr(), ptr(&bias), group.as_ptr(), sum.as_ptr(), 0, 1, y.as_ptr(), ws, ex)
+    })
+}
+
 /// `aclnnSwiGlu`: with `[a, b]` the halves of `x` along `dim`, `out = silu(a) * b` (Llama's
 /// `silu(gate) * up` when x is `[gate | up]`).
 pub fn swi_glu(ctx: &mut Context, x: &TensorRef, dim: i64, out: &TensorRef) -> Result<()> {

@@ -58,6 +58,7 @@ struct Fns {
     HcclCommInitAll: raw::HcclCommInitAll_fn,
     HcclGetRankSize: raw::HcclGetRankSize_fn,
     HcclGetRankId: raw::HcclGetRankId_fn,
+    HcclGetCommName: raw::HcclGetCommName_fn,
     HcclCommDestroy: raw::HcclCommDestroy_fn,
     HcclGetErrorString: raw::HcclGetErrorString_fn,
     HcclAllReduce: raw::HcclAllReduce_fn,
@@ -129,6 +130,7 @@ impl Hccl {
             HcclCommInitAll: cast(sym("HcclCommInitAll")),
             HcclGetRankSize: cast(sym("HcclGetRankSize")),
             HcclGetRankId: cast(sym("HcclGetRankId")),
+            HcclGetCommName: cast(sym("HcclGetCommName")),
             HcclCommDestroy: cast(sym("HcclCommDestroy")),
             HcclGetErrorString: cast(sym("HcclGetErrorString")),
             HcclAllReduce: cast(sym("HcclAllReduce")),
@@ -258,6 +260,19 @@ fn range(buf: &DeviceBuffer, at: usize, bytes: usize, what: &str) -> Result<*mut
 impl HcclComm {
     pub fn rank(&self) -> u32 {
         self.rank
+    }
+
+    /// `HcclGetCommName`: the communicator's name, which fused MC2 ops take as `group`.
+    pub fn name(&self) -> Result<std::ffi::CString> {
+        let h = &self.hccl;
+        let f = h.inner.fns.HcclGetCommName.ok_or_else(|| h.unavailable("HcclGetCommName"))?;
+        // COMM_NAME_MAX_LENGTH (hccl_types.h) is 128 with the NUL.
+        let mut buf = [0 as std::os::raw::c_char; 128];
+        // SAFETY: a live communicator and a 128-byte buffer.
+        h.check("HcclGetCommName", unsafe { f(self.raw, buf.as_mut_ptr()) })?;
+        buf[127] = 0;
+        // SAFETY: NUL-terminated within the buffer (forced above).
+        Ok(unsafe { std::ffi::CStr::from_ptr(buf.as_ptr()) }.to_owned())
     }
     pub fn size(&self) -> u32 {
         self.size

@@ -547,6 +547,20 @@ pub type aclnnWeightQuantBatchMatmulV2GetWorkspaceSize_fn = ::std::option::Optio
         executor: *mut *mut aclOpExecutor,
     ) -> aclnnStatus,
 >;
+pub type aclnnMatmulAllReduceGetWorkspaceSize_fn = ::std::option::Option<
+    unsafe extern "C" fn(
+        x1: *const aclTensor,
+        x2: *const aclTensor,
+        bias: *const aclTensor,
+        group: *const ::std::os::raw::c_char,
+        reduceOp: *const ::std::os::raw::c_char,
+        commTurn: i64,
+        streamMode: i64,
+        output: *const aclTensor,
+        workspaceSize: *mut u64,
+        executor: *mut *mut aclOpExecutor,
+    ) -> aclnnStatus,
+>;
 pub type aclnnSwiGluGetWorkspaceSize_fn = ::std::option::Option<
     unsafe extern "C" fn(
         x: *const aclTensor,
@@ -787,6 +801,12 @@ pub type HcclGetRankSize_fn = ::std::option::Option<
 >;
 pub type HcclGetRankId_fn = ::std::option::Option<
     unsafe extern "C" fn(comm: HcclComm, rank: *mut u32) -> HcclResult,
+>;
+pub type HcclGetCommName_fn = ::std::option::Option<
+    unsafe extern "C" fn(
+        comm: HcclComm,
+        commName: *mut ::std::os::raw::c_char,
+    ) -> HcclResult,
 >;
 pub type HcclCommDestroy_fn = ::std::option::Option<
     unsafe extern "C" fn(comm: HcclComm) -> HcclResult,

@@ -170,9 +170,11 @@ fn golden_case_over_hccl(case: &str, tp4_ran: &mut Vec<String>, tp4_refused: &mu
             Err(e) => panic!("{case} at tp = {tp} over hccl: {e}"),
         };
         let ar = r.plan.model.iter().find(|d| d.slot.name() == "all_reduce").expect("an all_reduce slot");
-        assert_eq!(ar.choice.name(), "device_all_reduce", "{case} tp {tp}: {}", ar.reason);
+        // The default SoC (Atlas A2) has MC2 for 2 and 4 ranks: prefill fuses o_proj and down with
+        // their all-reduce; decode and the embedding use HcclAllReduce.
+        assert_eq!(ar.choice.name(), "matmul_all_reduce", "{case} tp {tp}: {}", ar.reason);
+        assert!(ar.reason.contains("aclnnMatmulAllReduce"), "{}", ar.reason);
         assert!(ar.reason.contains("hccl all-reduce on device memory"), "{}", ar.reason);
-        assert!(ar.reason.contains("matmul_all_reduce"), "the refused MC2 candidate is named: {}", ar.reason);
         let got = logits_along(&mut r, &prompt, &path);
         let mut worst_ref = 0f32;
         let mut worst_one = 0f32;
@@ -231,6 +233,39 @@ fn golden_cases_at_tp_2_and_4_over_simulated_hccl_match_the_reference_and_tp_1()
 #[test]
 fn new_architectures_at_tp_2_and_4_over_simulated_hccl_match_the_reference_and_tp_1() {
     cases_over_hccl("new_architectures_at_tp_2_and_4_over_simulated_hccl_match_the_reference_and_tp_1", NEW_ARCH_CASES);
+}
+
+/// MC2 runs where the plan says: with a fault injected into aclnnMatmulAllReduce's execute on
+/// device 0, a prefill fails naming the op (so the fused op ran, not Mm + HcclAllReduce).
+#[test]
+fn mc2_runs_in_prefill_steps_and_a_fault_in_it_names_the_op() {
+    let name = "mc2_runs_in_prefill_steps_and_a_fault_in_it_names_the_op";
+    let env = [("TBOOST_SIM_FAIL_OP", "aclnnMatmulAllReduce:1:561002:exec@0"), ("HCCL_EXEC_TIMEOUT", "2")];
+    isolated(name, &env, Duration::from_secs(120), || {
+        let model = Model::load(&golden_dir("llama_gqa")).unwrap();
+        let mut r = hccl_runner(&model, 2).unwrap();
+        let ar = r.plan.model.iter().find(|d| d.slot.name() == "all_reduce").unwrap();
+        assert_eq!(ar.choice.name(), "matmul_all_reduce", "{}", ar.reason);
+        let mut s = Session::new(&mut r, 16).unwrap();
+        let err = s.feed(&[1, 2, 3, 4], false).unwrap_err().to_string();
+        assert!(err.contains("aclnnMatmulAllReduce") && err.contains("561002"), "{err}");
+        eprintln!("prefill with MC2's execute failing on device 0: {err}");
+    });
+}
+
+/// On Atlas A3, which MC2's product table leaves out, the plan keeps HcclAllReduce and says why;
+/// the logits still match tp = 1.
+#[test]
+fn on_atlas_a3_mc2_is_refused_with_the_reason() {
+    let name = "on_atlas_a3_mc2_is_refused_with_the_reason";
+    isolated(name, &[("TBOOST_SIM_SOC", "Ascend910_9391")], Duration::from_secs(120), || {
+        let model = Model::load(&golden_dir("llama_gqa")).unwrap();
+        let r = hccl_runner(&model, 2).unwrap();
+        let ar = r.plan.model.iter().find(|d| d.slot.name() == "all_reduce").unwrap();
+        assert_eq!(ar.choice.name(), "device_all_reduce", "{}", ar.reason);
+        assert!(ar.reason.contains("Atlas A2 or Ascend950"), "{}", ar.reason);
+        eprintln!("A3: {}", ar.reason);
+    });
 }
 
 /// A tp = 2 HCCL engine on llama_gqa running two requests to their (failing) end: the engine,

@@ -234,4 +234,14 @@ pub trait DeviceCollective {
     fn all_reduce_sum(&mut self, v: View) -> Result<()>;
     /// `dst` (ranks × `src.len`) receives every rank's `src`, in rank order.
     fn all_gather(&mut self, src: View, dst: View) -> Result<()>;
+    /// Whether the device fuses a matmul with the all-reduce of its output in one op (Ascend's
+    /// MC2); the reason when it does not.
+    fn fused_matmul_all_reduce(&self) -> std::result::Result<(), Unsupported> {
+        Err(Unsupported::new("collective", self.collective_name(), "a device with a fused matmul + all-reduce"))
+    }
+    /// `out = x · wᵀ` (`x` `[m, k]`) summed over the ranks in one op, queued: `Ok(false)` when this
+    /// weight cannot take it (the caller then runs the matmul and the all-reduce).
+    fn matmul_all_reduce(&mut self, _x: View, _m: usize, _w: WeightId, _out: View) -> Result<bool> {
+        Ok(false)
+    }
 }

@@ -161,10 +161,12 @@ fn unavailable(candidate: Choice, backend: &str, param: &'static str, value: &st
 }
 
 /// What a rank's backend offers for the collectives (`collective_decisions`).
-#[derive(Clone, Copy, Debug)]
+#[derive(Clone, Debug)]
 pub struct CollectiveOffer<'a> {
     /// The backend's device collective (`hccl`), when it is a rank of a device group.
     pub device: Option<&'a str>,
+    /// Whether that device fuses a matmul with the all-reduce (MC2), or why not.
+    pub fused: std::result::Result<(), Unsupported>,
     /// Bytes of one activation value (the all-reduce's element).
     pub act_bytes: usize,
     /// Every rank's vocabulary part has the same length (the device all-gather needs no padding).
@@ -183,13 +185,21 @@ pub fn collective_decisions(
     world: usize,
     offer: CollectiveOffer<'_>,
 ) -> Vec<Decision> {
-    let fused = unavailable(
-        Choice::MatmulAllReduce,
-        backend,
-        "backend",
-        backend,
-        "a device with a fused matmul + all-reduce (aclnnMatmulAllReduce over HCCL; not built in tboost)",
-    );
+    let fused = match (&offer.device, &offer.fused) {
+        (Some(_), Ok(())) => None,
+        (Some(_), Err(why)) => Some(Tried {
+            candidate: Choice::MatmulAllReduce,
+            backend: backend.to_string(),
+            verdict: Verdict::Unavailable { why: why.clone() },
+        }),
+        (None, _) => Some(unavailable(
+            Choice::MatmulAllReduce,
+            backend,
+            "backend",
+            backend,
+            "a device with a fused matmul + all-reduce (aclnnMatmulAllReduce over HCCL)",
+        )),
+    };
     let chosen = |c| Tried { candidate: c, backend: backend.to_string(), verdict: Verdict::Chosen };
     let decision = |slot, choice, tried: Vec<Tried>, reason: String| Decision {
         slot,
@@ -246,19 +256,31 @@ pub fn collective_decisions(
                     ),
                 )
             };
-            vec![
-                decision(
+            let device = format!(
+                "{dev} all-reduce on device memory and the backend's stream ({world} ranks) after {layers}: \
+                 {reduces} per token, {per_token} bytes per token per rank; host all-reduce not used (it would \
+                 read and write every activation through the host)"
+            );
+            let reduce = match fused {
+                Some(refused) => decision(
                     Slot::AllReduce,
                     Choice::DeviceAllReduce,
-                    vec![fused, chosen(Choice::DeviceAllReduce)],
+                    vec![refused, chosen(Choice::DeviceAllReduce)],
+                    device,
+                ),
+                None => decision(
+                    Slot::AllReduce,
+                    Choice::MatmulAllReduce,
+                    vec![chosen(Choice::MatmulAllReduce)],
                     format!(
-                        "{dev} all-reduce on device memory and the backend's stream ({world} ranks) after {layers}: \
-                         {reduces} per token, {per_token} bytes per token per rank; host all-reduce not used (it \
-                         would read and write every activation through the host)"
+                        "MC2 (aclnnMatmulAllReduce) fuses o_proj and mlp down with their all-reduce in prefill steps \
+                         whose weights are in the activation dtype (the op takes no quantized weights); decode \
+                         steps (its doc: incremental steps do not use MC2), the embedding and other weights take the \
+                         {device}"
                     ),
                 ),
-                gather,
-            ]
+            };
+            vec![reduce, gather]
         }
         None => {
             let device =
@@ -268,7 +290,7 @@ pub fn collective_decisions(
                 decision(
                     Slot::AllReduce,
                     Choice::HostAllReduce,
-                    vec![fused, device, chosen(Choice::HostAllReduce)],
+                    fused.into_iter().chain([device, chosen(Choice::HostAllReduce)]).collect(),
                     format!(
                         "host all-reduce over `{comm}` ({world} ranks) after {layers}: {per_token} bytes per token \
                          per rank"

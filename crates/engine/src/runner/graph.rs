@@ -11,7 +11,7 @@ use super::weights::{LayerIds, MlpIds};
 use crate::backend::{BufId, KvLayer, MatSegOp, Op, Segs, SeqRange, StepViews, View, WeightId};
 use crate::kv::StepLayout;
 use crate::model::ModelConfig;
-use crate::plan::{Choice, Decision, Plan, Slot};
+use crate::plan::{Choice, Decision, Placement, Plan, Slot};
 use crate::{Error, Result};
 
 /// Everything one forward pass reads.
@@ -145,16 +145,21 @@ impl Graph<'_> {
                 ex.launch(da.placement, &Op::Attention { kind, q, cache, seqs, params, out: attn })?;
             }
             let dp = d(Slot::OProj)?;
-            let seg = MatSegOp { w: lw.o, bias: None, out: o };
-            ex.launch(dp.placement, &mm(attn, t, Segs::one(seg), dp.precision))?;
-            if let Some(tp) = &self.tp {
-                tp.all_reduce(ex, o, None)?;
+            if !self.fused_reduce(ex, dp, attn, lw.o, o)? {
+                let seg = MatSegOp { w: lw.o, bias: None, out: o };
+                ex.launch(dp.placement, &mm(attn, t, Segs::one(seg), dp.precision))?;
+                if let Some(tp) = &self.tp {
+                    tp.all_reduce(ex, o, None)?;
+                }
             }
             pending = post_norm(ex, lp.get(Slot::PostAttnNorm), lw.post_attn_norm)?;
 
             norm(ex, d(Slot::FfnNorm)?, lw.ffn_norm, pending)?;
+            let mut reduced = false;
             match &lw.mlp {
-                MlpIds::Dense { gate, up, down } => self.dense_mlp(ex, d(Slot::Mlp)?, (*gate, *up, *down), xn, o)?,
+                MlpIds::Dense { gate, up, down } => {
+                    reduced = self.dense_mlp(ex, d(Slot::Mlp)?, (*gate, *up, *down), xn, o, true)?
+                }
                 MlpIds::Moe { router, experts } => {
                     let dr = d(Slot::MoeRouting)?;
                     let e = c.num_experts;
@@ -185,7 +190,7 @@ impl Graph<'_> {
                         Choice::MoePerExpert => {
                             let (y, ys) = (v(a.expert_y, t * hid), v(a.expert_ys, t * top_k * hid));
                             for ei in 0..experts.count {
-                                self.dense_mlp(ex, dm, experts.expert(ei), xn, y)?;
+                                self.dense_mlp(ex, dm, experts.expert(ei), xn, y, false)?;
                                 let op = Op::MoeScatter { y, m: t, expert: ei as u32, top_k, ids: rid, ys };
                                 ex.launch(dm.placement, &op)?;
                             }
@@ -197,7 +202,7 @@ impl Graph<'_> {
                     }
                 }
             }
-            if let Some(tp) = &self.tp {
+            if let Some(tp) = self.tp.as_ref().filter(|_| !reduced) {
                 tp.all_reduce(ex, o, None)?;
             }
             pending = post_norm(ex, lp.get(Slot::PostFfnNorm), lw.post_ffn_norm)?;
@@ -279,6 +284,17 @@ impl Graph<'_> {
 
     /// `out = down(silu(gate(x)) * up(x))` as the decision says (fused or separate; the
     /// per-expert MoE path runs each expert through the separate form).
+    /// `out = x · wᵀ` and its all-reduce as one fused device op (MC2) when this step, the slot's
+    /// placement and the weight allow it; false when the caller runs them apart.
+    fn fused_reduce(&self, ex: &mut Exec<'_>, d: &Decision, x: View, w: WeightId, out: View) -> Result<bool> {
+        match &self.tp {
+            Some(tp) if d.placement == Placement::Primary => tp.matmul_all_reduce(ex, x, self.tokens, w, out),
+            _ => Ok(false),
+        }
+    }
+
+    /// The MLP of one layer (or one expert) into `out`; with `reduce`, its down projection may fuse
+    /// the tensor-parallel all-reduce ([`Self::fused_reduce`]): returns whether it did.
     fn dense_mlp(
         &self,
         ex: &mut Exec<'_>,
@@ -286,7 +302,8 @@ impl Graph<'_> {
         w: (WeightId, WeightId, WeightId),
         x: View,
         out: View,
-    ) -> Result<()> {
+        reduce: bool,
+    ) -> Result<bool> {
         let (gate, up, down) = w;
         let a = self.bufs;
         let (m, inter) = (self.tokens, self.c.intermediate_size);
@@ -309,6 +326,10 @@ impl Graph<'_> {
             }
             other => return Err(Error::invalid("plan", format!("{} cannot fill the mlp slot", other.name()))),
         }
-        ex.launch(p, &one(act, down, out))
+        if reduce && self.fused_reduce(ex, d, act, down, out)? {
+            return Ok(true);
+        }
+        ex.launch(p, &one(act, down, out))?;
+        Ok(false)
     }
 }

@@ -200,7 +200,13 @@ impl ModelRunner {
                 }
                 let even_vocab = spec.vocab_splits.iter().all(|r| r.len() == spec.vocab_max());
                 let act_bytes = if device.is_some() { plan.act_dtype.block_bytes() } else { 4 };
-                let offer = plan::shard::CollectiveOffer { device, act_bytes, even_vocab };
+                let fused = primary
+                    .device_collective()
+                    .map_or(Err(tboost_ops::Unsupported::new("backend", "none", "a device collective")), |d| {
+                        d.fused_matmul_all_reduce()
+                    });
+                let mc2 = device.is_some() && fused.is_ok();
+                let offer = plan::shard::CollectiveOffer { device, fused, act_bytes, even_vocab };
                 let collectives =
                     plan::shard::collective_decisions(primary.name(), comm.name(), cfg, comm.world(), offer);
                 let report = TpReport {
@@ -218,7 +224,7 @@ impl ModelRunner {
                 plan.model.extend(collectives);
                 plan.tp = Some(report);
                 let (device_reduce, device_gather) = (device.is_some(), device.is_some() && even_vocab);
-                Some(tp::TpLink { comm, spec, device_reduce, device_gather, followers: Vec::new(), ended: None })
+                Some(tp::TpLink { comm, spec, device_reduce, device_gather, mc2, followers: Vec::new(), ended: None })
             }
             _ => None,
         };
@@ -549,8 +555,13 @@ impl ModelRunner {
         };
         primary.set_step(&host, &views)?;
         let mut ex = Exec { primary: primary.as_mut(), cpu: fallback.as_mut() };
-        let step_comm =
-            tp.as_ref().map(|link| tp::StepComm { comm: link.comm.as_ref(), held: &held, device: link.device_reduce });
+        let step_comm = tp.as_ref().map(|link| tp::StepComm {
+            comm: link.comm.as_ref(),
+            held: &held,
+            device: link.device_reduce,
+            // MC2 in prefill steps only (its doc: incremental steps do not use it).
+            mc2: link.mc2 && t > l.seqs.len(),
+        });
         let g = graph::Graph {
             c: local,
             plan,

@@ -13,7 +13,7 @@ use std::time::Instant;
 
 use super::exec::Exec;
 use super::ModelRunner;
-use crate::backend::{Backend, BackendExt, Op, View};
+use crate::backend::{Backend, BackendExt, Op, View, WeightId};
 use crate::comm::Communicator;
 use crate::kv::StepLayout;
 use crate::model::{ModelConfig, ModelWeights};
@@ -28,9 +28,25 @@ pub(super) struct StepComm<'a> {
     /// The all-reduce runs on the device (the backend's `DeviceCollective`, HCCL) instead of
     /// through the host.
     pub device: bool,
+    /// Row-parallel matmuls fuse their all-reduce (MC2) this step.
+    pub mc2: bool,
 }
 
 impl StepComm<'_> {
+    /// `out = x · wᵀ` summed over the ranks as one fused device op (MC2), when this step and weight
+    /// allow it on the primary; false when the caller must run the matmul and [`Self::all_reduce`].
+    pub fn matmul_all_reduce(&self, ex: &mut Exec<'_>, x: View, m: usize, w: WeightId, out: View) -> Result<bool> {
+        if !self.mc2 {
+            return Ok(false);
+        }
+        let rank = self.comm.rank();
+        let dc = ex.primary.device_collective().ok_or_else(|| {
+            crate::comm::error(rank, "matmul_all_reduce", "the backend lost its device collective (a bug)")
+        })?;
+        dc.matmul_all_reduce(x, m, w, out)
+            .map_err(|e| crate::comm::error(rank, "matmul_all_reduce (MC2)", e.to_string()))
+    }
+
     /// Sums `v` (f32, on the primary) over the ranks through the host. With `row`, the rows
     /// of tokens this rank does not hold are zeroed first (they were embedded from a
     /// placeholder row).
@@ -153,6 +169,8 @@ pub(super) struct TpLink {
     /// The all-reduce and the logits all-gather run on the device (`DeviceCollective`).
     pub device_reduce: bool,
     pub device_gather: bool,
+    /// The device fuses row-parallel matmuls with their all-reduce (MC2; the plan chose it).
+    pub mc2: bool,
     /// The follower threads of a `local` group (on the leader), and the channel each one's
     /// end is reported on.
     pub followers: Vec<JoinHandle<()>>,

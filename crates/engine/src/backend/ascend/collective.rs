@@ -4,10 +4,11 @@
 //! `HCCL_EXEC_TIMEOUT` fails the next synchronize with HCCL's message naming it.
 
 use ascend_sys::{HcclComm, HcclDType};
-use tboost_ops::DType;
+use tboost_ops::{DType, Unsupported};
 
+use super::supports::MC2;
 use super::{acl_err, be_err, AscendBackend};
-use crate::backend::{DeviceCollective, View};
+use crate::backend::{DeviceCollective, View, WeightId};
 use crate::Result;
 
 fn hccl_dtype(d: DType) -> Result<HcclDType> {
@@ -67,5 +68,29 @@ impl DeviceCollective for AscendBackend {
         let (dbuf, dat, _) = self.mem.bytes_of(dst)?;
         let what = format!("HcclAllGather (rank {}, {} values)", comm.rank(), src.len);
         comm.all_gather((sbuf, sat), (dbuf, dat), src.len, dt, self.ctx.stream()).map_err(|e| acl_err(&what, e))
+    }
+
+    fn fused_matmul_all_reduce(&self) -> std::result::Result<(), Unsupported> {
+        let comm = self.comm().map_err(|e| Unsupported::new("hccl", "none", format!("a communicator ({e})")))?;
+        self.caps.mc2(comm.size())?;
+        comm.name().map(|_| ()).map_err(|e| Unsupported::new("symbol", "HcclGetCommName", format!("callable ({e})")))
+    }
+
+    /// MC2 for a weight held in the activation dtype (f16/bf16); a weight kept quantized or in
+    /// another dtype is `Ok(false)` (the op takes no antiquant inputs).
+    fn matmul_all_reduce(&mut self, x: View, m: usize, w: WeightId, out: View) -> Result<bool> {
+        self.bind()?;
+        let act = self.mem.dtype(x)?;
+        let wt = self.mem.weight(w)?.clone();
+        if wt.dtype != act || wt.scales.is_some() || self.mem.dtype(out)? != act {
+            return Ok(false);
+        }
+        let (n, k) = (wt.rows, wt.cols);
+        let group = self.comm()?.name().map_err(|e| acl_err("HcclGetCommName", e))?;
+        let (ctx, mem) = (&mut self.ctx, &self.mem);
+        let wv = mem.weight_tensor(&wt, &[n, k])?.transpose(0, 1).map_err(|e| acl_err(MC2, e))?;
+        let (xt, ot) = (mem.tensor(x, &[m, k])?, mem.tensor(out, &[m, n])?);
+        ascend_sys::aclnn::matmul_all_reduce(ctx, &xt, &wv, None, &group, &ot).map_err(|e| acl_err(MC2, e))?;
+        Ok(true)
     }
 }

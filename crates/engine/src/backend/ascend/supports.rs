@@ -123,6 +123,8 @@ fn no(param: &'static str, value: impl std::fmt::Display, need: impl Into<String
 }
 
 pub(super) const WQBMM: &str = "aclnnWeightQuantBatchMatmulV2";
+/// The fused matmul + all-reduce (MC2).
+pub(super) const MC2: &str = "aclnnMatmulAllReduce";
 /// The antiquant group: one GGUF block.
 pub(super) const QUANT_GROUP: usize = 32;
 
@@ -186,6 +188,21 @@ impl Caps {
         names.iter().try_for_each(|n| self.op(n))
     }
 
+    /// aclnnMatmulAllReduce over a group of `ranks` (ops-transformer
+    /// `mc2/matmul_all_reduce/docs/aclnnMatmulAllReduce.md`: Atlas A2 with 1, 2, 4 or 8 cards, Ascend950
+    /// with up to 64; not A3 or the inference and training series).
+    pub fn mc2(&self, ranks: u32) -> Result<(), Unsupported> {
+        self.op(MC2)?;
+        let ok = match self.soc {
+            SocFamily::Ascend910B => matches!(ranks, 1 | 2 | 4 | 8),
+            _ => ranks.is_power_of_two() && ranks <= 64,
+        };
+        if !ok {
+            return no("ranks", ranks, format!("1, 2, 4 or 8 on {} (the op's HCCS all-mesh rule)", self.soc_name));
+        }
+        Ok(())
+    }
+
     /// Ops whose kernels exist only on Atlas A2/A3 (and 950).
     fn a2a3(&self, op: &str) -> Result<(), Unsupported> {
         if !self.soc.is_a2_or_a3() {
@@ -213,6 +230,9 @@ impl Caps {
                     &self.soc_name,
                     format!("Atlas A2/A3 for {WQBMM} (A16W8/A16W4 per group; tboost has no 310P layout)"),
                 )
+            }
+            MC2 if !matches!(soc, Ascend910B | Ascend950) => {
+                return no("soc", &self.soc_name, format!("Atlas A2 or Ascend950 for {MC2} (its product table)"))
             }
             "aclnnRmsNorm" | "aclnnSwiGlu" | "aclnnMm" | "aclnnGeluV2" if soc == Ascend310B => {
                 return no("soc", &self.soc_name, format!("a SoC that has the {op} kernel (200I/500 A2 has none)"))
