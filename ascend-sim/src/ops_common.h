@@ -318,6 +318,23 @@ static inline aclnnStatus soc_kernel(const char *op) {
         if (_k) return _k;                       \
     } while (0)
 
+/* a first phase's out-pointers: the two-phase docs return 161001 (ACLNN_ERR_PARAM_NULLPTR) for NULL */
+#define OUTS_NULL(op)                                                                         \
+    do {                                                                                      \
+        if (!workspaceSize || !executor) {                                                    \
+            sim_error("%sGetWorkspaceSize: workspaceSize and executor must not be NULL", op); \
+            return ACLNN_ERR_PARAM_NULLPTR;                                                   \
+        }                                                                                     \
+    } while (0)
+
+/* a 2-D tensor that is contiguous or the transpose of a contiguous one (what "转置" inputs allow) */
+static inline int is_transpose_or_contig(const aclTensor *t) {
+    if (t->ndim != 2) return t->ndim == 1 && (t->dims[0] <= 1 || t->strides[0] == 1);
+    int contig = (t->dims[1] <= 1 || t->strides[1] == 1) && (t->dims[0] <= 1 || t->strides[0] == t->dims[1]);
+    int transp = (t->dims[0] <= 1 || t->strides[0] == 1) && (t->dims[1] <= 1 || t->strides[1] == t->dims[0]);
+    return contig || transp;
+}
+
 /* the execute twin shared by every op */
 #define SIM_EXECUTE(opname)                                                                                  \
     aclnnStatus opname(void *workspace, uint64_t workspaceSize, aclOpExecutor *executor, aclrtStream stream) { \

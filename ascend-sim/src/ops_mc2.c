@@ -17,13 +17,6 @@
 #include <dlfcn.h>
 #include <pthread.h>
 
-#define OUTS_NULL(op)                                                                         \
-    do {                                                                                      \
-        if (!workspaceSize || !executor) {                                                    \
-            sim_error("%sGetWorkspaceSize: workspaceSize and executor must not be NULL", op); \
-            return ACLNN_ERR_PARAM_NULLPTR;                                                   \
-        }                                                                                     \
-    } while (0)
 
 typedef struct {
     int x1, x2, bias, y;
@@ -56,10 +49,6 @@ static int contiguous(const aclTensor *t) {
         want *= t->dims[d];
     }
     return 1;
-}
-
-static int transposed2(const aclTensor *t) {
-    return t->ndim == 2 && (t->dims[0] <= 1 || t->strides[0] == 1) && (t->dims[1] <= 1 || t->strides[1] == t->dims[0]);
 }
 
 static aclnnStatus mc2_run(SimExec *e, void *ws, uint64_t wsSize) {
@@ -121,7 +110,7 @@ aclnnStatus aclnnMatmulAllReduceGetWorkspaceSize(const aclTensor *x1, const aclT
                   bi ? dname(bi->dtype) : "(none)", dname(o->dtype), dname(a->dtype));
     } else if ((a->ndim != 2 && a->ndim != 3) || !contiguous(a)) {
         sim_error("%s: x1 %s must be 2-D or 3-D and contiguous (no transpose)", OP, SHAPE(a));
-    } else if (b->ndim != 2 || !(contiguous(b) || transposed2(b))) {
+    } else if (b->ndim != 2 || !is_transpose_or_contig(b)) {
         sim_error("%s: x2 %s must be 2-D, contiguous or with its two axes transposed", OP, SHAPE(b));
     } else if (b->dims[0] != a->dims[a->ndim - 1]) {
         sim_error("%s: x1 %s and x2 %s differ in k", OP, SHAPE(a), SHAPE(b));

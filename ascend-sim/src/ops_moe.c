@@ -6,13 +6,6 @@
  */
 #include "ops_common.h"
 
-#define OUTS_NULL(op)                                                                         \
-    do {                                                                                      \
-        if (!workspaceSize || !executor) {                                                    \
-            sim_error("%sGetWorkspaceSize: workspaceSize and executor must not be NULL", op); \
-            return ACLNN_ERR_PARAM_NULLPTR;                                                   \
-        }                                                                                     \
-    } while (0)
 #define FAIL(code, ...)                  \
     do {                                 \
         sim_error(__VA_ARGS__);          \

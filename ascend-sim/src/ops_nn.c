@@ -5,13 +5,6 @@
  */
 #include "ops_common.h"
 
-#define OUTS_NULL(op)                                                        \
-    do {                                                                     \
-        if (!workspaceSize || !executor) {                                   \
-            sim_error("%sGetWorkspaceSize: workspaceSize and executor must not be NULL", op); \
-            return ACLNN_ERR_PARAM_NULLPTR;                                  \
-        }                                                                    \
-    } while (0)
 
 /* ---------------------------------------------------------------- RmsNorm / AddRmsNorm */
 
@@ -279,12 +272,6 @@ static aclnnStatus wqbmm_run(SimExec *e, void *ws, uint64_t wsSize) {
     return ACLNN_SUCCESS;
 }
 
-static int is_transpose_or_contig(const aclTensor *t) {
-    if (t->ndim != 2) return t->ndim == 1 && (t->dims[0] <= 1 || t->strides[0] == 1);
-    int contig = (t->dims[1] <= 1 || t->strides[1] == 1) && (t->dims[0] <= 1 || t->strides[0] == t->dims[1]);
-    int transp = (t->dims[0] <= 1 || t->strides[0] == 1) && (t->dims[1] <= 1 || t->strides[1] == t->dims[0]);
-    return contig || transp;
-}
 
 aclnnStatus aclnnWeightQuantBatchMatmulV2GetWorkspaceSize(const aclTensor *x, const aclTensor *weight,
                                                           const aclTensor *antiquantScale,
