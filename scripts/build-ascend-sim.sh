@@ -75,7 +75,7 @@ link() { # name soname objs... -- libs...
 }
 if [ ! -f "$OBJ/.stamp" ] || [ "$(cat "$OBJ/.stamp")" != "$obj_stamp" ]; then
   rm -f "$OBJ/.stamp"
-  for f in core nnopbase ops_nn ops_math ops_attention ops_moe ops_mc2 hccl; do cc_obj "$f"; done
+  for f in core nnopbase ops_nn ops_math ops_attention ops_moe ops_mc2 hccl hccl_shm; do cc_obj "$f"; done
   echo "$obj_stamp" >"$OBJ/.stamp"
 fi
 link libascendcl.so "$OBJ/core.o" -lpthread -lm
@@ -87,7 +87,7 @@ else
   link libopapi.so "$OBJ/ops_nn.o" "$OBJ/ops_math.o" "$OBJ/ops_attention.o" "$OBJ/ops_moe.o" "$OBJ/ops_mc2.o" \
     -L"$LIB" -lnnopbase -lascendcl -lm -ldl -lpthread
 fi
-link libhccl.so "$OBJ/hccl.o" -L"$LIB" -lascendcl -lpthread -lm
+link libhccl.so "$OBJ/hccl.o" "$OBJ/hccl_shm.o" -L"$LIB" -lascendcl -lpthread -lm -lrt
 cat >"$OUT/VARIANT" <<INFO
 CANN SIMULATOR (ascend-sim), not CANN. Variant: $variant
 omitted symbols: ${omit_sorted:-none}

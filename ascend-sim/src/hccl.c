@@ -1,15 +1,17 @@
 /*
- * ascend-sim hccl.c -- CANN SIMULATOR, the simulated libhccl.so: communicators between simulated devices of
- * ONE process (one thread per rank, each with its own aclrtSetDevice) and the collectives AllReduce,
- * AllGather, Broadcast and Barrier done in host memory when every rank's stream reaches them. Not HCCL:
- * no NPU, no HCCS/RoCE link, no ring or mesh algorithm, no real timing. See ascend-sim/README.md.
+ * ascend-sim hccl.c -- CANN SIMULATOR, the simulated libhccl.so: communicators between simulated devices and
+ * the collectives AllReduce, AllGather, Broadcast and Barrier done in host memory when every rank's stream
+ * reaches them. HcclCommInitAll's ranks are threads of ONE process (one thread per rank, each with its own
+ * aclrtSetDevice) and meet here; HcclCommInitRootInfo's may be threads or separate processes of this machine
+ * (one per NPU) and meet in shared memory (hccl_shm.c). Not HCCL: no NPU, no HCCS/RoCE link, no ring or mesh
+ * algorithm, no real timing, no second machine. See ascend-sim/README.md.
  *
  * A collective call checks its arguments at once (the errors HCCL returns from the call) and queues a task
  * on the rank's stream. The task runs when that stream is synchronized: it deposits its buffers and waits
  * for the same collective (the rank's n-th on the communicator) of every other rank, at most
- * HCCL_EXEC_TIMEOUT seconds; the last to arrive checks that the ranks agree and computes the result into
- * every rank's receive buffer. A failure fails the stream (the synchronize returns 500003 with the message),
- * and a timeout or a disagreement breaks the communicator: every later collective on it fails at once.
+ * HCCL_EXEC_TIMEOUT seconds; the ranks' arguments must agree, and the result goes into every rank's receive
+ * buffer. A failure fails the stream (the synchronize returns 500003 with the message), and a timeout or a
+ * disagreement breaks the communicator: every later collective on it fails at once.
  *
  * Environment (read at the first HCCL call):
  *   HCCL_EXEC_TIMEOUT     seconds a collective waits for the other ranks (real HCCL's variable; default 1836,
@@ -21,37 +23,17 @@
  *                         (fail); e.g. timeout@3:1
  */
 #define _GNU_SOURCE
-#include "ops_common.h"
+#include "hccl_internal.h"
 
 #include <errno.h>
 #include <pthread.h>
 #include <time.h>
 #include <unistd.h>
 
-#define HCCL_TAG SIM_TAG " HCCL"
 #define COMM_MAGIC 0x4843434cu /* "HCCL" */
 #define ROOT_MAGIC "tboost-ascend-sim-hccl-root"
 
-typedef enum { COLL_ALLREDUCE, COLL_ALLGATHER, COLL_BROADCAST, COLL_BARRIER } CollKind;
-static const char *coll_name(CollKind k) {
-    switch (k) {
-    case COLL_ALLREDUCE: return "HcclAllReduce";
-    case COLL_ALLGATHER: return "HcclAllGather";
-    case COLL_BROADCAST: return "HcclBroadcast";
-    default: return "HcclBarrier";
-    }
-}
 
-typedef struct {
-    uint64_t seq; /* 0: none yet */
-    CollKind kind;
-    void *send, *recv;
-    uint64_t count;
-    HcclDataType dtype;
-    HcclReduceOp op;
-    uint32_t root;
-    int64_t sendId, recvId;
-} Arrival;
 
 typedef struct Group Group;
 typedef struct SimComm {
@@ -62,6 +44,7 @@ typedef struct SimComm {
     uint64_t enqueued; /* collectives queued so far: the next one's sequence number - 1 */
     int pending;       /* queued, not yet run (under g->mu) */
     int destroyed;
+    ShmGroup *shm; /* HcclCommInitRootInfo's ranks meet there (hccl_shm.c); NULL: HcclCommInitAll's, in g */
 } SimComm;
 
 struct Group {
@@ -182,15 +165,6 @@ static Group *group_new(const char *key, uint32_t n) {
     return g;
 }
 
-static struct timespec deadline_in(double seconds) {
-    struct timespec ts;
-    clock_gettime(CLOCK_REALTIME, &ts);
-    double whole = (double)(int64_t)seconds;
-    ts.tv_sec += (time_t)whole;
-    ts.tv_nsec += (long)((seconds - whole) * 1e9);
-    if (ts.tv_nsec >= 1000000000L) ts.tv_sec++, ts.tv_nsec -= 1000000000L;
-    return ts;
-}
 
 /* ------------------------------------------------------------------ communicators */
 
@@ -226,8 +200,11 @@ HcclResult HcclGetRootInfo(HcclRootInfo *rootInfo) {
     pthread_mutex_lock(&g_regMu);
     uint64_t id = ++g_rootCounter;
     pthread_mutex_unlock(&g_regMu);
-    snprintf(rootInfo->internal, sizeof rootInfo->internal, "%s:%d:%llu", ROOT_MAGIC, (int)getpid(),
-             (unsigned long long)id);
+    struct timespec now;
+    clock_gettime(CLOCK_REALTIME, &now);
+    /* the other ranks may be other processes: the name is unique on this machine (pid, counter, time) */
+    snprintf(rootInfo->internal, sizeof rootInfo->internal, "%s:%d:%llu:%lld%09ld", ROOT_MAGIC, (int)getpid(),
+             (unsigned long long)id, (long long)now.tv_sec, now.tv_nsec);
     return HCCL_SUCCESS;
 }
 
@@ -244,58 +221,22 @@ HcclResult HcclCommInitRootInfo(uint32_t nRanks, const HcclRootInfo *rootInfo, u
     snprintf(key, sizeof key, "%.*s", (int)sizeof key - 1, rootInfo->internal);
     if (strncmp(key, ROOT_MAGIC ":", strlen(ROOT_MAGIC) + 1) != 0)
         hccl_fail(HCCL_E_PARA, "HcclCommInitRootInfo: rootInfo was not made by HcclGetRootInfo");
+    /* the ranks may be threads of this process or other processes (one per NPU): they meet in shared memory */
+    HcclResult code;
+    char why[512];
+    ShmGroup *shm = tboostSimHccl_shmJoin(key, nRanks, rank, dev, g_hc.connectTimeout, &code, why, sizeof why);
+    if (!shm) hccl_fail(code, "HcclCommInitRootInfo (rank %u): %s", rank, why);
     pthread_mutex_lock(&g_regMu);
-    Group *g = g_groups;
-    while (g && strcmp(g->key, key) != 0) g = g->next;
-    if (!g) g = group_new(key, nRanks);
-    pthread_mutex_unlock(&g_regMu);
-    pthread_mutex_lock(&g->mu);
-    const char *bad = NULL;
-    char why[256];
-    if (g->n != nRanks) {
-        snprintf(why, sizeof why, "nRanks %u differs from the %u of the ranks that joined first", nRanks, g->n);
-        bad = why;
-    } else if (g->ranks[rank]) {
-        snprintf(why, sizeof why, "rank %u already joined this root info", rank);
-        bad = why;
-    } else {
-        /* one rank per device: HCCL's intra-server communicators map each rank to its own NPU */
-        for (uint32_t r = 0; r < g->n && !bad; r++)
-            if (g->ranks[r] && g->ranks[r]->device == dev) {
-                snprintf(why, sizeof why, "device %d is already rank %u of this communicator (one rank per device)",
-                         dev, r);
-                bad = why;
-            }
-    }
-    if (bad) {
-        pthread_mutex_unlock(&g->mu);
-        tboostSimInternal_countViolation();
-        hccl_fail(HCCL_E_PARA, "HcclCommInitRootInfo (rank %u): %s", rank, bad);
-    }
-    pthread_mutex_lock(&g_regMu);
+    char local[96];
+    snprintf(local, sizeof local, "rootinfo:%llu", (unsigned long long)++g_rootCounter);
+    Group *g = group_new(local, nRanks);
     SimComm *c = comm_new(g, rank, dev);
-    pthread_mutex_unlock(&g_regMu);
+    c->shm = shm;
     g->ranks[rank] = c;
-    g->joined++;
-    pthread_cond_broadcast(&g->cv);
-    struct timespec dl = deadline_in(g_hc.connectTimeout);
-    while (g->joined < g->n && !g->broken) {
-        if (pthread_cond_timedwait(&g->cv, &g->mu, &dl) == ETIMEDOUT) {
-            g->broken = 1;
-            snprintf(g->why, sizeof g->why, "only %u of %u ranks joined within HCCL_CONNECT_TIMEOUT=%gs", g->joined,
-                     g->n, g_hc.connectTimeout);
-            pthread_cond_broadcast(&g->cv);
-        }
-    }
-    if (g->joined < g->n) {
-        char msg[sizeof g->why];
-        snprintf(msg, sizeof msg, "%s", g->why);
-        pthread_mutex_unlock(&g->mu);
-        hccl_fail(HCCL_E_TIMEOUT, "HcclCommInitRootInfo (rank %u): %s", rank, msg);
-    }
-    pthread_mutex_unlock(&g->mu);
+    g->joined = nRanks;
+    pthread_mutex_unlock(&g_regMu);
     *comm = c;
-    sim_log("HcclCommInitRootInfo: rank %u of %u on device %d (SIMULATOR)", rank, nRanks, dev);
+    sim_log("HcclCommInitRootInfo: rank %u of %u on device %d (SIMULATOR, pid %d)", rank, nRanks, dev, (int)getpid());
     return HCCL_SUCCESS;
 }
 
@@ -408,6 +349,10 @@ HcclResult HcclCommDestroy(HcclComm comm) {
     int pending = c->pending;
     if (pending == 0) c->destroyed = 1;
     pthread_mutex_unlock(&c->g->mu);
+    if (pending == 0) {
+        tboostSimHccl_shmLeave(c->shm);
+        c->shm = NULL;
+    }
     if (pending) {
         /* the queued tasks still use the communicator: synchronize the stream first */
         tboostSimInternal_countViolation();
@@ -419,55 +364,9 @@ HcclResult HcclCommDestroy(HcclComm comm) {
 
 /* ------------------------------------------------------------------ collectives */
 
-static size_t hsize(HcclDataType t) {
-    switch (t) {
-    case HCCL_DATA_TYPE_INT8:
-    case HCCL_DATA_TYPE_UINT8: return 1;
-    case HCCL_DATA_TYPE_INT16:
-    case HCCL_DATA_TYPE_UINT16:
-    case HCCL_DATA_TYPE_FP16:
-    case HCCL_DATA_TYPE_BFP16: return 2;
-    case HCCL_DATA_TYPE_INT32:
-    case HCCL_DATA_TYPE_UINT32:
-    case HCCL_DATA_TYPE_FP32: return 4;
-    case HCCL_DATA_TYPE_INT64:
-    case HCCL_DATA_TYPE_UINT64:
-    case HCCL_DATA_TYPE_FP64: return 8;
-    }
-    return 0;
-}
 
-static const char *hname(HcclDataType t) {
-    static const char *n[] = {"INT8", "INT16", "INT32", "FP16", "FP32", "INT64", "UINT64", "UINT8", "UINT16",
-                              "UINT32", "FP64", "BFP16"};
-    return (int)t >= 0 && (int)t < 12 ? n[t] : "?";
-}
 
-static double load(HcclDataType t, const char *p, uint64_t i) {
-    switch (t) {
-    case HCCL_DATA_TYPE_INT8: return ((const int8_t *)p)[i];
-    case HCCL_DATA_TYPE_INT16: return ((const int16_t *)p)[i];
-    case HCCL_DATA_TYPE_INT32: return ((const int32_t *)p)[i];
-    case HCCL_DATA_TYPE_FP16: return f16_to_f32(((const uint16_t *)p)[i]);
-    case HCCL_DATA_TYPE_BFP16: return bf16_to_f32(((const uint16_t *)p)[i]);
-    case HCCL_DATA_TYPE_FP32: return ((const float *)p)[i];
-    case HCCL_DATA_TYPE_INT64: return (double)((const int64_t *)p)[i];
-    default: return 0;
-    }
-}
 
-static void store(HcclDataType t, char *p, uint64_t i, double v) {
-    switch (t) {
-    case HCCL_DATA_TYPE_INT8: ((int8_t *)p)[i] = (int8_t)v; break;
-    case HCCL_DATA_TYPE_INT16: ((int16_t *)p)[i] = (int16_t)v; break;
-    case HCCL_DATA_TYPE_INT32: ((int32_t *)p)[i] = (int32_t)v; break;
-    case HCCL_DATA_TYPE_FP16: ((uint16_t *)p)[i] = f32_to_f16((float)v); break;
-    case HCCL_DATA_TYPE_BFP16: ((uint16_t *)p)[i] = f32_to_bf16((float)v); break;
-    case HCCL_DATA_TYPE_FP32: ((float *)p)[i] = (float)v; break;
-    case HCCL_DATA_TYPE_INT64: ((int64_t *)p)[i] = (int64_t)v; break;
-    default: break;
-    }
-}
 
 typedef struct {
     SimComm *c;
@@ -549,6 +448,13 @@ static int run_collective(void *arg, int run, char *msg, size_t msgSize) {
     pthread_mutex_lock(&g->mu);
     c->pending--;
     if (!run) goto out;
+    if (c->shm) {
+        pthread_mutex_unlock(&g->mu);
+        rc = tboostSimHccl_shmRun(c->shm, t->seq, &t->a, fault_of(c->rank, t->seq), g_hc.execTimeout, c->device, msg,
+                                  msgSize);
+        free(t);
+        return rc;
+    }
     if (g->broken) {
         snprintf(msg, msgSize, HCCL_TAG " %s #%llu on rank %u: the communicator is broken (%s): destroy it and create "
                                         "a new one",

@@ -1,6 +1,7 @@
 //! ascend-sys's HCCL layer against the SIMULATED libhccl.so of ascend-sim (NOT HCCL: ranks are threads of
-//! one process, each on its own simulated device; the collective runs in host memory when every rank's
-//! stream reaches it). Every test runs in its own process (`common::isolated`), with 4 simulated devices.
+//! one process, or processes of this machine for root-info groups, each on its own simulated device; the
+//! collective runs in host memory when every rank's stream reaches it). Every test runs in its own process (`common::isolated`), with 4 simulated
+//! devices.
 
 mod common;
 
@@ -132,6 +133,119 @@ fn collectives_over_root_info_ranks_give_every_rank_the_same_result() {
             assert_eq!(sum, &results[0].0, "every rank holds the same sum");
         }
         assert_eq!(stats(&cann).rule_violations, 0);
+    });
+}
+
+/// One rank of a group whose ranks are separate processes (two children of this test binary): rank 0 makes
+/// the root info and hands it over in the file `root` (as a host hands it over MPI), rank r runs on device r.
+/// `body` then runs the rank's collectives.
+fn process_rank<T>(
+    root: &std::path::Path,
+    r: usize,
+    n: usize,
+    body: impl FnOnce(&Device, &Stream, &HcclComm) -> T,
+) -> T {
+    let (cann, h) = hccl();
+    let dev = ok(cann.device(r as i32), "aclrtSetDevice");
+    let info = if r == 0 {
+        let info = ok(h.root_info(), "HcclGetRootInfo");
+        let tmp = root.with_extension("tmp");
+        std::fs::write(&tmp, info.as_bytes()).expect("write the root info");
+        std::fs::rename(&tmp, root).expect("publish the root info");
+        info
+    } else {
+        let t = Instant::now();
+        let bytes = loop {
+            if let Ok(b) = std::fs::read(root) {
+                break b;
+            }
+            assert!(t.elapsed() < Duration::from_secs(30), "rank 0 never published the root info");
+            std::thread::sleep(Duration::from_millis(5));
+        };
+        ok(ascend_sys::RootInfo::from_bytes(&bytes), "root info bytes")
+    };
+    let comm = ok(h.init_rank(n as u32, &info, r as u32), "HcclCommInitRootInfo");
+    assert_eq!((comm.rank(), comm.size()), (r as u32, n as u32));
+    let stream = ok(dev.create_stream(), "stream");
+    let out = body(&dev, &stream, &comm);
+    drop(stream);
+    drop(comm);
+    out
+}
+
+/// Runs `rank(r)` in its own child process for each of `n` ranks at once.
+fn in_processes(name: &str, extra: &[(&'static str, &str)], rank: impl Fn(usize) + Sync) {
+    let dir = std::env::temp_dir().join(format!("tboost-hccl-{name}-{}", std::process::id()));
+    std::fs::create_dir_all(&dir).unwrap();
+    let root = dir.join("root-info");
+    let _ = std::fs::remove_file(&root);
+    let mut e = env(extra);
+    e.push(("TBOOST_TEST_ROOT_FILE", root.display().to_string()));
+    if in_child() {
+        let r: usize = std::env::var("TBOOST_TEST_RANK").expect("set by the parent").parse().expect("a rank");
+        return isolated_case(name, &format!("rank{r}"), &e, || rank(r));
+    }
+    std::thread::scope(|s| {
+        for r in 0..2 {
+            let mut e = e.clone();
+            e.push(("TBOOST_TEST_RANK", r.to_string()));
+            let rank = &rank;
+            s.spawn(move || isolated_case(name, &format!("rank{r}"), &e, || rank(r)));
+        }
+    });
+    let _ = std::fs::remove_dir_all(&dir);
+}
+
+fn root_file() -> std::path::PathBuf {
+    std::path::PathBuf::from(std::env::var("TBOOST_TEST_ROOT_FILE").expect("set by in_processes"))
+}
+
+#[test]
+fn root_info_ranks_in_separate_processes_meet_and_large_collectives_go_in_rounds() {
+    // 300,000 f32 per rank: 1.2 MB, more than the SIMULATOR's 1 MiB slot, so two rounds
+    let len = 300_000;
+    in_processes("root_info_ranks_in_separate_processes_meet_and_large_collectives_go_in_rounds", &[], |r| {
+        let (sum, all, bc) = process_rank(&root_file(), r, 2, |dev, stream, comm| {
+            let buf = ok(dev.upload(&rand_vec(len, r as u64 + 1)), "upload");
+            let out = ok(dev.alloc(len * 4), "alloc");
+            ok(comm.all_reduce_sum((&buf, 0), (&out, 0), len, HcclDType::F32, stream), "HcclAllReduce");
+            let gathered = ok(dev.alloc(2 * len * 4), "alloc");
+            ok(comm.all_gather((&buf, 0), (&gathered, 0), len, HcclDType::F32, stream), "HcclAllGather");
+            let bc = ok(dev.upload(&[r as f32 + 5.0; 8]), "upload");
+            ok(comm.broadcast((&bc, 0), 8, HcclDType::F32, 1, stream), "HcclBroadcast");
+            ok(comm.barrier(stream), "HcclBarrier");
+            ok(stream.synchronize(), "synchronize");
+            let sum: Vec<f32> = ok(out.to_vec(0, len), "read");
+            let all: Vec<f32> = ok(gathered.to_vec(0, 2 * len), "read");
+            let bc: Vec<f32> = ok(bc.to_vec(0, 8), "read");
+            (sum, all, bc)
+        });
+        let inputs: Vec<Vec<f32>> = (0..2).map(|q| rand_vec(len, q as u64 + 1)).collect();
+        for i in (0..len).step_by(997).chain([len - 1]) {
+            assert_eq!(sum[i], inputs[0][i] + inputs[1][i], "rank {r}: sum at {i}");
+        }
+        assert_eq!(all, inputs.concat(), "rank {r}: the all-gather is both inputs in rank order");
+        assert_eq!(bc, vec![6.0f32; 8], "rank {r}: broadcast from rank 1");
+    });
+}
+
+#[test]
+fn a_rank_process_that_leaves_fails_the_others_collective_within_the_timeout_naming_it() {
+    let name = "a_rank_process_that_leaves_fails_the_others_collective_within_the_timeout_naming_it";
+    in_processes(name, &[("HCCL_EXEC_TIMEOUT", "1")], |r| {
+        process_rank(&root_file(), r, 2, |dev, stream, comm| {
+            let b = ok(dev.upload(&[1f32; 4]), "upload");
+            ok(comm.all_reduce_sum((&b, 0), (&b, 0), 4, HcclDType::F32, stream), "queue 1");
+            ok(stream.synchronize(), "collective #1 completes");
+            if r == 1 {
+                return; // this process goes away without its second collective
+            }
+            ok(comm.all_reduce_sum((&b, 0), (&b, 0), 4, HcclDType::F32, stream), "queue 2");
+            let t = Instant::now();
+            let e = stream.synchronize().unwrap_err().to_string();
+            assert!(e.contains("HcclAllReduce #2 on rank 0") && e.contains("rank 1 did not arrive"), "{e}");
+            assert!(t.elapsed() < Duration::from_secs(3), "failed after {:?}", t.elapsed());
+        });
     });
 }
 
