@@ -232,9 +232,13 @@ pub unsafe extern "C" fn tboost_config_set_int(
 ///   `tboost_engine_step` runs the leader's steps until rank 0's engine is freed. Or "hccl"
 ///   (`tp` ranks as threads of this process, one Ascend device each, the activations'
 ///   all-reduce and the logits' all-gather by HCCL on the devices; needs backend "ascend"
-///   and libhccl.so beside CANN). Env `TBOOST_COMM`
+///   and libhccl.so beside CANN). Under `mpirun`, "hccl" makes every process one rank on
+///   one device (HcclCommInitRootInfo, the root info sent from rank 0 over MPI; the step
+///   commands over MPI, followers as with "mpi"). Env `TBOOST_COMM`
 /// - `devices`: with `comm` "hccl", the Ascend devices of the ranks, rank i on the i-th
-///   (`ascend:0,1`; default: the backend's device and the next `tp` - 1); env `TBOOST_DEVICES`
+///   (`ascend:0,1`; default: the backend's device and the next `tp` - 1); under `mpirun`, the
+///   devices of this node's processes, local rank i on the i-th (default: the backend's device
+///   plus the local rank); env `TBOOST_DEVICES`
 /// - `spec_draft_model`: speculative decoding with a draft model: the path of a GGUF file or
 ///   Hugging Face directory of a smaller model with the target's vocabulary, loaded beside the
 ///   model by `tboost_engine_new`; its greedy tokens are drafts the model verifies in one chunk

@@ -123,6 +123,8 @@ impl From<Error> for Failure {
             Error::Poisoned => Status::TBOOST_ERR_POISONED,
             // A collective between tensor-parallel ranks: the ranks are the engine's devices.
             Error::Backend { .. } | Error::Comm { .. } => Status::TBOOST_ERR_BACKEND,
+            // The C ABI reports a failed request in its finish event, never as this.
+            Error::Request(_) => Status::TBOOST_ERR_INTERNAL,
         };
         Failure { status, msg: e.to_string() }
     }

@@ -128,7 +128,7 @@ pub(crate) fn run(a: RunArgs) -> Result<()> {
     }
     drop(out);
     if let Some(e) = error {
-        return Err(Error::invalid("generation", e));
+        return Err(Error::Request(e));
     }
     let ttft = first_token.map_or(0.0, |t| (t - t0).as_secs_f64());
     let decode_s = first_token.map_or(0.0, |t| (end - t).as_secs_f64());

@@ -281,3 +281,59 @@ fn a_killed_mpi_follower_ends_the_leaders_request_with_an_error_naming_the_rank_
         assert!(!alive, "rank {rank} (pid {pid}) still runs");
     }
 }
+
+/// `mpirun` with the simulated CANN (ascend-sim: NOT CANN, NOT HCCL) and 2 simulated devices per
+/// process; `more` is added to the environment.
+fn mpi_on_simulated_npus(args: &[String], more: &[(&str, &str)]) -> Command {
+    let mut c = mpi(2, &[], args);
+    for v in ["ASCEND_HOME_PATH", "ASCEND_TOOLKIT_HOME", "LD_LIBRARY_PATH", "TBOOST_BACKEND", "TBOOST_SIM_HCCL_FAULT"] {
+        c.env_remove(v);
+    }
+    c.env("ASCEND_HOME_PATH", tboost_testkit::backends::simulator_home(&[])).env("TBOOST_SIM_DEVICE_COUNT", "2");
+    for (k, v) in more {
+        c.env(k, v);
+    }
+    c
+}
+
+/// One process per NPU: under `mpirun`, `--comm hccl` makes each process one rank on its own
+/// (simulated) device, the HCCL root info made by rank 0 and carried over MPI to rank 1, which
+/// joins with HcclCommInitRootInfo; the ids equal one device's. SIMULATOR: both "NPUs" are host
+/// memory of two processes, the collectives meet in shared memory.
+#[test]
+fn mpirun_np_2_comm_hccl_runs_one_process_per_simulated_npu_with_the_ids_of_one_device() {
+    let args = with(&run_args(&golden_dir("llama_gqa")), &["--backend", "ascend"]);
+    let mut one = tboost(&args);
+    one.env("ASCEND_HOME_PATH", tboost_testkit::backends::simulator_home(&[])).env_remove("LD_LIBRARY_PATH");
+    let (ok, out, err) = run_limited(one, Duration::from_secs(120));
+    assert!(ok, "one simulated device: {err}");
+    let want = ids(&out);
+    assert_eq!(want.len(), 8, "{out}");
+
+    let hccl = with(&args, &["--comm", "hccl"]);
+    let (ok, out, err) =
+        run_limited(mpi_on_simulated_npus(&hccl, &[("TBOOST_SIM_LOG", "1")]), Duration::from_secs(180));
+    assert!(ok, "mpirun -np 2 --comm hccl: {err}\n{out}");
+    assert_eq!(out.lines().filter(|l| l.starts_with('{')).count(), 1, "only the leader prints: {out}");
+    assert_eq!(ids(&out), want, "mpirun -np 2 --comm hccl against one device");
+    for r in 0..2 {
+        let joined = format!("HcclCommInitRootInfo: rank {r} of 2 on device {r}");
+        assert!(err.contains(&joined), "rank {r} joined on its own device: {err}");
+    }
+}
+
+/// An HCCL collective that never comes on rank 1 (a simulated hang) ends rank 0's request with an
+/// error naming the rank within HCCL_EXEC_TIMEOUT, and `mpirun` ends: nothing hangs.
+#[test]
+fn under_mpirun_comm_hccl_a_hung_rank_fails_the_request_naming_it_within_the_timeout() {
+    let args = with(&run_args(&golden_dir("llama_gqa")), &["--backend", "ascend", "--comm", "hccl"]);
+    let fault = [("HCCL_EXEC_TIMEOUT", "2"), ("TBOOST_SIM_HCCL_FAULT", "timeout@6:1")];
+    let t = Instant::now();
+    let (ok, out, err) = run_limited(mpi_on_simulated_npus(&args, &fault), Duration::from_secs(60));
+    assert!(!ok, "a hung rank, and mpirun succeeded: {out}");
+    // each rank prints its own error; rank 0's (the leader's request) names the rank that hung
+    let error = err.lines().find(|l| l.starts_with("error:") && !l.contains("rank 1:"));
+    let error = error.unwrap_or_else(|| panic!("no error line from rank 0: {err}"));
+    assert!(error.contains("rank 1 did not arrive within HCCL_EXEC_TIMEOUT=2s"), "{error}");
+    assert!(t.elapsed() < Duration::from_secs(40), "ended after {:?}", t.elapsed());
+}

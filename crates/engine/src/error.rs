@@ -68,6 +68,11 @@ pub enum Error {
     /// A collective between tensor-parallel ranks failed (timeout, a rank that left).
     #[error("tensor-parallel rank {rank}: {op}: {msg}")]
     Comm { rank: usize, op: String, msg: String },
+
+    /// A request ended with an error (its finish event's text), for a caller that runs one
+    /// request and reports its failure as its own.
+    #[error("the request failed: {0}")]
+    Request(String),
 }
 
 pub type Result<T, E = Error> = std::result::Result<T, E>;

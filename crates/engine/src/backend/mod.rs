@@ -143,6 +143,15 @@ pub trait Backend: Send {
     /// by their first id).
     fn upload_weight(&mut self, tensor: &Tensor) -> Result<WeightId>;
 
+    /// Whether [`Backend::upload_weight`] and [`Backend::upload_packed`] take a tensor mapped
+    /// from its file and read its bytes only through `Tensor::read_range` (`pread`), never
+    /// `Tensor::bytes`. The engine gives any other backend an owned copy of each mapped
+    /// tensor, read with `pread` just before its upload (its host staging): a read of the map
+    /// during the upload would be SIGBUS if the file were truncated meanwhile.
+    fn reads_mapped_weights(&self) -> bool {
+        false
+    }
+
     /// Device bytes of the weights uploaded so far, per dtype as stored in the model (a backend that
     /// keeps block types quantized reports them under their GGUF type). Empty when the backend does
     /// not count (the CPU's weights are the model's own memory).
@@ -217,10 +226,22 @@ pub trait Backend: Send {
     #[cfg(feature = "ascend")]
     fn attach_hccl(&mut self, comm: ascend_sys::HcclComm) -> Result<()> {
         drop(comm);
-        Err(crate::Error::Unsupported(format!(
-            "comm = hccl needs the ascend backend; {} has no device collectives",
-            self.name()
-        )))
+        Err(no_hccl(self.name()))
+    }
+
+    /// The root info of a new HCCL group (`HcclGetRootInfo` on this backend's device), for the
+    /// host to hand to every rank's [`Backend::join_hccl`].
+    #[cfg(feature = "ascend")]
+    fn hccl_root_info(&mut self) -> Result<Vec<u8>> {
+        Err(no_hccl(self.name()))
+    }
+
+    /// Makes this backend rank `rank` of the `world` ranks of the HCCL group `root` names
+    /// (`HcclCommInitRootInfo`: the ranks may be other processes); blocks until all have joined.
+    #[cfg(feature = "ascend")]
+    fn join_hccl(&mut self, root: &[u8], world: usize, rank: usize) -> Result<()> {
+        let _ = (root, world, rank);
+        Err(no_hccl(self.name()))
     }
 }
 
@@ -244,4 +265,9 @@ pub trait DeviceCollective {
     fn matmul_all_reduce(&mut self, _x: View, _m: usize, _w: WeightId, _out: View) -> Result<bool> {
         Ok(false)
     }
+}
+
+#[cfg(feature = "ascend")]
+fn no_hccl(backend: &str) -> crate::Error {
+    crate::Error::Unsupported(format!("comm = hccl needs the ascend backend; {backend} has no device collectives"))
 }

@@ -1,19 +1,23 @@
-//! The `hccl` communicator: N ranks as threads of this process, each on its own Ascend device.
+//! The `hccl` communicator: N ranks, each on its own Ascend device, either threads of this
+//! process (communicators from `HcclCommInitAll`) or, under `mpirun`, one process per device
+//! (`HcclGetRootInfo` on rank 0, the root info carried to the others over MPI, and
+//! `HcclCommInitRootInfo` on every rank, as MindIE hands the root info over its host channel).
 //! The data plane (the all-reduce of activations, the logits all-gather) runs as HCCL collectives
-//! on the devices' memory and streams (`backend::DeviceCollective`, made here with
-//! `HcclCommInitAll`); the control plane (the leader's step commands, barriers, the host
-//! fallbacks) stays on the host through a `local` group, as vLLM keeps a CPU group beside NCCL.
-//! A timeout on either side breaks the group: the engine must be re-created.
+//! on the devices' memory and streams (`backend::DeviceCollective`); the control plane (the
+//! leader's step commands, barriers, the host fallbacks) stays on the host through a `local`
+//! group or MPI, as vLLM keeps a CPU group beside NCCL. A timeout on either side breaks the
+//! group: the engine must be re-created.
 
 use std::time::Duration;
 
 use super::{Communicator, LocalComm};
 use crate::Result;
 
-/// The host side of one rank of an `hccl` group (a `local` rank under the name `hccl`).
-pub struct HcclControl(LocalComm);
+/// The host side of one rank of an `hccl` group: a `local` rank (threads) or an MPI rank (one
+/// process per device), under the name `hccl`.
+pub struct HcclControl<C: Communicator = LocalComm>(pub C);
 
-impl Communicator for HcclControl {
+impl<C: Communicator> Communicator for HcclControl<C> {
     fn name(&self) -> &'static str {
         "hccl"
     }

@@ -155,6 +155,22 @@ pub fn finalize() {
     }
 }
 
+/// When this process was started by `mpirun` with more than one rank: its place on this node,
+/// (local rank, ranks on this node), from the launcher's environment (Open MPI's
+/// `OMPI_COMM_WORLD_*`, MPICH/PMI's `PMI_*`), read without starting MPI.
+pub fn launched_locally() -> Option<(usize, usize)> {
+    let var = |k: &str| std::env::var(k).ok().and_then(|v| v.trim().parse::<usize>().ok());
+    let world = var("OMPI_COMM_WORLD_SIZE").or_else(|| var("PMI_SIZE"))?;
+    if world < 2 {
+        return None;
+    }
+    let local = var("OMPI_COMM_WORLD_LOCAL_RANK").or_else(|| var("MPI_LOCALRANKID")).or_else(|| var("PMI_LOCAL_RANK"));
+    let local_size =
+        var("OMPI_COMM_WORLD_LOCAL_SIZE").or_else(|| var("MPI_LOCALNRANKS")).or_else(|| var("PMI_LOCAL_SIZE"));
+    let rank = var("OMPI_COMM_WORLD_RANK").or_else(|| var("PMI_RANK")).unwrap_or(0);
+    Some((local.unwrap_or(rank), local_size.unwrap_or(world)))
+}
+
 /// This process's rank of `MPI_COMM_WORLD`.
 pub struct MpiComm {
     api: &'static Api,

@@ -215,7 +215,21 @@ impl EngineConfig {
     /// Opens the backend this config names, with its options. With `tp` ranks in this
     /// process, each rank's backend gets its share of the threads.
     pub fn open_backend(&self) -> Result<Box<dyn Backend>> {
-        backend::open_with(BackendSpec { kind: self.backend, threads: self.rank_threads() }, &self.backend_options())
+        let kind = match (self.backend, self.hccl_process()) {
+            // one process per device: this process's device, not rank 0's
+            (BackendKind::Ascend { device }, Some((local, local_ranks))) => {
+                let devices = crate::comm::hccl::parse_devices(&self.devices, local_ranks, device)?;
+                BackendKind::Ascend { device: devices[local] }
+            }
+            (kind, _) => kind,
+        };
+        backend::open_with(BackendSpec { kind, threads: self.rank_threads() }, &self.backend_options())
+    }
+
+    /// Under `mpirun` with `comm` = hccl, every process is one rank on one device: this
+    /// process's (local rank, ranks on this node).
+    fn hccl_process(&self) -> Option<(usize, usize)> {
+        (self.comm == CommKind::Hccl).then(crate::comm::mpi::launched_locally).flatten()
     }
 
     /// Plans `model` on `be` and makes its weights resident: the whole model, or with `tp`
@@ -223,21 +237,17 @@ impl EngineConfig {
     /// mpi this process's rank.
     pub fn runner(&self, model: &Model, be: Box<dyn Backend>, opts: &PlanOptions) -> Result<ModelRunner> {
         let timeout = Duration::from_millis(self.comm_timeout_ms);
+        if self.hccl_process().is_some() {
+            return self.hccl_process_runner(model, be, opts, timeout);
+        }
         if self.comm != CommKind::Mpi {
             // The ranks are threads of this process, which the host drives as rank 0 of `tp`.
             let why = format!("with comm = {} the ranks are threads of this process: it is", self.comm.name());
             self.check_rank_world(0, self.tp, &why)?;
         }
         match (self.comm, self.tp) {
-            (CommKind::Mpi, want) => {
-                let comm = crate::comm::mpi::MpiComm::join_world(timeout)?;
-                if want > 1 && want != comm.world() {
-                    return Err(Error::invalid(
-                        "tp",
-                        format!("tp = {want} but mpirun started {} ranks (leave tp unset under mpirun)", comm.world()),
-                    ));
-                }
-                self.check_rank_world(comm.rank(), comm.world(), "MPI_COMM_WORLD says")?;
+            (CommKind::Mpi, _) => {
+                let comm = self.join_mpi(timeout)?;
                 ModelRunner::new_rank(&model.config, &model.weights, be, opts, self.threads, Arc::new(comm))
             }
             (CommKind::Local | CommKind::Hccl, 1) => ModelRunner::new(model, be, opts, self.threads),
@@ -248,6 +258,62 @@ impl EngineConfig {
                 ModelRunner::new_local_group(model, be, opts, self.rank_threads(), world, timeout, open)
             }
         }
+    }
+
+    /// This process's rank of `MPI_COMM_WORLD`, checked against `tp`, `rank` and `world`.
+    fn join_mpi(&self, timeout: Duration) -> Result<crate::comm::mpi::MpiComm> {
+        let comm = crate::comm::mpi::MpiComm::join_world(timeout)?;
+        if self.tp > 1 && self.tp != comm.world() {
+            return Err(Error::invalid(
+                "tp",
+                format!("tp = {} but mpirun started {} ranks (leave tp unset under mpirun)", self.tp, comm.world()),
+            ));
+        }
+        self.check_rank_world(comm.rank(), comm.world(), "MPI_COMM_WORLD says")?;
+        Ok(comm)
+    }
+
+    /// One rank of an `hccl` group whose ranks are the processes `mpirun` started, each on its
+    /// own device (the backend's, see `open_backend`): rank 0 makes the HCCL root info, MPI
+    /// carries it to the others, and every rank joins with `HcclCommInitRootInfo`. The step
+    /// commands go over MPI, the activations over HCCL.
+    #[cfg(feature = "ascend")]
+    fn hccl_process_runner(
+        &self,
+        model: &Model,
+        mut be: Box<dyn Backend>,
+        opts: &PlanOptions,
+        timeout: Duration,
+    ) -> Result<ModelRunner> {
+        if be.name() != "ascend" {
+            return Err(Error::invalid(
+                "comm",
+                format!("comm = hccl needs backend = ascend (this rank's backend is {})", be.name()),
+            ));
+        }
+        let comm = self.join_mpi(timeout)?;
+        let (rank, world) = (comm.rank(), comm.world());
+        // Rank 0 sends an empty root info when it could not make one, so the others fail now
+        // instead of at HCCL_CONNECT_TIMEOUT.
+        let mut root = Vec::new();
+        let made = if rank == 0 { be.hccl_root_info().map(|r| root = r) } else { Ok(()) };
+        comm.broadcast(0, &mut root)?;
+        made?;
+        if root.is_empty() {
+            return Err(Error::Comm {
+                rank,
+                op: "HcclCommInitRootInfo".into(),
+                msg: "rank 0 could not make the HCCL root info (its log says why)".into(),
+            });
+        }
+        be.join_hccl(&root, world, rank)?;
+        let ctl: Arc<dyn Communicator> = Arc::new(crate::comm::hccl::HcclControl(comm));
+        ModelRunner::new_rank(&model.config, &model.weights, be, opts, self.threads, ctl)
+    }
+
+    #[cfg(not(feature = "ascend"))]
+    fn hccl_process_runner(&self, _: &Model, _: Box<dyn Backend>, _: &PlanOptions, _: Duration) -> Result<ModelRunner> {
+        Err(Error::Unsupported("comm = hccl needs the `ascend` feature".into()))
     }
 
     /// The stated `rank` and `world` (if any) against the ones the group has.
@@ -326,7 +392,7 @@ impl EngineConfig {
 
     /// CPU threads of one rank: `threads` (0: one per core) shared by the `tp` ranks.
     pub fn rank_threads(&self) -> usize {
-        if self.tp <= 1 || self.comm == CommKind::Mpi {
+        if self.tp <= 1 || self.comm == CommKind::Mpi || self.hccl_process().is_some() {
             return self.threads;
         }
         let total = match self.threads {

@@ -149,7 +149,8 @@ const FIXED: &[(&str, KeyType, &str, Option<&str>, &str)] = &[
         "local",
         Some("TBOOST_COMM"),
         "how tensor-parallel ranks talk: local (threads of this process), mpi (one process per rank under \
-         mpirun), hccl (threads of this process, one Ascend device each, activations all-reduced by HCCL)",
+         mpirun), hccl (one Ascend device per rank, activations all-reduced by HCCL: threads of this process, or one \
+         process per device under mpirun)",
     ),
     (
         "comm_timeout_ms",
@@ -164,7 +165,7 @@ const FIXED: &[(&str, KeyType, &str, Option<&str>, &str)] = &[
         "",
         Some("TBOOST_DEVICES"),
         "Ascend devices of the ranks with comm = hccl, rank i on the i-th (`ascend:0,1`; empty: the backend's \
-         device and the next tp - 1)",
+         device and the next tp - 1); under mpirun, this node's devices by local rank",
     ),
 ];
 

@@ -3,7 +3,7 @@
 //! order with the ops (no host round trip). A rank that does not arrive within
 //! `HCCL_EXEC_TIMEOUT` fails the next synchronize with HCCL's message naming it.
 
-use ascend_sys::{HcclComm, HcclDType};
+use ascend_sys::{Hccl, HcclComm, HcclDType, RootInfo};
 use tboost_ops::{DType, Unsupported};
 
 use super::supports::MC2;
@@ -28,6 +28,31 @@ impl AscendBackend {
     pub fn set_hccl(&mut self, comm: HcclComm) {
         log::info!("ascend: device {} is HCCL rank {} of {}", self.dev.id(), comm.rank(), comm.size());
         self.hccl = Some(comm);
+    }
+
+    /// `HcclGetRootInfo` with this backend's device current (HCCL needs it on the root's thread).
+    pub(super) fn make_root_info(&mut self) -> Result<Vec<u8>> {
+        self.bind()?;
+        let hccl = Hccl::load(&self.cann).map_err(|e| acl_err("loading libhccl.so", e))?;
+        let root = hccl.root_info().map_err(|e| acl_err("HcclGetRootInfo", e))?;
+        Ok(root.as_bytes().to_vec())
+    }
+
+    /// `HcclCommInitRootInfo` for rank `rank` of `world` on this backend's device, which must be
+    /// current on the calling thread; the communicator is then this backend's.
+    pub(super) fn join_root_info(&mut self, root: &[u8], world: usize, rank: usize) -> Result<()> {
+        self.bind()?;
+        let hccl = Hccl::load(&self.cann).map_err(|e| acl_err("loading libhccl.so", e))?;
+        let root = RootInfo::from_bytes(root).map_err(|e| acl_err("the HCCL root info the leader sent", e))?;
+        let (n, r) = (u32::try_from(world), u32::try_from(rank));
+        let (Ok(n), Ok(r)) = (n, r) else {
+            return Err(be_err(format!("HCCL group of {world} ranks: too many")));
+        };
+        let comm = hccl
+            .init_rank(n, &root, r)
+            .map_err(|e| acl_err(&format!("HcclCommInitRootInfo (rank {rank} of {world})"), e))?;
+        self.set_hccl(comm);
+        Ok(())
     }
 
     fn comm(&self) -> Result<&HcclComm> {

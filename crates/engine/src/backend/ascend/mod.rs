@@ -373,6 +373,14 @@ impl Backend for AscendBackend {
         self.set_hccl(comm);
         Ok(())
     }
+
+    fn hccl_root_info(&mut self) -> Result<Vec<u8>> {
+        self.make_root_info()
+    }
+
+    fn join_hccl(&mut self, root: &[u8], world: usize, rank: usize) -> Result<()> {
+        self.join_root_info(root, world, rank)
+    }
 }
 
 impl Drop for AscendBackend {
