@@ -7,7 +7,8 @@ use rayon::prelude::*;
 
 use crate::{DType, WeightMat};
 
-/// Every table dtype is supported: dense rows convert, block-quantized rows dequantize.
+/// Every table dtype is supported: dense rows convert, block-quantized rows dequantize (stored,
+/// or packed in panels: `gemm::quant::panel_rows`).
 pub fn supports(dtype: DType) -> Result<(), tboost_ops::Unsupported> {
     let _ = dtype;
     Ok(())
@@ -38,6 +39,10 @@ pub fn embed(ids: &[u32], table: WeightMat<'_>, out: &mut [f32]) {
 pub fn row_to_f32(table: WeightMat<'_>, row: usize, out: &mut [f32]) {
     assert!(row < table.rows, "row_to_f32: row {row} is outside the table ({} rows)", table.rows);
     assert_eq!(out.len(), table.cols, "row_to_f32: the row has {} values, out {}", table.cols, out.len());
+    if table.layout != crate::Layout::Rows {
+        // A tied table kept only as the lm_head's packed panels.
+        return crate::gemm::quant::panel_rows::row_to_f32(&table, row, out);
+    }
     let bytes = table.row(row);
     match table.dtype {
         DType::F32 => {

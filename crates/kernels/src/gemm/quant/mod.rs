@@ -38,6 +38,7 @@ mod panel_amx;
 #[cfg(target_arch = "x86_64")]
 mod panel_int_dot;
 pub mod panel_pack;
+pub mod panel_rows;
 mod q8_activations;
 #[cfg(test)]
 mod tiling_tests;
