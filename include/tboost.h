@@ -269,6 +269,13 @@ enum tboost_grammar_kind
    * A grammar in llguidance's Lark syntax (`start: ...`).
    */
   TBOOST_GRAMMAR_LARK = 3,
+  /**
+   * A grammar in llama.cpp's GBNF (`root ::= ...`, as llama.cpp's `--grammar` takes it),
+   * converted to Lark: the output matches exactly what llama.cpp's grammar would accept.
+   * Tokens `<[id]>`, `<text>` and their negations `!<...>` are taken; a grammar that does
+   * not convert fails the enqueue with a last error naming the line and column.
+   */
+  TBOOST_GRAMMAR_GBNF = 4,
 };
 #ifndef __cplusplus
 #if __STDC_VERSION__ >= 202311L

@@ -182,8 +182,9 @@ fn grammar(p: &tboost_sampling_params) -> FfiResult<Option<Grammar>> {
         1 => Grammar::JsonSchema(text),
         2 => Grammar::Regex(text),
         3 => Grammar::Lark(text),
+        4 => Grammar::Gbnf(text),
         k => {
-            return Err(Failure::invalid(format!("`params->grammar_kind` = {k} is not a tboost_grammar_kind (0..=3)")))
+            return Err(Failure::invalid(format!("`params->grammar_kind` = {k} is not a tboost_grammar_kind (0..=4)")))
         }
     }))
 }

@@ -70,7 +70,7 @@ struct Line {
     eos_ids: Option<Vec<u32>>,
     #[serde(default)]
     prompt_logprobs: bool,
-    /// `{"json_schema": "..."}`, `{"regex": "..."}` or `{"lark": "..."}`.
+    /// `{"json_schema": "..."}`, `{"regex": "..."}`, `{"lark": "..."}` or `{"gbnf": "..."}`.
     #[serde(default)]
     grammar: Option<Grammar>,
 }

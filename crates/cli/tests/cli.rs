@@ -122,6 +122,35 @@ fn batch_prints_a_line_per_request_in_order_and_stats() {
     assert_eq!(lines[2]["stats"]["kv_blocks_used"], 0);
 }
 
+/// A line's `grammar` may be llama.cpp's GBNF (`{"gbnf": "..."}`); one that does not convert
+/// fails the batch naming the line and the position in the grammar.
+#[test]
+fn batch_takes_a_gbnf_grammar() {
+    let dir = tempfile::tempdir().unwrap();
+    let f = dir.path().join("r.jsonl");
+    let m = model_file("llama-2-tiny-random.gguf").display().to_string();
+    let line = |g: &str| {
+        let grammar = serde_json::json!({ "gbnf": g });
+        format!("{{\"tokens\": [1, 450, 4996], \"max_tokens\": 16, \"temperature\": 0.9, \"grammar\": {grammar}}}\n")
+    };
+    std::fs::write(&f, line("root ::= (\"cat\" | \"dog\") \"-\" [0-9]{3}")).unwrap();
+    let (ok, out, err) = tboost(&["batch", "--model", &m, "--requests", f.to_str().unwrap()]);
+    assert!(ok, "{err}");
+    let v: Value = serde_json::from_str(out.lines().next().unwrap()).unwrap();
+    let text = v["text"].as_str().unwrap();
+    assert!(regex_lite_match(text), "{v}");
+    assert_eq!(v["finish_reason"], "eos", "{v}");
+    std::fs::write(&f, line("root ::= \"a\"\nroot ::= \"b\"")).unwrap();
+    let (ok, _, err) = tboost(&["batch", "--model", &m, "--requests", f.to_str().unwrap()]);
+    assert!(!ok);
+    assert!(err.contains("line 1") && err.contains("grammar (gbnf)") && err.contains("line 2 col 1"), "{err}");
+}
+
+/// `cat-123` or `dog-456`.
+fn regex_lite_match(t: &str) -> bool {
+    t.len() == 7 && (t.starts_with("cat-") || t.starts_with("dog-")) && t[4..].bytes().all(|b| b.is_ascii_digit())
+}
+
 /// More requests than the engine keeps finished records of (65,536): every result still
 /// comes out, in input order (issue: every result was lost past that count).
 #[test]

@@ -973,8 +973,30 @@ TEST(Engine, StructuredOutputMatchesItsGrammarAndBadGrammarsAreNamed) {
   EXPECT_TRUE(text.size() == 7 && (text.rfind("cat-", 0) == 0 || text.rfind("dog-", 0) == 0) &&
               std::all_of(text.begin() + 4, text.end(), ::isdigit))
       << text;
+  // The same language in llama.cpp's GBNF, converted: the same checks.
+  sp.grammar = "root ::= (\"cat\" | \"dog\") \"-\" digit{3}\ndigit ::= [0-9]";
+  sp.grammar_kind = TBOOST_GRAMMAR_GBNF;
+  sp.seed = 8;
+  const tboost_request_id gid = Enqueue(e.p, prompt, sp);
+  RunToCompletion(e.p);
+  const auto gev = ReadAll(e.p, gid);
+  EXPECT_EQ(gev.back().finish, TBOOST_FINISH_EOS) << "a complete GBNF grammar ends the request";
+  const Tokens gout = TokensOf(gev);
+  tboost_engine_detokenize(e.p, gout.data(), gout.size(), nullptr, 0, &need);
+  std::string gtext(need, '\0');
+  ASSERT_OK(tboost_engine_detokenize(e.p, gout.data(), gout.size(), gtext.data(), gtext.size(), &need));
+  gtext.resize(need - 1);
+  EXPECT_TRUE(gtext.size() == 7 && (gtext.rfind("cat-", 0) == 0 || gtext.rfind("dog-", 0) == 0) &&
+              std::all_of(gtext.begin() + 4, gtext.end(), ::isdigit))
+      << gtext;
   // Bad grammars and kinds: the enqueue fails naming them; the engine goes on.
   tboost_request_id bad = 0;
+  sp.grammar = "root ::= \"a\"\n  | [z-a]";
+  sp.grammar_kind = TBOOST_GRAMMAR_GBNF;
+  EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT,
+                tboost_engine_enqueue(e.p, prompt.data(), prompt.size(), &sp, nullptr, nullptr, 0, &bad));
+  EXPECT_NE(LastError().find("grammar (gbnf)"), std::string::npos) << LastError();
+  EXPECT_NE(LastError().find("line 2 col 6"), std::string::npos) << LastError();
   sp.grammar = "start: \"a\" undefined_rule";
   sp.grammar_kind = TBOOST_GRAMMAR_LARK;
   EXPECT_STATUS(TBOOST_ERR_INVALID_ARGUMENT,

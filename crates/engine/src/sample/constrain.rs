@@ -1,7 +1,8 @@
-//! Structured output: a request's JSON schema, regular expression or Lark grammar, enforced
-//! token by token with llguidance (the constraint engine of llama.cpp, mistral.rs and ORT
-//! GenAI). An engine builds one [`Grammars`] from its tokenizer (the token trie of the
-//! vocabulary, shared by every request) and one [`Constraint`] per constrained request.
+//! Structured output: a request's JSON schema, regular expression, Lark grammar or GBNF grammar
+//! (llama.cpp's format, converted to Lark by [`super::gbnf`]), enforced token by token with
+//! llguidance (the constraint engine of llama.cpp, mistral.rs and ORT GenAI). An engine builds
+//! one [`Grammars`] from its tokenizer (the token trie of the vocabulary, shared by every
+//! request) and one [`Constraint`] per constrained request.
 
 use std::sync::Arc;
 
@@ -10,6 +11,7 @@ use llguidance::toktrie::{ApproximateTokEnv, SimpleVob, TokEnv, TokRxInfo, TokTr
 use llguidance::{Matcher, ParserFactory};
 use serde::{Deserialize, Serialize};
 
+use super::gbnf::gbnf_to_lark_with_vocab;
 use crate::tokenizer::{TokenAttr, Tokenizer};
 use crate::{Error, Result};
 
@@ -23,6 +25,8 @@ pub enum Grammar {
     Regex(String),
     /// A grammar in llguidance's Lark syntax (`start: ...`).
     Lark(String),
+    /// A grammar in llama.cpp's GBNF (`root ::= ...`), converted to Lark ([`super::gbnf`]).
+    Gbnf(String),
 }
 
 impl Grammar {
@@ -31,6 +35,7 @@ impl Grammar {
             Grammar::JsonSchema(_) => "json_schema",
             Grammar::Regex(_) => "regex",
             Grammar::Lark(_) => "lark",
+            Grammar::Gbnf(_) => "gbnf",
         }
     }
 }
@@ -66,7 +71,8 @@ impl Grammars {
     }
 
     /// A fresh constraint for one request; a grammar that does not compile is an error
-    /// naming its kind and llguidance's message (with the line and column of Lark syntax).
+    /// naming its kind and llguidance's message (with the line and column of Lark syntax), or
+    /// for GBNF the converter's (`line L col C: ...`, in the GBNF text).
     pub fn constraint(&self, g: &Grammar) -> Result<Constraint> {
         let bad = |e: String| Error::invalid(format!("grammar ({})", g.kind()), e);
         let top = match g {
@@ -76,11 +82,28 @@ impl Grammars {
             }
             Grammar::Regex(r) => TopLevelGrammar::from_regex(r),
             Grammar::Lark(l) => TopLevelGrammar::from_lark(l.clone()),
+            Grammar::Gbnf(src) => {
+                // `<text>` is the one token whose text that is: a special token (named behind
+                // the trie's marker) or an ordinary one.
+                let trie = self.factory.tok_env().tok_trie();
+                let token_id = |t: &str| {
+                    let mut special = vec![TokTrie::SPECIAL_TOKEN_MARKER];
+                    special.extend_from_slice(t.as_bytes());
+                    trie.token_id(&special).or_else(|| trie.token_id(t.as_bytes()))
+                };
+                let lark = gbnf_to_lark_with_vocab(src, &token_id).map_err(|e| bad(e.to_string()))?;
+                TopLevelGrammar::from_lark(lark)
+            }
         };
-        let parser = self.factory.create_parser(top).map_err(|e| bad(e.to_string()))?;
+        // What llguidance says of a converted GBNF grammar is about the Lark text: said so.
+        let compiled = |e: String| match g {
+            Grammar::Gbnf(_) => bad(format!("in its Lark conversion: {e}")),
+            _ => bad(e),
+        };
+        let parser = self.factory.create_parser(top).map_err(|e| compiled(e.to_string()))?;
         let m = Matcher::new(Ok(parser));
         match m.get_error() {
-            Some(e) => Err(bad(e)),
+            Some(e) => Err(compiled(e)),
             None => Ok(Constraint { m }),
         }
     }
