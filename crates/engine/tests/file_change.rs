@@ -3,15 +3,22 @@
 //! raises SIGBUS. The CPU backend copies every weight out of the file map when it uploads
 //! it, in both `weight_pages` modes, so a running engine keeps generating the same tokens,
 //! and building an engine from a model whose file has shrunk since load is an error naming
-//! the file. Each case works on its own copy of the file in a temporary directory.
+//! the file. A truncation during the build itself (after that check) is caught too: every
+//! read of a weight while an engine is built is a `pread`, so a short read is an error
+//! naming the file, the tensor and both sizes. Each case works on its own copy of the file
+//! in a temporary directory.
 
 use std::path::{Path, PathBuf};
 
+use tboost_engine::backend::cpu::{convert_weight, CpuBackend};
+use tboost_engine::backend::{Backend, DType, Precision};
 use tboost_engine::engine::{Engine, EngineConfig, KvSize, WeightPages};
-use tboost_engine::model::Model;
+use tboost_engine::model::prefault::prefault;
+use tboost_engine::model::{Model, Tensor};
 use tboost_engine::plan::{PlanOptions, PrecisionPolicy};
 use tboost_engine::runner::ModelRunner;
 use tboost_engine::sched::Request;
+use tboost_testkit::gguf_write;
 use tboost_testkit::golden::{golden_dir, shared_dir};
 
 /// A private copy of a model: the golden HF directory, or a GGUF file of `../shared/models`.
@@ -125,4 +132,120 @@ fn a_model_whose_file_shrank_since_load_is_an_error_naming_the_file() {
         assert!(err.contains(&file.display().to_string()), "{source}: the error does not name the file: {err}");
         assert!(err.contains(&format!("shrank from {len} to {} bytes", len / 2)), "{source}: {err}");
     }
+}
+
+/// Runs `body` in a child process (this test binary, running only the test `name`): a read
+/// of the file map past the end of a truncated file is SIGBUS, which would end the whole test
+/// binary; from a child it fails this test, naming the signal.
+fn in_child(name: &str, body: impl FnOnce()) {
+    const CHILD: &str = "TBOOST_FILE_CHANGE_CHILD";
+    if std::env::var_os(CHILD).is_some() {
+        return body();
+    }
+    let exe = std::env::current_exe().unwrap();
+    let out = std::process::Command::new(exe)
+        .args([name, "--exact", "--nocapture", "--test-threads", "1"])
+        .env(CHILD, "1")
+        .output()
+        .unwrap();
+    let log = format!("{}{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    #[cfg(unix)]
+    if let Some(sig) = std::os::unix::process::ExitStatusExt::signal(&out.status) {
+        panic!(
+            "{name}: killed by signal {sig} (SIGBUS is {}): a weight was read from the file map\n{log}",
+            libc::SIGBUS
+        );
+    }
+    assert!(out.status.success(), "{name}: {}\n{log}", out.status);
+    assert!(log.contains("1 passed"), "{name}: the child ran no test\n{log}");
+}
+
+/// A fresh synthetic Q8_0 GGUF model (`small`: 4096 x 512 embedding and output, 512-wide
+/// layers), loaded, and its file.
+fn fresh_model(dir: &Path) -> (Model, PathBuf) {
+    let path = dir.join("small.gguf");
+    gguf_write::write_synthetic("small", DType::Q8_0, 7, &path, &mut |_, _| {}).unwrap();
+    (Model::load(&path).unwrap(), path)
+}
+
+/// Truncates `file` in place to the middle of `t`'s bytes (its first pages stay, the rest
+/// are gone); returns the file's length before and after.
+fn truncate_inside(file: &Path, t: &Tensor) -> (u64, u64) {
+    let (_, at) = t.mapped_from().expect("a tensor mapped from the file");
+    let before = std::fs::metadata(file).unwrap().len();
+    let cut = (at + t.bytes().len() / 2) as u64;
+    std::fs::OpenOptions::new().write(true).open(file).unwrap().set_len(cut).unwrap();
+    (before, cut)
+}
+
+fn assert_names(err: &str, file: &Path, t: &Tensor, (before, after): (u64, u64), what: &str) {
+    assert!(err.contains(&file.display().to_string()), "{what}: the error does not name the file: {err}");
+    assert!(err.contains(&format!("`{}`", t.name)), "{what}: the error does not name the tensor: {err}");
+    assert!(err.contains(&format!("shrank from {before} to {after} bytes")), "{what}: {err}");
+}
+
+/// Each path of an engine build that reads a mapped tensor's bytes, driven past the size
+/// check (`Tensor::check_source`) on a file truncated inside that tensor: before, each read
+/// the file map and died of SIGBUS.
+#[test]
+fn a_file_truncated_during_the_build_is_an_error_naming_file_tensor_and_sizes() {
+    in_child("a_file_truncated_during_the_build_is_an_error_naming_file_tensor_and_sizes", || {
+        type Pick = fn(&Model) -> &Tensor;
+        type Read = fn(&Tensor) -> Result<(), String>;
+        let paths: [(&str, Pick, Read); 5] = [
+            (
+                "a stored tensor copied by the CPU backend",
+                |m| &m.weights.embed,
+                |t| CpuBackend::new(2).unwrap().upload_weight(t).map(drop).map_err(|e| e.to_string()),
+            ),
+            (
+                "a matrix packed by the CPU backend (in parts)",
+                |m| &m.weights.lm_head,
+                |t| CpuBackend::new(2).unwrap().upload_packed(t, Precision::Fast).map(drop).map_err(|e| e.to_string()),
+            ),
+            (
+                "a weight converted at upload",
+                |m| &m.weights.layers[1].o,
+                |t| convert_weight(t, DType::F32).map(drop).map_err(|e| e.to_string()),
+            ),
+            (
+                "columns cut for a tensor-parallel rank",
+                |m| &m.weights.layers[1].o,
+                |t| t.cols(0..256).map(drop).map_err(|e| e.to_string()),
+            ),
+            (
+                "a device backend's host staging",
+                |m| &m.weights.lm_head,
+                |t| t.owned_copy().map(drop).map_err(|e| e.to_string()),
+            ),
+        ];
+        for (what, pick, read) in paths {
+            let dir = tempfile::tempdir().unwrap();
+            let (model, file) = fresh_model(dir.path());
+            let t = pick(&model);
+            // Intact, the path reads the tensor.
+            read(t).unwrap_or_else(|e| panic!("{what}: {e}"));
+            let sizes = truncate_inside(&file, t);
+            let err = read(t).expect_err(what);
+            eprintln!("{what}: {err}");
+            assert_names(&err, &file, t, sizes, what);
+        }
+    });
+}
+
+/// `prefault` of a model whose file shrank since load reads what is left and skips the rest
+/// (its fallback used to touch each page, SIGBUS past the end).
+#[test]
+fn prefault_of_a_file_truncated_since_load_skips_what_is_gone() {
+    in_child("prefault_of_a_file_truncated_since_load_skips_what_is_gone", || {
+        let dir = tempfile::tempdir().unwrap();
+        let (model, file) = fresh_model(dir.path());
+        truncate_inside(&file, &model.weights.layers[2].q);
+        let mut last = (0, 1);
+        assert!(prefault(&model.weights, &mut |d, t| {
+            last = (d, t);
+            true
+        }));
+        assert_eq!(last.0, last.1, "progress ends at the total");
+    });
 }

@@ -146,9 +146,9 @@ impl std::ops::Deref for MappedFile {
 
 impl MappedFile {
     /// An error when the file is now shorter than its map: reading a mapped page past the
-    /// new end would raise SIGBUS and kill the process. Backends copy every weight out of
-    /// the map as they upload it and check this first, so a file truncated or rewritten in
-    /// place between load and upload is an error, not a crash.
+    /// new end would raise SIGBUS and kill the process. An engine build checks this first, so
+    /// a file truncated between load and build fails at once, before any weight is read; a
+    /// truncation during the build is caught by [`MappedFile::read_range`].
     pub fn check_intact(&self) -> Result<()> {
         let now = self.file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
         if now < self.map.len() as u64 {
@@ -163,14 +163,61 @@ impl MappedFile {
         }
         Ok(())
     }
+
+    /// Reads `dst.len()` bytes of the file at `offset` into `dst` with `pread`, for
+    /// `tensor`'s bytes. Why not from the map: once [`MappedFile::check_intact`] has passed, a
+    /// file truncated before the read (a race with the engine build) would make a read of
+    /// the map fault with SIGBUS and kill the host; `pread` of a file that shrank returns
+    /// short instead, and that is an error naming the file, the tensor and both sizes.
+    pub fn read_range(&self, offset: usize, dst: &mut [u8], tensor: &str) -> Result<()> {
+        let mut done = 0;
+        while done < dst.len() {
+            let at = offset as u64 + done as u64;
+            #[cfg(unix)]
+            let got = std::os::unix::fs::FileExt::read_at(&self.file, &mut dst[done..], at);
+            #[cfg(windows)]
+            let got = std::os::windows::fs::FileExt::seek_read(&self.file, &mut dst[done..], at);
+            match got {
+                Ok(0) => return Err(self.shrank_under(tensor, offset, dst.len())),
+                Ok(n) => done += n,
+                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+                Err(e) => {
+                    return Err(Error::bad_tensor(
+                        &self.path,
+                        tensor,
+                        format!("reading bytes {offset}..{} of the file: {e}", offset + dst.len()),
+                    ))
+                }
+            }
+        }
+        Ok(())
+    }
+
+    /// The error for a read of `offset..offset + len` that met the end of the file.
+    fn shrank_under(&self, tensor: &str, offset: usize, len: usize) -> Error {
+        let now = match self.file.metadata() {
+            Ok(m) => format!("{} bytes", m.len()),
+            Err(_) => format!("fewer than {} bytes", offset + len),
+        };
+        Error::bad_tensor(
+            &self.path,
+            tensor,
+            format!(
+                "the file shrank from {} to {now} since the model was loaded (truncated or rewritten in \
+                 place), so bytes {offset}..{} cannot be read; load the model again",
+                self.map.len(),
+                offset + len
+            ),
+        )
+    }
 }
 
 /// Maps a whole file read-only.
 pub fn map_file(path: &Path) -> Result<Arc<MappedFile>> {
     let (file, _) = open_regular(path)?;
     // SAFETY: the map is read-only. A file truncated while mapped makes reads past its new
-    // end fault: tboost reads the map only while loading and copies every weight out of it
-    // (see `MappedFile::check_intact`).
+    // end fault: tboost reads the map only while it parses a model's metadata (`Model::load`);
+    // every weight is read with `pread` (`MappedFile::read_range`) when an engine is built.
     let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
     Ok(Arc::new(MappedFile { map, file, path: path.to_path_buf() }))
 }
@@ -188,6 +235,27 @@ mod tests {
         let e = read_text(&p, 4, "config.json").unwrap_err().to_string();
         assert!(e.contains("config.json is 8 bytes") && e.contains("limit of 4"), "{e}");
         assert_eq!(read_text_opt(&dir.path().join("absent.json"), 100, "x").unwrap(), None);
+    }
+
+    #[test]
+    fn a_read_past_the_end_of_a_file_that_shrank_is_an_error_naming_file_tensor_and_sizes() {
+        let dir = tempfile::tempdir().unwrap();
+        let p = dir.path().join("model.gguf");
+        let bytes: Vec<u8> = (0..3 * 4096u32).map(|i| (i % 251) as u8).collect();
+        std::fs::write(&p, &bytes).unwrap();
+        let map = map_file(&p).unwrap();
+        let mut buf = vec![0u8; 5000];
+        map.read_range(4000, &mut buf, "blk.0.ffn_up.weight").unwrap();
+        assert!(buf[..] == bytes[4000..9000]);
+        // Truncated in place: the map still says 12288 bytes, the pages past 4096 are gone
+        // (reading them through the map would be SIGBUS).
+        std::fs::OpenOptions::new().write(true).open(&p).unwrap().set_len(4096).unwrap();
+        let e = map.read_range(4000, &mut buf, "blk.0.ffn_up.weight").unwrap_err().to_string();
+        assert!(e.contains(&p.display().to_string()) && e.contains("tensor `blk.0.ffn_up.weight`"), "{e}");
+        assert!(e.contains("shrank from 12288 to 4096 bytes") && e.contains("bytes 4000..9000 cannot be read"), "{e}");
+        // What is still in the file reads as before.
+        map.read_range(0, &mut buf[..4096], "t").unwrap();
+        assert!(buf[..4096] == bytes[..4096]);
     }
 
     #[test]

@@ -4,11 +4,13 @@
 //! refill per 4 KiB, which a bandwidth-bound GEMV feels (the measurements are in
 //! docs/perf/journal.md). So the CPU backend gives every weight of a large model file its own
 //! copy in anonymous memory marked `MADV_HUGEPAGE` (2 MiB pages), an
-//! [`Arena`]: repacked tensors are packed there straight from the file map, tensors used as
-//! stored are copied there ([`copy_into`]), and each tensor's file pages are then dropped from
-//! the process, so the weights are resident once. `TBOOST_WEIGHT_PAGES=small` (old name
-//! `file`) and small files (tests) use 4 KiB pages instead. No tensor is read from the file
-//! map after load, so a model file changed under a running engine cannot crash the host.
+//! [`Arena`]: repacked tensors are packed there from their stored rows, tensors used as
+//! stored are read there ([`fill_in_pieces`], with `pread`: see `Tensor::read_range`), and
+//! each tensor's file pages are then dropped from the process (a prefault may have mapped
+//! them), so the weights are resident once. `TBOOST_WEIGHT_PAGES=small` (old name
+//! `file`) and small files (tests) use 4 KiB pages instead. No weight is read from the file
+//! map (an engine build reads them with `pread`), so a model file changed under an engine,
+//! running or being built, cannot crash the host.
 //!
 //! Why per tensor at upload, not the whole file at load: the first touch of fresh memory
 //! is what a load costs, and a whole-file copy touched every repacked tensor's bytes twice
@@ -21,8 +23,9 @@ use rayon::prelude::*;
 
 /// Files below this stay mapped: the copy would not pay for itself.
 const MIN_BYTES: usize = 64 << 20;
-/// Bytes per parallel piece of [`copy_into`].
-const COPY_PIECE: usize = 4 << 20;
+/// Bytes per parallel piece of [`fill_in_pieces`] into fresh memory: whole 2 MiB pages per
+/// piece, so no two threads fault in the same huge page.
+pub const FRESH_PIECE: usize = 4 << 20;
 
 /// Whether a tensor mapped from a file of `len` bytes is copied into huge pages when a
 /// backend reads it in place: the file is large and [`weights_in_huge_pages`].
@@ -61,13 +64,28 @@ pub fn anon(len: usize, huge: bool) -> std::io::Result<MmapMut> {
     Ok(anon)
 }
 
-/// `src` copied into a region of `arena`, in pieces on the current rayon pool: the first
-/// touch of fresh memory is most of a copy's cost, and the pool's threads fault pages in side
-/// by side.
+/// `src` copied into a region of `arena` ([`fill_in_pieces`]).
 pub fn copy_into(arena: &mut Arena, src: &[u8]) -> std::io::Result<Region> {
     let mut dst = arena.alloc(src.len())?;
-    dst.par_chunks_mut(COPY_PIECE).zip(src.par_chunks(COPY_PIECE)).for_each(|(d, s)| d.copy_from_slice(s));
+    let copied: Result<(), std::convert::Infallible> = fill_in_pieces(&mut dst, FRESH_PIECE, |at, d| {
+        d.copy_from_slice(&src[at..at + d.len()]);
+        Ok(())
+    });
+    let Ok(()) = copied;
     Ok(dst.freeze())
+}
+
+/// Fills `dst` by calling `fill(offset, piece)` for its consecutive pieces of `piece` bytes,
+/// in parallel on the current rayon pool: the first touch of fresh memory is most of a copy's
+/// cost, and the pool's threads fault pages in side by side ([`FRESH_PIECE`]). The first
+/// error wins.
+pub fn fill_in_pieces<E: Send>(
+    dst: &mut [u8],
+    piece: usize,
+    fill: impl Fn(usize, &mut [u8]) -> Result<(), E> + Sync,
+) -> Result<(), E> {
+    let piece = piece.max(1);
+    dst.par_chunks_mut(piece).enumerate().try_for_each(|(i, d)| fill(i * piece, d))
 }
 
 /// Huge-page size the arena aligns to (x86-64 and aarch64 with 4 KiB base pages).

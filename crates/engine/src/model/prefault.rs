@@ -10,14 +10,21 @@
 //! `prefault` asks the kernel to read ahead (`MADV_WILLNEED`) and to populate the page
 //! tables of the whole mapping (`MADV_POPULATE_READ`, Linux 5.14+; with large page-cache
 //! folios the kernel then maps most of a file with 2 MiB entries), in slices so a progress
-//! bar can follow; elsewhere, or when the kernel refuses, it touches one byte per page.
+//! bar can follow. Elsewhere, or when the kernel refuses a slice, it reads the slice with
+//! `pread` into a small buffer, which brings it into the page cache. Never by touching the
+//! map: a file truncated since load makes `MADV_POPULATE_READ` fail (EFAULT) where a touch
+//! of the page past its end would be SIGBUS; `pread` returns short, and the prefault skips
+//! the rest of that file (building an engine on it is then an error naming the file).
 //! It changes no data and no result, only when the reads happen.
 
 use super::weights::ModelWeights;
+use crate::formats::files::MappedFile;
 
 /// Bytes per `madvise` call: small enough for a smooth progress bar, large enough that the
 /// calls cost nothing.
 const SLICE: usize = 64 << 20;
+/// Bytes per `pread` of the fallback (a buffer that stays in the caches).
+const READ_PIECE: usize = 1 << 20;
 
 impl ModelWeights {
     /// Reads every page of the weights once, so the first request does not pay for page
@@ -25,49 +32,46 @@ impl ModelWeights {
     /// ABI's load callback). Stops early, returning false, when `progress` returns false.
     pub fn touch(&self, progress: &mut dyn FnMut(u64, u64) -> bool) -> bool {
         // `prefault` asks the kernel to read the pages in (MADV_POPULATE_READ) before
-        // falling back to touching each one.
+        // falling back to reading them with `pread`.
         prefault(self, progress)
     }
 }
 
 /// Pre-faults every memory-mapped tensor of `weights` (owned tensors are already in memory),
 /// calling `progress(done, total)` in bytes. Stops early and returns false when `progress`
-/// returns false.
+/// returns false. A file that shrank since load is not an error here: its pages past the
+/// new end are skipped (and counted as done).
 pub fn prefault(weights: &ModelWeights, progress: &mut dyn FnMut(u64, u64) -> bool) -> bool {
-    let mut ranges: Vec<(usize, usize)> = weights
-        .tensors()
-        .iter()
-        .filter(|t| t.is_mapped())
-        .map(|t| {
-            let b = t.bytes();
-            (b.as_ptr() as usize, b.len())
-        })
-        .collect();
+    // (file, offset, len) of every mapped tensor; the address of the map names the file.
+    let mut ranges: Vec<(&MappedFile, usize, usize)> =
+        weights.tensors().into_iter().filter_map(|t| t.mapped_from().map(|(f, at)| (f, at, t.bytes().len()))).collect();
     // Tensors of one file are adjacent: merge them so each page is advised once.
-    ranges.sort_unstable();
-    let mut merged: Vec<(usize, usize)> = Vec::with_capacity(ranges.len());
-    for (start, len) in ranges {
+    ranges.sort_unstable_by_key(|&(f, at, _)| (f.as_ptr() as usize, at));
+    let mut merged: Vec<(&MappedFile, usize, usize)> = Vec::with_capacity(ranges.len());
+    for (f, start, len) in ranges {
         match merged.last_mut() {
-            Some((s, l)) if start <= *s + *l + 4096 => *l = (*l).max(start + len - *s),
-            _ => merged.push((start, len)),
+            Some((mf, s, l)) if std::ptr::eq(*mf, f) && start <= *s + *l + 4096 => *l = (*l).max(start + len - *s),
+            _ => merged.push((f, start, len)),
         }
     }
-    let total: u64 = merged.iter().map(|&(_, l)| l as u64).sum();
+    let total: u64 = merged.iter().map(|&(_, _, l)| l as u64).sum();
     let mut done = 0u64;
     if !progress(0, total) {
         return false;
     }
-    for &(start, len) in &merged {
-        // SAFETY: every range lies inside a live read-only mapping held by `weights`
-        // (tensors keep their storage alive), and advice never changes its contents.
-        unsafe { advise(start, len, Advice::WillNeed) };
+    let mut buf = Vec::new();
+    for &(file, start, len) in &merged {
+        let base = file.as_ptr() as usize;
+        // SAFETY: every range lies inside the live read-only mapping `file` (held by the
+        // tensors of `weights`), and advice never changes its contents.
+        unsafe { advise(base + start, len, Advice::WillNeed) };
         let mut off = 0;
+        let mut shrank = false;
         while off < len {
             let n = SLICE.min(len - off);
             // SAFETY: as above; `start + off .. + n` is inside the range.
-            if !unsafe { advise(start + off, n, Advice::PopulateRead) } {
-                // SAFETY: as above.
-                unsafe { touch(start + off, n) };
+            if !shrank && !unsafe { advise(base + start + off, n, Advice::PopulateRead) } {
+                shrank = !read_through(file, start + off, n, &mut buf);
             }
             off += n;
             done += n as u64;
@@ -75,6 +79,22 @@ pub fn prefault(weights: &ModelWeights, progress: &mut dyn FnMut(u64, u64) -> bo
                 return false;
             }
         }
+    }
+    true
+}
+
+/// Reads bytes `at..at + len` of `file` with `pread` (into the page cache; `buf` is scratch);
+/// false when the file ends before them (it shrank since load).
+fn read_through(file: &MappedFile, at: usize, len: usize, buf: &mut Vec<u8>) -> bool {
+    buf.resize(READ_PIECE, 0);
+    let mut off = 0;
+    while off < len {
+        let n = READ_PIECE.min(len - off);
+        if let Err(e) = file.read_range(at + off, &mut buf[..n], "(prefault)") {
+            log::debug!("prefault stops reading: {e}");
+            return false;
+        }
+        off += n;
     }
     true
 }
@@ -105,19 +125,4 @@ unsafe fn advise(start: usize, len: usize, a: Advice) -> bool {
 #[cfg(not(target_os = "linux"))]
 unsafe fn advise(_start: usize, _len: usize, _a: Advice) -> bool {
     false
-}
-
-/// Reads one byte per page of `start..start + len`.
-///
-/// # Safety
-/// The range must be readable memory of this process.
-unsafe fn touch(start: usize, len: usize) {
-    let mut sum = 0u8;
-    let mut p = start;
-    while p < start + len {
-        // Volatile so the page touch is not optimized away.
-        sum ^= std::ptr::read_volatile(p as *const u8);
-        p += 4096;
-    }
-    std::hint::black_box(sum);
 }

@@ -4,9 +4,17 @@ use std::sync::Arc;
 
 use tboost_ops::DType;
 
-use super::hugepages::{self, Arena, Region};
+use super::hugepages::{self, Region, RegionMut};
 use crate::formats::files::MappedFile;
 use crate::formats::limits::{MAX_TENSOR_DIMS, MAX_TENSOR_ELEMENTS};
+
+/// Stored bytes per part when a mapped tensor is read in parts of rows
+/// ([`Tensor::rows_in_parts`]) to be converted or cut.
+pub const ROWS_PART_BYTES: usize = 4 << 20;
+
+/// Bytes per parallel `pread` into the reused buffer of [`Tensor::rows_in_parts`] (memory
+/// already touched: small pieces keep every thread busy on a tensor of a few MiB).
+const READ_PIECE: usize = 512 << 10;
 
 /// Bytes that back one or more tensors.
 #[derive(Clone)]
@@ -91,8 +99,90 @@ impl Tensor {
         Tensor::new(name, dtype, shape, Storage::Owned(Arc::new(bytes)), 0, len)
     }
 
+    /// The bytes in place. For a mapped tensor that is the file map: read it only while the
+    /// model loads (`Model::load`); a read of a page past the end of a file truncated since
+    /// then would be SIGBUS. Everything after load reads through [`Tensor::read_range`].
     pub fn bytes(&self) -> &[u8] {
         &self.storage.bytes()[self.offset..self.offset + self.len]
+    }
+
+    /// Copies bytes `start..start + dst.len()` of this tensor into `dst`: with `pread` for a
+    /// mapped tensor ([`MappedFile::read_range`]: a file that shrank since load is an error
+    /// naming the file, this tensor and both sizes, never a SIGBUS), a plain copy otherwise.
+    pub fn read_range(&self, start: usize, dst: &mut [u8]) -> crate::Result<()> {
+        if start.checked_add(dst.len()).is_none_or(|end| end > self.len) {
+            return Err(crate::Error::invalid(
+                "range",
+                format!("bytes {start}..+{} of tensor `{}` ({} bytes)", dst.len(), self.name, self.len),
+            ));
+        }
+        match &self.storage {
+            Storage::Mmap(m) => m.read_range(self.offset + start, dst, &self.name),
+            _ => {
+                dst.copy_from_slice(&self.bytes()[start..start + dst.len()]);
+                Ok(())
+            }
+        }
+    }
+
+    /// Calls `f(rows, bytes)` for consecutive parts of at most `per_part` rows of this tensor
+    /// seen as a matrix ([`Tensor::rows_cols`]), `bytes` those rows as stored. A mapped
+    /// tensor's parts are read with `pread` into one buffer reused from part to part (so at
+    /// most one part is held twice, and a file that shrank is an error, not a SIGBUS), in
+    /// pieces on `pool` when one is given; other tensors pass their own bytes.
+    pub fn rows_in_parts(
+        &self,
+        per_part: usize,
+        pool: Option<&rayon::ThreadPool>,
+        mut f: impl FnMut(std::ops::Range<usize>, &[u8]) -> crate::Result<()>,
+    ) -> crate::Result<()> {
+        let (rows, _) = self.rows_cols();
+        let row_bytes = self.len / rows.max(1);
+        let mut buf = Vec::new();
+        let mut r0 = 0;
+        while r0 < rows {
+            let r1 = r0.saturating_add(per_part.max(1)).min(rows);
+            let (at, n) = (r0 * row_bytes, (r1 - r0) * row_bytes);
+            if self.is_mapped() {
+                if buf.len() < n {
+                    buf.try_reserve_exact(n - buf.len()).map_err(|e| {
+                        crate::Error::Unsupported(format!("tensor `{}`: no memory to read {n} bytes: {e}", self.name))
+                    })?;
+                    buf.resize(n, 0);
+                }
+                let part = &mut buf[..n];
+                match pool {
+                    Some(pool) => {
+                        let read = |o, d: &mut [u8]| self.read_range(at + o, d);
+                        pool.install(|| hugepages::fill_in_pieces(part, READ_PIECE, read))?
+                    }
+                    None => self.read_range(at, part)?,
+                }
+                f(r0..r1, &buf[..n])?;
+            } else {
+                f(r0..r1, &self.bytes()[at..at + n])?;
+            }
+            r0 = r1;
+        }
+        Ok(())
+    }
+
+    /// This tensor with its bytes in memory tboost owns: a mapped tensor read with `pread`
+    /// ([`Tensor::read_range`]) into an owned buffer, any other one as it is (no copy). For
+    /// a backend that reads the bytes of a tensor it is given (a device upload's host
+    /// staging).
+    pub fn owned_copy(&self) -> crate::Result<Tensor> {
+        if !self.is_mapped() {
+            return Ok(self.clone());
+        }
+        let mut bytes = Vec::new();
+        bytes.try_reserve_exact(self.len).map_err(|e| {
+            crate::Error::Unsupported(format!("tensor `{}`: no memory for its {} bytes: {e}", self.name, self.len))
+        })?;
+        bytes.resize(self.len, 0);
+        self.read_range(0, &mut bytes)?;
+        let (name, dtype, shape) = (self.name.clone(), self.dtype, self.shape.clone());
+        Ok(Tensor { name, dtype, shape, storage: Storage::Owned(Arc::new(bytes)), offset: 0, len: self.len })
     }
 
     pub fn numel(&self) -> usize {
@@ -145,7 +235,8 @@ impl Tensor {
         Ok(t)
     }
 
-    /// The values of a float tensor (f32, f16, bf16) as f32; `None` for block types.
+    /// The values of a float tensor (f32, f16, bf16) as f32; `None` for block types. Reads
+    /// [`Tensor::bytes`] in place: for `Model::load` (Gemma's norm gains) and tests.
     pub fn to_f32(&self) -> Option<Vec<f32>> {
         let b = self.bytes();
         Some(match self.dtype {
@@ -179,28 +270,36 @@ impl Tensor {
         Tensor::new(name, self.dtype, shape, self.storage.clone(), self.offset + bytes(r.start)?, bytes(r.len())?)
     }
 
-    /// Columns `c` of a matrix, copied into an owned tensor. Block-quantized columns must
-    /// start and end on block boundaries.
-    pub fn cols(&self, c: std::ops::Range<usize>) -> Result<Tensor, String> {
+    /// Columns `c` of a matrix, copied into an owned tensor (read in parts of rows:
+    /// [`Tensor::rows_in_parts`]). Block-quantized columns must start and end on block
+    /// boundaries.
+    pub fn cols(&self, c: std::ops::Range<usize>) -> crate::Result<Tensor> {
+        let bad = |m: String| crate::Error::Unsupported(format!("tensor `{}`: {m}", self.name));
         let (rows, cols) = self.rows_cols();
         if self.shape.len() != 2 || c.start > c.end || c.end > cols {
-            return Err(format!("columns {}..{} of shape {:?}", c.start, c.end, self.shape));
+            return Err(bad(format!("columns {}..{} of shape {:?}", c.start, c.end, self.shape)));
         }
         let block = self.dtype.block_elems();
         if !c.start.is_multiple_of(block) || !c.end.is_multiple_of(block) {
-            return Err(format!(
+            return Err(bad(format!(
                 "columns {}..{} of shape {:?} do not fall on {} block boundaries ({block})",
                 c.start, c.end, self.shape, self.dtype
-            ));
+            )));
         }
-        let at = |k: usize| self.dtype.bytes_for(k).ok_or_else(|| format!("{k} values of {}", self.dtype));
+        let at = |k: usize| self.dtype.bytes_for(k).ok_or_else(|| bad(format!("{k} values of {}", self.dtype)));
         let (row_bytes, from, len) = (at(cols)?, at(c.start)?, at(c.len())?);
-        let src = self.bytes();
         let mut out = Vec::with_capacity(rows * len);
-        for i in 0..rows {
-            out.extend_from_slice(&src[i * row_bytes + from..i * row_bytes + from + len]);
+        // No rows of bytes to cut when the matrix has no columns.
+        if let Some(per_part) = ROWS_PART_BYTES.checked_div(row_bytes) {
+            self.rows_in_parts(per_part, None, |_, src| {
+                for row in src.chunks_exact(row_bytes) {
+                    out.extend_from_slice(&row[from..from + len]);
+                }
+                Ok(())
+            })?;
         }
         Tensor::owned(format!("{}[:, {}..{}]", self.name, c.start, c.end), self.dtype, vec![rows, c.len()], out)
+            .map_err(bad)
     }
 
     /// True when the bytes are a map of the model file (not yet in memory until touched).
@@ -208,8 +307,18 @@ impl Tensor {
         matches!(self.storage, Storage::Mmap(_))
     }
 
+    /// The file this tensor is mapped from and where its bytes start in it (`None` for an
+    /// owned tensor).
+    pub fn mapped_from(&self) -> Option<(&MappedFile, usize)> {
+        match &self.storage {
+            Storage::Mmap(m) => Some((m, self.offset)),
+            _ => None,
+        }
+    }
+
     /// An error naming the file when the file this tensor is mapped from has shrunk since
-    /// it was loaded ([`MappedFile::check_intact`]); reading the bytes would crash.
+    /// it was loaded ([`MappedFile::check_intact`]): a quick check before an engine build
+    /// reads anything (the reads themselves, [`Tensor::read_range`], catch a later change).
     pub fn check_source(&self) -> crate::Result<()> {
         match &self.storage {
             Storage::Mmap(m) => m.check_intact(),
@@ -224,13 +333,21 @@ impl Tensor {
         matches!(&self.storage, Storage::Mmap(m) if hugepages::wanted(m.len()))
     }
 
-    /// This tensor with its bytes copied into `arena` (on the current rayon pool); its file
-    /// pages are then dropped from the process ([`Tensor::release_resident`]).
-    pub fn copied_into(&self, arena: &mut Arena) -> std::io::Result<Tensor> {
-        let region = hugepages::copy_into(arena, self.bytes())?;
+    /// This tensor with its bytes read into `dst`, a region of a backend's arena as long as
+    /// the tensor, in pieces on the current rayon pool ([`Tensor::read_range`]: `pread` for a
+    /// mapped tensor); its file pages are then dropped from the process
+    /// ([`Tensor::release_resident`]).
+    pub fn copied_into(&self, mut dst: RegionMut) -> crate::Result<Tensor> {
+        if dst.len() != self.len {
+            return Err(crate::Error::invalid(
+                "region",
+                format!("{} bytes for tensor `{}` of {} bytes", dst.len(), self.name, self.len),
+            ));
+        }
+        hugepages::fill_in_pieces(&mut dst, hugepages::FRESH_PIECE, |at, piece| self.read_range(at, piece))?;
         self.release_resident();
         let (name, dtype, shape) = (self.name.clone(), self.dtype, self.shape.clone());
-        Ok(Tensor { name, dtype, shape, storage: Storage::Region(Arc::new(region)), offset: 0, len: self.len })
+        Ok(Tensor { name, dtype, shape, storage: Storage::Region(Arc::new(dst.freeze())), offset: 0, len: self.len })
     }
 
     /// This tensor (name, dtype, shape) over the bytes of `copy`, a copy of the same bytes

@@ -168,8 +168,10 @@ impl ModelRunner {
         cpu_threads: usize,
         comm: Option<Arc<dyn Communicator>>,
     ) -> Result<ModelRunner> {
-        // Sharding and uploading read the file maps; a file truncated since load would
-        // crash them (SIGBUS), so it is an error naming the file instead.
+        // A file truncated since load fails here, before anything is read. Sharding,
+        // converting and uploading then read the weights with `pread`, never from the file
+        // maps (`Tensor::read_range`), so a truncation during the build is an error naming
+        // the file and the tensor too, not a SIGBUS.
         for t in w.tensors() {
             t.check_source()?;
         }

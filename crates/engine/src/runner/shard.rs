@@ -1,6 +1,7 @@
 //! One tensor-parallel rank's part of a model: its config (its heads, intermediate part and
-//! vocabulary rows) and its weights, cut from the file map as `plan::shard` decided. Row
-//! parts share the file's storage (only their pages are ever read); column parts are copied.
+//! vocabulary rows) and its weights, cut as `plan::shard` decided. Row parts share the file's
+//! storage (a backend reads only their bytes, with `pread`); column parts are copied, read
+//! with `pread` in parts of rows.
 
 use std::ops::Range;
 
@@ -19,12 +20,12 @@ fn rows(t: &Tensor, r: Range<usize>) -> Result<Tensor> {
     cut(t, t.rows(r))
 }
 
+/// Columns `c` of `t`, copied (read from the file with `pread`: `Tensor::rows_in_parts`).
 fn cols(t: &Tensor, c: Range<usize>, to_f32: bool) -> Result<Tensor> {
     if to_f32 && t.dtype != DType::F32 {
-        let f = convert_weight(t, DType::F32)?;
-        return cut(t, f.cols(c));
+        return convert_weight(t, DType::F32)?.cols(c);
     }
-    cut(t, t.cols(c))
+    t.cols(c)
 }
 
 fn scale(r: &Range<usize>, k: usize) -> Range<usize> {

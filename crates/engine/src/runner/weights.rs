@@ -59,22 +59,37 @@ impl Uploader<'_> {
     /// `t` as decision `d` wants it, on `d`'s backend.
     fn up(&mut self, d: &Decision, t: &Tensor) -> Result<WeightId> {
         let t = match d.weights {
+            // `convert_weight` reads the stored rows with `pread`.
             WeightMode::Convert(to) if t.dtype != to => Cow::Owned(convert_weight(t, to)?),
-            WeightMode::Packed => return self.backend(d)?.upload_packed(t, d.precision),
+            WeightMode::Packed => {
+                let be = self.backend(d)?;
+                let t = staged(be, t)?;
+                return be.upload_packed(&t, d.precision);
+            }
             _ => Cow::Borrowed(t),
         };
-        self.backend(d)?.upload_weight(&t)
+        self.plain(d, &t)
     }
 
     /// `t` as stored (LongRoPE's factors), on `d`'s backend.
     fn plain(&mut self, d: &Decision, t: &Tensor) -> Result<WeightId> {
-        self.backend(d)?.upload_weight(t)
+        let be = self.backend(d)?;
+        let t = staged(be, t)?;
+        be.upload_weight(&t)
     }
 
     /// `t` as stored (biases), on `d`'s backend.
     fn raw(&mut self, d: &Decision, t: &Option<Tensor>) -> Result<Option<WeightId>> {
-        t.as_ref().map(|t| self.backend(d)?.upload_weight(t)).transpose()
+        t.as_ref().map(|t| self.plain(d, t)).transpose()
     }
+}
+
+/// `t` as backend `be` may read it: a mapped tensor read into memory tboost owns with `pread`
+/// (`Tensor::owned_copy`) unless the backend reads it so itself
+/// ([`Backend::reads_mapped_weights`]). One tensor at a time: the copy is dropped after its
+/// upload, so a device backend's load holds at most one tensor twice.
+fn staged<'t>(be: &dyn Backend, t: &'t Tensor) -> Result<Cow<'t, Tensor>> {
+    Ok(if t.is_mapped() && !be.reads_mapped_weights() { Cow::Owned(t.owned_copy()?) } else { Cow::Borrowed(t) })
 }
 
 fn slot<'p>(decisions: impl Fn(Slot) -> Option<&'p Decision>, s: Slot) -> Result<&'p Decision> {

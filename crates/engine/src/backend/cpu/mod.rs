@@ -549,26 +549,29 @@ impl Backend for CpuBackend {
 
     fn upload_weight(&mut self, tensor: &Tensor) -> Result<WeightId> {
         // A tensor read from the file map would kill the host with SIGBUS if the file were
-        // truncated or replaced in place while the engine runs (rolling deploys do that), so
-        // every mapped tensor gets its own copy in anonymous memory: huge pages for a large
-        // file (see `model::hugepages`), 4 KiB pages with `weight_pages` = small or a small
-        // file. Owned tensors (shards, converted weights) are used as they are.
+        // truncated or replaced in place while the engine runs or is built (rolling deploys
+        // do that), so every mapped tensor gets its own copy in anonymous memory, read with
+        // `pread` (`Tensor::copied_into`): huge pages for a large file (see
+        // `model::hugepages`), 4 KiB pages with `weight_pages` = small or a small file.
+        // Owned tensors (shards, converted weights) are used as they are.
         let stored = if tensor.is_mapped() {
             let huge = !self.small_weight_pages && tensor.wants_huge_pages();
             // One copy per range of the file: a tied embedding table is also the lm_head.
+            // (The address only names the range; nothing reads the map.)
             let key = (tensor.bytes().as_ptr() as usize, tensor.bytes().len());
             match self.copies.get(&key) {
                 Some(copy) => tensor.over_bytes_of(copy),
                 None => {
                     let arena = if huge { &mut self.arena } else { &mut self.small_arena };
-                    let t = self.pool.install(|| tensor.copied_into(arena)).map_err(|e| {
+                    let len = key.1;
+                    let region = arena.alloc(len).map_err(|e| {
                         Self::err(format!(
-                            "tensor `{}`: no memory for its {} bytes ({e}); tboost does not read weights from \
+                            "tensor `{}`: no memory for its {len} bytes ({e}); tboost does not read weights from \
                              the file map, which a change to the file would turn into a crash",
                             tensor.name,
-                            tensor.bytes().len()
                         ))
                     })?;
+                    let t = self.pool.install(|| tensor.copied_into(region))?;
                     self.copies.insert(key, t.clone());
                     t
                 }
@@ -578,6 +581,12 @@ impl Backend for CpuBackend {
         };
         self.weights.push(CpuWeight::Stored(stored));
         Ok(WeightId((self.weights.len() - 1) as u32))
+    }
+
+    fn reads_mapped_weights(&self) -> bool {
+        // `upload_weight` reads a mapped tensor into its arena (`Tensor::copied_into`) and
+        // `upload_packed` packs it from parts read with `Tensor::rows_in_parts`.
+        true
     }
 
     fn packs(&self, dtype: DType, precision: Precision) -> bool {

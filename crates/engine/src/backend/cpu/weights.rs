@@ -8,6 +8,7 @@ use tboost_ops::{DType, Precision};
 
 use super::CpuBackend;
 use crate::model::hugepages::{Arena, Region};
+use crate::model::tensor::ROWS_PART_BYTES;
 use crate::model::Tensor;
 use crate::{Error, Result};
 
@@ -114,26 +115,24 @@ pub(super) fn pack(
     let mut bytes = arena
         .alloc(n)
         .map_err(|e| CpuBackend::err(format!("tensor `{}`: no memory for its {n} repacked bytes: {e}", t.name)))?;
-    // In parts of about PACK_PART_BYTES of stored rows, each part's file pages given back once
-    // it is packed: a large matrix (an lm_head) is then never resident twice, which set the
+    // In parts of about PACK_PART_BYTES of stored rows (whole panels), each read with `pread`
+    // on the pool into one reused buffer (`Tensor::rows_in_parts`: a file truncated meanwhile
+    // is an error, not a SIGBUS) and packed, its file pages given back in case a prefault
+    // mapped them: a large matrix (an lm_head) is then never resident twice, which set the
     // load's peak RSS.
-    let panels = rows.div_ceil(PANEL);
     let row_bytes = t.bytes().len() / rows.max(1);
     let per_part = (PACK_PART_BYTES / (row_bytes * PANEL).max(1)).max(1);
-    let mut p0 = 0;
-    while p0 < panels {
-        let part = p0..(p0 + per_part).min(panels);
-        let (src, dst) = (t.bytes(), &mut bytes[..n]);
+    t.rows_in_parts(per_part * PANEL, Some(pool), |r, src| {
+        let (part, dst) = (r.start / PANEL..r.end.div_ceil(PANEL), &mut bytes[..n]);
         pool.install(|| match layout {
             // F16 pair panels hold the stored 2-byte values as BF16 ones do.
-            Layout::PairPanels => bf16_pair_panels::pack_panels(rows, cols, src, dst, part.clone()),
-            _ if block => panel_pack::pack_panels(t.dtype, rows, cols, src, dst, part.clone()),
-            _ => exact_panels::pack_panels(t.dtype, rows, cols, src, dst, part.clone()),
+            Layout::PairPanels => bf16_pair_panels::pack_panels(rows, cols, src, dst, part),
+            _ if block => panel_pack::pack_panels(t.dtype, rows, cols, src, dst, part),
+            _ => exact_panels::pack_panels(t.dtype, rows, cols, src, dst, part),
         });
-        let (r0, r1) = (part.start * PANEL, (part.end * PANEL).min(rows));
-        t.release_resident_range(r0 * row_bytes, (r1 - r0) * row_bytes);
-        p0 = part.end;
-    }
+        t.release_resident_range(r.start * row_bytes, r.len() * row_bytes);
+        Ok(())
+    })?;
     let bytes = bytes.freeze();
     t.release_resident();
     log::debug!("tensor `{}`: {rows}x{cols} {} repacked into 16-row panels ({n} bytes)", t.name, t.dtype);
@@ -155,22 +154,28 @@ pub fn convert_weight(t: &Tensor, to: DType) -> Result<Tensor> {
     out.try_reserve_exact(out_bytes)
         .map_err(|_| Error::Unsupported(format!("tensor `{}`: cannot allocate {out_bytes} bytes", t.name)))?;
     out.resize(out_bytes, 0);
-    let w = mat(t);
-    let row_out = to.block_bytes() * cols;
-    let mut f = vec![0f32; cols];
-    for r in 0..rows {
-        let dst = &mut out[r * row_out..(r + 1) * row_out];
-        if t.dtype.is_quantized() {
-            dequantize_row(t.dtype, w.row(r), &mut f)
-                .map_err(|e| Error::Unsupported(format!("tensor `{}`: {e}", t.name)))?;
-            let src: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
-            convert::convert(DType::F32, &src, to, dst, cols);
-        } else if t.dtype.is_float() {
-            convert::convert(t.dtype, w.row(r), to, dst, cols);
-        } else {
-            return Err(Error::Unsupported(format!("tensor `{}`: {} weights cannot be converted", t.name, t.dtype)));
-        }
+    if !t.dtype.is_quantized() && !t.dtype.is_float() {
+        return Err(Error::Unsupported(format!("tensor `{}`: {} weights cannot be converted", t.name, t.dtype)));
     }
+    let row_out = to.block_bytes() * cols;
+    let row_in = t.bytes().len() / rows.max(1);
+    let mut f = vec![0f32; cols];
+    // The stored rows are read with `pread` in parts (`Tensor::rows_in_parts`), never from
+    // the file map.
+    t.rows_in_parts(ROWS_PART_BYTES / row_in.max(1), None, |part, src| {
+        for (r, row) in part.zip(src.chunks_exact(row_in.max(1))) {
+            let dst = &mut out[r * row_out..(r + 1) * row_out];
+            if t.dtype.is_quantized() {
+                dequantize_row(t.dtype, row, &mut f)
+                    .map_err(|e| Error::Unsupported(format!("tensor `{}`: {e}", t.name)))?;
+                let src: Vec<u8> = f.iter().flat_map(|v| v.to_le_bytes()).collect();
+                convert::convert(DType::F32, &src, to, dst, cols);
+            } else {
+                convert::convert(t.dtype, row, to, dst, cols);
+            }
+        }
+        Ok(())
+    })?;
     Tensor::owned(t.name.clone(), to, t.shape.clone(), out)
         .map_err(|e| Error::Unsupported(format!("tensor `{}`: {e}", t.name)))
 }

@@ -65,9 +65,12 @@ pub fn pack(rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) {
     pack_panels(rows, cols, src, dst, 0..rows.div_ceil(PANEL))
 }
 
-/// [`pack`] of panels `panels` only (the rest of `dst` untouched).
+/// [`pack`] of panels `panels` only (the rest of `dst` untouched). `src` holds the stored
+/// rows of those panels only (rows `panels.start * PANEL` up to `panels.end * PANEL` or
+/// `rows`), so a caller can read a large matrix in parts into a buffer of its own.
 pub fn pack_panels(rows: usize, cols: usize, src: &[u8], dst: &mut [u8], panels: std::ops::Range<usize>) {
-    assert_eq!(src.len(), rows * cols * 2, "{rows}x{cols} bf16 source size");
+    let part_rows = (panels.end * PANEL).min(rows).saturating_sub(panels.start * PANEL);
+    assert_eq!(src.len(), part_rows * cols * 2, "{rows}x{cols} bf16 source size of panels {panels:?}");
     assert_eq!(dst.len(), packed_bytes(rows, cols), "{rows}x{cols} bf16 pair-panel size");
     let pb = PANEL * padded(cols) * 2;
     if pb == 0 {
@@ -78,7 +81,7 @@ pub fn pack_panels(rows: usize, cols: usize, src: &[u8], dst: &mut [u8], panels:
         let p = first + i;
         d.fill(0);
         for r in 0..PANEL.min(rows - p * PANEL) {
-            let row = &src[(p * PANEL + r) * cols * 2..][..cols * 2];
+            let row = &src[(i * PANEL + r) * cols * 2..][..cols * 2];
             for e in 0..cols {
                 let (q, h) = (e / 2, e % 2);
                 d[q * 64 + 4 * r + 2 * h..][..2].copy_from_slice(&row[2 * e..2 * e + 2]);

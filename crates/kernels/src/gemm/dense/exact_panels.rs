@@ -71,11 +71,14 @@ pub fn pack(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) 
     pack_panels(dtype, rows, cols, src, dst, 0..rows.div_ceil(PANEL))
 }
 
-/// [`pack`] of panels `panels` only (the rest of `dst` untouched).
+/// [`pack`] of panels `panels` only (the rest of `dst` untouched). `src` holds the stored
+/// rows of those panels only (rows `panels.start * PANEL` up to `panels.end * PANEL` or
+/// `rows`), so a caller can read a large matrix in parts into a buffer of its own.
 pub fn pack_panels(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8], panels: std::ops::Range<usize>) {
     assert!(packable(dtype), "{dtype} has no dense packed layout");
     let es = dtype.block_bytes();
-    assert_eq!(src.len(), rows * cols * es, "{rows}x{cols} {dtype} source size");
+    let part_rows = (panels.end * PANEL).min(rows).saturating_sub(panels.start * PANEL);
+    assert_eq!(src.len(), part_rows * cols * es, "{rows}x{cols} {dtype} source size of panels {panels:?}");
     assert_eq!(dst.len(), packed_bytes(dtype, rows, cols), "{rows}x{cols} {dtype} packed size");
     let pb = PANEL * cols * es;
     if pb == 0 {
@@ -86,7 +89,7 @@ pub fn pack_panels(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut
         let p = first + i;
         d.fill(0);
         for r in 0..PANEL.min(rows - p * PANEL) {
-            let row = &src[(p * PANEL + r) * cols * es..][..cols * es];
+            let row = &src[(i * PANEL + r) * cols * es..][..cols * es];
             for (e, v) in row.chunks_exact(es).enumerate() {
                 d[(e * PANEL + r) * es..][..es].copy_from_slice(v);
             }

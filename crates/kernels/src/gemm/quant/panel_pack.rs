@@ -139,12 +139,18 @@ pub fn pack(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8]) 
     pack_panels(dtype, rows, cols, src, dst, 0..rows.div_ceil(PANEL))
 }
 
-/// [`pack`] of panels `panels` only (the rest of `dst` untouched): a caller can pack a large
-/// matrix in parts and give back each part's source pages as it goes.
+/// [`pack`] of panels `panels` only (the rest of `dst` untouched). `src` holds the stored
+/// rows of those panels only (rows `panels.start * PANEL` up to `panels.end * PANEL` or
+/// `rows`): a caller can read a large matrix in parts into a buffer of its own and pack each.
 pub fn pack_panels(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut [u8], panels: std::ops::Range<usize>) {
     use rayon::prelude::*;
     assert!(packable(dtype) && cols.is_multiple_of(GROUP), "{rows}x{cols} {dtype} has no packed layout");
-    assert_eq!(Some(src.len()), dtype.bytes_for(cols).map(|rb| rb * rows), "{rows}x{cols} {dtype} source size");
+    let part_rows = (panels.end * PANEL).min(rows).saturating_sub(panels.start * PANEL);
+    assert_eq!(
+        Some(src.len()),
+        dtype.bytes_for(cols).map(|rb| rb * part_rows),
+        "{rows}x{cols} {dtype} source size of panels {panels:?}"
+    );
     assert_eq!(dst.len(), packed_bytes(dtype, rows, cols), "{rows}x{cols} {dtype} packed size");
     let geo = Geometry::of(dtype, rows, cols);
     if geo.q_stride == 0 {
@@ -152,6 +158,7 @@ pub fn pack_panels(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut
     }
     assert!(panels.end <= geo.panels, "panels {panels:?} of {}", geo.panels);
     let out = SharedOut(dst.as_mut_ptr());
+    let first = panels.start;
     panels.into_par_iter().for_each(|p| {
         let (qo, so) = geo.offsets(p);
         // SAFETY: panels' quant and scale ranges are disjoint and inside `dst` (sized by
@@ -162,7 +169,7 @@ pub fn pack_panels(dtype: DType, rows: usize, cols: usize, src: &[u8], dst: &mut
                 std::slice::from_raw_parts_mut(out.get().add(so), geo.s_stride),
             )
         };
-        pack_panel(dtype, src, rows, cols, p, q, s)
+        pack_panel(dtype, src, first * PANEL, rows, cols, p, q, s)
     });
 }
 
@@ -177,9 +184,19 @@ impl SharedOut {
     }
 }
 
-/// Packs panel `p` of the GGUF-layout matrix `src` into its quants `q` and scales `s`. Rows
-/// past `rows` are zero.
-fn pack_panel(dtype: DType, src: &[u8], rows: usize, cols: usize, p: usize, quants: &mut [u8], scales: &mut [u8]) {
+/// Packs panel `p` of a GGUF-layout matrix into its quants `q` and scales `s`; `src` holds
+/// its rows from `src_row0` on. Rows past `rows` are zero.
+#[allow(clippy::too_many_arguments)]
+fn pack_panel(
+    dtype: DType,
+    src: &[u8],
+    src_row0: usize,
+    rows: usize,
+    cols: usize,
+    p: usize,
+    quants: &mut [u8],
+    scales: &mut [u8],
+) {
     let ng = cols / GROUP;
     let (qb, sb) = group_bytes(dtype);
     let row_bytes = dtype.bytes_for(cols).expect("whole blocks");
@@ -191,7 +208,7 @@ fn pack_panel(dtype: DType, src: &[u8], rows: usize, cols: usize, p: usize, quan
         if j >= rows {
             break;
         }
-        let row = &src[j * row_bytes..(j + 1) * row_bytes];
+        let row = &src[(j - src_row0) * row_bytes..(j - src_row0 + 1) * row_bytes];
         for g in 0..ng {
             let block = &row[(g * GROUP / be) * bb..][..bb];
             let gr = q8_activations::group(dtype, row, g);
