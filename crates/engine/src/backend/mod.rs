@@ -176,6 +176,14 @@ pub trait Backend: Send {
         self.upload_weight(tensor)
     }
 
+    /// Whether the embedding lookup (`Op::Embed`) reads rows of a `dtype` table that
+    /// [`Backend::upload_packed`] packed at `precision`: then a tied embedding table needs no
+    /// second, stored copy beside the lm_head's.
+    fn embeds_packed(&self, dtype: DType, precision: Precision) -> bool {
+        let _ = (dtype, precision);
+        false
+    }
+
     /// Copies `src` (exactly the view's bytes in its buffer's dtype) into `dst`, after the
     /// work already enqueued; returns when `src` may be reused.
     fn write(&mut self, dst: View, src: &[u8]) -> Result<()>;

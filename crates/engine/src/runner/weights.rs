@@ -92,6 +92,12 @@ fn staged<'t>(be: &dyn Backend, t: &'t Tensor) -> Result<Cow<'t, Tensor>> {
     Ok(if t.is_mapped() && !be.reads_mapped_weights() { Cow::Owned(t.owned_copy()?) } else { Cow::Borrowed(t) })
 }
 
+/// Whether the embedding table is also the lm_head (tied, and not split differently).
+fn tied_table(w: &ModelWeights) -> bool {
+    let (e, h) = (&w.embed, &w.lm_head);
+    e.name == h.name && e.dtype == h.dtype && e.shape == h.shape
+}
+
 fn slot<'p>(decisions: impl Fn(Slot) -> Option<&'p Decision>, s: Slot) -> Result<&'p Decision> {
     decisions(s).ok_or_else(|| Error::invalid("plan", format!("no decision for slot {}", s.name())))
 }
@@ -105,7 +111,22 @@ impl WeightIds {
     ) -> Result<WeightIds> {
         let mut u = Uploader { primary, cpu };
         let m = |s| plan.model_slot(s);
-        let embed = u.up(slot(m, Slot::Embed)?, &w.embed)?;
+        let (embed_d, head_d) = (slot(m, Slot::Embed)?, slot(m, Slot::LmHead)?);
+        // A tied table whose lm_head panels the embedding lookup can read is uploaded once.
+        let tied = tied_table(w) && embed_d.placement == head_d.placement && head_d.weights == WeightMode::Packed && {
+            let be = u.backend(head_d)?;
+            be.packs(w.lm_head.dtype, head_d.precision) && be.embeds_packed(w.lm_head.dtype, head_d.precision)
+        };
+        let shared_head = if tied {
+            log::info!(target: "tboost::plan", "model: embed: reads rows of the lm_head's packed panels (tied table, one copy)");
+            Some(u.up(head_d, &w.lm_head)?)
+        } else {
+            None
+        };
+        let embed = match shared_head {
+            Some(id) => id,
+            None => u.up(embed_d, &w.embed)?,
+        };
         let mut layers = Vec::with_capacity(w.layers.len());
         for (lp, lw) in plan.layers.iter().zip(&w.layers) {
             let d = |s| lp.get(s);
@@ -170,7 +191,10 @@ impl WeightIds {
             embed,
             layers,
             norm: u.up(slot(m, Slot::FinalNorm)?, &w.norm)?,
-            lm_head: u.up(slot(m, Slot::LmHead)?, &w.lm_head)?,
+            lm_head: match shared_head {
+                Some(id) => id,
+                None => u.up(head_d, &w.lm_head)?,
+            },
             rope_factors,
             embed_scale: None,
         })

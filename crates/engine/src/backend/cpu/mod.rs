@@ -547,6 +547,24 @@ impl Backend for CpuBackend {
         self.allocated
     }
 
+    fn weight_bytes_by_dtype(&self) -> Vec<(DType, usize)> {
+        // Weights that share bytes (a copy serving two uploads of one file range, a packed
+        // table serving the embedding and the lm_head) count once.
+        let mut seen = std::collections::HashSet::new();
+        let mut by: Vec<(DType, usize)> = Vec::new();
+        for w in &self.weights {
+            let (dtype, bytes) = w.resident();
+            if !seen.insert(bytes.as_ptr() as usize) {
+                continue;
+            }
+            match by.iter_mut().find(|(d, _)| *d == dtype) {
+                Some((_, n)) => *n += bytes.len(),
+                None => by.push((dtype, bytes.len())),
+            }
+        }
+        by
+    }
+
     fn upload_weight(&mut self, tensor: &Tensor) -> Result<WeightId> {
         // A tensor read from the file map would kill the host with SIGBUS if the file were
         // truncated or replaced in place while the engine runs or is built (rolling deploys
@@ -591,6 +609,10 @@ impl Backend for CpuBackend {
 
     fn packs(&self, dtype: DType, precision: Precision) -> bool {
         weights::packable(dtype, precision)
+    }
+
+    fn embeds_packed(&self, dtype: DType, precision: Precision) -> bool {
+        weights::rows_readable_packed(dtype, precision)
     }
 
     fn upload_packed(&mut self, tensor: &Tensor, precision: Precision) -> Result<WeightId> {

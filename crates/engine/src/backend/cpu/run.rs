@@ -48,7 +48,7 @@ impl CpuBackend {
         let mut vs = Views::new(self);
         match *op {
             Op::Embed { ids, table, out } => {
-                let t = mat(self.weight(table)?.stored("embed")?);
+                let t = self.weight(table)?.rows("embed")?;
                 check_len("embed out", out.len, ids.len * t.cols)?;
                 let ids = vs.u32(ids)?;
                 if let Some(&bad) = ids.iter().find(|&&id| id as usize >= t.rows) {

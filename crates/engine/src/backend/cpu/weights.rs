@@ -2,7 +2,7 @@
 //! a weight type (the plan's "convert at upload").
 
 use tboost_kernels::gemm::dense::{amx_pair_panels, bf16_pair_panels, exact_panels};
-use tboost_kernels::gemm::quant::{dequantize_row, panel_pack};
+use tboost_kernels::gemm::quant::{dequantize_row, panel_pack, panel_rows};
 use tboost_kernels::{convert, Layout, WeightMat, WeightVec};
 use tboost_ops::{DType, Precision};
 
@@ -46,6 +46,27 @@ impl CpuWeight {
         }
     }
 
+    /// Its dtype and the bytes it holds.
+    pub fn resident(&self) -> (DType, &[u8]) {
+        match self {
+            CpuWeight::Stored(t) => (t.dtype, t.bytes()),
+            CpuWeight::Packed { dtype, .. } => (*dtype, self.matmul().data),
+        }
+    }
+
+    /// The weight as the embedding lookup reads its rows: as stored, or packed in a layout
+    /// whose rows it can read ([`rows_readable_packed`]: a tied table kept only as the lm_head's
+    /// panels).
+    pub fn rows(&self, op: &str) -> Result<WeightMat<'_>> {
+        match self {
+            CpuWeight::Stored(t) => Ok(mat(t)),
+            CpuWeight::Packed { dtype, layout, .. } if panel_rows::reads(*dtype, *layout) => Ok(self.matmul()),
+            CpuWeight::Packed { name, .. } => Err(CpuBackend::err(format!(
+                "{op}: weight `{name}` was repacked for matmuls in a layout whose rows cannot be read (a bug in the plan)"
+            ))),
+        }
+    }
+
     /// The weight as stored, for ops that read rows (embedding, MoE experts).
     pub fn stored(&self, op: &str) -> Result<&Tensor> {
         match self {
@@ -73,6 +94,12 @@ fn layout_for(dtype: DType, precision: Precision) -> Option<Layout> {
         Precision::Exact if exact_panels::pays(dtype) => Some(Layout::Panels),
         _ => None,
     }
+}
+
+/// Whether the embedding lookup reads rows of a `dtype` matrix that [`pack`] packed for
+/// `precision` (block-quantized panels: `gemm::quant::panel_rows`).
+pub(super) fn rows_readable_packed(dtype: DType, precision: Precision) -> bool {
+    layout_for(dtype, precision).is_some_and(|l| panel_rows::reads(dtype, l))
 }
 
 /// Whether [`pack`] repacks `dtype` matmul weights run at `precision`.
