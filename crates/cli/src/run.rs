@@ -79,11 +79,16 @@ pub(crate) fn run(a: RunArgs) -> Result<()> {
         seed,
         ..SamplingParams::default()
     };
+    let cfg = a.m.engine.engine_config()?;
+    // One request: a step never holds more than the prompt (or a draft and its token), so the
+    // activation buffers, reserved and touched up front, need no room for 512 tokens (as
+    // llama.cpp's examples size their batch to the prompt).
+    let step_tokens = prompt.len().max(1 + cfg.spec_ngram.max(cfg.spec_draft_tokens)).min(512);
     let engine = Engine::new(EngineConfig {
         kv_size: KvSize::Tokens(prompt.len() + a.n),
         max_seqs: 1,
-        max_batched_tokens: 512,
-        ..a.m.engine.engine_config()?
+        max_batched_tokens: step_tokens,
+        ..cfg
     })?;
     engine.load_model(&model)?;
     if engine.follower_rank()?.is_some() {

@@ -7,15 +7,15 @@
 //! faults, and a 512-token prefill took seconds longer than the next one. llama.cpp maps
 //! with `MAP_POPULATE` for the same reason.
 //!
-//! `prefault` asks the kernel to read ahead (`MADV_WILLNEED`) and to populate the page
-//! tables of the whole mapping (`MADV_POPULATE_READ`, Linux 5.14+; with large page-cache
-//! folios the kernel then maps most of a file with 2 MiB entries), in slices so a progress
-//! bar can follow. Elsewhere, or when the kernel refuses a slice, it reads the slice with
-//! `pread` into a small buffer, which brings it into the page cache. Never by touching the
-//! map: a file truncated since load makes `MADV_POPULATE_READ` fail (EFAULT) where a touch
-//! of the page past its end would be SIGBUS; `pread` returns short, and the prefault skips
-//! the rest of that file (building an engine on it is then an error naming the file).
-//! It changes no data and no result, only when the reads happen.
+//! `prefault` asks the kernel to read ahead (`MADV_WILLNEED`) and reads every slice with
+//! `pread` into a small buffer, which brings it into the page cache, in slices so a progress
+//! bar can follow. It does not map the pages into this process (no `MADV_POPULATE_READ`): the
+//! engine reads weights with `pread` too and copies them out, so mapped file pages would only
+//! add the whole file to the process's peak RSS while its copies are made. Never by touching
+//! the map: a touch of a page past the end of a file truncated since load would be SIGBUS;
+//! `pread` returns short, and the prefault skips the rest of that file (building an engine on
+//! it is then an error naming the file). It changes no data and no result, only when the
+//! reads happen.
 
 use super::weights::ModelWeights;
 use crate::formats::files::MappedFile;
@@ -27,12 +27,11 @@ const SLICE: usize = 64 << 20;
 const READ_PIECE: usize = 1 << 20;
 
 impl ModelWeights {
-    /// Reads every page of the weights once, so the first request does not pay for page
-    /// faults, calling `progress(done, total)` in bytes along the way (progress bars, the C
-    /// ABI's load callback). Stops early, returning false, when `progress` returns false.
+    /// Reads every page of the weights once into the page cache, so building an engine does
+    /// not wait on the disk, calling `progress(done, total)` in bytes along the way (progress
+    /// bars, the C ABI's load callback). Stops early, returning false, when `progress` returns
+    /// false.
     pub fn touch(&self, progress: &mut dyn FnMut(u64, u64) -> bool) -> bool {
-        // `prefault` asks the kernel to read the pages in (MADV_POPULATE_READ) before
-        // falling back to reading them with `pread`.
         prefault(self, progress)
     }
 }
@@ -64,13 +63,12 @@ pub fn prefault(weights: &ModelWeights, progress: &mut dyn FnMut(u64, u64) -> bo
         let base = file.as_ptr() as usize;
         // SAFETY: every range lies inside the live read-only mapping `file` (held by the
         // tensors of `weights`), and advice never changes its contents.
-        unsafe { advise(base + start, len, Advice::WillNeed) };
+        unsafe { will_need(base + start, len) };
         let mut off = 0;
         let mut shrank = false;
         while off < len {
             let n = SLICE.min(len - off);
-            // SAFETY: as above; `start + off .. + n` is inside the range.
-            if !shrank && !unsafe { advise(base + start + off, n, Advice::PopulateRead) } {
+            if !shrank {
                 shrank = !read_through(file, start + off, n, &mut buf);
             }
             off += n;
@@ -99,30 +97,19 @@ fn read_through(file: &MappedFile, at: usize, len: usize, buf: &mut Vec<u8>) -> 
     true
 }
 
-#[derive(Clone, Copy)]
-enum Advice {
-    WillNeed,
-    PopulateRead,
-}
-
-/// `madvise` over the whole pages covering `start..start + len`; true if the kernel took it.
+/// `madvise(MADV_WILLNEED)` over the whole pages covering `start..start + len`: read-ahead
+/// into the page cache, without mapping the pages.
 ///
 /// # Safety
 /// The range must lie inside a live mapping of this process.
 #[cfg(target_os = "linux")]
-unsafe fn advise(start: usize, len: usize, a: Advice) -> bool {
+unsafe fn will_need(start: usize, len: usize) {
     let page = 4096usize;
     let lo = start & !(page - 1);
     let hi = (start + len).div_ceil(page) * page;
-    let advice = match a {
-        Advice::WillNeed => libc::MADV_WILLNEED,
-        Advice::PopulateRead => libc::MADV_POPULATE_READ,
-    };
     // The mapping starts on a page boundary and covers whole pages, so `lo..hi` stays in it.
-    libc::madvise(lo as *mut libc::c_void, hi - lo, advice) == 0
+    libc::madvise(lo as *mut libc::c_void, hi - lo, libc::MADV_WILLNEED);
 }
 
 #[cfg(not(target_os = "linux"))]
-unsafe fn advise(_start: usize, _len: usize, _a: Advice) -> bool {
-    false
-}
+unsafe fn will_need(_start: usize, _len: usize) {}
