@@ -5,14 +5,17 @@
 //! and building an engine from a model whose file has shrunk since load is an error naming
 //! the file. A truncation during the build itself (after that check) is caught too: every
 //! read of a weight while an engine is built is a `pread`, so a short read is an error
-//! naming the file, the tensor and both sizes. Each case works on its own copy of the file
-//! in a temporary directory.
+//! naming the file, the tensor and both sizes. So is a truncation while `Model::load`
+//! parses the file (a test hook cuts it between its map and its parse): the loaders parse
+//! headers read with `pread`, never the map. Each case works on its own copy of the file in
+//! a temporary directory.
 
 use std::path::{Path, PathBuf};
 
 use tboost_engine::backend::cpu::{convert_weight, CpuBackend};
 use tboost_engine::backend::{Backend, DType, Precision};
 use tboost_engine::engine::{Engine, EngineConfig, KvSize, WeightPages};
+use tboost_engine::formats::files;
 use tboost_engine::model::prefault::prefault;
 use tboost_engine::model::{Model, Tensor};
 use tboost_engine::plan::{PlanOptions, PrecisionPolicy};
@@ -192,7 +195,7 @@ fn a_file_truncated_during_the_build_is_an_error_naming_file_tensor_and_sizes() 
     in_child("a_file_truncated_during_the_build_is_an_error_naming_file_tensor_and_sizes", || {
         type Pick = fn(&Model) -> &Tensor;
         type Read = fn(&Tensor) -> Result<(), String>;
-        let paths: [(&str, Pick, Read); 5] = [
+        let paths: [(&str, Pick, Read); 6] = [
             (
                 "a stored tensor copied by the CPU backend",
                 |m| &m.weights.embed,
@@ -217,6 +220,11 @@ fn a_file_truncated_during_the_build_is_an_error_naming_file_tensor_and_sizes() 
                 "a device backend's host staging",
                 |m| &m.weights.lm_head,
                 |t| t.owned_copy().map(drop).map_err(|e| e.to_string()),
+            ),
+            (
+                "a norm gain's values (read at load for Gemma's 1 + w)",
+                |m| &m.weights.norm,
+                |t| t.to_f32().map(drop).map_err(|e| e.to_string()),
             ),
         ];
         for (what, pick, read) in paths {
@@ -247,5 +255,121 @@ fn prefault_of_a_file_truncated_since_load_skips_what_is_gone() {
             true
         }));
         assert_eq!(last.0, last.1, "progress ends at the total");
+    });
+}
+
+/// Loads `path` (`Model::load`) with `file` truncated in place to `cut` bytes between its
+/// map and its parse (the test hook [`files::set_after_map_hook`]), the race of a deploy that
+/// rewrites the file while a host loads it; returns the error. Before, the parse read the
+/// header through the map (and Gemma's norm gains), past the new end: SIGBUS.
+fn load_cut_after_map(path: &Path, file: &Path, cut: u64) -> String {
+    let target = file.to_path_buf();
+    files::set_after_map_hook(Some(Box::new(move |p: &Path| {
+        if p == target {
+            std::fs::OpenOptions::new().write(true).open(p).unwrap().set_len(cut).unwrap();
+        }
+    })));
+    let got = Model::load(path);
+    files::set_after_map_hook(None);
+    match got {
+        Ok(_) => panic!("{}: loaded with {} cut to {cut} bytes during the load", path.display(), file.display()),
+        Err(e) => e.to_string(),
+    }
+}
+
+/// Cuts at each of `cuts` (a page boundary: the pages past it are gone, a read of them
+/// through the map is SIGBUS) of a fresh copy made by `copy`; each load must fail naming
+/// the file.
+fn cut_during_load(what: &str, copy: impl Fn(&Path) -> (PathBuf, PathBuf), cuts: &[(&str, u64)]) {
+    for &(where_, cut) in cuts {
+        assert_eq!(cut % 4096, 0, "{what}: cut {cut} is not on a page boundary");
+        let dir = tempfile::tempdir().unwrap();
+        let (path, file) = copy(dir.path());
+        let len = std::fs::metadata(&file).unwrap().len();
+        assert!(cut < len, "{what}: cut {cut} of a {len}-byte file");
+        Model::load(&path).unwrap_or_else(|e| panic!("{what}: the intact copy: {e}"));
+        let err = load_cut_after_map(&path, &file, cut);
+        eprintln!("{what} cut {where_} ({cut} of {len} bytes): {err}");
+        assert!(
+            err.contains(&file.display().to_string()),
+            "{what} ({where_}): the error does not name the file: {err}"
+        );
+        assert!(err.contains(&format!("shrank from {len} to {cut} bytes")), "{what} ({where_}): {err}");
+    }
+}
+
+/// `n` rounded down to a page boundary.
+fn page_floor(n: u64) -> u64 {
+    n / 4096 * 4096
+}
+
+/// A GGUF file truncated while `Model::load` parses it: inside its metadata (the
+/// vocabulary), and inside its tensor data.
+#[test]
+fn a_gguf_truncated_during_model_load_is_an_error_naming_the_file() {
+    in_child("a_gguf_truncated_during_model_load_is_an_error_naming_the_file", || {
+        let source = "llama-2-tiny-random.gguf";
+        let bytes = std::fs::read(shared_dir().join("models").join(source)).unwrap();
+        let parsed = tboost_engine::formats::gguf::parse(&bytes, Path::new(source)).unwrap();
+        assert!(parsed.data_offset > 3 * 4096, "the metadata spans pages");
+        let data = page_floor(parsed.data_offset) + 2 * 4096;
+        cut_during_load("GGUF", |d| copy_model(d, source), &[("in the metadata", 4096), ("in the tensor data", data)]);
+    });
+}
+
+/// The offset in `file` of tensor `name`'s bytes (a safetensors file).
+fn safetensors_offset(file: &Path, name: &str) -> u64 {
+    let bytes = std::fs::read(file).unwrap();
+    let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+    (st.tensor(name).unwrap().data().as_ptr() as usize - bytes.as_ptr() as usize) as u64
+}
+
+/// A Gemma 3 safetensors checkpoint (its norm gains are read at load, `1 + w`) truncated
+/// while `Model::load` parses it: inside its header, and just before a norm gain.
+#[test]
+fn a_safetensors_file_truncated_during_model_load_is_an_error_naming_the_file() {
+    in_child("a_safetensors_file_truncated_during_model_load_is_an_error_naming_the_file", || {
+        let dir = tempfile::tempdir().unwrap();
+        let (_, file) = copy_model(dir.path(), "gemma3");
+        let header = u64::from_le_bytes(std::fs::read(&file).unwrap()[..8].try_into().unwrap());
+        assert!(header > 4096, "the header spans pages");
+        let gain = page_floor(safetensors_offset(&file, "model.layers.0.input_layernorm.weight"));
+        cut_during_load(
+            "safetensors",
+            |d| copy_model(d, "gemma3"),
+            &[("in the header", 4096), ("before a norm gain", gain)],
+        );
+    });
+}
+
+/// The same in the second shard of a sharded copy (an index and two files).
+#[test]
+fn a_safetensors_shard_truncated_during_model_load_is_an_error_naming_the_shard() {
+    in_child("a_safetensors_shard_truncated_during_model_load_is_an_error_naming_the_shard", || {
+        let shard = |dir: &Path| -> (PathBuf, PathBuf) {
+            let src = golden_dir("gemma3");
+            let bytes = std::fs::read(src.join("model.safetensors")).unwrap();
+            let st = safetensors::SafeTensors::deserialize(&bytes).unwrap();
+            let mut names: Vec<String> = st.names().into_iter().map(String::from).collect();
+            names.sort();
+            std::fs::copy(src.join("config.json"), dir.join("config.json")).unwrap();
+            let mut weight_map = serde_json::Map::new();
+            let half = names.len() / 2;
+            for (k, part) in [&names[..half], &names[half..]].into_iter().enumerate() {
+                let file = format!("model-{:05}-of-00002.safetensors", k + 1);
+                let views: Vec<_> = part.iter().map(|n| (n.clone(), st.tensor(n).unwrap())).collect();
+                std::fs::write(dir.join(&file), safetensors::serialize(views, None).unwrap()).unwrap();
+                for n in part {
+                    weight_map.insert(n.clone(), serde_json::json!(file));
+                }
+            }
+            let index = serde_json::json!({"metadata": {"total_size": 0}, "weight_map": weight_map});
+            std::fs::write(dir.join("model.safetensors.index.json"), index.to_string()).unwrap();
+            (dir.to_path_buf(), dir.join("model-00002-of-00002.safetensors"))
+        };
+        let dir = tempfile::tempdir().unwrap();
+        let (_, file) = shard(dir.path());
+        let gain = page_floor(safetensors_offset(&file, "model.norm.weight"));
+        cut_during_load("a shard", shard, &[("to nothing", 0), ("before a norm gain", gain)]);
     });
 }

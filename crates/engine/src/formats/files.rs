@@ -130,7 +130,9 @@ pub fn read_text_opt(path: &Path, max_bytes: u64, what: &str) -> Result<Option<S
     }
 }
 
-/// A read-only map of a whole file, with the open file it maps.
+/// A read-only map of a whole file, with the open file it maps. Nothing reads the bytes
+/// through the map (a page past the end of a file truncated since would be SIGBUS): every
+/// read is a `pread` of the file ([`MappedFile::read_head`], [`MappedFile::read_range`]).
 pub struct MappedFile {
     map: Mmap,
     file: File,
@@ -150,18 +152,7 @@ impl MappedFile {
     /// a file truncated between load and build fails at once, before any weight is read; a
     /// truncation during the build is caught by [`MappedFile::read_range`].
     pub fn check_intact(&self) -> Result<()> {
-        let now = self.file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
-        if now < self.map.len() as u64 {
-            return Err(Error::format(
-                &self.path,
-                format!(
-                    "the file shrank from {} to {now} bytes since it was loaded (truncated or rewritten in \
-                     place); load the model again",
-                    self.map.len()
-                ),
-            ));
-        }
-        Ok(())
+        self.check_len("since it was loaded (truncated or rewritten in place); load the model again")
     }
 
     /// Reads `dst.len()` bytes of the file at `offset` into `dst` with `pread`, for
@@ -170,25 +161,39 @@ impl MappedFile {
     /// the map fault with SIGBUS and kill the host; `pread` of a file that shrank returns
     /// short instead, and that is an error naming the file, the tensor and both sizes.
     pub fn read_range(&self, offset: usize, dst: &mut [u8], tensor: &str) -> Result<()> {
-        let mut done = 0;
-        while done < dst.len() {
-            let at = offset as u64 + done as u64;
-            #[cfg(unix)]
-            let got = std::os::unix::fs::FileExt::read_at(&self.file, &mut dst[done..], at);
-            #[cfg(windows)]
-            let got = std::os::windows::fs::FileExt::seek_read(&self.file, &mut dst[done..], at);
-            match got {
-                Ok(0) => return Err(self.shrank_under(tensor, offset, dst.len())),
-                Ok(n) => done += n,
-                Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
-                Err(e) => {
-                    return Err(Error::bad_tensor(
-                        &self.path,
-                        tensor,
-                        format!("reading bytes {offset}..{} of the file: {e}", offset + dst.len()),
-                    ))
-                }
-            }
+        match pread(&self.file, offset as u64, dst) {
+            Ok(n) if n == dst.len() => Ok(()),
+            Ok(_) => Err(self.shrank_under(tensor, offset, dst.len())),
+            Err(e) => Err(Error::bad_tensor(
+                &self.path,
+                tensor,
+                format!("reading bytes {offset}..{} of the file: {e}", offset + dst.len()),
+            )),
+        }
+    }
+
+    /// Reads `dst.len()` bytes at `offset` with `pread` for `what` (a header, a tensor
+    /// directory) while a model loads: a loader parses its own copy of the bytes, never the
+    /// map, so a file truncated since it was mapped is an error naming it and both sizes,
+    /// not a SIGBUS ([`read_exact_at`]).
+    pub fn read_head(&self, offset: u64, dst: &mut [u8], what: &str) -> Result<()> {
+        read_exact_at(&self.file, &self.path, self.map.len() as u64, offset, dst, what)
+    }
+
+    /// [`MappedFile::check_intact`] for a loader that has read what it parses: an error when
+    /// the file has shrunk since it was mapped, so a model whose file was truncated while it
+    /// loaded fails to load instead of failing later.
+    pub fn check_loaded(&self) -> Result<()> {
+        self.check_len("while it was being loaded (truncated or rewritten in place)")
+    }
+
+    fn check_len(&self, when: &str) -> Result<()> {
+        let now = self.file.metadata().map_err(|e| Error::io(&self.path, e))?.len();
+        if now < self.map.len() as u64 {
+            return Err(Error::format(
+                &self.path,
+                format!("the file shrank from {} to {now} bytes {when}", self.map.len()),
+            ));
         }
         Ok(())
     }
@@ -212,14 +217,78 @@ impl MappedFile {
     }
 }
 
+/// Reads into `dst` at `offset` with `pread` until `dst` is full or the file ends; returns
+/// the bytes read (fewer than `dst.len()` only at the end of the file).
+fn pread(file: &File, offset: u64, dst: &mut [u8]) -> io::Result<usize> {
+    let mut done = 0;
+    while done < dst.len() {
+        let at = offset + done as u64;
+        #[cfg(unix)]
+        let got = std::os::unix::fs::FileExt::read_at(file, &mut dst[done..], at);
+        #[cfg(windows)]
+        let got = std::os::windows::fs::FileExt::seek_read(file, &mut dst[done..], at);
+        match got {
+            Ok(0) => break,
+            Ok(n) => done += n,
+            Err(e) if e.kind() == io::ErrorKind::Interrupted => {}
+            Err(e) => return Err(e),
+        }
+    }
+    Ok(done)
+}
+
+/// Reads `dst.len()` bytes of `file` (`path`, `len` bytes long when it was opened) at
+/// `offset` with `pread`, for `what` (`the GGUF header`...). A file that has shrunk so that
+/// the bytes are gone is an error naming the file and both sizes.
+pub fn read_exact_at(file: &File, path: &Path, len: u64, offset: u64, dst: &mut [u8], what: &str) -> Result<()> {
+    let end = offset + dst.len() as u64;
+    match pread(file, offset, dst) {
+        Ok(n) if n == dst.len() => Ok(()),
+        Ok(_) => {
+            let now = match file.metadata() {
+                Ok(m) => format!("{} bytes", m.len()),
+                Err(_) => format!("fewer than {end} bytes"),
+            };
+            Err(Error::format(
+                path,
+                format!(
+                    "the file shrank from {len} to {now} while it was being loaded (truncated or rewritten in \
+                     place), so bytes {offset}..{end} of {what} cannot be read"
+                ),
+            ))
+        }
+        Err(e) => {
+            Err(Error::io(path, io::Error::new(e.kind(), format!("reading bytes {offset}..{end} of {what}: {e}"))))
+        }
+    }
+}
+
 /// Maps a whole file read-only.
 pub fn map_file(path: &Path) -> Result<Arc<MappedFile>> {
     let (file, _) = open_regular(path)?;
     // SAFETY: the map is read-only. A file truncated while mapped makes reads past its new
-    // end fault: tboost reads the map only while it parses a model's metadata (`Model::load`);
-    // every weight is read with `pread` (`MappedFile::read_range`) when an engine is built.
+    // end fault, so tboost never reads through it: `Model::load` parses headers, metadata
+    // and tensor directories read with `pread` (`MappedFile::read_head`), and every weight is
+    // read with `pread` (`MappedFile::read_range`); the map only names the file's ranges.
     let map = unsafe { Mmap::map(&file) }.map_err(|e| Error::io(path, e))?;
+    if let Some(hook) = AFTER_MAP.lock().unwrap_or_else(|e| e.into_inner()).as_ref() {
+        hook(path);
+    }
     Ok(Arc::new(MappedFile { map, file, path: path.to_path_buf() }))
+}
+
+/// A function [`map_file`] calls with the path of each file it has just mapped.
+type AfterMap = Box<dyn Fn(&Path) + Send>;
+
+static AFTER_MAP: std::sync::Mutex<Option<AfterMap>> = std::sync::Mutex::new(None);
+
+/// Test hook, for tests only: `hook` is called with each file's path right after
+/// [`map_file`] maps it, before a loader parses anything (`None` removes it). It lets a test
+/// change a model file at the one moment a race would (between `Model::load`'s map and its
+/// parse); it applies to the whole process.
+#[doc(hidden)]
+pub fn set_after_map_hook(hook: Option<AfterMap>) {
+    *AFTER_MAP.lock().unwrap_or_else(|e| e.into_inner()) = hook;
 }
 
 #[cfg(test)]

@@ -245,20 +245,41 @@ pub fn dtype_from_ggml(id: u32) -> Option<DType> {
     })
 }
 
-/// Reads only the header and metadata of a GGUF file (tokenizers need no more). The tensor
-/// directory is not parsed, so a vocabulary-only file or one with unsupported tensor types
-/// works too.
+/// Bytes of a GGUF file read at a time while its header is parsed ([`Reader::take`]): a
+/// 150k-token vocabulary (about 6 MB) takes a few reads, and the buffer ends at most this
+/// far past the tensor directory.
+const READ_STEP: u64 = 1 << 20;
+
+/// Reads only the header and metadata of a GGUF file (tokenizers need no more) with
+/// `pread` (nothing is mapped). The tensor directory is not parsed, so a vocabulary-only
+/// file or one with unsupported tensor types works too.
 pub fn read_metadata(path: &Path) -> Result<Metadata> {
-    let map = super::files::map_file(path)?;
-    let mut r = Reader::new(&map, path);
+    let (file, len) = super::files::open_regular(path)?;
+    let mut read = |at: u64, dst: &mut [u8]| super::files::read_exact_at(&file, path, len, at, dst, "the GGUF header");
+    let mut r = Reader::reading(&mut read, len, READ_STEP, path);
     let (_, _, n_kv) = r.header()?;
     r.metadata(n_kv)
+}
+
+/// [`parse`] of a mapped GGUF file from its bytes read with `pread` as the parse needs them
+/// ([`MappedFile::read_head`](super::files::MappedFile::read_head)), never through the map:
+/// a file truncated while a model loads is then an error naming it, not a SIGBUS. Every
+/// check is against the length of the map, with the same errors as [`parse`] of the whole
+/// file.
+pub fn parse_mapped(map: &super::files::MappedFile, path: &Path) -> Result<GgufFile> {
+    let mut read = |at: u64, dst: &mut [u8]| map.read_head(at, dst, "the GGUF header");
+    parse_from(&mut Reader::reading(&mut read, map.len() as u64, READ_STEP, path))
 }
 
 /// Parses the whole directory of an in-memory GGUF file and checks every tensor's byte
 /// range against `bytes.len()`. `path` is only used in error messages.
 pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufFile> {
-    let mut r = Reader::new(bytes, path);
+    parse_from(&mut Reader::new(bytes, path))
+}
+
+/// [`parse`] from `r`, checking tensor ranges against the file's length `r.len`.
+fn parse_from(r: &mut Reader<'_>) -> Result<GgufFile> {
+    let path = r.path;
     let (version, n_tensors, n_kv) = r.header()?;
     let metadata = r.metadata(n_kv)?;
 
@@ -302,7 +323,7 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufFile> {
 
     let end_of_infos = r.pos as u64;
     let data_offset = end_of_infos.div_ceil(alignment) * alignment;
-    let file_len = bytes.len() as u64;
+    let file_len = r.len;
     if !tensors.is_empty() && data_offset > file_len {
         return Err(r.err(format!(
             "the data section would start at byte {data_offset}, beyond the end of the file ({file_len} bytes); the file is truncated"
@@ -368,45 +389,89 @@ pub fn parse(bytes: &[u8], path: &Path) -> Result<GgufFile> {
     Ok(GgufFile { version, metadata, tensors, alignment, data_offset })
 }
 
-/// A bounds-checked little-endian cursor.
+/// Where a [`Reader`] finds the file's bytes.
+enum Source<'a> {
+    /// The whole file, in memory ([`parse`]).
+    Memory(&'a [u8]),
+    /// The first `buf.len()` bytes of the file, read with `read(offset, dst)` as they are
+    /// needed, at least `step` bytes at a time.
+    Reads { read: &'a mut dyn FnMut(u64, &mut [u8]) -> Result<()>, buf: Vec<u8>, step: u64 },
+}
+
+/// A bounds-checked little-endian cursor over a file of `len` bytes. Every check is against
+/// `len`, so a parse of bytes read as they are needed fails, when it fails, with the error of
+/// a parse of the whole file.
 struct Reader<'a> {
-    buf: &'a [u8],
+    src: Source<'a>,
+    len: u64,
     pos: usize,
     path: &'a Path,
     values: usize,
 }
 
 impl<'a> Reader<'a> {
-    fn new(buf: &'a [u8], path: &'a Path) -> Self {
-        Reader { buf, pos: 0, path, values: 0 }
+    fn new(bytes: &'a [u8], path: &'a Path) -> Self {
+        Reader { src: Source::Memory(bytes), len: bytes.len() as u64, pos: 0, path, values: 0 }
+    }
+
+    /// A reader of a file of `len` bytes that reads them with `read` as [`Reader::take`]
+    /// needs them, `step` bytes or more at a time.
+    fn reading(read: &'a mut dyn FnMut(u64, &mut [u8]) -> Result<()>, len: u64, step: u64, path: &'a Path) -> Self {
+        let src = Source::Reads { read, buf: Vec::new(), step: step.max(1) };
+        Reader { src, len, pos: 0, path, values: 0 }
     }
 
     fn err(&self, msg: String) -> Error {
         Error::format(self.path, msg)
     }
 
-    fn remaining(&self) -> usize {
-        self.buf.len() - self.pos
+    /// Bytes of the file after the cursor.
+    fn remaining(&self) -> u64 {
+        self.len - self.pos as u64
     }
 
-    fn take(&mut self, n: usize, what: &dyn Fn() -> String) -> Result<&'a [u8]> {
-        if n > self.remaining() {
+    /// The next `n` bytes, as a range for [`Reader::bytes`].
+    fn take(&mut self, n: usize, what: &dyn Fn() -> String) -> Result<std::ops::Range<usize>> {
+        if n as u64 > self.remaining() {
             return Err(self.err(format!(
                 "truncated: {} needs {n} bytes at offset {} but the file has only {} bytes",
                 what(),
                 self.pos,
-                self.buf.len()
+                self.len
             )));
         }
-        let s = &self.buf[self.pos..self.pos + n];
-        self.pos += n;
-        Ok(s)
+        // `pos + n <= len`, and the bytes before `pos` are in memory: this fits in usize.
+        let end = self.pos + n;
+        if let Source::Reads { read, buf, step } = &mut self.src {
+            let have = buf.len();
+            if end > have {
+                // At most `len`, which is at least `end`.
+                let want = (end as u64).max(have as u64 + *step).min(self.len) as usize;
+                // Amortized growth: the capacity doubles, only the bytes read are touched.
+                buf.try_reserve(want - have).map_err(|e| {
+                    Error::format(self.path, format!("cannot allocate {want} bytes for the GGUF header: {e}"))
+                })?;
+                buf.resize(want, 0);
+                read(have as u64, &mut buf[have..])?;
+            }
+        }
+        let r = self.pos..end;
+        self.pos = end;
+        Ok(r)
+    }
+
+    /// The bytes of a range [`Reader::take`] returned.
+    fn bytes(&self, r: std::ops::Range<usize>) -> &[u8] {
+        match &self.src {
+            Source::Memory(b) => &b[r],
+            Source::Reads { buf, .. } => &buf[r],
+        }
     }
 
     fn array<const N: usize>(&mut self, what: &dyn Fn() -> String) -> Result<[u8; N]> {
-        let s = self.take(N, what)?;
+        let r = self.take(N, what)?;
         // `take` returned exactly N bytes.
-        Ok(s.try_into().unwrap())
+        Ok(self.bytes(r).try_into().unwrap())
     }
 
     fn u32(&mut self, what: &dyn Fn() -> String) -> Result<u32> {
@@ -422,7 +487,7 @@ impl<'a> Reader<'a> {
     fn count(&self, n: u64, min_bytes: usize, what: impl Fn() -> String) -> Result<usize> {
         let fits = usize::try_from(n).ok().and_then(|n| n.checked_mul(min_bytes).map(|b| (n, b)));
         match fits {
-            Some((n, b)) if b <= self.remaining() => Ok(n),
+            Some((n, b)) if b as u64 <= self.remaining() => Ok(n),
             _ => Err(self.err(format!(
                 "{} is {n}, more than the {} bytes left in the file can hold; the file is truncated or corrupt",
                 what(),
@@ -447,7 +512,7 @@ impl<'a> Reader<'a> {
         v.try_reserve_exact(n).map_err(|e| self.err(format!("cannot allocate {n} entries for {what}: {e}")))
     }
 
-    fn bytes_str(&mut self, what: &dyn Fn() -> String) -> Result<&'a [u8]> {
+    fn bytes_str(&mut self, what: &dyn Fn() -> String) -> Result<std::ops::Range<usize>> {
         let n = self.u64(&|| format!("the length of {}", what()))?;
         self.cap(n, MAX_STRING_BYTES, &format!("the length of {}", what()))?;
         let n = self.count(n, 1, || format!("the length of {}", what()))?;
@@ -456,8 +521,8 @@ impl<'a> Reader<'a> {
 
     /// A string that must be valid UTF-8 (keys, tensor names, architecture names).
     fn string(&mut self, what: &dyn Fn() -> String) -> Result<String> {
-        let b = self.bytes_str(what)?;
-        match std::str::from_utf8(b) {
+        let r = self.bytes_str(what)?;
+        match std::str::from_utf8(self.bytes(r)) {
             Ok(s) => Ok(s.to_owned()),
             Err(e) => Err(self.err(format!("{} is not valid UTF-8: {e}", what()))),
         }
@@ -465,7 +530,8 @@ impl<'a> Reader<'a> {
 
     /// (version, tensor count, metadata count).
     fn header(&mut self) -> Result<(u32, u64, u64)> {
-        let magic = self.take(4, &|| "the GGUF magic".to_string())?;
+        let r = self.take(4, &|| "the GGUF magic".to_string())?;
+        let magic = self.bytes(r);
         if magic != MAGIC {
             return Err(self.err(format!("not a GGUF file: it starts with {magic:02x?}, not \"GGUF\"")));
         }
@@ -523,7 +589,8 @@ impl<'a> Reader<'a> {
                 b => return Err(self.err(format!("metadata `{key}`: bool byte is {b}, not 0 or 1"))),
             },
             8 => {
-                let b = self.bytes_str(&what)?;
+                let r = self.bytes_str(&what)?;
+                let b = self.bytes(r);
                 // Vocabulary entries are not always valid UTF-8 in the wild; keep the value
                 // (with replacement characters) but say so.
                 match std::str::from_utf8(b) {
@@ -580,4 +647,82 @@ fn min_value_bytes(ty: u32) -> Option<usize> {
         9 => 12,
         _ => return None,
     })
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A small GGUF v3 file: a few metadata values (a string array among them), two F32
+    /// tensors and their data.
+    fn tiny_gguf() -> Vec<u8> {
+        let mut b = Vec::new();
+        let s = |b: &mut Vec<u8>, v: &str| {
+            b.extend((v.len() as u64).to_le_bytes());
+            b.extend(v.as_bytes());
+        };
+        b.extend(MAGIC);
+        b.extend(3u32.to_le_bytes());
+        b.extend(2u64.to_le_bytes()); // tensors
+        b.extend(3u64.to_le_bytes()); // metadata
+        s(&mut b, "general.architecture");
+        b.extend(8u32.to_le_bytes());
+        s(&mut b, "llama");
+        s(&mut b, "tokenizer.ggml.tokens");
+        b.extend(9u32.to_le_bytes());
+        b.extend(8u32.to_le_bytes());
+        b.extend(40u64.to_le_bytes());
+        for i in 0..40 {
+            s(&mut b, &format!("token{i}"));
+        }
+        s(&mut b, "llama.block_count");
+        b.extend(4u32.to_le_bytes());
+        b.extend(2u32.to_le_bytes());
+        for (name, dims, offset) in [("a.weight", &[8u64][..], 0u64), ("b.weight", &[8, 4][..], 32)] {
+            s(&mut b, name);
+            b.extend((dims.len() as u32).to_le_bytes());
+            for d in dims {
+                b.extend(d.to_le_bytes());
+            }
+            b.extend(0u32.to_le_bytes()); // F32
+            b.extend(offset.to_le_bytes());
+        }
+        b.resize(b.len().div_ceil(32) * 32, 0);
+        b.extend((0..(8 + 32) * 4).map(|i| i as u8));
+        b
+    }
+
+    /// [`parse_from`] of `bytes` as a file read `step` bytes at a time.
+    fn parse_in_reads(bytes: &[u8], step: u64) -> Result<GgufFile> {
+        let path = Path::new("tiny.gguf");
+        let mut read = |at: u64, dst: &mut [u8]| {
+            dst.copy_from_slice(&bytes[at as usize..at as usize + dst.len()]);
+            Ok(())
+        };
+        parse_from(&mut Reader::reading(&mut read, bytes.len() as u64, step, path))
+    }
+
+    /// Read in steps of any size, a file parses as it does whole, and every truncated copy
+    /// fails with the very error of a parse of the whole (truncated) file.
+    #[test]
+    fn a_parse_of_a_prefix_read_in_parts_is_a_parse_of_the_whole_file() {
+        let full = tiny_gguf();
+        let whole = parse(&full, Path::new("tiny.gguf")).unwrap();
+        assert_eq!(whole.tensors.len(), 2);
+        for step in [0, 1, 7, 64, 100, 333, full.len() as u64, 1 << 20] {
+            let got = parse_in_reads(&full, step).unwrap();
+            assert_eq!(format!("{got:?}"), format!("{whole:?}"), "reads of {step} bytes");
+        }
+        for cut in 0..full.len() {
+            let want = parse(&full[..cut], Path::new("tiny.gguf")).map(|f| format!("{f:?}"));
+            for step in [1, 16, 200] {
+                let got = parse_in_reads(&full[..cut], step).map(|f| format!("{f:?}"));
+                assert_eq!(
+                    got.as_ref().map_err(|e| e.to_string()),
+                    want.as_ref().map_err(|e| e.to_string()),
+                    "cut {cut}, reads of {step} bytes"
+                );
+            }
+        }
+    }
 }

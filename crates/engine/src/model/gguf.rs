@@ -9,15 +9,22 @@ use super::arch::SUPPORTED;
 use super::weights::{
     check_shapes_in, ExpertWeights, LayerExtras, LayerWeights, Mlp, ModelWeights, RopeFactors, TensorSet,
 };
-use super::{map_weights, Arch, Model, ModelConfig, ModelFormat, Tensor};
-use crate::formats::gguf::{dtype_from_ggml, ggml_type_name, parse, GgufFile, Metadata, Value};
+use super::{Arch, Model, ModelConfig, ModelFormat, Storage, Tensor};
+use crate::formats::files;
+use crate::formats::gguf::{dtype_from_ggml, ggml_type_name, parse_mapped, GgufFile, Metadata, Value};
 use crate::{Error, Result};
 
 /// Loads a GGUF model file: config from the llama.cpp metadata keys, every tensor a view
 /// into the memory map (MoE expert stacks split into per-expert views), shapes checked.
+/// The header, metadata and tensor directory are read with `pread` and parsed from memory
+/// ([`parse_mapped`]); nothing reads the map, so a file truncated during the load is an
+/// error naming it, never a SIGBUS.
 pub fn load(path: &Path) -> Result<Model> {
-    let map = map_weights(path)?;
-    let file = parse(map.bytes(), path)?;
+    let mapped = files::map_file(path)?;
+    let file = parse_mapped(&mapped, path)?;
+    // A file cut inside its tensor data (past what the parse read) fails here, not later.
+    mapped.check_loaded()?;
+    let map = Storage::Mmap(mapped);
     let config = config_from_gguf(&file, path)?;
 
     let mut set = TensorSet::new(path);

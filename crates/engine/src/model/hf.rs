@@ -8,7 +8,7 @@
 use std::collections::BTreeMap;
 use std::path::Path;
 
-use safetensors::{Dtype, SafeTensors};
+use safetensors::Dtype;
 use serde_json::{Map, Value};
 use tboost_ops::DType;
 use tboost_ops::{Llama3Scaling, RopeScaling, RopeStyle, YarnScaling};
@@ -17,7 +17,7 @@ use super::arch::{MlpAct, SUPPORTED};
 use super::weights::{
     check_shapes_in, ExpertWeights, LayerExtras, LayerWeights, Mlp, ModelWeights, RopeFactors, TensorSet,
 };
-use super::{map_weights, Arch, Model, ModelConfig, ModelFormat, Tensor};
+use super::{Arch, Model, ModelConfig, ModelFormat, Storage, Tensor};
 use crate::formats::files;
 use crate::formats::limits;
 use crate::{Error, Result};
@@ -553,11 +553,17 @@ fn parse_index(text: &str, path: &Path) -> Result<BTreeMap<String, String>> {
         .collect()
 }
 
+/// Maps a shard and adds its tensors to `set`. The header is read with `pread` and parsed
+/// from memory ([`read_header`]); nothing reads the map, so a shard truncated while it loads
+/// is an error naming it, never a SIGBUS.
 fn add_shard(set: &mut TensorSet, path: &Path) -> Result<()> {
-    let map = map_weights(path)?;
-    let st = SafeTensors::deserialize(map.bytes()).map_err(|e| safetensors_error(map.bytes(), path, e))?;
-    let base = map.bytes().as_ptr() as usize;
-    let total = set.len().saturating_add(st.len());
+    let map = files::map_file(path)?;
+    let (data_start, header) = read_header(&map, path)?;
+    // A file cut inside its tensor data fails here, not at the first read of a tensor.
+    map.check_loaded()?;
+    let map = Storage::Mmap(map);
+    let tensors = header.tensors();
+    let total = set.len().saturating_add(tensors.len());
     if total > limits::MAX_TENSORS {
         return Err(Error::format(
             path,
@@ -567,10 +573,10 @@ fn add_shard(set: &mut TensorSet, path: &Path) -> Result<()> {
             ),
         ));
     }
-    let mut views: Vec<_> = st.iter().collect();
-    views.sort_by_key(|(n, _)| *n);
-    for (name, view) in views {
-        let dtype = match view.dtype() {
+    let mut views: Vec<_> = tensors.into_iter().collect();
+    views.sort_by(|a, b| a.0.cmp(&b.0));
+    for (name, info) in views {
+        let dtype = match info.dtype {
             Dtype::F32 => DType::F32,
             Dtype::F16 => DType::F16,
             Dtype::BF16 => DType::BF16,
@@ -581,33 +587,81 @@ fn add_shard(set: &mut TensorSet, path: &Path) -> Result<()> {
                 )))
             }
         };
-        let data = view.data();
-        // `data` is a sub-slice of the map, so the difference is its offset.
-        let offset = data.as_ptr() as usize - base;
-        let t = Tensor::new(name, dtype, view.shape().to_vec(), map.clone(), offset, data.len())
-            .map_err(|m| Error::bad_tensor(path, name, m))?;
+        // The crate checked that the data section is exactly the file's rest: these fit.
+        let (start, end) = info.data_offsets;
+        let t = Tensor::new(&name, dtype, info.shape.clone(), map.clone(), data_start + start, end - start)
+            .map_err(|m| Error::bad_tensor(path, &name, m))?;
         set.insert(t, path)?;
     }
     Ok(())
 }
 
-/// The crate's errors do not always name the tensor; re-read the header to find it.
-fn safetensors_error(bytes: &[u8], path: &Path, e: safetensors::SafeTensorError) -> Error {
-    let fallback = || Error::format(path, format!("invalid safetensors file: {e}"));
-    let Some(n) = bytes.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap())) else {
-        return Error::format(path, format!("invalid safetensors file: only {} bytes, no header", bytes.len()));
+/// The `safetensors` crate's cap on a header's length (`MAX_HEADER_SIZE`, private there).
+const MAX_HEADER_BYTES: usize = 100_000_000;
+
+/// The header of a mapped safetensors file, read with `pread` and validated by the
+/// `safetensors` crate as `SafeTensors::deserialize` validates a whole file (the same steps
+/// and errors, against the length of the map): returns where the data section starts and
+/// the tensor directory.
+fn read_header(map: &files::MappedFile, path: &Path) -> Result<(usize, safetensors::tensor::Metadata)> {
+    use safetensors::SafeTensorError as E;
+    let len = map.len() as u64;
+    let mut head = vec![0u8; len.min(8) as usize];
+    map.read_head(0, &mut head, "the safetensors header length")?;
+    let fail = |head: &[u8], e: E| safetensors_error(head, len, path, e);
+    let Some(n) = head.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap())) else {
+        return Err(fail(&head, E::HeaderTooSmall));
     };
-    let Some(header) = usize::try_from(n).ok().and_then(|n| bytes.get(8..8usize.checked_add(n)?)) else {
+    let n = match usize::try_from(n) {
+        Ok(n) if n <= MAX_HEADER_BYTES => n,
+        _ => return Err(fail(&head, E::HeaderTooLarge)),
+    };
+    // `n <= MAX_HEADER_BYTES`: no overflow.
+    if 8 + n as u64 > len {
+        return Err(fail(&head, E::InvalidHeaderLength));
+    }
+    head.try_reserve_exact(n).map_err(|e| Error::format(path, format!("cannot allocate the {n}-byte header: {e}")))?;
+    head.resize(8 + n, 0);
+    map.read_head(8, &mut head[8..], "the safetensors header")?;
+    let text = std::str::from_utf8(&head[8..]).map_err(|e| fail(&head, E::InvalidHeader(e)))?;
+    /// The crate's own header layout (`HashMetadata`, private there).
+    #[derive(serde::Deserialize)]
+    struct Header {
+        #[serde(rename = "__metadata__")]
+        metadata: Option<std::collections::HashMap<String, String>>,
+        #[serde(flatten)]
+        tensors: std::collections::HashMap<String, safetensors::tensor::TensorInfo>,
+    }
+    let h: Header = serde_json::from_str(text).map_err(|e| fail(&head, E::InvalidHeaderDeserialization(e)))?;
+    // As the crate's `TryFrom<HashMetadata>`: sorted by offsets, then validated.
+    let mut tensors: Vec<_> = h.tensors.into_iter().collect();
+    tensors.sort_by_key(|(_, t)| t.data_offsets);
+    let header = safetensors::tensor::Metadata::new(h.metadata, tensors).map_err(|e| fail(&head, e))?;
+    // `data_len` is the end of the last tensor, which `new` checked are contiguous from 0.
+    if (8 + n as u64).checked_add(header.data_len() as u64) != Some(len) {
+        return Err(fail(&head, E::MetadataIncompleteBuffer));
+    }
+    Ok((8 + n, header))
+}
+
+/// The crate's errors do not always name the tensor; re-read the header to find it.
+/// `head` is the start of a file of `len` bytes: its first 8 bytes (fewer in a shorter
+/// file), then the header when it was read.
+fn safetensors_error(head: &[u8], len: u64, path: &Path, e: safetensors::SafeTensorError) -> Error {
+    let fallback = || Error::format(path, format!("invalid safetensors file: {e}"));
+    let Some(n) = head.get(..8).map(|b| u64::from_le_bytes(b.try_into().unwrap())) else {
+        return Error::format(path, format!("invalid safetensors file: only {len} bytes, no header"));
+    };
+    if n.checked_add(8).is_none_or(|end| end > len) {
         return Error::format(
             path,
-            format!(
-                "invalid safetensors file: header length {n} runs past the end of the file ({} bytes)",
-                bytes.len()
-            ),
+            format!("invalid safetensors file: header length {n} runs past the end of the file ({len} bytes)"),
         );
-    };
+    }
+    // Not read: a header above the crate's cap.
+    let Some(header) = usize::try_from(n).ok().and_then(|n| head.get(8..8 + n)) else { return fallback() };
     let Ok(Value::Object(m)) = serde_json::from_slice::<Value>(header) else { return fallback() };
-    let data_len = bytes.len() - 8 - header.len();
+    let data_len = len - 8 - n;
     let mut ranges = Vec::new();
     for (name, info) in &m {
         if name == "__metadata__" {
@@ -624,7 +678,7 @@ fn safetensors_error(bytes: &[u8], path: &Path, e: safetensors::SafeTensorError)
         let &[start, end] = &offs[..] else {
             return Error::bad_tensor(path, name, format!("data_offsets {offs:?} must have two entries"));
         };
-        if end < start || end > data_len as u64 {
+        if end < start || end > data_len {
             return Error::bad_tensor(
                 path,
                 name,
@@ -814,9 +868,10 @@ fn assemble(cfg: &ModelConfig, set: &mut TensorSet) -> Result<ModelWeights> {
     Ok(ModelWeights { embed, layers, norm, lm_head, rope_factors: None })
 }
 
-/// `1 + w` in f32 (Gemma's norm gains; transformers adds the 1 in f32 as well).
+/// `1 + w` in f32 (Gemma's norm gains; transformers adds the 1 in f32 as well). The gains
+/// are read with `pread` ([`Tensor::to_f32`]), not through the map.
 fn plus_one(t: &Tensor, file: &Path) -> Result<Tensor> {
-    let v = t.to_f32().ok_or_else(|| {
+    let v = t.to_f32()?.ok_or_else(|| {
         Error::bad_tensor(file, &t.name, format!("is {}, but a norm gain must be f32, f16 or bf16", t.dtype))
     })?;
     let v: Vec<f32> = v.iter().map(|w| 1.0 + w).collect();

@@ -99,9 +99,10 @@ impl Tensor {
         Tensor::new(name, dtype, shape, Storage::Owned(Arc::new(bytes)), 0, len)
     }
 
-    /// The bytes in place. For a mapped tensor that is the file map: read it only while the
-    /// model loads (`Model::load`); a read of a page past the end of a file truncated since
-    /// then would be SIGBUS. Everything after load reads through [`Tensor::read_range`].
+    /// The bytes in place. For a mapped tensor that is the file map: do not read it (a read
+    /// of a page past the end of a file truncated since it was mapped would be SIGBUS);
+    /// [`Tensor::read_range`], [`Tensor::rows_in_parts`] and [`Tensor::owned_copy`] read with
+    /// `pread`. Its address and length are safe to use.
     pub fn bytes(&self) -> &[u8] {
         &self.storage.bytes()[self.offset..self.offset + self.len]
     }
@@ -235,16 +236,22 @@ impl Tensor {
         Ok(t)
     }
 
-    /// The values of a float tensor (f32, f16, bf16) as f32; `None` for block types. Reads
-    /// [`Tensor::bytes`] in place: for `Model::load` (Gemma's norm gains) and tests.
-    pub fn to_f32(&self) -> Option<Vec<f32>> {
-        let b = self.bytes();
-        Some(match self.dtype {
+    /// The values of a float tensor (f32, f16, bf16) as f32; `None` for block types. A
+    /// mapped tensor is read with `pread` ([`Tensor::owned_copy`]): a file that shrank is an
+    /// error naming it and this tensor, not a SIGBUS. For `Model::load` (Gemma's norm gains)
+    /// and tests.
+    pub fn to_f32(&self) -> crate::Result<Option<Vec<f32>>> {
+        if !matches!(self.dtype, DType::F32 | DType::F16 | DType::BF16) {
+            return Ok(None);
+        }
+        let copy = self.owned_copy()?;
+        let b = copy.bytes();
+        Ok(Some(match self.dtype {
             DType::F32 => b.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect(),
             DType::F16 => b.chunks_exact(2).map(|c| half::f16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
             DType::BF16 => b.chunks_exact(2).map(|c| half::bf16::from_le_bytes([c[0], c[1]]).to_f32()).collect(),
-            _ => return None,
-        })
+            _ => return Ok(None),
+        }))
     }
 
     /// An owned f32 tensor of `values` with this tensor's name and shape.
