@@ -17,32 +17,7 @@ const SCHEMA: &str = r#"{"type": "object", "properties": {"name": {"type": "stri
   "required": ["name", "age", "tags"], "additionalProperties": false}"#;
 
 /// llama.cpp's `grammars/json.gbnf` (llama-cpp-python 0.3.36 sdist), as a llama.cpp user sends it.
-const JSON_GBNF: &str = r#"root   ::= object
-value  ::= object | array | string | number | ("true" | "false" | "null") ws
-
-object ::=
-  "{" ws (
-            string ":" ws value
-    ("," ws string ":" ws value)*
-  )? "}" ws
-
-array  ::=
-  "[" ws (
-            value
-    ("," ws value)*
-  )? "]" ws
-
-string ::=
-  "\"" (
-    [^"\\\x7F\x00-\x1F] |
-    "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) # escapes
-  )* "\"" ws
-
-number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
-
-# Optional space: by convention, applied in this grammar after literal chars when allowed
-ws ::= | " " | "\n" [ \t]{0,20}
-"#;
+const JSON_GBNF: &str = include_str!("data/json.gbnf");
 
 fn engine(spec: usize) -> Engine {
     let cfg =

@@ -812,32 +812,7 @@ mod tests {
     }
 
     /// llama.cpp's grammars/json.gbnf (llama-cpp-python 0.3.36).
-    pub(crate) const JSON_GBNF: &str = r#"root   ::= object
-value  ::= object | array | string | number | ("true" | "false" | "null") ws
-
-object ::=
-  "{" ws (
-            string ":" ws value
-    ("," ws string ":" ws value)*
-  )? "}" ws
-
-array  ::=
-  "[" ws (
-            value
-    ("," ws value)*
-  )? "]" ws
-
-string ::=
-  "\"" (
-    [^"\\\x7F\x00-\x1F] |
-    "\\" (["\\bfnrt] | "u" [0-9a-fA-F]{4}) # escapes
-  )* "\"" ws
-
-number ::= ("-"? ([0-9] | [1-9] [0-9]{0,15})) ("." [0-9]+)? ([eE] [-+]? [0-9] [1-9]{0,15})? ws
-
-# Optional space: by convention, applied in this grammar after literal chars when allowed
-ws ::= | " " | "\n" [ \t]{0,20}
-"#;
+    pub(crate) const JSON_GBNF: &str = include_str!("../../tests/data/json.gbnf");
 
     #[test]
     fn llama_cpp_json_grammar() {
