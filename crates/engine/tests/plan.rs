@@ -424,9 +424,12 @@ fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
             (DType::BF16, PrecisionPolicy::Fast) => {
                 tboost_kernels::gemm::dense::bf16_pair_panels::applies() || amx_tiles
             }
-            // Without AMX, fast f16 falls back to the exact kernel, which packs where it pays.
+            // Without AMX, fast f16 is rounded to bf16 for the dot-product kernel where it runs,
+            // else falls back to the exact kernel, which packs where it pays.
             (DType::F16, PrecisionPolicy::Fast) => {
-                amx_tiles || tboost_kernels::gemm::dense::exact_panels::pays(DType::F16)
+                amx_tiles
+                    || tboost_kernels::gemm::dense::bf16_pair_panels::applies()
+                    || tboost_kernels::gemm::dense::exact_panels::pays(DType::F16)
             }
             _ if dtype.is_float() => tboost_kernels::gemm::dense::exact_panels::pays(dtype),
             _ => true,
@@ -449,6 +452,23 @@ fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
             eprintln!("{what}: pair panels against rows: max |diff| {diff}, logit scale {scale}");
             assert!(diff > 0.0, "{what}: the two orders gave the same bits (is the pair kernel running?)");
             assert!(diff <= 2f32.powi(-7) * scale, "{what}: pair panels moved the logits by {diff} (scale {scale})");
+            continue;
+        }
+        if (dtype, precision) == (DType::F16, PrecisionPolicy::Fast)
+            && !amx_tiles
+            && tboost_kernels::gemm::dense::bf16_pair_panels::applies()
+        {
+            // Without AMX, f16 weights are rounded to bf16 once at upload (at most 2^-9 of each
+            // weight) and activations to bf16 per step, for the `vdpbf16ps` kernel: within the
+            // bf16 bound of exact, as fast bf16 is, and not the same bits.
+            let scale = rows.iter().fold(0f32, |a, v| a.max(v.abs()));
+            let diff = max_abs_diff(&packed, &rows);
+            eprintln!("{what}: bf16-rounded pair panels against exact rows: max |diff| {diff}, logit scale {scale}");
+            assert!(diff > 0.0, "{what}: exact's bits (is the bf16 kernel running?)");
+            assert!(
+                diff <= 2f32.powi(-6) * scale,
+                "{what}: rounding to bf16 moved the logits by {diff} (scale {scale})"
+            );
             continue;
         }
         if (dtype, precision) == (DType::F16, PrecisionPolicy::Fast) && amx_tiles {

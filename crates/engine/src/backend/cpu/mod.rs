@@ -345,7 +345,8 @@ fn exact(p: Precision) -> Result<(), Unsupported> {
 /// for block-quantized weights (activations quantized to 8 bits per 32 values, integer dot
 /// products: VNNI where present, any x86 level otherwise), for bf16 weights where the CPU
 /// has AMX or AVX512_BF16 (activations rounded to bf16) and for f16 weights where it has
-/// AMX-BF16 (weights and activations split into two bf16 parts each).
+/// AMX-BF16 (weights and activations split into two bf16 parts each) or else AVX512_BF16
+/// (weights rounded to bf16 once at upload, activations per step).
 fn precision_for(case: &tboost_ops::MatMulCase) -> Result<(), Unsupported> {
     match case.precision {
         Precision::Exact => Ok(()),
@@ -355,7 +356,7 @@ fn precision_for(case: &tboost_ops::MatMulCase) -> Result<(), Unsupported> {
             "precision",
             "fast",
             format!(
-                "exact for {} weights here (fast: GGUF block types; bf16 weights on a CPU with AMX or AVX512_BF16; f16 weights with AMX-BF16)",
+                "exact for {} weights here (fast: GGUF block types; bf16 and f16 weights on a CPU with AMX or AVX512_BF16)",
                 case.dtype
             ),
         )),

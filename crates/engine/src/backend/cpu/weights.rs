@@ -91,6 +91,8 @@ fn layout_for(dtype: DType, precision: Precision) -> Option<Layout> {
             Some(Layout::PairPanels)
         }
         Precision::Fast if dtype == DType::F16 && amx_pair_panels::applies() => Some(Layout::PairPanels),
+        // Without AMX, F16 rounded once to BF16 for the `vdpbf16ps` kernel ([`as_bf16`]).
+        Precision::Fast if dtype == DType::F16 && bf16_pair_panels::applies() => Some(Layout::PairPanels),
         Precision::Exact if exact_panels::pays(dtype) => Some(Layout::Panels),
         _ => None,
     }
@@ -107,10 +109,21 @@ pub(super) fn packable(dtype: DType, precision: Precision) -> bool {
     layout_for(dtype, precision).is_some()
 }
 
+/// Whether [`pack`] rounds `dtype` weights packed in `layout` to BF16: F16 at `Fast` on a CPU
+/// with `vdpbf16ps` and no AMX. Exact f16 through BF16 needs two or three `vdpbf16ps` per
+/// product, no faster than f32 FMA; one, on weights rounded to BF16 (a relative error of at most
+/// 2^-9 a weight, below that of `Fast`'s 8-bit activations for block types), doubles the
+/// multiply rate. `Exact` keeps the f16 values.
+fn as_bf16(dtype: DType, layout: Layout) -> bool {
+    dtype == DType::F16 && layout == Layout::PairPanels && !amx_pair_panels::applies()
+}
+
 /// Bytes of a packed `[rows, cols]` matrix.
 fn packed_len(dtype: DType, layout: Layout, rows: usize, cols: usize) -> usize {
     match layout {
-        Layout::PairPanels if dtype == DType::F16 => amx_pair_panels::packed_bytes(rows, cols),
+        Layout::PairPanels if dtype == DType::F16 && amx_pair_panels::applies() => {
+            amx_pair_panels::packed_bytes(rows, cols)
+        }
         Layout::PairPanels => bf16_pair_panels::packed_bytes(rows, cols),
         _ if dtype.is_quantized() => panel_pack::packed_bytes(dtype, rows, cols),
         _ => exact_panels::packed_bytes(dtype, rows, cols),
@@ -138,7 +151,9 @@ pub(super) fn pack(
     if t.shape.len() != 2 || (block && !cols.is_multiple_of(panel_pack::GROUP_VALUES)) {
         return Ok(None);
     }
-    let n = packed_len(t.dtype, layout, rows, cols);
+    let round = as_bf16(t.dtype, layout);
+    let dtype = if round { DType::BF16 } else { t.dtype };
+    let n = packed_len(dtype, layout, rows, cols);
     let mut bytes = arena
         .alloc(n)
         .map_err(|e| CpuBackend::err(format!("tensor `{}`: no memory for its {n} repacked bytes: {e}", t.name)))?;
@@ -149,8 +164,16 @@ pub(super) fn pack(
     // load's peak RSS.
     let row_bytes = t.bytes().len() / rows.max(1);
     let per_part = (PACK_PART_BYTES / (row_bytes * PANEL).max(1)).max(1);
+    let mut rounded = Vec::new();
     t.rows_in_parts(per_part * PANEL, Some(pool), |r, src| {
         let (part, dst) = (r.start / PANEL..r.end.div_ceil(PANEL), &mut bytes[..n]);
+        let src = if round {
+            rounded.resize(src.len(), 0);
+            convert::convert(DType::F16, src, DType::BF16, &mut rounded, src.len() / 2);
+            &rounded[..]
+        } else {
+            src
+        };
         pool.install(|| match layout {
             // F16 pair panels hold the stored 2-byte values as BF16 ones do.
             Layout::PairPanels => bf16_pair_panels::pack_panels(rows, cols, src, dst, part),
@@ -162,8 +185,8 @@ pub(super) fn pack(
     })?;
     let bytes = bytes.freeze();
     t.release_resident();
-    log::debug!("tensor `{}`: {rows}x{cols} {} repacked into 16-row panels ({n} bytes)", t.name, t.dtype);
-    Ok(Some(CpuWeight::Packed { name: t.name.clone(), dtype: t.dtype, rows, cols, layout, bytes }))
+    log::debug!("tensor `{}`: {rows}x{cols} {} repacked into 16-row panels as {dtype} ({n} bytes)", t.name, t.dtype);
+    Ok(Some(CpuWeight::Packed { name: t.name.clone(), dtype, rows, cols, layout, bytes }))
 }
 
 /// `t` converted to `to` (f32, f16 or bf16): block-quantized rows are dequantized one at a

@@ -85,10 +85,12 @@ impl FastBf16 {
 
 /// True when `matmul_fast` computes `dtype` weights with a bf16 kernel here (rather than
 /// falling back to the exact kernels): `FastBf16::best().applies(dtype)`, and F16 where the
-/// engine packs it into pair panels for the AMX split kernel (`amx_pair_panels::applies`; F16
-/// left in rows still runs the exact kernels). BF16 pair panels run where BF16 rows do.
+/// engine packs it into pair panels: for the AMX split kernel (`amx_pair_panels::applies`), or
+/// rounded to BF16 for the `vdpbf16ps` kernel where that is the best (F16 left in rows still
+/// runs the exact kernels). BF16 pair panels run where BF16 rows do.
 pub fn fast_bf16_applies(dtype: DType) -> bool {
-    FastBf16::best().applies(dtype) || (dtype == DType::F16 && super::amx_pair_panels::applies())
+    let best = FastBf16::best();
+    best.applies(dtype) || (dtype == DType::F16 && (super::amx_pair_panels::applies() || best == FastBf16::Dot))
 }
 
 /// `seg.out = x · seg.wᵀ + seg.bias` with `Precision::Fast` numerics (module docs) for the
