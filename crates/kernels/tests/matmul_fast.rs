@@ -297,8 +297,9 @@ fn the_bf16_kernel_is_on_only_with_the_extension() {
     assert_eq!(best == FastBf16::Amx, isa::amx_bf16());
     assert_eq!(best == FastBf16::Off, !isa::avx512bf16());
     assert_eq!(gemm::fast_bf16_applies(DType::BF16), best != FastBf16::Off);
-    // F16 at fast: the pair-panel split kernel, wherever AMX-BF16 runs (rows stay exact).
-    assert_eq!(gemm::fast_bf16_applies(DType::F16), best == FastBf16::Amx);
+    // F16 at fast: pair panels wherever a bf16 kernel runs: AMX-BF16's split kernel, or the
+    // `vdpbf16ps` kernel on weights the engine rounds to bf16 (rows stay exact).
+    assert_eq!(gemm::fast_bf16_applies(DType::F16), best != FastBf16::Off);
     assert_eq!(tboost_kernels::gemm::dense::amx_pair_panels::applies(), best == FastBf16::Amx);
     assert!(!FastBf16::Amx.applies(DType::F16) && !FastBf16::Dot.applies(DType::F16), "f16 in rows stays exact");
     assert!(!gemm::fast_bf16_applies(DType::F32));
