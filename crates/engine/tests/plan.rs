@@ -443,46 +443,27 @@ fn packing_weights_into_panels_changes_no_bit_but_fast_bf16s_and_is_recorded() {
         assert!(text.contains("repacked into cpu's panel layout at upload"), "{what}: the plan says so:\n{text}");
         // With AMX, bf16 panels take the row kernel's tile products (`gemm::dense::amx_pair_panels`):
         // the same bits, checked below.
-        if (dtype, precision) == (DType::BF16, PrecisionPolicy::Fast) && !amx_tiles {
-            // The pair panels add each output in one chain, the row layout in 16 chains and a
-            // tree (`gemm::dense::bf16_pair_panels`): both within the bf16 bound of the exact sums, not
-            // the same bits. Logits of this model are O(1); one bf16 ulp of them is 2^-8.
+        // Where a fast kernel runs on the panels but not on the rows, the two differ within a
+        // bound, and must differ (else the kernel did not run); elsewhere they are the same bits.
+        let bf16_dot = tboost_kernels::gemm::dense::bf16_pair_panels::applies();
+        let bound = match (dtype, precision) {
+            // One chain per output in the pair panels, 16 chains and a tree in rows
+            // (`gemm::dense::bf16_pair_panels`): both within the bf16 bound (2^-8 of O(1) logits).
+            (DType::BF16, PrecisionPolicy::Fast) if !amx_tiles => Some(("pair panels", -7)),
+            // Without AMX, f16 weights rounded to bf16 once at upload (at most 2^-9 each) and
+            // activations per step, for `vdpbf16ps`, against exact f16 rows.
+            (DType::F16, PrecisionPolicy::Fast) if !amx_tiles && bf16_dot => Some(("bf16-rounded pair panels", -6)),
+            // With AMX, the split kernel keeps 16 bits of each activation
+            // (`gemm::dense::amx_pair_panels`), against exact f16 rows.
+            (DType::F16, PrecisionPolicy::Fast) if amx_tiles => Some(("split pair panels", -12)),
+            _ => None,
+        };
+        if let Some((kernel, exp)) = bound {
             let scale = rows.iter().fold(0f32, |a, v| a.max(v.abs()));
             let diff = max_abs_diff(&packed, &rows);
-            eprintln!("{what}: pair panels against rows: max |diff| {diff}, logit scale {scale}");
-            assert!(diff > 0.0, "{what}: the two orders gave the same bits (is the pair kernel running?)");
-            assert!(diff <= 2f32.powi(-7) * scale, "{what}: pair panels moved the logits by {diff} (scale {scale})");
-            continue;
-        }
-        if (dtype, precision) == (DType::F16, PrecisionPolicy::Fast)
-            && !amx_tiles
-            && tboost_kernels::gemm::dense::bf16_pair_panels::applies()
-        {
-            // Without AMX, f16 weights are rounded to bf16 once at upload (at most 2^-9 of each
-            // weight) and activations to bf16 per step, for the `vdpbf16ps` kernel: within the
-            // bf16 bound of exact, as fast bf16 is, and not the same bits.
-            let scale = rows.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let diff = max_abs_diff(&packed, &rows);
-            eprintln!("{what}: bf16-rounded pair panels against exact rows: max |diff| {diff}, logit scale {scale}");
-            assert!(diff > 0.0, "{what}: exact's bits (is the bf16 kernel running?)");
-            assert!(
-                diff <= 2f32.powi(-6) * scale,
-                "{what}: rounding to bf16 moved the logits by {diff} (scale {scale})"
-            );
-            continue;
-        }
-        if (dtype, precision) == (DType::F16, PrecisionPolicy::Fast) && amx_tiles {
-            // F16 in rows has no fast kernel (exact kernels); in pair panels the split
-            // kernel keeps 16 bits of each activation (`gemm::dense::amx_pair_panels`): close to
-            // exact, not the same bits.
-            let scale = rows.iter().fold(0f32, |a, v| a.max(v.abs()));
-            let diff = max_abs_diff(&packed, &rows);
-            eprintln!("{what}: split pair panels against exact rows: max |diff| {diff}, logit scale {scale}");
-            assert!(diff > 0.0, "{what}: the split kernel gave exact's bits (is it running?)");
-            assert!(
-                diff <= 2f32.powi(-12) * scale,
-                "{what}: the split kernel moved the logits by {diff} (scale {scale})"
-            );
+            eprintln!("{what}: {kernel} against rows: max |diff| {diff}, logit scale {scale}");
+            assert!(diff > 0.0, "{what}: {kernel} gave the rows' bits (is its kernel running?)");
+            assert!(diff <= 2f32.powi(exp) * scale, "{what}: {kernel} moved the logits by {diff} (scale {scale})");
             continue;
         }
         assert!(
